@@ -1,0 +1,1 @@
+"""Trace records (spans, traces, level statistics) and their SQLite store."""
