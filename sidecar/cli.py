@@ -30,7 +30,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
     )
     parser.add_argument("--version", action="version", version=f"xsp-sidecar {__version__}")
     parser.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="logging verbosity (default: INFO)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -52,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser, modules = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=args.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     if args.command is None:

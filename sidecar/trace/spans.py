@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 
-class Level(str, Enum):
+class Level(StrEnum):
     """Where a span sits in the across-stack hierarchy."""
 
     REQUEST = "request"  # live: the call as the proxy saw it
@@ -36,7 +36,7 @@ _DEPTH = {Level.MODEL: 0, Level.LAYER: 1, Level.KERNEL: 2}
 LEVEL_CODES = {"M": Level.MODEL, "L": Level.LAYER, "K": Level.KERNEL}
 
 
-class Source(str, Enum):
+class Source(StrEnum):
     """Where a span's numbers were measured."""
 
     PROXY = "proxy"

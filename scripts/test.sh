@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Set up everything from scratch (idempotent) and run the linters and the test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+
+# Headless Chromium renders the HTML report in one test (installed when we are root).
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+    echo "==> installing chromium for the HTML report test"
+    (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
+        || echo "warning: chromium could not be installed; the HTML screenshot test will be skipped"
+fi
+
+# shellcheck disable=SC1091
+. .venv/bin/activate
+echo "==> ruff"
+ruff check .
+ruff format --check .
+echo "==> mypy"
+mypy sidecar analysis
+echo "==> pytest"
+pytest -q "$@"

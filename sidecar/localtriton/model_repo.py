@@ -1,0 +1,74 @@
+"""Builds the sample Triton model repository used by the demo, the tests and the benchmarks.
+
+Layout is Triton's: `<repo>/<model>/config.pbtxt` and `<repo>/<model>/1/model.py`. The ONNX
+model also keeps its `model.onnx` in the version folder, where the profiling worker finds it.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import onnx
+
+from sidecar.localtriton.sample_models import simple_cnn
+
+ADD_SUB_CONFIG = """\
+name: "add_sub"
+backend: "python"
+max_batch_size: 0
+input [
+  { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
+  { name: "INPUT1" data_type: TYPE_FP32 dims: [ -1 ] }
+]
+output [
+  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
+  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ -1 ] }
+]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+SIMPLE_CNN_CONFIG = """\
+name: "simple_cnn"
+backend: "python"
+max_batch_size: 8
+input [ { name: "input" data_type: TYPE_FP32 dims: [ 3, 32, 32 ] } ]
+output [ { name: "output" data_type: TYPE_FP32 dims: [ 10 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+SLEEP_CONFIG = """\
+name: "sleep"
+backend: "python"
+max_batch_size: 0
+input [
+  { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
+  { name: "DELAY_MS" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+instance_group [ { kind: KIND_CPU count: 2 } ]
+"""
+
+SAMPLE_MODELS = ("add_sub", "simple_cnn", "sleep")
+
+
+def _template(name: str) -> str:
+    return resources.files("sidecar.localtriton").joinpath("models", name).read_text()
+
+
+def _write_model(repo: Path, name: str, config: str, model_py: str) -> Path:
+    version_dir = repo / name / "1"
+    version_dir.mkdir(parents=True, exist_ok=True)
+    (repo / name / "config.pbtxt").write_text(config)
+    (version_dir / "model.py").write_text(model_py)
+    return version_dir
+
+
+def build_model_repository(repo: Path) -> Path:
+    """Write the sample models (`add_sub`, `simple_cnn`, `sleep`) into `repo` and return it."""
+    repo.mkdir(parents=True, exist_ok=True)
+    _write_model(repo, "add_sub", ADD_SUB_CONFIG, _template("add_sub.py.tmpl"))
+    cnn_dir = _write_model(repo, "simple_cnn", SIMPLE_CNN_CONFIG, _template("onnx_runner.py.tmpl"))
+    onnx.save(simple_cnn(), str(cnn_dir / "model.onnx"))
+    _write_model(repo, "sleep", SLEEP_CONFIG, _template("sleep.py.tmpl"))
+    return repo
