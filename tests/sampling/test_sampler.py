@@ -1,0 +1,112 @@
+"""Sampling decisions: rates, budgets, forcing and the duty-cycle cap, on a controlled clock."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from sidecar.sampling.sampler import Decision, Sampler, Tentative
+from sidecar.sampling.settings import SamplingSettings, SamplingSettingsError
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def decide(sampler: Sampler, model: str, forced: bool = False) -> Decision:
+    return sampler.at_body(model, sampler.at_headers(forced))
+
+
+def test_budget_caps_samples_and_every_request_is_counted_once() -> None:
+    clock = ManualClock()
+    sampler = Sampler(SamplingSettings(rate=1.0, budget_per_minute=5, duty_cycle=1.0), clock=clock)
+    counts = Counter(decide(sampler, "m") for _ in range(500))
+    assert counts == {Decision.SAMPLED: 5, Decision.SKIPPED_BUDGET: 495}
+
+
+def test_budget_refills_at_its_rate_per_model() -> None:
+    clock = ManualClock()
+    sampler = Sampler(SamplingSettings(rate=1.0, budget_per_minute=6, duty_cycle=1.0), clock=clock)
+    assert [decide(sampler, "a") for _ in range(7)].count(Decision.SAMPLED) == 6
+    assert decide(sampler, "b") is Decision.SAMPLED  # another model has its own bucket
+    clock.now += 10.0  # 6 per minute = one token per 10 s
+    assert decide(sampler, "a") is Decision.SAMPLED
+    assert decide(sampler, "a") is Decision.SKIPPED_BUDGET
+
+
+def test_rate_is_honoured_statistically_and_per_model() -> None:
+    rng = random.Random(7)
+    settings = SamplingSettings(
+        rate=0.1, model_rates={"hot": 0.5}, budget_per_minute=1e9, duty_cycle=1.0
+    )
+    sampler = Sampler(settings, rand=rng.random)
+    n = 20_000
+    cold = sum(decide(sampler, "cold") is Decision.SAMPLED for _ in range(n)) / n
+    hot = sum(decide(sampler, "hot") is Decision.SAMPLED for _ in range(n)) / n
+    assert abs(cold - 0.1) < 0.01
+    assert abs(hot - 0.5) < 0.02
+
+
+def test_forced_skips_the_rate_but_not_the_budget() -> None:
+    sampler = Sampler(SamplingSettings(rate=0.0, budget_per_minute=1, duty_cycle=1.0))
+    assert sampler.is_forced("1")
+    assert not sampler.is_forced(None)
+    assert decide(sampler, "m") is Decision.SKIPPED_RATE
+    assert decide(sampler, "m", forced=True) is Decision.SAMPLED
+    assert decide(sampler, "m", forced=True) is Decision.SKIPPED_BUDGET
+
+
+def test_force_header_can_be_disabled() -> None:
+    sampler = Sampler(SamplingSettings(force_header=None))
+    assert not sampler.is_forced("1")
+
+
+def test_duty_cycle_gate_spaces_profiles_by_their_busy_time() -> None:
+    clock = ManualClock()
+    sampler = Sampler(
+        SamplingSettings(rate=1.0, budget_per_minute=1e6, duty_cycle=0.05), clock=clock
+    )
+    assert decide(sampler, "m") is Decision.SAMPLED
+    assert decide(sampler, "m") is Decision.SKIPPED_DUTY_CYCLE  # one profile at a time
+    sampler.duty.record_busy(2.0)  # busy 2 s -> closed for 2 * (1/0.05 - 1) = 38 s
+    clock.now += 37.9
+    assert decide(sampler, "m") is Decision.SKIPPED_DUTY_CYCLE
+    clock.now += 0.2
+    assert decide(sampler, "m") is Decision.SAMPLED
+
+
+def test_duty_cycle_skip_gives_the_budget_token_back() -> None:
+    clock = ManualClock()
+    sampler = Sampler(SamplingSettings(rate=1.0, budget_per_minute=1, duty_cycle=0.5), clock=clock)
+    assert decide(sampler, "m") is Decision.SAMPLED
+    sampler.duty.record_busy(100.0)
+    clock.now += 60.0  # bucket refilled, gate still closed
+    assert decide(sampler, "m") is Decision.SKIPPED_DUTY_CYCLE
+    clock.now += 40.1
+    assert decide(sampler, "m") is Decision.SAMPLED
+
+
+def test_disabled_sampling_samples_nothing() -> None:
+    sampler = Sampler(SamplingSettings(rate=1.0, enabled=False))
+    assert sampler.at_headers(forced=True) is Tentative.NO
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"rate": 1.5},
+        {"model_rates": {"m": -0.1}},
+        {"budget_per_minute": -1},
+        {"duty_cycle": 0.0},
+        {"force_header": "X-Upper"},
+    ],
+)
+def test_bad_settings_are_rejected_with_a_clear_error(bad: dict[str, object]) -> None:
+    with pytest.raises(SamplingSettingsError):
+        SamplingSettings(**bad)  # type: ignore[arg-type]
