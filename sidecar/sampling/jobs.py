@@ -1,0 +1,41 @@
+"""What the proxy hands the profiling worker, and what comes back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ProfileJob:
+    """A copy of one sampled request, to be replayed with leveled profiling.
+
+    `request_message` is the gRPC message (without the 5-byte prefix) as the client sent it;
+    `parent_span_id` is the proxy span the replay hangs under; `reason` is `random`, `forced`
+    or `admin`.
+    """
+
+    trace_id: str
+    parent_span_id: str
+    model: str
+    method: str
+    request_message: bytes
+    reason: str
+    received_ns: int
+    model_version: str = ""
+
+
+@dataclass
+class ProfileResult:
+    """Outcome of one job; `outcome` is the `xsp_profiles_total` label (`ok`, `error`,
+    `timeout`, `crash`). The numbers feed the Prometheus aggregates."""
+
+    trace_id: str
+    model: str
+    outcome: str
+    busy_s: float
+    error: str = ""
+    level_latency_s: dict[str, float] = field(default_factory=dict)
+    overhead_ratio: dict[str, float] = field(default_factory=dict)
+    layer_type_share: dict[str, float] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,245 @@
+"""The profiling worker: a separate process that replays sampled requests, and its supervisor.
+
+The proxy never waits on it. `submit()` appends to a bounded in-process queue (a full queue
+drops and counts); a dispatcher thread hands one job at a time to the worker process over a
+pipe, so the supervisor always knows which job is running. A worker that dies (bad model,
+OOM, runtime abort) or overruns `job_timeout_s` is killed if needed, its job is recorded as
+`crash` or `timeout`, and a fresh process takes the next job. The worker runs at a lower CPU
+priority with a bounded number of runtime threads.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+from sidecar.sampling.jobs import ProfileJob, ProfileResult
+
+log = logging.getLogger(__name__)
+
+ReplayFunction = Callable[[ProfileJob, dict[str, Any]], ProfileResult]
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """How the worker process runs. `replay` names the function that profiles one job, as
+    `module:function` (imported in the worker process); `options` are passed to it."""
+
+    replay: str = "sidecar.sampling.replay:replay_job"
+    options: dict[str, Any] = field(default_factory=dict)
+    queue_size: int = 8
+    job_timeout_s: float = 120.0
+    nice: int = 10
+    threads: int = 1
+    start_timeout_s: float = 60.0
+
+
+def _resolve(path: str) -> ReplayFunction:
+    module_name, _, attr = path.partition(":")
+    function: ReplayFunction = getattr(importlib.import_module(module_name), attr)
+    return function
+
+
+def _worker_main(config: WorkerConfig, conn: Connection) -> None:
+    """Entry point of the worker process: receive a job, profile it, send the result."""
+    try:
+        os.nice(config.nice)
+    except OSError:
+        pass
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(config.threads)
+    context: dict[str, Any] = {"options": config.options, "threads": config.threads}
+    replay = _resolve(config.replay)
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        started = time.perf_counter()
+        try:
+            result = replay(job, context)
+        except Exception as exc:  # a failed profile is a result, never a crash of the loop
+            log.exception("profiling %s failed", job.model)
+            result = ProfileResult(
+                trace_id=job.trace_id,
+                model=job.model,
+                outcome="error",
+                busy_s=time.perf_counter() - started,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+        conn.send(("result", result))
+
+
+class ProfilingWorker:
+    """Supervises one worker process and feeds it jobs from a bounded queue."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        on_result: Callable[[ProfileResult], None],
+        on_restart: Callable[[str], None] | None = None,
+    ) -> None:
+        self.config = config
+        self._on_result = on_result
+        self._on_restart = on_restart or (lambda reason: None)
+        self._queue: collections.deque[ProfileJob] = collections.deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._ctx = multiprocessing.get_context("spawn")
+        self._process: Any = None
+        self._conn: Connection | None = None
+        self._thread: threading.Thread | None = None
+        self.restarts = 0
+        self.dropped = 0
+        self.current: ProfileJob | None = None
+
+    # -- called from the proxy -------------------------------------------------------------
+    def submit(self, job: ProfileJob) -> bool:
+        """Queue a job without waiting; False (and counted) when the queue is full."""
+        with self._cond:
+            if self._stopping or len(self._queue) >= self.config.queue_size:
+                self.dropped += 1
+                return False
+            self._queue.append(job)
+            self._cond.notify()
+        return True
+
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._dispatch, name="xsp-profiling", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._kill_process()
+
+    # -- dispatcher thread ------------------------------------------------------------------
+    def _spawn(self) -> None:
+        parent, child = self._ctx.Pipe()
+        process = self._ctx.Process(
+            target=_worker_main,
+            args=(self.config, child),
+            name="xsp-profiling-worker",
+            daemon=True,
+        )
+        process.start()
+        child.close()
+        if not parent.poll(self.config.start_timeout_s):
+            process.kill()
+            raise RuntimeError("the profiling worker did not start")
+        parent.recv()  # ("ready", pid)
+        self._process, self._conn = process, parent
+
+    def _kill_process(self) -> None:
+        process, self._process = self._process, None
+        if self._conn is not None:
+            try:
+                self._conn.send(None)
+            except (OSError, ValueError):
+                pass
+            self._conn.close()
+            self._conn = None
+        if process is not None:
+            process.join(1.0)
+            if process.is_alive():
+                process.kill()
+                process.join(5.0)
+
+    def _restart(self, reason: str) -> None:
+        self.restarts += 1
+        log.warning("profiling worker %s; restarting it", reason)
+        self._on_restart(reason)
+        self._kill_process()
+
+    def _next_job(self) -> ProfileJob | None:
+        with self._cond:
+            while not self._queue and not self._stopping:
+                self._cond.wait()
+            if self._stopping:
+                return None
+            return self._queue.popleft()
+
+    def _dispatch(self) -> None:
+        while True:
+            job = self._next_job()
+            if job is None:
+                return
+            try:
+                result = self._run_one(job)
+            except Exception as exc:  # never let the supervisor die
+                log.exception("profiling worker supervisor error")
+                result = ProfileResult(job.trace_id, job.model, "error", 0.0, error=str(exc))
+            self.current = None
+            try:
+                self._on_result(result)
+            except Exception:
+                log.exception("profile result handler failed")
+
+    def _run_one(self, job: ProfileJob) -> ProfileResult:
+        if self._process is None or not self._process.is_alive():
+            if self._process is not None:
+                self._restart("exited while idle")
+            self._spawn()
+        assert self._conn is not None and self._process is not None
+        self.current = job
+        started = time.perf_counter()
+        self._conn.send(job)
+        deadline = started + self.config.job_timeout_s
+        while True:
+            try:
+                ready = self._conn.poll(min(0.2, max(0.0, deadline - time.perf_counter())))
+            except (OSError, EOFError):
+                ready = True
+            if ready:
+                try:
+                    kind, payload = self._conn.recv()
+                except (EOFError, OSError):
+                    return self._crashed(job, started)
+                if kind == "result":
+                    result: ProfileResult = payload
+                    return result
+                continue
+            if not self._process.is_alive():
+                return self._crashed(job, started)
+            if time.perf_counter() >= deadline:
+                self._restart(f"overran the {self.config.job_timeout_s:.0f} s job timeout")
+                return ProfileResult(
+                    job.trace_id,
+                    job.model,
+                    "timeout",
+                    time.perf_counter() - started,
+                    error=f"profile did not finish in {self.config.job_timeout_s:.0f} s",
+                )
+
+    def _crashed(self, job: ProfileJob, started: float) -> ProfileResult:
+        code = self._process.exitcode if self._process is not None else None
+        self._restart(f"died (exit code {code})")
+        return ProfileResult(
+            job.trace_id,
+            job.model,
+            "crash",
+            time.perf_counter() - started,
+            error=f"profiling worker died with exit code {code}",
+        )

@@ -1,0 +1,77 @@
+"""The profiling worker process and its supervisor, with real processes."""
+
+from __future__ import annotations
+
+import queue
+import time
+
+from sidecar.sampling.jobs import ProfileJob, ProfileResult
+from sidecar.sampling.worker import ProfilingWorker, WorkerConfig
+
+
+def job(model: str, n: int = 0) -> ProfileJob:
+    return ProfileJob(
+        trace_id=f"{n:032x}",
+        parent_span_id="0" * 16,
+        model=model,
+        method="ModelInfer",
+        request_message=b"",
+        reason="forced",
+        received_ns=time.time_ns(),
+    )
+
+
+def start(replay: str, **config: object) -> tuple[ProfilingWorker, queue.Queue[ProfileResult]]:
+    results: queue.Queue[ProfileResult] = queue.Queue()
+    worker = ProfilingWorker(
+        WorkerConfig(replay=f"tests.sampling.worker_replays:{replay}", **config),  # type: ignore[arg-type]
+        results.put,
+    )
+    worker.start()
+    return worker, results
+
+
+def test_worker_runs_jobs_in_another_low_priority_process() -> None:
+    import os
+
+    worker, results = start("echo_pid", threads=2)
+    try:
+        assert worker.submit(job("m"))
+        result = results.get(timeout=60)
+        assert result.outcome == "ok"
+        assert result.details["pid"] != os.getpid()
+        assert result.details["nice"] >= 10
+        assert result.details["threads"] == 2
+    finally:
+        worker.stop()
+
+
+def test_crash_hang_and_error_are_recorded_and_the_worker_comes_back() -> None:
+    worker, results = start("by_model", job_timeout_s=3.0)
+    try:
+        for n, model in enumerate(["crash", "m", "hang", "m", "raise", "m"]):
+            assert worker.submit(job(model, n))
+        outcomes = [results.get(timeout=90) for _ in range(6)]
+        assert [r.outcome for r in outcomes] == ["crash", "ok", "timeout", "ok", "error", "ok"]
+        assert "exit code 3" in outcomes[0].error
+        assert "model exploded" in outcomes[4].error
+        assert worker.restarts == 2
+        assert outcomes[1].details["pid"] != outcomes[3].details["pid"]  # a new process
+    finally:
+        worker.stop()
+
+
+def test_full_queue_drops_and_counts_without_blocking() -> None:
+    worker, results = start("by_model", queue_size=2)
+    try:
+        assert worker.submit(job("slow", 0))
+        time.sleep(0.3)  # let the dispatcher take the first job
+        began = time.perf_counter()
+        accepted = [worker.submit(job("m", n)) for n in range(1, 6)]
+        assert time.perf_counter() - began < 0.05
+        assert accepted == [True, True, False, False, False]
+        assert worker.dropped == 3
+        assert [results.get(timeout=60).outcome for _ in range(3)] == ["ok"] * 3
+        assert worker.queue_depth() == 0
+    finally:
+        worker.stop()

@@ -1,0 +1,36 @@
+"""Replay functions for supervisor tests, run inside the real worker process.
+
+They stand in for the leveled replay to exercise the failure modes the supervisor must
+survive (a worker that dies, hangs or raises); the replay itself is tested elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from sidecar.sampling.jobs import ProfileJob, ProfileResult
+
+
+def echo_pid(job: ProfileJob, context: dict[str, Any]) -> ProfileResult:
+    return ProfileResult(
+        job.trace_id,
+        job.model,
+        "ok",
+        0.001,
+        details={"pid": os.getpid(), "nice": os.nice(0), "threads": context["threads"]},
+    )
+
+
+def by_model(job: ProfileJob, context: dict[str, Any]) -> ProfileResult:
+    """`crash` exits the process, `hang` sleeps forever, `raise` raises, anything else is ok."""
+    if job.model == "crash":
+        os._exit(3)
+    if job.model == "hang":
+        time.sleep(3600)
+    if job.model == "raise":
+        raise ValueError("model exploded")
+    if job.model == "slow":
+        time.sleep(0.5)
+    return echo_pid(job, context)
