@@ -8,7 +8,7 @@ from each end (`floor(0.2 * n)` values from the bottom and as many from the top)
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -156,6 +156,13 @@ class Frames:
 
     def __init__(self, data: TraceData) -> None:
         self.data = data
+        self._memo: dict[str, pd.DataFrame] = {}
+
+    def memo(self, key: str, build: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+        """`build()` once per key; callers must not modify the returned frame."""
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
 
     @cached_property
     def meta(self) -> pd.DataFrame:

@@ -11,6 +11,7 @@ priority with a bounded number of runtime threads.
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib
 import logging
 import multiprocessing
@@ -51,10 +52,8 @@ def _resolve(path: str) -> ReplayFunction:
 
 def _worker_main(config: WorkerConfig, conn: Connection) -> None:
     """Entry point of the worker process: receive a job, profile it, send the result."""
-    try:
+    with contextlib.suppress(OSError):
         os.nice(config.nice)
-    except OSError:
-        pass
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(config.threads)
     context: dict[str, Any] = {"options": config.options, "threads": config.threads}
@@ -155,10 +154,8 @@ class ProfilingWorker:
     def _kill_process(self) -> None:
         process, self._process = self._process, None
         if self._conn is not None:
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 self._conn.send(None)
-            except (OSError, ValueError):
-                pass
             self._conn.close()
             self._conn = None
         if process is not None:

@@ -106,13 +106,14 @@ def apply_to_database(db: Database, policy: RetentionPolicy, now_ns: int | None 
         deleted |= delete_traces(db, ids)
     if policy.max_traces is not None:
         rows = db.conn.execute(
-            "SELECT trace_id FROM traces ORDER BY created_ns DESC, trace_id DESC "
-            "LIMIT -1 OFFSET ?",
+            "SELECT trace_id FROM traces ORDER BY created_ns DESC, trace_id DESC LIMIT -1 OFFSET ?",
             (policy.max_traces,),
         )
         deleted |= delete_traces(db, [r[0] for r in rows])
     if policy.max_bytes is not None:
-        deleted |= _shrink_to(db, policy.max_bytes, [o for o in orphans if o.trace_id not in deleted])
+        deleted |= _shrink_to(
+            db, policy.max_bytes, [o for o in orphans if o.trace_id not in deleted]
+        )
     if deleted:
         release_free_pages(db)
     return len(deleted)
