@@ -1,0 +1,86 @@
+# syntax=docker/dockerfile:1
+#
+# xsp-sidecar image.
+#
+#   docker build -t xsp-sidecar:0.1.0 .                       # CPU: python:3.11-slim
+#   docker build -t xsp-sidecar:0.1.0-gpu --build-arg VARIANT=gpu .   # CUDA base, onnxruntime-gpu
+#   docker build --build-arg EXTRAS=[pytorch] \
+#     --build-arg PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu -t xsp-sidecar:0.1.0-torch .
+#
+# Multi-stage: a build stage installs the package into /opt/venv the way the README does
+# (`pip install .` from the source tree); the runtime stage copies only that venv and runs as
+# an unprivileged user. No Docker engine runs on the machines this was written on, so the
+# image has not been built there: the stages are checked by tests/deploy/test_dockerfile.py.
+
+# cpu | gpu
+ARG VARIANT=cpu
+ARG PYTHON_IMAGE=python:3.11-slim
+# The GPU variant: a CUDA 12 runtime with cuDNN 9 (what onnxruntime-gpu on PyPI is built for).
+ARG CUDA_BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+# Optional extras of the package, e.g. "[pytorch]".
+ARG EXTRAS=""
+
+# ---------------------------------------------------------------- CPU: python:3.11-slim
+FROM ${PYTHON_IMAGE} AS build-cpu
+ARG EXTRAS
+ARG PIP_EXTRA_INDEX_URL=""
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY sidecar ./sidecar
+COPY analysis ./analysis
+RUN python -m venv /opt/venv \
+    && /opt/venv/bin/pip install ".${EXTRAS}"
+
+FROM ${PYTHON_IMAGE} AS runtime-cpu
+COPY --from=build-cpu /opt/venv /opt/venv
+
+# ---------------------------------------------------------------- GPU: CUDA base
+FROM ${CUDA_BASE} AS base-gpu
+ENV DEBIAN_FRONTEND=noninteractive
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && rm -rf /var/lib/apt/lists/*
+
+FROM base-gpu AS build-gpu
+ARG EXTRAS
+ARG PIP_EXTRA_INDEX_URL=""
+# onnxruntime-gpu replaces onnxruntime (same `onnxruntime` module); cupti-python must match the
+# CUDA major version of the base image.
+ARG ORT_GPU_SPEC="onnxruntime-gpu>=1.20,<1.27"
+ARG CUPTI_SPEC="cupti-python~=12.8.0"
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY sidecar ./sidecar
+COPY analysis ./analysis
+RUN python3 -m venv /opt/venv \
+    && /opt/venv/bin/pip install ".${EXTRAS}" "${CUPTI_SPEC}" \
+    && /opt/venv/bin/pip uninstall -y onnxruntime \
+    && /opt/venv/bin/pip install "${ORT_GPU_SPEC}"
+
+FROM base-gpu AS runtime-gpu
+COPY --from=build-gpu /opt/venv /opt/venv
+
+# ---------------------------------------------------------------- final image
+FROM runtime-${VARIANT} AS final
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    XSP_CACHE_DIR=/tmp/xsp-cache
+RUN groupadd --system --gid 10001 xsp \
+    && useradd --system --uid 10001 --gid xsp --create-home --home-dir /home/xsp \
+       --shell /usr/sbin/nologin xsp \
+    && mkdir -p /data \
+    && chown xsp:xsp /data
+COPY --chmod=0755 docker/healthcheck.py /usr/local/bin/xsp-healthcheck
+USER 10001:10001
+WORKDIR /home/xsp
+VOLUME ["/data"]
+# relay, Prometheus /metrics, own gRPC (health, reflection, admin), OTLP/HTTP receiver
+EXPOSE 8011 8012 8013 4318
+# The gRPC health service: SERVING only while the backend behind the relay is ready.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
+    CMD ["xsp-healthcheck"]
+ENTRYPOINT ["xsp-sidecar"]
+CMD ["serve"]

@@ -1,0 +1,205 @@
+"""Render the Helm chart with the real Helm engine and validate it against Kubernetes schemas."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+
+from tests.deploy.helpers import (
+    CHART,
+    KUBE_VERSIONS,
+    by_kind,
+    container,
+    flag_values,
+    load_values_file,
+    manifests,
+    one,
+    render,
+)
+
+TFSERVING = load_values_file("values-tfserving.yaml")
+SCENARIOS: dict[str, dict[str, Any] | None] = {
+    "triton": None,
+    "tfserving": TFSERVING,
+    "triton-full": {
+        "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+        "sidecar": {
+            "admin": {"enabled": True},
+            "traceStore": {"persistence": {"enabled": True, "storageClass": "fast"}},
+            "sampling": {"rate": 0.01, "budgetPerMinute": 12},
+        },
+        "modelRepository": {"volume": {"persistentVolumeClaim": {"claimName": "models"}}},
+        "backend": {"resources": {"limits": {"nvidia.com/gpu": 1}}},
+    },
+}
+CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+
+
+@pytest.fixture(scope="module", params=sorted(SCENARIOS))
+def scenario(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
+    return request.param, manifests(render(SCENARIOS[request.param]))
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_every_manifest_is_valid_kubernetes(
+    scenario: tuple[str, list[dict[str, Any]]], kube_version: str
+) -> None:
+    _, objects = scenario
+    validated = 0
+    for obj in objects:
+        if (obj["apiVersion"], obj["kind"]) in CRDS:
+            continue  # a CRD: kubernetes-validate ships no schema; checked in test_servicemonitor
+        kubernetes_validate.validate(obj, kube_version, strict=True)
+        validated += 1
+    assert validated >= 4  # Deployment, Service, ServiceAccount, dashboard ConfigMap
+
+
+def test_lint_is_clean_for_both_backends() -> None:
+    for values in (None, TFSERVING):
+        report = helm.lint(CHART, values, strict=True, kube_version="v1.30.0")
+        problems = [m for m in report["messages"] if m["severity"] >= 2]
+        assert report["errors"] == [] and problems == [], report
+
+
+def test_service_sends_clients_to_the_relay(scenario: tuple[str, list[dict[str, Any]]]) -> None:
+    name, objects = scenario
+    service = one(objects, "Service")
+    deployment = one(objects, "Deployment")
+    assert service["spec"]["selector"].items() <= (
+        deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    sidecar_ports = {
+        p["name"]: p["containerPort"] for p in container(deployment, "sidecar")["ports"]
+    }
+    assert ports["grpc"]["targetPort"] == "relay" and sidecar_ports["relay"] == 8011
+    assert ports["metrics"]["targetPort"] == "metrics" and sidecar_ports["metrics"] == 8012
+    assert ports["grpc"]["port"] == (8500 if name == "tfserving" else 8001)
+    backend_names = {p["name"] for p in container(deployment, "backend")["ports"]}
+    assert not {p["targetPort"] for p in ports.values()} & backend_names
+
+
+def test_sidecar_flags_follow_the_contracts(scenario: tuple[str, list[dict[str, Any]]]) -> None:
+    name, objects = scenario
+    sidecar = container(one(objects, "Deployment"), "sidecar")
+    args = sidecar["args"]
+    assert sidecar["command"] == ["xsp-sidecar"] and "serve" in args
+    flags = flag_values(args[args.index("serve") + 1 :])
+    expected = {
+        "--backend": "localhost:8500" if name == "tfserving" else "localhost:8001",
+        "--listen": "0.0.0.0:8011",
+        "--metrics-port": "8012",
+        "--grpc-port": "8013",
+        "--otlp-port": "4318",
+        "--model-repository": "/models",
+        "--db": "/data/traces.db",
+    }
+    assert {k: flags.get(k) for k in expected} == expected
+    assert ("--backend-protocol" in flags) == (name == "tfserving")
+    assert ("--admin" in flags) == (name == "triton-full")
+    rate = float(flags["--sample-rate"])
+    assert rate == (0.01 if name == "triton-full" else 0.001)
+
+
+def test_triton_exports_spans_to_the_sidecar_for_traced_requests_only() -> None:
+    backend = container(one(manifests(render()), "Deployment"), "backend")
+    assert backend["image"] == "nvcr.io/nvidia/tritonserver:24.10-py3"
+    args = backend["args"]
+    trace_config = [args[i + 1] for i, a in enumerate(args) if a == "--trace-config"]
+    assert "mode=opentelemetry" in trace_config
+    assert "opentelemetry,url=http://localhost:4318/v1/traces" in trace_config
+    assert "rate=0" in trace_config  # only requests carrying a traceparent
+    assert "level=TIMESTAMPS" in trace_config
+    assert {"--model-repository=/models", "--grpc-port=8001"} <= set(args)
+
+
+def test_tfserving_backend_serves_the_named_model() -> None:
+    backend = container(one(manifests(render(TFSERVING)), "Deployment"), "backend")
+    assert backend["image"].startswith("tensorflow/serving:")
+    assert backend["command"] == ["tensorflow_model_server"]
+    flags = flag_values(backend["args"])
+    assert flags["--port"] == "8500"
+    assert flags["--model_name"] == "resnet"
+    assert flags["--model_base_path"] == "/models/resnet"
+    assert not any(a.startswith("--trace-config") for a in backend["args"])
+
+
+def test_probes_use_the_grpc_health_service(scenario: tuple[str, list[dict[str, Any]]]) -> None:
+    _, objects = scenario
+    sidecar = container(one(objects, "Deployment"), "sidecar")
+    assert sidecar["readinessProbe"]["grpc"] == {"port": 8013}
+    assert sidecar["livenessProbe"]["exec"]["command"] == [
+        "xsp-healthcheck",
+        "--live",
+        "--port",
+        "8013",
+    ]
+
+
+def test_containers_are_locked_down(scenario: tuple[str, list[dict[str, Any]]]) -> None:
+    _, objects = scenario
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["automountServiceAccountToken"] is False
+    for c in pod["containers"]:
+        sc = c["securityContext"]
+        assert sc["capabilities"]["drop"] == ["ALL"], c["name"]
+        assert sc["allowPrivilegeEscalation"] is False, c["name"]
+        assert sc["runAsNonRoot"] is True, c["name"]
+    assert (
+        container(one(objects, "Deployment"), "sidecar")["securityContext"][
+            "readOnlyRootFilesystem"
+        ]
+        is True
+    )
+
+
+def test_volumes_are_declared_and_trace_store_follows_persistence(
+    scenario: tuple[str, list[dict[str, Any]]],
+) -> None:
+    name, objects = scenario
+    deployment = one(objects, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for c in pod["containers"]:
+        for mount in c.get("volumeMounts", []):
+            assert mount["name"] in volumes, (c["name"], mount["name"])
+    sidecar_mounts = {m["mountPath"]: m for m in container(deployment, "sidecar")["volumeMounts"]}
+    assert sidecar_mounts["/data"]["name"] == "traces"
+    assert sidecar_mounts["/models"]["readOnly"] is True
+    pvcs = by_kind(objects, "PersistentVolumeClaim")
+    if name == "triton-full":
+        claim = volumes["traces"]["persistentVolumeClaim"]["claimName"]
+        assert [p["metadata"]["name"] for p in pvcs] == [claim]
+        assert pvcs[0]["spec"]["storageClassName"] == "fast"
+        assert deployment["spec"]["strategy"]["type"] == "Recreate"
+        assert volumes["models"]["persistentVolumeClaim"] == {"claimName": "models"}
+    else:
+        assert "emptyDir" in volumes["traces"] and pvcs == []
+
+
+def test_servicemonitor_scrapes_the_metrics_port() -> None:
+    """ServiceMonitor is a Prometheus Operator CRD: checked structurally, not by schema."""
+    objects = manifests(render(SCENARIOS["triton-full"]))
+    monitor = one(objects, "ServiceMonitor")
+    service = one(objects, "Service")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["serving"]}
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    assert by_kind(manifests(render()), "ServiceMonitor") == []
+
+
+def test_dashboard_configmap_is_labelled_for_grafana() -> None:
+    configmap = one(manifests(render({"dashboard": {"namespace": "monitoring"}})), "ConfigMap")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["metadata"]["namespace"] == "monitoring"
+    assert by_kind(manifests(render({"dashboard": {"enabled": False}})), "ConfigMap") == []

@@ -1,0 +1,165 @@
+"""Static checks of the Dockerfile (no Docker engine runs here, so the image is not built)."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass, field
+
+import pytest
+
+from tests.deploy.helpers import REPO, container, manifests, one, render
+
+DOCKERFILE = REPO / "Dockerfile"
+DOCKERIGNORE = REPO / ".dockerignore"
+
+
+@dataclass
+class Stage:
+    base: str
+    name: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def all(self, keyword: str) -> list[str]:
+        return [rest for kw, rest in self.instructions if kw == keyword]
+
+
+def parse() -> tuple[dict[str, str], list[Stage]]:
+    """Global ARG defaults and the stages, with line continuations joined."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    global_args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        keyword, _, rest = line.partition(" ")
+        keyword, rest = keyword.upper(), rest.strip()
+        if keyword == "FROM":
+            words = rest.split()
+            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else ""
+            stages.append(Stage(words[0], name))
+        elif not stages:
+            assert keyword == "ARG", f"only ARG may come before the first FROM, got {keyword}"
+            key, _, default = rest.partition("=")
+            global_args[key] = default.strip('"')
+        else:
+            stages[-1].instructions.append((keyword, rest))
+    return global_args, stages
+
+
+def expand(value: str, args: dict[str, str]) -> str:
+    return re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], value)
+
+
+def ignored(path: str) -> bool:
+    """.dockerignore semantics, simplified: last matching pattern wins; parents count."""
+    patterns = [
+        line.strip()
+        for line in DOCKERIGNORE.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    parts = path.split("/")
+    candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    result = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        pat = pattern.lstrip("!")
+        if any(fnmatch.fnmatchcase(c, pat) for c in candidates):
+            result = not negate
+    return result
+
+
+def _stage(stages: list[Stage], name: str) -> Stage:
+    found = [s for s in stages if s.name == name]
+    assert found, f"no stage {name!r}"
+    return found[0]
+
+
+def test_variant_selects_a_runtime_stage_for_cpu_and_gpu() -> None:
+    args, stages = parse()
+    assert args["VARIANT"] == "cpu"
+    final = stages[-1]
+    assert final.base == "runtime-${VARIANT}"
+    names = [s.name for s in stages]
+    for variant in ("cpu", "gpu"):
+        runtime = _stage(stages, expand(final.base, {**args, "VARIANT": variant}))
+        [copy] = runtime.all("COPY")
+        source_stage = re.search(r"--from=(\S+)", copy)
+        assert source_stage and source_stage.group(1) == f"build-{variant}"
+        assert names.index(f"build-{variant}") < names.index(runtime.name)
+        assert "/opt/venv" in copy
+
+
+def test_cpu_image_is_python_slim_and_gpu_image_is_cuda() -> None:
+    args, stages = parse()
+    assert expand(_stage(stages, "build-cpu").base, args) == "python:3.11-slim"
+    assert expand(_stage(stages, "runtime-cpu").base, args) == "python:3.11-slim"
+    assert expand(_stage(stages, "base-gpu").base, args).startswith("nvidia/cuda:12.")
+    gpu_build = " ".join(
+        _stage(stages, "build-gpu").all("RUN") + _stage(stages, "build-gpu").all("ARG")
+    )
+    assert "onnxruntime-gpu" in gpu_build and "cupti-python" in gpu_build
+    assert "pip uninstall -y onnxruntime" in gpu_build  # the CPU wheel would shadow the GPU one
+
+
+def test_builds_install_the_package_from_the_source_tree() -> None:
+    _, stages = parse()
+    for name in ("build-cpu", "build-gpu"):
+        runs = " ".join(_stage(stages, name).all("RUN"))
+        assert 'pip install ".${EXTRAS}"' in runs, name
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert "pytorch" in project["optional-dependencies"]  # what EXTRAS=[pytorch] selects
+
+
+def test_final_image_runs_as_a_user_with_a_grpc_health_check() -> None:
+    _, stages = parse()
+    final = stages[-1]
+    [user] = final.all("USER")
+    assert user.split(":")[0] not in {"0", "root"}
+    [healthcheck] = final.all("HEALTHCHECK")
+    command = healthcheck.split("CMD", 1)[1].strip()
+    assert command.startswith("[") and "xsp-healthcheck" in command
+    copies = [shlex.split(c) for c in final.all("COPY")]
+    assert ["--chmod=0755", "docker/healthcheck.py", "/usr/local/bin/xsp-healthcheck"] in copies
+    assert final.all("ENTRYPOINT") == ['["xsp-sidecar"]']
+    exposed = {p for e in final.all("EXPOSE") for p in e.split()}
+    assert exposed == {"8011", "8012", "8013", "4318"}
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert "xsp-sidecar" in scripts
+
+
+def test_chart_liveness_uses_the_script_the_image_installs() -> None:
+    sidecar = container(one(manifests(render()), "Deployment"), "sidecar")
+    assert sidecar["livenessProbe"]["exec"]["command"][0] == "xsp-healthcheck"
+    assert sidecar["securityContext"]["runAsUser"] == 10001
+    _, stages = parse()
+    assert stages[-1].all("USER") == ["10001:10001"]
+
+
+@pytest.mark.parametrize("stage_name", ["build-cpu", "build-gpu", "final"])
+def test_copied_sources_exist_and_reach_the_build_context(stage_name: str) -> None:
+    _, stages = parse()
+    for copy in _stage(stages, stage_name).all("COPY"):
+        words = [w for w in shlex.split(copy) if not w.startswith("--")]
+        if "--from=" in copy:
+            continue
+        for source in words[:-1]:
+            assert (REPO / source).exists(), f"COPY {source}: not in the repository"
+            assert not ignored(source), f"COPY {source}: excluded by .dockerignore"
+
+
+def test_dockerignore_keeps_secrets_and_junk_out() -> None:
+    for path in (
+        ".venv/bin/python",
+        ".git/config",
+        "tests/deploy/helpers.py",
+        "traces.db",
+        "sidecar/__pycache__/cli.cpython-311.pyc",
+        "helm/xsp-sidecar/values.yaml",
+    ):
+        assert ignored(path), path
+    for path in ("pyproject.toml", "README.md", "sidecar/cli.py", "docker/healthcheck.py"):
+        assert not ignored(path), path
