@@ -1,0 +1,1 @@
+"""The sidecar's admin API (`xsp.v1.Profiler`, see protos/xsp/v1/profiler.proto)."""

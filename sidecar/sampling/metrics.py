@@ -1,0 +1,122 @@
+"""Prometheus aggregates of sampling and profiling (names fixed in docs/contracts.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from sidecar.sampling.jobs import ProfileResult
+from sidecar.sampling.sampler import Decision
+
+PHASE_BUCKETS = (
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
+
+
+class SamplingMetrics:
+    """Counters and gauges for decisions, drops, the worker and profile results.
+
+    Model labels arrive already bounded by the proxy (`_other` past its cap); layer types
+    are bounded by the op vocabulary of the runtimes.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.decisions = Counter(
+            "xsp_sampling_decisions",
+            "Sampling decisions on live requests.",
+            ["model", "decision"],
+            registry=registry,
+        )
+        self.dropped = Counter(
+            "xsp_samples_dropped",
+            "Sampled requests dropped before profiling.",
+            ["model", "reason"],
+            registry=registry,
+        )
+        self.queue_depth = Gauge(
+            "xsp_profile_queue_depth",
+            "Sampled requests waiting for the profiling worker.",
+            registry=registry,
+        )
+        self.profiles = Counter(
+            "xsp_profiles", "Profiles by outcome.", ["model", "outcome"], registry=registry
+        )
+        self.worker_restarts = Counter(
+            "xsp_profiler_worker_restarts",
+            "Restarts of the profiling worker process.",
+            registry=registry,
+        )
+        self.profiled_latency = Gauge(
+            "xsp_profiled_latency_seconds",
+            "Model latency of the latest profile, from the run whose deepest level is `level`.",
+            ["model", "level"],
+            registry=registry,
+        )
+        self.overhead_ratio = Gauge(
+            "xsp_profiling_overhead_ratio",
+            "Model latency with profilers down to `level`, divided by the unprofiled latency.",
+            ["model", "level"],
+            registry=registry,
+        )
+        self.layer_type_share = Gauge(
+            "xsp_layer_type_time_share",
+            "Share of layer time spent in each layer type, latest profile.",
+            ["model", "layer_type"],
+            registry=registry,
+        )
+        self.backend_phase = Histogram(
+            "xsp_backend_phase_duration_seconds",
+            "Backend phases of sampled requests, from the server's own spans.",
+            ["model", "phase"],
+            buckets=PHASE_BUCKETS,
+            registry=registry,
+        )
+        self.store_write_failures = Counter(
+            "xsp_trace_store_write_failures",
+            "Traces or spans that could not be stored.",
+            registry=registry,
+        )
+        self._layer_types: dict[str, set[str]] = {}
+
+    def bind_queue_depth(self, depth: Callable[[], int]) -> None:
+        self.queue_depth.set_function(lambda: float(depth()))
+
+    def record_decision(self, model: str, decision: Decision) -> None:
+        self.decisions.labels(model, decision.value).inc()
+
+    def record_result(self, result: ProfileResult) -> None:
+        model = result.model
+        self.profiles.labels(model, result.outcome).inc()
+        for level, seconds in result.level_latency_s.items():
+            self.profiled_latency.labels(model, level).set(seconds)
+        for level, ratio in result.overhead_ratio.items():
+            self.overhead_ratio.labels(model, level).set(ratio)
+        if result.layer_type_share:
+            # Types absent from this profile drop to zero instead of keeping a stale share.
+            for layer_type in self._layer_types.get(model, set()) - result.layer_type_share.keys():
+                self.layer_type_share.labels(model, layer_type).set(0.0)
+            for layer_type, share in result.layer_type_share.items():
+                self.layer_type_share.labels(model, layer_type).set(share)
+            self._layer_types[model] = set(result.layer_type_share) | self._layer_types.get(
+                model, set()
+            )
+
+    def record_phases(self, model: str, phases: dict[str, float]) -> None:
+        for phase, seconds in phases.items():
+            self.backend_phase.labels(model, phase).observe(seconds)
