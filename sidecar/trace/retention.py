@@ -142,7 +142,10 @@ def delete_traces(db: Database, trace_ids: Sequence[str]) -> set[str]:
 
 def release_free_pages(db: Database) -> None:
     """Return freed pages to the file system (no-op unless auto_vacuum is INCREMENTAL)."""
-    db.conn.execute("PRAGMA incremental_vacuum").fetchall()  # each row step frees one page
+    # Each step of this pragma frees one page, and only executescript() steps it to the end
+    # (execute() stops after one step because the statement has no result columns).
+    if not db.conn.in_transaction:
+        db.conn.executescript("PRAGMA incremental_vacuum;")
     db.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
 
