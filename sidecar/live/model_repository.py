@@ -1,0 +1,259 @@
+"""Find a model in a Triton model repository, for the profiling worker to replay.
+
+Layout (Triton's): `<repo>/<model>/config.pbtxt` and `<repo>/<model>/<version>/<file>`, where
+the file is `model.onnx` (ONNX Runtime), `model.pt` (PyTorch / TorchScript) or
+`model.savedmodel/` (TensorFlow), or the name in the config's `default_model_filename`.
+Without a requested version the highest numeric version folder is used. A Python-backend
+model whose version folder holds a `model.onnx` (or `model.pt`) counts as that format: it is
+how the sample `simple_cnn` is served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+CONFIG_FILE = "config.pbtxt"
+
+
+class ModelFormat(StrEnum):
+    """What runtime can replay a model file."""
+
+    ONNX = "onnx"
+    TORCHSCRIPT = "torchscript"
+    SAVEDMODEL = "savedmodel"
+
+
+DEFAULT_FILENAMES: dict[ModelFormat, str] = {
+    ModelFormat.ONNX: "model.onnx",
+    ModelFormat.TORCHSCRIPT: "model.pt",
+    ModelFormat.SAVEDMODEL: "model.savedmodel",
+}
+
+# Triton platform or backend -> format of the model file
+_FORMATS: dict[str, ModelFormat] = {
+    "onnxruntime_onnx": ModelFormat.ONNX,
+    "onnxruntime": ModelFormat.ONNX,
+    "pytorch_libtorch": ModelFormat.TORCHSCRIPT,
+    "pytorch": ModelFormat.TORCHSCRIPT,
+    "tensorflow_savedmodel": ModelFormat.SAVEDMODEL,
+    "tensorflow": ModelFormat.SAVEDMODEL,
+}
+_UNSUPPORTED = {
+    "tensorrt_plan": "TensorRT plans",
+    "tensorrt": "TensorRT plans",
+    "tensorflow_graphdef": "TensorFlow GraphDefs",
+    "openvino": "OpenVINO models",
+    "fil": "FIL (tree) models",
+    "dali": "DALI pipelines",
+    "ensemble": "ensembles (profile their composing models instead)",
+}
+
+
+class ModelRepositoryError(LookupError):
+    """A model could not be resolved in the model repository."""
+
+
+class ModelNotFoundError(ModelRepositoryError):
+    """No folder for the model in the repository."""
+
+
+class ModelVersionNotFoundError(ModelRepositoryError):
+    """The model has no (such) version folder."""
+
+
+class UnsupportedModelFormatError(ModelRepositoryError):
+    """The model's files cannot be replayed by any runner here."""
+
+
+class ModelConfigError(ModelRepositoryError):
+    """`config.pbtxt` cannot be read or parsed."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """An input or output from the config; `datatype` uses KServe names (`FP32`, `BYTES`)."""
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ModelLocation:
+    """A resolved model: the file (or SavedModel folder) to load, and what the config says."""
+
+    name: str
+    version: str
+    path: Path
+    format: ModelFormat
+    platform: str = ""
+    backend: str = ""
+    max_batch_size: int = 0
+    inputs: tuple[TensorSpec, ...] = ()
+    outputs: tuple[TensorSpec, ...] = ()
+    config: model_config_pb2.ModelConfig | None = field(default=None, compare=False)
+
+
+def datatype_name(data_type: int) -> str:
+    """`TYPE_FP32` -> `FP32`; Triton's `TYPE_STRING` is KServe's `BYTES`."""
+    name: str = model_config_pb2.DataType.Name(data_type).removeprefix("TYPE_")
+    return "BYTES" if name == "STRING" else name
+
+
+def read_config(path: Path) -> model_config_pb2.ModelConfig:
+    """Parse a `config.pbtxt` (protobuf text format) into a `ModelConfig`."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ModelConfigError(f"cannot read {path}: {exc.strerror}") from None
+    config = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as exc:
+        raise ModelConfigError(f"{path} is not a valid Triton model config: {exc}") from None
+    return config
+
+
+def _check_model_name(repository: Path, model: str) -> Path:
+    if not model or model in (".", "..") or "/" in model or "\\" in model:
+        raise ModelNotFoundError(f"{model!r} is not a valid model name")
+    model_dir = repository / model
+    if not model_dir.is_dir():
+        if not repository.is_dir():
+            raise ModelNotFoundError(
+                f"model repository {repository} does not exist; check --model-repository"
+            )
+        known = sorted(p.name for p in repository.iterdir() if p.is_dir())
+        raise ModelNotFoundError(
+            f"model {model!r} is not in the model repository {repository} "
+            f"(found: {', '.join(known) or 'no models'})"
+        )
+    return model_dir
+
+
+def _numeric_versions(model_dir: Path) -> list[int]:
+    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def _served_versions(versions: list[int], config: model_config_pb2.ModelConfig | None) -> list[int]:
+    """The versions Triton's `version_policy` serves (default: the latest one)."""
+    if config is None or not config.HasField("version_policy"):
+        return versions
+    policy = config.version_policy
+    if policy.WhichOneof("policy_choice") == "specific":
+        wanted = set(policy.specific.versions)
+        return [v for v in versions if v in wanted]
+    return versions
+
+
+def _version_dir(
+    model_dir: Path, version: str | int | None, config: model_config_pb2.ModelConfig | None
+) -> tuple[str, Path]:
+    versions = _numeric_versions(model_dir)
+    if version in (None, "", -1, "-1"):
+        versions = _served_versions(versions, config)
+        if not versions:
+            raise ModelVersionNotFoundError(
+                f"model {model_dir.name!r} has no numeric version folder in {model_dir} "
+                "that its version_policy serves (expected e.g. 1/model.onnx)"
+            )
+        return str(versions[-1]), model_dir / str(versions[-1])
+    text = str(version)
+    if not text.isdigit() or int(text) not in versions:
+        raise ModelVersionNotFoundError(
+            f"model {model_dir.name!r} has no version {text!r} in {model_dir} "
+            f"(versions: {', '.join(map(str, versions)) or 'none'})"
+        )
+    return str(int(text)), model_dir / str(int(text))
+
+
+def _format_of_file(path: Path) -> ModelFormat | None:
+    if path.suffix == ".onnx":
+        return ModelFormat.ONNX
+    if path.suffix in (".pt", ".pth", ".ts"):
+        return ModelFormat.TORCHSCRIPT
+    if path.suffix == ".savedmodel" or (path.is_dir() and (path / "saved_model.pb").is_file()):
+        return ModelFormat.SAVEDMODEL
+    return None
+
+
+def _resolve_file(
+    model: str, version_dir: Path, config: model_config_pb2.ModelConfig | None
+) -> tuple[Path, ModelFormat]:
+    kind = ((config.platform or config.backend) if config is not None else "").lower()
+    if kind in _UNSUPPORTED:
+        raise UnsupportedModelFormatError(
+            f"model {model!r} is served by {kind!r}: {_UNSUPPORTED[kind]} cannot be replayed "
+            "by the profiler (supported: ONNX, TorchScript, SavedModel)"
+        )
+    if config is not None and config.default_model_filename:
+        path = version_dir / config.default_model_filename
+        fmt = _FORMATS.get(kind) or _format_of_file(path)
+        if not path.exists():
+            raise UnsupportedModelFormatError(
+                f"model {model!r}: default_model_filename {config.default_model_filename!r} "
+                f"is not in {version_dir}"
+            )
+        if fmt is None:
+            raise UnsupportedModelFormatError(
+                f"model {model!r}: cannot tell the format of {path.name} (backend "
+                f"{kind or 'unknown'}); supported: .onnx, .pt, .savedmodel"
+            )
+        return path, fmt
+    expected = _FORMATS.get(kind)
+    candidates = [expected] if expected else list(DEFAULT_FILENAMES)  # python backend, no config
+    for fmt in candidates:
+        path = version_dir / DEFAULT_FILENAMES[fmt]
+        if path.exists():
+            return path, fmt
+    wanted = " or ".join(DEFAULT_FILENAMES[f] for f in candidates)
+    present = ", ".join(sorted(p.name for p in version_dir.iterdir())) or "nothing"
+    raise UnsupportedModelFormatError(
+        f"model {model!r} (backend {kind or 'unknown'}): no {wanted} in {version_dir} "
+        f"(found: {present}); the profiler replays ONNX, TorchScript and SavedModel files"
+    )
+
+
+def _specs(tensors: Iterable[Any]) -> tuple[TensorSpec, ...]:
+    return tuple(
+        TensorSpec(name=t.name, datatype=datatype_name(t.data_type), dims=tuple(t.dims))
+        for t in tensors
+    )
+
+
+def find_model(
+    repository: Path | str, model: str, version: str | int | None = None
+) -> ModelLocation:
+    """Resolve `model` (latest numeric version unless `version` is given) in `repository`."""
+    repository = Path(repository)
+    model_dir = _check_model_name(repository, model)
+    config_path = model_dir / CONFIG_FILE
+    config = read_config(config_path) if config_path.is_file() else None
+    if config is not None and config.name and config.name != model:
+        raise ModelConfigError(
+            f"{config_path} names the model {config.name!r} but its folder is {model!r}; "
+            "Triton requires them to match"
+        )
+    version_text, version_dir = _version_dir(model_dir, version, config)
+    path, fmt = _resolve_file(model, version_dir, config)
+    if config is None:
+        return ModelLocation(name=model, version=version_text, path=path, format=fmt)
+    return ModelLocation(
+        name=model,
+        version=version_text,
+        path=path,
+        format=fmt,
+        platform=config.platform,
+        backend=config.backend,
+        max_batch_size=int(config.max_batch_size),
+        inputs=_specs(config.input),
+        outputs=_specs(config.output),
+        config=config,
+    )
