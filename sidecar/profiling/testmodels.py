@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -55,17 +56,16 @@ class _GraphBuilder:
     def one(self, op: str, inputs: list[str], **attrs: Any) -> str:
         return self.node(op, inputs, 1, **attrs)[0]
 
-    def conv(
-        self, x: str, cin: int, cout: int, k: int, stride: int = 1, bias: bool = True
-    ) -> str:
+    def conv(self, x: str, cin: int, cout: int, k: int, stride: int = 1, bias: bool = True) -> str:
         name = f"w{len(self.inits)}"
         w = self.weight(name, (cout, cin, k, k))
         ins = [x, w]
         if bias:
             ins.append(self.const(f"b{len(self.inits)}", np.zeros(cout, np.float32)))
         pad = k // 2
-        return self.one("Conv", ins, kernel_shape=[k, k], strides=[stride, stride],
-                        pads=[pad, pad, pad, pad])
+        return self.one(
+            "Conv", ins, kernel_shape=[k, k], strides=[stride, stride], pads=[pad, pad, pad, pad]
+        )
 
     def bn(self, x: str, c: int) -> str:
         base = len(self.inits)
@@ -135,7 +135,11 @@ def resnet50_onnx(seed: int = 0, image_size: int = 224, classes: int = 1000) -> 
 
 
 def transformer_encoder_onnx(
-    seed: int = 0, layers: int = 4, d_model: int = 256, heads: int = 4, seq: int = 128,
+    seed: int = 0,
+    layers: int = 4,
+    d_model: int = 256,
+    heads: int = 4,
+    seq: int = 128,
     ffn: int = 1024,
 ) -> onnx.ModelProto:
     """A post-LN BERT-style encoder; input `hidden` [N, seq, d_model] (seq fixed)."""
@@ -229,12 +233,22 @@ def small_cnn_torchscript(path: str | Path, seed: int = 0) -> Path:
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    scripted = torch.jit.script(small_cnn_torch(seed))
-    torch.jit.save(scripted, str(path))
+    with warnings.catch_warnings():  # torch.jit is deprecated, but Triton's backend loads it
+        warnings.simplefilter("ignore", DeprecationWarning)
+        scripted = torch.jit.script(small_cnn_torch(seed))
+        torch.jit.save(scripted, str(path))
     return path
 
 
 SMALL_CNN_LAYERS: tuple[str, ...] = (
-    "Conv", "Relu", "MaxPool", "Conv", "Relu", "GlobalAveragePool", "Flatten", "Gemm", "Softmax",
+    "Conv",
+    "Relu",
+    "MaxPool",
+    "Conv",
+    "Relu",
+    "GlobalAveragePool",
+    "Flatten",
+    "Gemm",
+    "Softmax",
 )
 """Op types of the small CNN's nodes, in execution order."""

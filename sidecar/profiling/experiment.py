@@ -1,0 +1,221 @@
+"""The leveled experiment (XSP): one run per level, each level timed where it is deepest.
+
+For every requested level (M always included) the runner executes warm-up + N iterations
+with profilers enabled down to that level. Model latency statistics of each run become a
+`LevelStats` with its overhead ratio (run latency / M latency). The timeline is the deepest
+run's representative iteration (model latency closest to its median); each span on it gets
+`duration_ns` = trimmed mean (20%) of that span over the iterations of the run where its
+level is deepest: model spans from M, layers from L, kernels from K. Parents come from
+interval containment one level up; GPU activity is placed through its launch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sidecar import __version__
+from sidecar.profiling import flops
+from sidecar.profiling.containment import assign_parents, number_siblings
+from sidecar.profiling.cupti_tracer import attach_gpu_activity
+from sidecar.profiling.peak import Peak
+from sidecar.profiling.runners.base import LevelRun, ProfilingError, Runner
+from sidecar.profiling.stats import median, representative_index, trimmed_mean
+from sidecar.trace.spans import (
+    REPLAY_LEVELS,
+    Level,
+    LevelStats,
+    Source,
+    Span,
+    Trace,
+    new_span_id,
+    new_trace_id,
+)
+
+Progress = Callable[[Level], None]
+
+
+@dataclass
+class ProfileResult:
+    """A finished leveled profile: what the store writes."""
+
+    trace: Trace
+    spans: list[Span]
+    level_stats: list[LevelStats]
+    runs: dict[Level, LevelRun] = field(default_factory=dict, repr=False)
+
+    def stats(self, level: Level) -> LevelStats:
+        for s in self.level_stats:
+            if s.level is level:
+                return s
+        raise KeyError(f"level {level.value} was not captured")
+
+    def spans_at(self, level: Level) -> list[Span]:
+        return [s for s in self.spans if s.level is level]
+
+
+def describe_inputs(inputs: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
+    """`inputs` trace attribute: name, shape, dtype and a digest (never the data)."""
+    return [
+        {
+            "name": name,
+            "shape": list(arr.shape),
+            "dtype": str(arr.dtype),
+            "digest": "sha256:"
+            + hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()[:32],
+        }
+        for name, arr in inputs.items()
+    ]
+
+
+def plan_levels(runner: Runner, levels: Sequence[Level]) -> tuple[list[Level], dict[str, str]]:
+    """The levels to run (M first, in depth order) and notes for levels that cannot be."""
+    wanted = {Level.MODEL, *levels}
+    for level in wanted:
+        if level not in REPLAY_LEVELS:
+            raise ProfilingError(f"level {level.value!r} is not a replay level (use M, L, K)")
+    supported = set(runner.supported_levels())
+    notes = dict(runner.describe().notes)
+    run = [lv for lv in REPLAY_LEVELS if lv in wanted and lv in supported]
+    for lv in REPLAY_LEVELS:
+        if lv in wanted and lv not in supported:
+            notes.setdefault(lv.value, f"not captured: {runner.name} cannot profile this level")
+    return run, notes
+
+
+def run_experiment(
+    runner: Runner,
+    inputs: Mapping[str, np.ndarray],
+    *,
+    model: str,
+    levels: Sequence[Level] = REPLAY_LEVELS,
+    iterations: int = 20,
+    warmup: int = 5,
+    batch_size: int | None = None,
+    peak: Peak | None = None,
+    progress: Progress | None = None,
+    trace_id: str | None = None,
+) -> ProfileResult:
+    """Run the leveled experiment and assemble the trace."""
+    plan, notes = plan_levels(runner, levels)
+    info = runner.describe()
+    trace_id = trace_id or new_trace_id()
+    created = time.time_ns()
+    runs: dict[Level, LevelRun] = {}
+    for level in plan:
+        runs[level] = runner.run(inputs, level, iterations, warmup)
+        if progress is not None:
+            progress(level)
+
+    base = trimmed_mean(runs[Level.MODEL].latencies_ns)
+    level_stats = [_level_stats(trace_id, run, base) for run in runs.values()]
+    deepest = runs[plan[-1]]
+    rep = representative_index(deepest.latencies_ns)
+    spans = _timeline(trace_id, deepest, rep, runs)
+    assign_parents(spans)
+    attach_gpu_activity(spans)
+    number_siblings(spans)
+
+    attributes: dict[str, Any] = {}
+    for run in runs.values():
+        attributes.update(run.attributes)
+    attributes.setdefault("layer_names", "original")
+    attributes.setdefault("graph_optimizations", "enabled")
+    attributes["inputs"] = describe_inputs(inputs)
+    attributes["levels"] = [lv.value for lv in plan]
+    attributes["kernel_level"] = (
+        "captured" if Level.KERNEL in runs else notes.get(Level.KERNEL.value, "not requested")
+    )
+    attributes["representative_iteration"] = rep
+    attributes["timeline_run"] = deepest.level.value
+    attributes["trim_proportion"] = 0.2
+    if peak is not None:
+        attributes.update(
+            peak_flops_per_s=peak.flops_per_s,
+            peak_dram_bytes_per_s=peak.dram_bytes_per_s,
+            peak_source=peak.source,
+        )
+    trace = Trace(
+        trace_id=trace_id,
+        model=model,
+        created_ns=created,
+        batch_size=batch_size,
+        runtime=info.label,
+        device=info.device,
+        sample_reason="cli",
+        sidecar_version=__version__,
+        attributes=attributes,
+    )
+    return ProfileResult(trace, spans, level_stats, runs)
+
+
+def _level_stats(trace_id: str, run: LevelRun, base_ns: float) -> LevelStats:
+    lat = run.latencies_ns
+    tm = trimmed_mean(lat)
+    return LevelStats(
+        trace_id=trace_id,
+        level=run.level,
+        iterations=len(lat),
+        warmup=run.warmup,
+        trimmed_mean_ns=round(tm),
+        median_ns=round(median(lat)),
+        min_ns=min(lat),
+        max_ns=max(lat),
+        overhead_ratio=tm / base_ns if base_ns else float("nan"),
+        samples_ns=list(lat),
+    )
+
+
+def _durations(run: LevelRun | None, level: Level) -> dict[str, int]:
+    """Trimmed-mean duration of each span key of `level` over the run's iterations."""
+    if run is None:
+        return {}
+    samples: dict[str, list[int]] = {}
+    for it in run.iterations:
+        for raw in it.spans:
+            if raw.level is level:
+                samples.setdefault(raw.key, []).append(raw.duration_ns)
+    return {k: round(trimmed_mean(v)) for k, v in samples.items()}
+
+
+def _timeline(
+    trace_id: str, deepest: LevelRun, rep: int, runs: Mapping[Level, LevelRun]
+) -> list[Span]:
+    model_ns = round(trimmed_mean(runs[Level.MODEL].latencies_ns))
+    stats = {lv: _durations(runs.get(lv), lv) for lv in (Level.LAYER, Level.KERNEL)}
+    spans: list[Span] = []
+    for raw in deepest.iterations[rep].spans:
+        attrs = dict(raw.attributes)
+        if raw.level is Level.MODEL:
+            duration = model_ns
+        else:
+            found = stats[raw.level].get(raw.key)
+            duration = found if found is not None else raw.duration_ns
+            if found is None:
+                attrs["duration_source"] = "timeline"
+        if raw.level is Level.LAYER:
+            flops.annotate(
+                attrs, str(attrs.get("op_type", raw.kind)), flops.dtype_size(attrs.get("dtype"))
+            )
+        spans.append(
+            Span(
+                trace_id=trace_id,
+                span_id=new_span_id(),
+                parent_id=None,
+                level=raw.level,
+                name=raw.name,
+                kind=raw.kind,
+                start_ns=raw.start_ns,
+                end_ns=raw.end_ns,
+                source=Source.REPLAY,
+                duration_ns=duration,
+                run_level=deepest.level,
+                attributes=attrs,
+            )
+        )
+    return spans

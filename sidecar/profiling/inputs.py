@@ -1,0 +1,118 @@
+"""Model inputs for a profile: `--input name:shape:dtype` specs, `.npz` files, or the model's
+own input signature (dynamic batch dims take the batch size)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+
+class InputError(ValueError):
+    """Inputs could not be built; the message says what to pass instead."""
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One input tensor to generate: name, shape, numpy dtype name."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    def with_batch(self, batch: int) -> InputSpec:
+        if not self.shape:
+            raise InputError(f"input {self.name!r} is a scalar; it has no batch dimension")
+        return replace(self, shape=(batch, *self.shape[1:]))
+
+
+def parse_input_spec(text: str) -> InputSpec:
+    """`input:1x3x224x224:float32` (or `1,3,224,224`; dtype defaults to float32)."""
+    parts = text.rsplit(":", 2)
+    if len(parts) == 3 and not _is_dtype(parts[2]):
+        parts = [f"{parts[0]}:{parts[1]}", parts[2]]  # a name with ':' and no dtype
+    if len(parts) < 2 or not parts[0]:
+        raise InputError(
+            f"bad --input {text!r}: expected NAME:SHAPE[:DTYPE], e.g. input:1x3x224x224:float32"
+        )
+    name, shape_text = parts[0], parts[1]
+    dtype = parts[2] if len(parts) == 3 else "float32"
+    if not _is_dtype(dtype):
+        raise InputError(f"bad --input {text!r}: unknown dtype {dtype!r} (e.g. float32, int64)")
+    try:
+        shape = tuple(int(d) for d in shape_text.replace(",", "x").split("x") if d.strip())
+    except ValueError:
+        raise InputError(
+            f"bad --input {text!r}: shape {shape_text!r} must be integers separated by 'x'"
+        ) from None
+    if any(d <= 0 for d in shape):
+        raise InputError(f"bad --input {text!r}: every dimension must be a positive integer")
+    return InputSpec(name, shape, str(np.dtype(dtype)))
+
+
+def _is_dtype(text: str) -> bool:
+    try:
+        np.dtype(text)
+    except TypeError:
+        return False
+    return True
+
+
+def random_inputs(specs: Sequence[InputSpec], seed: int = 0) -> dict[str, np.ndarray]:
+    """Random tensors for `specs`: uniform [0, 1) floats, small non-negative integers."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for spec in specs:
+        dtype = np.dtype(spec.dtype)
+        if dtype.kind == "f":
+            out[spec.name] = rng.random(spec.shape).astype(dtype)
+        elif dtype.kind in "iu":
+            out[spec.name] = rng.integers(0, 10, spec.shape).astype(dtype)
+        elif dtype.kind == "b":
+            out[spec.name] = rng.random(spec.shape) < 0.5
+        else:
+            raise InputError(f"cannot generate random data of dtype {dtype} for {spec.name!r}")
+    return out
+
+
+def load_npz(path: str | Path) -> dict[str, np.ndarray]:
+    """All arrays of an `.npz` file, by name."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"inputs file not found: {path}")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read {path} as an .npz file: {exc}") from None
+
+
+def onnx_input_specs(model_path: str | Path, batch_size: int) -> list[InputSpec]:
+    """Specs from an ONNX model's graph inputs; a dynamic first dim becomes `batch_size`."""
+    import onnx
+    from onnx import helper
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    initializers = {init.name for init in graph.initializer}
+    specs = []
+    for value in graph.input:
+        if value.name in initializers:
+            continue
+        tensor = value.type.tensor_type
+        dims: list[int] = []
+        for i, dim in enumerate(tensor.shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                dims.append(int(dim.dim_value))
+            elif i == 0:
+                dims.append(batch_size)
+            else:
+                label = dim.dim_param or "?"
+                raise InputError(
+                    f"input {value.name!r} has dynamic dimension {i} ({label!r}) that is not the "
+                    f"batch dimension; give its shape with --input {value.name}:SHAPE:DTYPE"
+                )
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name
+        specs.append(InputSpec(value.name, tuple(dims), dtype))
+    return specs

@@ -1,0 +1,263 @@
+"""ONNX Runtime runner: M = wall time around `session.run`, L = ORT profiler node events.
+
+The L run uses a second session with `enable_profiling`; its node events (`cat == "Node"`,
+name `<node>_kernel_time`) become layer spans with op type, shapes, provider and the
+activation / parameter / output sizes ORT reports. ORT's profiler clock is mapped onto ours
+with one offset per run, matched on its `model_run` events. On CPU ORT exposes no sub-node
+events, so K is not captured (the trace says why); with the CUDA execution provider K comes
+from the CUPTI tracer (code path present, untested here: no GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from sidecar.profiling.runners import onnx_graph
+from sidecar.profiling.runners.base import (
+    Iteration,
+    LevelNotSupportedError,
+    LevelRun,
+    ProfilingError,
+    RawSpan,
+    RuntimeInfo,
+    align_offset,
+    check_iterations,
+    cpu_name,
+    keyed,
+    model_span,
+    timed_loop,
+)
+from sidecar.trace.spans import Level
+
+CPU_KERNEL_NOTE = (
+    "not captured: ONNX Runtime on CPU exposes no events below the node level "
+    "(and there is no GPU for CUPTI on this machine)"
+)
+
+
+class OnnxRuntimeRunner:
+    """Profile an ONNX model with ONNX Runtime."""
+
+    name = "onnxruntime"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        optimizations: bool = True,
+        providers: Sequence[str] | None = None,
+        intra_op_threads: int = 0,
+    ) -> None:
+        self.model_path = Path(model_path)
+        if not self.model_path.is_file():
+            raise ProfilingError(f"model file not found: {self.model_path}")
+        self.optimizations = optimizations
+        self.intra_op_threads = intra_op_threads
+        available = ort.get_available_providers()
+        self.providers = list(providers or ["CPUExecutionProvider"])
+        missing = [p for p in self.providers if p not in available]
+        if missing:
+            raise ProfilingError(
+                f"execution provider(s) {missing} not available in this onnxruntime build "
+                f"(available: {available}); install onnxruntime-gpu for CUDAExecutionProvider"
+            )
+        self.original = onnx_graph.load_graph(self.model_path)
+        self._session: ort.InferenceSession | None = None
+
+    # -- Runner interface ---------------------------------------------------------------
+    def describe(self) -> RuntimeInfo:
+        provider = self.session.get_providers()[0]
+        notes: dict[str, str] = {}
+        if not self._on_gpu:
+            notes[Level.KERNEL.value] = CPU_KERNEL_NOTE
+        device = cpu_name() if not self._on_gpu else "CUDA GPU"
+        return RuntimeInfo("onnxruntime", ort.__version__, provider, device, notes)
+
+    def supported_levels(self) -> tuple[Level, ...]:
+        if self._on_gpu:
+            return (Level.MODEL, Level.LAYER, Level.KERNEL)
+        return (Level.MODEL, Level.LAYER)
+
+    def run(
+        self, inputs: Mapping[str, np.ndarray], level: Level, iterations: int, warmup: int
+    ) -> LevelRun:
+        check_iterations(iterations, warmup)
+        feed = dict(inputs)
+        if level is Level.MODEL:
+            walls, _ = timed_loop(lambda: self.session.run(None, feed), iterations, warmup)
+            its = [Iteration(e - s, [model_span(self.model_path.stem, s, e)]) for s, e in walls]
+            return LevelRun(level, its, warmup, self._trace_attributes())
+        if level is Level.LAYER:
+            return self._profiled_run(feed, iterations, warmup, kernels=False)
+        if level is Level.KERNEL:
+            if not self._on_gpu:
+                raise LevelNotSupportedError(
+                    f"kernel level on {self.providers[0]}: {CPU_KERNEL_NOTE}"
+                )
+            return self._profiled_run(feed, iterations, warmup, kernels=True)
+        raise LevelNotSupportedError(f"level {level.value!r} is not a replay level")
+
+    # -- internals ----------------------------------------------------------------------
+    @property
+    def _on_gpu(self) -> bool:
+        return self.providers[0] != "CPUExecutionProvider"
+
+    @property
+    def session(self) -> ort.InferenceSession:
+        if self._session is None:
+            self._session = self._make_session(self._options())
+        return self._session
+
+    def _options(self) -> ort.SessionOptions:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = (
+            ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            if self.optimizations
+            else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        )
+        if self.intra_op_threads:
+            so.intra_op_num_threads = self.intra_op_threads
+        so.log_severity_level = 3
+        return so
+
+    def _make_session(self, so: ort.SessionOptions) -> ort.InferenceSession:
+        try:
+            return ort.InferenceSession(str(self.model_path), so, providers=self.providers)
+        except Exception as exc:  # ORT raises its own exception types
+            raise ProfilingError(f"ONNX Runtime cannot load {self.model_path}: {exc}") from None
+
+    def _trace_attributes(self) -> dict[str, Any]:
+        return {"graph_optimizations": "enabled" if self.optimizations else "disabled"}
+
+    def input_metadata(self) -> list[tuple[str, list[int | str | None], str]]:
+        """(name, shape with symbolic dims, ORT type string) of each model input."""
+        return [(i.name, list(i.shape), i.type) for i in self.session.get_inputs()]
+
+    def _profiled_run(
+        self, feed: dict[str, np.ndarray], iterations: int, warmup: int, kernels: bool
+    ) -> LevelRun:
+        with tempfile.TemporaryDirectory(prefix="xsp-ort-") as tmp:
+            so = self._options()
+            so.enable_profiling = True
+            so.profile_file_prefix = os.path.join(tmp, "profile")
+            opt_path = os.path.join(tmp, "optimized.onnx")
+            if self.optimizations:
+                so.optimized_model_filepath = opt_path
+                so.add_session_config_entry(
+                    "session.optimized_model_external_initializers_file_name", "weights.bin"
+                )
+                so.add_session_config_entry(
+                    "session.optimized_model_external_initializers_min_size_in_bytes", "64"
+                )
+            session = self._make_session(so)
+            tracer = None
+            if kernels:
+                from sidecar.profiling.cupti_tracer import CuptiTracer
+
+                tracer = CuptiTracer()
+                tracer.start()
+            try:
+                walls, _ = timed_loop(lambda: session.run(None, feed), iterations, warmup)
+            finally:
+                records = tracer.stop() if tracer is not None else []
+            events = json.loads(Path(session.end_profiling()).read_text())
+            mapping = None
+            if self.optimizations and os.path.exists(opt_path):
+                mapping = onnx_graph.attribute(self.original, onnx_graph.load_graph(opt_path))
+        iterations_out, attrs = self._parse(events, walls, mapping)
+        if tracer is not None:
+            from sidecar.profiling.cupti_tracer import split_records
+
+            for it, spans in zip(
+                iterations_out, split_records(records, walls, tracer), strict=True
+            ):
+                it.spans.extend(spans)
+            attrs["kernel_level"] = "captured"
+        return LevelRun(Level.KERNEL if kernels else Level.LAYER, iterations_out, warmup, attrs)
+
+    def _parse(
+        self,
+        events: list[dict[str, Any]],
+        walls: list[tuple[int, int]],
+        mapping: dict[str, list[str]] | None,
+    ) -> tuple[list[Iteration], dict[str, Any]]:
+        runs = sorted(
+            (e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+            key=lambda e: e["ts"],
+        )[-len(walls) :]
+        marks = [(int(e["ts"]) * 1000, (int(e["ts"]) + int(e["dur"])) * 1000) for e in runs]
+        offset = align_offset(walls, marks)
+        nodes = sorted(
+            (e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")),
+            key=lambda e: e["ts"],
+        )
+        originals = onnx_graph.original_nodes(self.original)
+        renamed = 0
+        iterations: list[Iteration] = []
+        cursor = 0
+        for (w0, w1), (m0, m1) in zip(walls, marks, strict=True):
+            layer_events = []
+            while cursor < len(nodes) and nodes[cursor]["ts"] * 1000 < m0:
+                cursor += 1
+            while cursor < len(nodes) and nodes[cursor]["ts"] * 1000 <= m1:
+                layer_events.append(nodes[cursor])
+                cursor += 1
+            names = [e["name"][: -len("_kernel_time")] for e in layer_events]
+            spans = [model_span(self.model_path.stem, w0, w1)]
+            for event, name, key in zip(layer_events, names, keyed(names), strict=True):
+                span = self._layer_span(event, name, key, offset, originals, mapping)
+                renamed += int(span.attributes["original_nodes"] != [name])
+                spans.append(span)
+            iterations.append(Iteration(w1 - w0, spans))
+        attrs = self._trace_attributes()
+        attrs["layer_names"] = "original" if renamed == 0 else "optimized"
+        if mapping is not None:
+            covered = {n for names in mapping.values() for n in names}
+            attrs["original_nodes_attributed"] = len(covered)
+            attrs["original_nodes_total"] = len(originals)
+        return iterations, attrs
+
+    def _layer_span(
+        self,
+        event: dict[str, Any],
+        name: str,
+        key: str,
+        offset: int,
+        originals: dict[str, str],
+        mapping: dict[str, list[str]] | None,
+    ) -> RawSpan:
+        args = event.get("args", {})
+        op_type = str(args.get("op_name", "unknown"))
+        in_shapes = [
+            list(map(int, s)) for e in args.get("input_type_shape", []) for s in e.values()
+        ]
+        out_shapes = [
+            list(map(int, s)) for e in args.get("output_type_shape", []) for s in e.values()
+        ]
+        dtypes = [d for e in args.get("output_type_shape", []) for d in e]
+        orig = mapping.get(name, []) if mapping is not None else [name] if name in originals else []
+        attrs: dict[str, Any] = {
+            "op_type": op_type,
+            "input_shapes": in_shapes,
+            "output_shapes": out_shapes,
+            "provider": args.get("provider", ""),
+            "activation_bytes": int(args.get("activation_size", 0)),
+            "parameter_bytes": int(args.get("parameter_size", 0)),
+            "output_bytes": int(args.get("output_size", 0)),
+            "allocated_bytes": int(args.get("output_size", 0)),
+            "original_nodes": orig,
+            "original_op_types": [originals[n] for n in orig if n in originals],
+        }
+        if dtypes:
+            attrs["dtype"] = dtypes[0]
+        start = int(event["ts"]) * 1000 + offset
+        end = (int(event["ts"]) + int(event["dur"])) * 1000 + offset
+        return RawSpan(Level.LAYER, name, op_type, start, end, key=key, attributes=attrs)

@@ -1,0 +1,383 @@
+"""PyTorch runner: `nn.Module` objects and TorchScript `.pt` files (as Triton loads them).
+
+- M: wall time around `forward`, no profiler.
+- L, nn.Module: forward pre/post hooks on the leaf modules time each module with
+  `perf_counter_ns` (same clock as M, no profiler running).
+- L, TorchScript: hooks are not allowed on ScriptModules, so the L run uses `torch.profiler`
+  (CPU activity only) and takes the submodule `forward` events; they are named from the
+  `prim::CallMethod` order of the top-level graph. Module boundaries are only visible with
+  TorchScript's optimized execution off, so every level of a TorchScript profile runs with
+  it off (the trace says so: `torchscript_optimized_execution`).
+- K (CPU): `torch.profiler` with shapes and memory; the kernel spans are the outermost
+  operators each module calls (`aten::conv2d`, `aten::linear`, ...; they do not overlap, so
+  their times add up), each with `dominant_op`, the innermost op doing most of its work
+  (`aten::mkldnn_convolution`, `aten::addmm`). They are placed under layers by containment;
+  each layer's `allocated_bytes` sums its ops' allocations (profiler memory events).
+- CUDA devices are not supported yet (raises).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sidecar.profiling.runners.base import (
+    Iteration,
+    LevelNotSupportedError,
+    LevelRun,
+    ProfilingError,
+    RawSpan,
+    RuntimeInfo,
+    align_offset,
+    check_iterations,
+    cpu_name,
+    epoch_offset_ns,
+    keyed,
+    model_span,
+    timed_loop,
+)
+from sidecar.trace.spans import Level
+
+MODEL_MARK = "xsp::model"
+LAYER_MARK = "xsp::layer::"
+
+
+class PyTorchRunner:
+    """Profile a `torch.nn.Module` or a TorchScript file with PyTorch on CPU."""
+
+    name = "pytorch"
+
+    def __init__(self, model: Any, *, device: str = "cpu", name: str | None = None) -> None:
+        import torch
+
+        if device != "cpu":
+            raise ProfilingError(
+                f"PyTorch on {device!r} is not supported yet: only CPU profiling is implemented"
+            )
+        self.torch = torch
+        if isinstance(model, str | Path):
+            path = Path(model)
+            if not path.is_file():
+                raise ProfilingError(f"model file not found: {path}")
+            try:
+                with warnings.catch_warnings():  # torch.jit is deprecated, but Triton loads it
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    model = torch.jit.load(str(path), map_location="cpu")
+            except Exception as exc:
+                raise ProfilingError(f"cannot load TorchScript file {path}: {exc}") from None
+            self.model_name = name or path.stem
+        else:
+            self.model_name = name or type(model).__name__
+        self.model = model.eval()
+        self.scripted = isinstance(model, torch.jit.ScriptModule)
+        self.leaves = self._leaf_modules()
+
+    # -- Runner interface ---------------------------------------------------------------
+    def describe(self) -> RuntimeInfo:
+        kind = "TorchScript" if self.scripted else "eager"
+        return RuntimeInfo("pytorch", self.torch.__version__, f"cpu, {kind}", cpu_name())
+
+    def supported_levels(self) -> tuple[Level, ...]:
+        return (Level.MODEL, Level.LAYER, Level.KERNEL)
+
+    def run(
+        self, inputs: Mapping[str, np.ndarray], level: Level, iterations: int, warmup: int
+    ) -> LevelRun:
+        check_iterations(iterations, warmup)
+        args = [self.torch.from_numpy(np.ascontiguousarray(a)) for a in inputs.values()]
+        with self._context():
+            if level is Level.MODEL:
+                walls, _ = timed_loop(lambda: self.model(*args), iterations, warmup)
+                its = [Iteration(e - s, [model_span(self.model_name, s, e)]) for s, e in walls]
+            elif level is Level.LAYER and not self.scripted:
+                its = self._hooked_run(args, iterations, warmup)
+            elif level in (Level.LAYER, Level.KERNEL):
+                its = self._profiled_run(args, iterations, warmup, kernels=level is Level.KERNEL)
+            else:
+                raise LevelNotSupportedError(f"level {level.value!r} is not a replay level")
+        attrs: dict[str, Any] = {"layer_names": "original"}
+        if self.scripted:
+            attrs["torchscript_optimized_execution"] = False
+        return LevelRun(level, its, warmup, attrs)
+
+    # -- internals ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _context(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.torch.inference_mode())
+            if self.scripted:
+                stack.enter_context(self.torch.jit.optimized_execution(False))
+            yield
+
+    def _leaf_modules(self) -> list[tuple[str, Any]]:
+        if self.scripted:
+            names = []
+            for node in self.model.graph.nodes():
+                if node.kind() == "prim::CallMethod" and node.s("name") == "forward":
+                    owner = node.inputsAt(0).node()
+                    if owner.kind() == "prim::GetAttr":
+                        names.append(owner.s("name"))
+            children = dict(self.model.named_children())
+            return [(n, children.get(n)) for n in names]
+        leaves = [(n, m) for n, m in self.model.named_modules() if not list(m.children())]
+        return [(n or self.model_name, m) for n, m in leaves]
+
+    def _module_attrs(self, module: Any, inputs: Any, output: Any) -> dict[str, Any]:
+        torch = self.torch
+
+        def shapes(obj: Any) -> list[list[int]]:
+            if isinstance(obj, torch.Tensor):
+                return [list(obj.shape)]
+            if isinstance(obj, list | tuple):
+                return [s for o in obj for s in shapes(o)]
+            return []
+
+        params = list(module.parameters(recurse=False)) if module is not None else []
+        in_shapes = shapes(inputs) + [list(p.shape) for p in params]
+        out_shapes = shapes(output)
+        elem = 4
+        if isinstance(output, torch.Tensor):
+            elem = output.element_size()
+        return {
+            "op_type": module.original_name if self.scripted else type(module).__name__,
+            "input_shapes": in_shapes,
+            "output_shapes": out_shapes,
+            "provider": "cpu",
+            "parameter_bytes": sum(p.numel() * p.element_size() for p in params),
+            "activation_bytes": sum(int(np.prod(s)) for s in shapes(inputs)) * elem,
+            "output_bytes": sum(int(np.prod(s)) for s in out_shapes) * elem,
+        }
+
+    def _hooked_run(self, args: list[Any], iterations: int, warmup: int) -> list[Iteration]:
+        clock = time.perf_counter_ns
+        stack: list[int] = []
+        records: list[tuple[str, int, int]] = []
+        attrs: dict[str, dict[str, Any]] = {}
+        capture = [True]
+
+        def pre(name: str) -> Any:
+            def hook(module: Any, inputs: Any) -> None:
+                stack.append(clock())
+
+            return hook
+
+        def post(name: str) -> Any:
+            def hook(module: Any, inputs: Any, output: Any) -> None:
+                t1 = clock()
+                records.append((name, stack.pop(), t1))
+                if capture[0]:
+                    attrs.setdefault(name, self._module_attrs(module, inputs, output))
+
+            return hook
+
+        handles = []
+        for name, module in self.leaves:
+            handles.append(module.register_forward_pre_hook(pre(name)))
+            handles.append(module.register_forward_hook(post(name)))
+        try:
+            for _ in range(max(warmup, 1)):
+                self.model(*args)
+            capture[0] = False
+            offset = epoch_offset_ns()
+            out: list[Iteration] = []
+            for _ in range(iterations):
+                records.clear()
+                t0 = clock()
+                self.model(*args)
+                t1 = clock()
+                spans = [model_span(self.model_name, t0 + offset, t1 + offset)]
+                keys = keyed([r[0] for r in records])
+                for (name, s, e), key in zip(records, keys, strict=True):
+                    a = dict(attrs.get(name, {}))
+                    spans.append(
+                        RawSpan(
+                            Level.LAYER,
+                            name,
+                            a.get("op_type", "module"),
+                            s + offset,
+                            e + offset,
+                            key=key,
+                            attributes=a,
+                        )
+                    )
+                out.append(Iteration(t1 - t0, spans))
+            return out
+        finally:
+            for h in handles:
+                h.remove()
+
+    def _profiled_run(
+        self, args: list[Any], iterations: int, warmup: int, kernels: bool
+    ) -> list[Iteration]:
+        from torch.autograd.profiler import record_function
+        from torch.profiler import ProfilerActivity, profile
+
+        attrs: dict[str, dict[str, Any]] = {}
+        handles = []
+        if not self.scripted:
+            marks: list[Any] = []
+
+            def pre(name: str) -> Any:
+                def hook(module: Any, inputs: Any) -> None:
+                    rf = record_function(LAYER_MARK + name)
+                    rf.__enter__()
+                    marks.append(rf)
+
+                return hook
+
+            def post(name: str) -> Any:
+                def hook(module: Any, inputs: Any, output: Any) -> None:
+                    marks.pop().__exit__(None, None, None)
+                    attrs.setdefault(name, self._module_attrs(module, inputs, output))
+
+                return hook
+
+            for name, module in self.leaves:
+                handles.append(module.register_forward_pre_hook(pre(name)))
+                handles.append(module.register_forward_hook(post(name)))
+
+        def step() -> None:
+            with record_function(MODEL_MARK):
+                self.model(*args)
+
+        try:  # warm up inside the profiler too: its first iterations pay for its start-up
+            with profile(
+                activities=[ProfilerActivity.CPU], record_shapes=kernels, profile_memory=kernels
+            ) as prof:
+                walls, _ = timed_loop(step, iterations, max(warmup, 1))
+            events = list(prof.events())
+        finally:
+            for h in handles:
+                h.remove()
+        return self._parse(events, walls, attrs, kernels)
+
+    def _parse(
+        self,
+        events: list[Any],
+        walls: list[tuple[int, int]],
+        attrs: dict[str, dict[str, Any]],
+        kernels: bool,
+    ) -> list[Iteration]:
+        def ns(t: float) -> int:
+            return round(t * 1000)
+
+        models = sorted(
+            (e for e in events if e.name == MODEL_MARK), key=lambda e: e.time_range.start
+        )[-len(walls) :]
+        marks = [(ns(e.time_range.start), ns(e.time_range.end)) for e in models]
+        offset = align_offset(walls, marks)
+        out: list[Iteration] = []
+        for (w0, w1), model in zip(walls, models, strict=True):
+            layers = self._layer_events(model)
+            names = [n for n, _ in layers]
+            spans = [model_span(self.model_name, w0, w1)]
+            layer_spans: list[RawSpan] = []
+            for (name, ev), key in zip(layers, keyed(names), strict=True):
+                a = dict(attrs.get(name, {}))
+                if self.scripted:
+                    module = dict(self.leaves).get(name)
+                    a.setdefault("op_type", getattr(module, "original_name", "module"))
+                    a["provider"] = "cpu"
+                layer_spans.append(
+                    RawSpan(
+                        Level.LAYER,
+                        name,
+                        a.get("op_type", "module"),
+                        ns(ev.time_range.start) + offset,
+                        ns(ev.time_range.end) + offset,
+                        key=key,
+                        attributes=a,
+                    )
+                )
+            spans.extend(layer_spans)
+            if kernels:
+                ops = _outermost_ops(model)
+                for ev, key in zip(ops, keyed([e.name for e in ops]), strict=True):
+                    mem = max(int(getattr(ev, "cpu_memory_usage", 0) or 0), 0)
+                    k = RawSpan(
+                        Level.KERNEL,
+                        ev.name,
+                        "cpu_op",
+                        ns(ev.time_range.start) + offset,
+                        ns(ev.time_range.end) + offset,
+                        key=key,
+                        attributes={
+                            "input_shapes": [list(s) for s in (ev.input_shapes or [])],
+                            "allocated_bytes": mem,
+                            "device": "cpu",
+                            "dominant_op": _dominant(ev),
+                        },
+                    )
+                    spans.append(k)
+                    for layer in layer_spans:
+                        if layer.start_ns <= k.start_ns and k.end_ns <= layer.end_ns:
+                            layer.attributes["allocated_bytes"] = (
+                                layer.attributes.get("allocated_bytes", 0) + mem
+                            )
+                            break
+            out.append(Iteration(w1 - w0, spans))
+        return out
+
+    def _layer_events(self, model_event: Any) -> list[tuple[str, Any]]:
+        if not self.scripted:
+            return [
+                (e.name[len(LAYER_MARK) :], e)
+                for e in _descendants(model_event)
+                if e.name.startswith(LAYER_MARK)
+            ]
+        top = [e for e in model_event.cpu_children if e.name == "forward"]
+        calls = [e for t in top for e in t.cpu_children if e.name == "forward"]
+        calls.sort(key=lambda e: e.time_range.start)
+        names = [n for n, _ in self.leaves]
+        if len(calls) != len(names):  # control flow: calls do not match the graph's order
+            names = [f"forward[{i}]" for i in range(len(calls))]
+        return list(zip(names, calls, strict=True))
+
+
+def _is_op(event: Any) -> bool:
+    return "::" in event.name and not event.name.startswith("xsp::")
+
+
+def _outermost_ops(event: Any) -> list[Any]:
+    """Operator events (`aten::...`) with no operator above them: the calls a layer makes.
+    Module and method events (`forward`, `_conv_forward`) are looked through."""
+    out: list[Any] = []
+    stack = list(event.cpu_children)
+    while stack:
+        e = stack.pop()
+        if _is_op(e):
+            out.append(e)
+        else:
+            stack.extend(e.cpu_children)
+    out.sort(key=lambda e: e.time_range.start)
+    return out
+
+
+def _dominant(event: Any) -> str:
+    """The innermost op that does most of an op's work (e.g. aten::conv2d ->
+    aten::mkldnn_convolution): follow the longest child while it takes at least half."""
+    while True:
+        children = [c for c in event.cpu_children if _is_op(c)]
+        if not children:
+            return str(event.name)
+        top = max(children, key=lambda c: c.time_range.elapsed_us())
+        if top.time_range.elapsed_us() < 0.5 * event.time_range.elapsed_us():
+            return str(event.name)
+        event = top
+
+
+def _descendants(event: Any) -> list[Any]:
+    out: list[Any] = []
+    stack = list(reversed(event.cpu_children))
+    while stack:
+        e = stack.pop()
+        out.append(e)
+        stack.extend(reversed(e.cpu_children))
+    out.sort(key=lambda e: e.time_range.start)
+    return out

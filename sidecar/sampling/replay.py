@@ -1,0 +1,220 @@
+"""Replay one sampled request with leveled profiling (runs inside the profiling worker).
+
+Decode the request's tensors, find the model in the mounted repository, run the leveled
+experiment on a local runtime, hang the replay under the proxy's span, store the trace and
+return the numbers the Prometheus aggregates need. A failure is stored as a trace with
+`status=error` too, so an operator sees that a sample was taken and why it has no profile.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sidecar import __version__
+from sidecar.live.kserve_decode import decode_model_infer_request
+from sidecar.live.model_repository import ModelFormat, ModelLocation, TensorSpec, find_model
+from sidecar.profiling.experiment import ProfileResult as Profile
+from sidecar.profiling.experiment import describe_inputs, run_experiment
+from sidecar.profiling.inputs import InputSpec, random_inputs
+from sidecar.profiling.peak import get_peak
+from sidecar.profiling.runners.base import ProfilingError, Runner
+from sidecar.sampling.jobs import ProfileJob, ProfileResult
+from sidecar.trace.spans import LEVEL_CODES, Level, Trace
+from sidecar.trace.store import TraceStore
+
+log = logging.getLogger(__name__)
+
+RUNNER_CACHE_SIZE = 4
+_KSERVE_TO_NUMPY = {
+    "BOOL": "bool", "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64",
+    "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64",
+    "FP16": "float16", "FP32": "float32", "FP64": "float64",
+}  # fmt: skip
+
+
+class ReplayError(Exception):
+    """The sampled request cannot be replayed; the message says why."""
+
+
+def _runner(location: ModelLocation, context: dict[str, Any]) -> Runner:
+    """A runner for the model, from a small LRU of loaded sessions."""
+    cache: collections.OrderedDict[str, Runner] = context.setdefault(
+        "runners", collections.OrderedDict()
+    )
+    key = f"{location.path}:{location.path.stat().st_mtime_ns}"
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    runner: Runner
+    if location.format is ModelFormat.ONNX:
+        from sidecar.profiling.runners.onnxruntime import OnnxRuntimeRunner
+
+        runner = OnnxRuntimeRunner(location.path, intra_op_threads=int(context.get("threads", 1)))
+    elif location.format is ModelFormat.TORCHSCRIPT:
+        import torch
+
+        from sidecar.profiling.runners.pytorch import PyTorchRunner
+
+        torch.set_num_threads(int(context.get("threads", 1)))
+        runner = PyTorchRunner(location.path, name=location.name)
+    else:
+        raise ReplayError(
+            f"replaying {location.format.value} models is not supported "
+            "(supported: ONNX through ONNX Runtime, TorchScript through PyTorch)"
+        )
+    cache[key] = runner
+    while len(cache) > RUNNER_CACHE_SIZE:
+        cache.popitem(last=False)
+    return runner
+
+
+def _random_inputs(location: ModelLocation) -> dict[str, np.ndarray]:
+    """Inputs shaped by the model config, batch 1, for admin profiles without a request."""
+    specs = []
+    for tensor in location.inputs:
+        specs.append(_input_spec(tensor, batched=location.max_batch_size > 0))
+    if not specs:
+        raise ReplayError(
+            f"model {location.name!r} declares no inputs in config.pbtxt; "
+            "give inputs in the TriggerProfile request"
+        )
+    return random_inputs(specs)
+
+
+def _input_spec(tensor: TensorSpec, batched: bool) -> InputSpec:
+    dtype = _KSERVE_TO_NUMPY.get(tensor.datatype)
+    if dtype is None:
+        raise ReplayError(f"cannot generate random {tensor.datatype} data for {tensor.name!r}")
+    dims = tuple(1 if d < 0 else d for d in tensor.dims)
+    return InputSpec(tensor.name, (1, *dims) if batched else dims, dtype)
+
+
+def _inputs(job: ProfileJob, location: ModelLocation) -> tuple[dict[str, np.ndarray], str]:
+    if not job.request_message:
+        return _random_inputs(location), "random"
+    decoded = decode_model_infer_request(job.request_message)
+    return dict(decoded.inputs), "request"
+
+
+def _batch_size(inputs: dict[str, np.ndarray], location: ModelLocation) -> int | None:
+    if location.max_batch_size <= 0 or not inputs:
+        return None
+    first = next(iter(inputs.values()))
+    return int(first.shape[0]) if first.ndim else None
+
+
+def _raw_inputs(inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+    return {
+        name: {
+            "dtype": str(arr.dtype),
+            "shape": list(arr.shape),
+            "data_base64": base64.b64encode(np.ascontiguousarray(arr).tobytes()).decode(),
+        }
+        for name, arr in inputs.items()
+        if arr.dtype != object
+    }
+
+
+def _store(context: dict[str, Any]) -> TraceStore:
+    store: TraceStore | None = context.get("store")
+    if store is None:
+        store = TraceStore(Path(context["options"]["db_path"]))
+        context["store"] = store
+    return store
+
+
+def _levels(codes: str) -> list[Level]:
+    return [LEVEL_CODES[c.strip().upper()] for c in codes.split(",") if c.strip()]
+
+
+def replay_job(job: ProfileJob, context: dict[str, Any]) -> ProfileResult:
+    """Profile one sampled request; the worker's `ReplayFunction`."""
+    options = context["options"]
+    started = time.perf_counter()
+    trace = Trace(
+        trace_id=job.trace_id,
+        model=job.model,
+        created_ns=time.time_ns(),
+        model_version=job.model_version,
+        sample_reason=job.reason,
+        sidecar_version=__version__,
+    )
+    try:
+        repository = options.get("model_repository")
+        if not repository:
+            raise ReplayError("no --model-repository was given, so requests cannot be replayed")
+        location = find_model(Path(repository), job.model, job.model_version or None)
+        runner = _runner(location, context)
+        inputs, input_source = _inputs(job, location)
+        profile = run_experiment(
+            runner,
+            inputs,
+            model=job.model,
+            levels=_levels(options.get("levels", "M,L")),
+            iterations=int(options.get("iterations", 10)),
+            warmup=int(options.get("warmup", 2)),
+            batch_size=_batch_size(inputs, location),
+            peak=get_peak(),
+            trace_id=job.trace_id,
+        )
+    except Exception as exc:
+        trace.status, trace.error = "error", f"{type(exc).__name__}: {exc}"
+        _store(context).write_trace(trace, [])
+        return ProfileResult(
+            job.trace_id, job.model, "error", time.perf_counter() - started, error=trace.error
+        )
+    _link(profile, job, location, input_source)
+    if options.get("store_raw_inputs"):
+        profile.trace.attributes["raw_inputs"] = _raw_inputs(inputs)
+    _store(context).write_trace(profile.trace, profile.spans, profile.level_stats)
+    return _summary(profile, job, time.perf_counter() - started)
+
+
+def _link(profile: Profile, job: ProfileJob, location: ModelLocation, source: str) -> None:
+    """Hang the replay under the proxy's span and fill the trace's metadata."""
+    trace = profile.trace
+    trace.sample_reason = job.reason
+    trace.model_version = location.version
+    trace.attributes.update(
+        backend=location.backend or location.platform,
+        model_path=str(location.path),
+        model_format=location.format.value,
+        method=job.method,
+        input_source=source,
+        request_span_id=job.parent_span_id,
+        received_ns=job.received_ns,
+    )
+    trace.attributes.setdefault("inputs", describe_inputs({}))
+    for span in profile.spans:
+        if span.level is Level.MODEL and span.parent_id is None:
+            span.parent_id = job.parent_span_id
+
+
+def _summary(profile: Profile, job: ProfileJob, busy_s: float) -> ProfileResult:
+    latency = {s.level.value: s.trimmed_mean_ns / 1e9 for s in profile.level_stats}
+    overhead = {s.level.value: s.overhead_ratio for s in profile.level_stats}
+    by_type: dict[str, int] = collections.defaultdict(int)
+    for span in profile.spans:
+        if span.level is Level.LAYER:
+            by_type[span.kind] += span.duration_ns or 0
+    total = sum(by_type.values())
+    share = {kind: ns / total for kind, ns in by_type.items()} if total else {}
+    return ProfileResult(
+        job.trace_id,
+        job.model,
+        "ok",
+        busy_s,
+        level_latency_s=latency,
+        overhead_ratio=overhead,
+        layer_type_share=share,
+    )
+
+
+__all__ = ["ProfilingError", "ReplayError", "replay_job"]

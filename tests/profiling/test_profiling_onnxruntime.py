@@ -1,0 +1,121 @@
+"""Leveled profiles of the small CNN with the real ONNX Runtime (CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sidecar.profiling.experiment import run_experiment
+from sidecar.profiling.runners.base import LevelNotSupportedError
+from sidecar.profiling.runners.onnxruntime import OnnxRuntimeRunner
+from sidecar.profiling.testmodels import SMALL_CNN_LAYERS
+from sidecar.trace.spans import Level
+
+
+def test_unoptimized_profile_has_one_layer_per_node(
+    cnn_onnx: Path, cnn_inputs: dict[str, np.ndarray]
+) -> None:
+    runner = OnnxRuntimeRunner(cnn_onnx, optimizations=False)
+    res = run_experiment(runner, cnn_inputs, model="cnn", iterations=6, warmup=2)
+    models = res.spans_at(Level.MODEL)
+    layers = sorted(res.spans_at(Level.LAYER), key=lambda s: s.start_ns)
+    assert len(models) == 1
+    assert [s.kind for s in layers] == list(SMALL_CNN_LAYERS)
+    assert [s.attributes["op_type"] for s in layers] == list(SMALL_CNN_LAYERS)
+    conv0 = layers[0]
+    assert conv0.name == "Conv_0" and conv0.attributes["original_nodes"] == ["Conv_0"]
+    assert conv0.attributes["input_shapes"][0] == [2, 3, 32, 32]
+    assert conv0.attributes["output_shapes"] == [[2, 8, 32, 32]]
+    assert conv0.attributes["output_bytes"] == 2 * 8 * 32 * 32 * 4
+    assert conv0.attributes["provider"] == "CPUExecutionProvider"
+    assert conv0.attributes["flops_estimated"] is True and conv0.attributes["flops"] > 0
+    assert layers[-1].attributes["output_shapes"] == [[2, 10]]
+    # parents by containment, inside the model span of the timeline
+    model = models[0]
+    for layer in layers:
+        assert layer.parent_id == model.span_id
+        assert model.start_ns <= layer.start_ns <= layer.end_ns <= model.end_ns
+    assert [s.index for s in layers] == list(range(len(layers)))
+    # levels, overhead and trace attributes
+    m, lay = res.stats(Level.MODEL), res.stats(Level.LAYER)
+    assert m.overhead_ratio == 1.0 and m.iterations == 6 and len(m.samples_ns) == 6
+    assert lay.overhead_ratio == pytest.approx(lay.trimmed_mean_ns / m.trimmed_mean_ns, rel=1e-3)
+    assert model.duration_ns == m.trimmed_mean_ns
+    attrs = res.trace.attributes
+    assert attrs["graph_optimizations"] == "disabled" and attrs["layer_names"] == "original"
+    assert attrs["levels"] == ["model", "layer"]
+    assert attrs["kernel_level"].startswith("not captured")
+    assert attrs["inputs"][0]["shape"] == [2, 3, 32, 32]
+    assert res.trace.runtime.startswith("onnxruntime ")
+    # span clock is Unix epoch ns
+    assert abs(model.start_ns - res.trace.created_ns) < 60 * 10**9
+
+
+def test_optimized_profile_attributes_fused_nodes_to_originals(
+    cnn_onnx: Path, cnn_inputs: dict[str, np.ndarray]
+) -> None:
+    runner = OnnxRuntimeRunner(cnn_onnx)
+    res = run_experiment(
+        runner, cnn_inputs, model="cnn", levels=[Level.LAYER], iterations=4, warmup=1
+    )
+    layers = res.spans_at(Level.LAYER)
+    covered = [n for s in layers for n in s.attributes["original_nodes"]]
+    assert sorted(covered) == sorted(
+        [
+            "Conv_0",
+            "Relu_0",
+            "MaxPool_0",
+            "Conv_1",
+            "Relu_1",
+            "GlobalAveragePool_0",
+            "Flatten_0",
+            "Gemm_0",
+            "Softmax_0",
+        ]
+    )
+    fused = [s for s in layers if s.attributes["original_nodes"] == ["Conv_0", "Relu_0"]]
+    assert len(fused) == 1 and fused[0].attributes["op_type"] == "Conv"
+    assert res.trace.attributes["graph_optimizations"] == "enabled"
+    assert res.trace.attributes["layer_names"] == "optimized"
+
+
+def test_kernel_level_on_cpu_is_reported_not_faked(
+    cnn_onnx: Path, cnn_inputs: dict[str, np.ndarray]
+) -> None:
+    runner = OnnxRuntimeRunner(cnn_onnx)
+    assert Level.KERNEL not in runner.supported_levels()
+    with pytest.raises(LevelNotSupportedError, match="not captured"):
+        runner.run(cnn_inputs, Level.KERNEL, 1, 0)
+    res = run_experiment(
+        runner, cnn_inputs, model="cnn", levels=[Level.MODEL, Level.KERNEL], iterations=2, warmup=1
+    )
+    assert res.spans_at(Level.KERNEL) == []
+    assert "no events below the node level" in res.trace.attributes["kernel_level"]
+
+
+def test_residual_block_fusions_are_attributed(tmp_path: Path) -> None:
+    """Conv+BN+Add+Relu with the residual as an extra input: every node finds its layer."""
+    from onnx import TensorProto, helper
+
+    from sidecar.profiling.testmodels import _GraphBuilder, save_onnx
+
+    g = _GraphBuilder()
+    x = g.one("Relu", [g.bn(g.conv("input", 8, 16, 3, bias=False), 16)])
+    y = g.bn(g.conv(x, 16, 16, 3, bias=False), 16)
+    g.nodes.append(helper.make_node("Add", [x, y], ["sum"], name="Add_res"))
+    g.nodes.append(helper.make_node("Relu", ["sum"], ["out"], name="Relu_out"))
+    model = g.model(
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 8, 16, 16])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 16, 16, 16])],
+        "res_block",
+    )
+    path = save_onnx(model, tmp_path / "res.onnx")
+    feed = {"input": np.ones((1, 8, 16, 16), np.float32)}
+    res = run_experiment(
+        OnnxRuntimeRunner(path), feed, model="res", levels=[Level.LAYER], iterations=2, warmup=1
+    )
+    covered = sorted(n for s in res.spans_at(Level.LAYER) for n in s.attributes["original_nodes"])
+    assert covered == sorted(node.name for node in model.graph.node)
+    assert res.trace.attributes["original_nodes_attributed"] == len(model.graph.node)
