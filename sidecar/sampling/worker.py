@@ -231,7 +231,10 @@ class ProfilingWorker:
                 )
 
     def _crashed(self, job: ProfileJob, started: float) -> ProfileResult:
-        code = self._process.exitcode if self._process is not None else None
+        code = None
+        if self._process is not None:
+            self._process.join(2.0)  # the pipe closes a moment before the exit is reaped
+            code = self._process.exitcode
         self._restart(f"died (exit code {code})")
         return ProfileResult(
             job.trace_id,
