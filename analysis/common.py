@@ -81,9 +81,7 @@ def not_captured(key: str, title: str, reason: str) -> AnalysisResult:
 
 def records(df: pd.DataFrame) -> list[dict[str, Any]]:
     """DataFrame rows as JSON-safe dicts (NaN -> None, numpy scalars -> Python)."""
-    return [
-        {str(k): _jsonable(v) for k, v in row.items()} for row in df.to_dict(orient="records")
-    ]
+    return [{str(k): _jsonable(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
 
 
 def _jsonable(value: Any) -> Any:
@@ -106,7 +104,7 @@ def trimmed_mean(values: Iterable[float], proportion: float = TRIM) -> float:
     arr = arr[~np.isnan(arr)]
     if arr.size == 0:
         return math.nan
-    k = int(math.floor(proportion * arr.size))
+    k = math.floor(proportion * arr.size)
     return float(arr[k : arr.size - k].mean())
 
 
@@ -125,19 +123,35 @@ def across_traces(
     keys = list(keys)
     if df.empty:
         return pd.DataFrame(columns=[*keys, *first, *values, "n_traces"])
-    base = df[[*keys, "tkey", *first]].copy()
-    gid = base.groupby(keys, dropna=False, sort=True).ngroup()
-    out = base.assign(_g=gid.to_numpy()).groupby("_g", sort=True).first()
-    out["n_traces"] = base.assign(_g=gid.to_numpy()).groupby("_g")["tkey"].nunique()
+    gid = df.groupby(keys, dropna=False, sort=True).ngroup().to_numpy()
+    n_groups = int(gid.max()) + 1
+    _, first_row = np.unique(gid, return_index=True)  # groups are numbered in key order
+    out = df[[*keys, *first]].iloc[first_row].reset_index(drop=True)
+    tkey = df["tkey"].to_numpy("int64")
+    pairs = np.unique(gid.astype("int64") * (int(tkey.max()) + 1) + tkey)
+    out["n_traces"] = np.bincount(pairs // (int(tkey.max()) + 1), minlength=n_groups)
     for col in values:
-        v = pd.DataFrame({"_g": gid.to_numpy(), "v": pd.to_numeric(df[col]).to_numpy("float64")})
-        v = v[~np.isnan(v["v"].to_numpy())].sort_values(["_g", "v"], kind="stable")
-        n = v.groupby("_g")["v"].transform("size").to_numpy()
-        rank = v.groupby("_g").cumcount().to_numpy()
-        k = np.floor(proportion * n)
-        kept = v[(rank >= k) & (rank < n - k)]
-        out[col] = kept.groupby("_g")["v"].mean()
-    return out.drop(columns=["tkey"]).reset_index(drop=True)
+        out[col] = _trimmed_means(
+            gid, pd.to_numeric(df[col]).to_numpy("float64"), n_groups, proportion
+        )
+    return out
+
+
+def _trimmed_means(gid: np.ndarray, v: np.ndarray, n_groups: int, proportion: float) -> np.ndarray:
+    """Per group id: the trimmed mean of its non-NaN values (NaN for a group without any)."""
+    ok = ~np.isnan(v)
+    g, v = gid[ok], v[ok]
+    order = np.lexsort((v, g))
+    g, v = g[order], v[order]
+    counts = np.bincount(g, minlength=n_groups)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rank = np.arange(len(g)) - starts[g]
+    k = np.floor(proportion * counts)[g]
+    keep = (rank >= k) & (rank < counts[g] - k)
+    sums = np.bincount(g[keep], weights=v[keep], minlength=n_groups)
+    kept = np.bincount(g[keep], minlength=n_groups)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(kept > 0, sums / np.maximum(kept, 1), np.nan)
 
 
 def weighted(values: pd.Series, weights: pd.Series) -> float:
@@ -157,6 +171,7 @@ class Frames:
     def __init__(self, data: TraceData) -> None:
         self.data = data
         self._memo: dict[str, pd.DataFrame] = {}
+        self._levels: dict[str, pd.DataFrame] = {}
 
     def memo(self, key: str, build: Callable[[], pd.DataFrame]) -> pd.DataFrame:
         """`build()` once per key; callers must not modify the returned frame."""
@@ -164,12 +179,31 @@ class Frames:
             self._memo[key] = build()
         return self._memo[key]
 
+    def at(self, level: str) -> pd.DataFrame:
+        """The spans of one level (split once, then shared: do not modify)."""
+        if not self._levels:
+            sp = self.data.spans
+            self._levels = {str(k): g for k, g in sp.groupby("level", sort=False)}
+        return self._levels.get(level, self.data.spans.iloc[:0])
+
     @cached_property
     def meta(self) -> pd.DataFrame:
         """Per trace: tkey, model, batch_size and what the analyses group by."""
-        cols = ["tkey", "source_db", "trace_id", "model", "model_version", "batch_size",
-                "device", "runtime", "kernel_level", "peak_flops_per_s",
-                "peak_dram_bytes_per_s", "peak_source", "created_ns"]  # fmt: skip
+        cols = [
+            "tkey",
+            "source_db",
+            "trace_id",
+            "model",
+            "model_version",
+            "batch_size",
+            "device",
+            "runtime",
+            "kernel_level",
+            "peak_flops_per_s",
+            "peak_dram_bytes_per_s",
+            "peak_source",
+            "created_ns",
+        ]
         return self.data.traces[cols]
 
     def with_meta(self, df: pd.DataFrame, cols: Sequence[str] = GROUP) -> pd.DataFrame:
@@ -181,8 +215,7 @@ class Frames:
         ls = self.data.level_stats
         from_stats = ls[ls["level"] == "model"][["tkey", "trimmed_mean_ns"]]
         from_stats = from_stats.rename(columns={"trimmed_mean_ns": "latency_ns"})
-        sp = self.data.spans
-        ms = sp[sp["level"] == "model"]
+        ms = self.at("model")
         ms = ms.assign(_pref=(ms["run_level"] != "model").astype(int)).sort_values(
             ["tkey", "_pref", "start_ns"]
         )
@@ -196,8 +229,7 @@ class Frames:
     @cached_property
     def layers(self) -> pd.DataFrame:
         """Layer spans, one per (trace, layer name), from the L run where there is one."""
-        sp = self.data.spans
-        ly = sp[sp["level"] == "layer"]
+        ly = self.at("layer")
         has_l = set(ly.loc[ly["run_level"] == "layer", "tkey"].unique())
         ly = ly[(ly["run_level"] == "layer") | ~ly["tkey"].isin(has_l)]
         ly = ly.sort_values(["tkey", "idx", "start_ns"]).drop_duplicates(["tkey", "name"])
@@ -206,29 +238,20 @@ class Frames:
 
     @cached_property
     def kernels(self) -> pd.DataFrame:
-        """Kernel-level spans with the name and type of the layer they ran under."""
-        sp = self.data.spans
-        kn = sp[sp["level"] == "kernel"]
-        if kn.empty:
-            return self.with_meta(kn.assign(layer=pd.Series(dtype=str), layer_type=""))
-        parents = sp[["tkey", "span_id", "level", "name", "kind", "op_type", "parent_id"]]
-        parents = parents.rename(
-            columns={"span_id": "parent_id", "level": "_plevel", "name": "_pname",
-                     "kind": "_pkind", "op_type": "_pop", "parent_id": "_gparent"}
-        )  # fmt: skip
-        kn = kn.merge(parents, on=["tkey", "parent_id"], how="left")
-        # A kernel launched from a runtime API span: its layer is one step further up.
-        up = kn["_plevel"] == "kernel"
-        if up.any():
-            gp = parents.rename(columns={"parent_id": "_gparent", "_gparent": "_ggparent"})
-            hop = kn.loc[up, ["tkey", "_gparent"]].merge(gp, on=["tkey", "_gparent"], how="left")
-            for col in ("_plevel", "_pname", "_pkind", "_pop"):
-                kn.loc[up, col] = hop[col].to_numpy()
-        is_layer = kn["_plevel"] == "layer"
-        kn["layer"] = kn["_pname"].where(is_layer)
-        kn["layer_type"] = kn["_pop"].fillna(kn["_pkind"]).where(is_layer)
-        kn = kn.drop(columns=["_plevel", "_pname", "_pkind", "_pop", "_gparent"])
-        return self.with_meta(kn.reset_index(drop=True))
+        """Kernel-level spans with the name and type of the layer they ran under (the
+        `layer` column is resolved by the loader: the parent, or the launch's parent)."""
+        kn = self.at("kernel")
+        types = self.at("layer")[["tkey", "name", "op_type", "kind"]]
+        types = types.drop_duplicates(["tkey", "name"])
+        types = pd.DataFrame(
+            {
+                "tkey": types["tkey"],
+                "layer": types["name"],
+                "layer_type": types["op_type"].fillna(types["kind"]),
+            }
+        )
+        kn = kn.merge(types, on=["tkey", "layer"], how="left")
+        return self.with_meta(kn)
 
     def kernel_reason(self) -> str:
         """Why the kernel level is missing from the selected traces."""
@@ -236,10 +259,27 @@ class Frames:
             str(r) for r in self.meta["kernel_level"].dropna().unique() if str(r) != "captured"
         ]
         if reasons:
-            return "kernel level not captured: " + "; ".join(sorted(reasons))
+            quoted = "; ".join(f'"{r}"' for r in sorted(reasons))
+            return f"no kernel-level spans; the traces record kernel_level = {quoted}"
         if self.meta["kernel_level"].eq("captured").any():
             return "traces say the kernel level was captured, but they hold no kernel spans"
         return "no kernel spans in the selected traces (trace attribute kernel_level not set)"
+
+    def missing_level_note(self, level: str) -> str | None:
+        """For a mixed selection: which models' traces lack `level` spans, and why."""
+        have = set(self.at(level)["tkey"].unique())
+        lacking = self.meta[~self.meta["tkey"].isin(have)]
+        if lacking.empty or not have:
+            return None
+        models = ", ".join(sorted(lacking["model"].astype(str).unique()))
+        text = f"{level} level not captured in {len(lacking)} traces (models: {models})"
+        if level == "kernel":
+            reasons = sorted(
+                str(r) for r in lacking["kernel_level"].dropna().unique() if r != "captured"
+            )
+            if reasons:
+                text += ": " + "; ".join(reasons)
+        return text + "; they are left out of this table"
 
     def peaks(self) -> pd.DataFrame:
         """Per model/batch: the roofline peaks recorded with the traces (median over traces)."""

@@ -1,0 +1,267 @@
+"""Kernel-level analyses A8 and A10-A13.
+
+Kernel spans (level `kernel`) are GPU kernels, memcpys/memsets, CUDA API calls (`runtime`,
+`driver`) or, on a CPU runtime, library ops (`cpu_op`). The tables here list the work itself
+(kernel, memcpy, memset, cpu_op), not the API calls that launched it. Each kernel is attached
+to the layer it ran under (its parent span, or its launch's parent). Occupancy aggregates are
+weighted by kernel latency, as in XSP.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.common import (
+    DEVICE_KINDS,
+    GROUP,
+    KERNEL_TABLE_KINDS,
+    AnalysisResult,
+    Frames,
+    across_traces,
+    empty_result,
+    not_captured,
+)
+from analysis.layer_level import layer_frame
+from analysis.roofline import classify
+
+TITLES = {
+    "A8": "Kernel table",
+    "A10": "Kernels aggregated by name",
+    "A11": "Kernels aggregated by layer",
+    "A12": "GPU metrics by layer",
+    "A13": "GPU vs non-GPU latency per layer",
+}
+METRICS = ("flops", "dram_read_bytes", "dram_write_bytes")
+
+
+def _work(fr: Frames) -> pd.DataFrame:
+    """Kernel-level spans that are work (not API calls); shared, do not modify."""
+
+    def build() -> pd.DataFrame:
+        kn = fr.kernels
+        return kn[kn["kind"].isin(KERNEL_TABLE_KINDS)].reset_index(drop=True)
+
+    return fr.memo("work", build)
+
+
+def _missing(key: str, fr: Frames) -> AnalysisResult | None:
+    if fr.data.empty:
+        return empty_result(key, TITLES[key])
+    if _work(fr).empty:
+        return not_captured(key, TITLES[key], fr.kernel_reason())
+    return None
+
+
+def _metrics_missing(key: str, df: pd.DataFrame) -> AnalysisResult | None:
+    if df[[*METRICS, "achieved_occupancy"]].isna().all().all():
+        return not_captured(
+            key,
+            TITLES[key],
+            "kernel hardware metrics were not captured: no kernel span carries flops, DRAM "
+            "bytes or achieved_occupancy (profile with metric collection enabled)",
+        )
+    return None
+
+
+def kernel_table(fr: Frames) -> AnalysisResult:
+    """A8: every kernel with its layer, latency, counters, intensity and bound."""
+    if (miss := _missing("A8", fr)) is not None:
+        return miss
+    kn = _work(fr)
+    kn = kn.assign(estimated=kn["metrics_estimated"].astype(float))
+    agg = across_traces(
+        kn,
+        [*GROUP, "layer", "idx", "name", "kind"],
+        ["duration_ns", *METRICS, "achieved_occupancy", "estimated"],
+        ["layer_type"],
+    )
+    agg["dram_bytes"] = agg["dram_read_bytes"] + agg["dram_write_bytes"]
+    agg = agg.merge(fr.peaks(), on=GROUP, how="left")
+    agg = classify(agg, "flops", "dram_bytes", "duration_ns")
+    agg["latency_ms"] = agg["duration_ns"] / 1e6
+    agg["estimated"] = agg["estimated"] > 0
+    cols = [
+        *GROUP,
+        "layer",
+        "layer_type",
+        "idx",
+        "name",
+        "kind",
+        "latency_ms",
+        *METRICS,
+        "achieved_occupancy",
+        "arithmetic_intensity",
+        "arithmetic_throughput_gflops",
+        "memory_bound",
+        "estimated",
+        "n_traces",
+    ]
+    table = agg[cols].sort_values([*GROUP, "layer", "idx"], na_position="first")
+    res = AnalysisResult("A8", TITLES["A8"], table.reset_index(drop=True))
+    res.estimated = bool(table["estimated"].any())
+    if table["flops"].isna().all():
+        res.notes.append("kernel hardware metrics (flops, DRAM bytes, occupancy) not captured")
+    return res
+
+
+def _sum_per(kn: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per trace and `keys`: count, latency, summed counters, latency-weighted occupancy."""
+    lat = kn["duration_ns"].astype("float64")
+    occ = kn["achieved_occupancy"]
+    kn = kn.assign(
+        _lat=lat,
+        _occ_lat=occ * lat,
+        _lat_occ=lat.where(occ.notna()),
+    )
+    grouped = kn.groupby(["tkey", *keys], dropna=False)
+    g = grouped[["_lat", *METRICS, "_occ_lat", "_lat_occ"]].sum(min_count=1)
+    g["count"] = grouped.size()
+    g = g.rename(columns={"_lat": "duration_ns"}).reset_index()
+    g["achieved_occupancy"] = g["_occ_lat"] / g["_lat_occ"]
+    return g.drop(columns=["_occ_lat", "_lat_occ"])
+
+
+def kernels_by_name(fr: Frames) -> AnalysisResult:
+    """A10: kernels grouped by name: calls, total latency, counters, weighted occupancy."""
+    if (miss := _missing("A10", fr)) is not None:
+        return miss
+    per = fr.with_meta(_sum_per(_work(fr), ["name", "kind"]))
+    agg = across_traces(
+        per,
+        [*GROUP, "name", "kind"],
+        ["count", "duration_ns", *METRICS, "achieved_occupancy"],
+    )
+    agg["latency_ms"] = agg["duration_ns"] / 1e6
+    agg["mean_latency_ms"] = agg["latency_ms"] / agg["count"]
+    agg["share"] = agg["duration_ns"] / agg.groupby(GROUP, dropna=False)["duration_ns"].transform(
+        "sum"
+    )
+    cols = [
+        *GROUP,
+        "name",
+        "kind",
+        "count",
+        "latency_ms",
+        "mean_latency_ms",
+        "share",
+        *METRICS,
+        "achieved_occupancy",
+        "n_traces",
+    ]
+    table = agg[cols].sort_values([*GROUP, "latency_ms"], ascending=[True, True, False])
+    return AnalysisResult("A10", TITLES["A10"], table.reset_index(drop=True))
+
+
+def _by_layer(fr: Frames) -> pd.DataFrame:
+    def build() -> pd.DataFrame:
+        kn = _work(fr)
+        kn = kn[kn["layer"].notna()]
+        per = fr.with_meta(_sum_per(kn, ["layer"]))
+        agg = across_traces(
+            per, [*GROUP, "layer"], ["count", "duration_ns", *METRICS, "achieved_occupancy"]
+        )
+        order = layer_frame(fr)[[*GROUP, "name", "idx", "type"]].rename(columns={"name": "layer"})
+        agg = agg.merge(order, on=[*GROUP, "layer"], how="left")
+        agg["latency_ms"] = agg["duration_ns"] / 1e6
+        return agg.sort_values([*GROUP, "idx"]).reset_index(drop=True)
+
+    return fr.memo("kernels_by_layer", build).copy()
+
+
+def kernels_by_layer(fr: Frames) -> AnalysisResult:
+    """A11: per layer: how many kernels ran and their summed latency and counters."""
+    if (miss := _missing("A11", fr)) is not None:
+        return miss
+    agg = _by_layer(fr)
+    cols = [
+        *GROUP,
+        "idx",
+        "layer",
+        "type",
+        "count",
+        "latency_ms",
+        *METRICS,
+        "achieved_occupancy",
+        "n_traces",
+    ]
+    res = AnalysisResult("A11", TITLES["A11"], agg[cols])
+    n_orphans = int(_work(fr)["layer"].isna().sum())
+    if n_orphans:
+        res.notes.append(f"{n_orphans} kernel spans ran outside any layer and are not listed")
+    return res
+
+
+def gpu_metrics_by_layer(fr: Frames) -> AnalysisResult:
+    """A12: per layer: FLOPs, DRAM reads/writes, occupancy, intensity and throughput."""
+    if (miss := _missing("A12", fr)) is not None:
+        return miss
+    if (miss := _metrics_missing("A12", _work(fr))) is not None:
+        return miss
+    agg = _by_layer(fr)
+    agg["dram_bytes"] = agg["dram_read_bytes"] + agg["dram_write_bytes"]
+    agg = agg.merge(fr.peaks(), on=GROUP, how="left")
+    agg = classify(agg, "flops", "dram_bytes", "duration_ns")
+    cols = [
+        *GROUP,
+        "idx",
+        "layer",
+        "type",
+        *METRICS,
+        "achieved_occupancy",
+        "arithmetic_intensity",
+        "arithmetic_throughput_gflops",
+        "bound",
+    ]
+    return AnalysisResult("A12", TITLES["A12"], agg[cols])
+
+
+def gpu_vs_non_gpu(fr: Frames) -> AnalysisResult:
+    """A13: layer latency split into GPU work (sum of kernel/memcpy/memset latency under the
+    layer) and the rest (layer latency - GPU latency: framework, launch and CPU time)."""
+    if (miss := _missing("A13", fr)) is not None:
+        return miss
+    kn = fr.kernels
+    dev = kn[kn["kind"].isin(DEVICE_KINDS) & kn["layer"].notna()]
+    if dev.empty:
+        return not_captured(
+            "A13",
+            TITLES["A13"],
+            "no GPU work recorded: the kernel level holds CPU ops only, so layer time cannot "
+            "be split into GPU and non-GPU time",
+        )
+    gpu = dev.groupby(["tkey", "layer"], as_index=False)["duration_ns"].sum()
+    gpu = gpu.rename(columns={"layer": "name", "duration_ns": "gpu_ns"})
+    ly = fr.layers[fr.layers["tkey"].isin(set(dev["tkey"]))]
+    ly = ly[["tkey", *GROUP, "idx", "name", "type", "duration_ns"]].merge(
+        gpu, on=["tkey", "name"], how="left"
+    )
+    ly["gpu_ns"] = ly["gpu_ns"].fillna(0.0)
+    ly["non_gpu_ns"] = ly["duration_ns"] - ly["gpu_ns"]
+    agg = across_traces(
+        ly, [*GROUP, "name"], ["duration_ns", "gpu_ns", "non_gpu_ns"], ["idx", "type"]
+    )
+    agg["layer_latency_ms"] = agg["duration_ns"] / 1e6
+    agg["gpu_latency_ms"] = agg["gpu_ns"] / 1e6
+    agg["non_gpu_latency_ms"] = agg["non_gpu_ns"] / 1e6
+    with np.errstate(divide="ignore", invalid="ignore"):
+        agg["gpu_share"] = agg["gpu_ns"] / agg["duration_ns"]
+    cols = [
+        *GROUP,
+        "idx",
+        "name",
+        "type",
+        "layer_latency_ms",
+        "gpu_latency_ms",
+        "non_gpu_latency_ms",
+        "gpu_share",
+        "n_traces",
+    ]
+    table = agg[cols].sort_values([*GROUP, "idx"]).reset_index(drop=True)
+    res = AnalysisResult("A13", TITLES["A13"], table)
+    if (table["non_gpu_latency_ms"] < 0).any():
+        res.notes.append(
+            "negative non-GPU latency: kernels of these layers ran longer than the layer's own "
+            "span (asynchronous execution or profiler overhead in the K run)"
+        )
+    return res

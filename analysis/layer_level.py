@@ -1,0 +1,149 @@
+"""Layer-level analyses A2-A7: the layer table, latency and memory per layer and per type.
+
+Layer latency is the L run's statistic (`duration_ns` of layer spans, trimmed mean over the
+run's iterations), then a trimmed mean over the traces of the same model and batch size.
+Memory is the layer's `allocated_bytes` attribute.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis.common import GROUP, AnalysisResult, Frames, across_traces, empty_result
+
+TITLES = {
+    "A2": "Layer table",
+    "A3": "Layer latency in execution order",
+    "A4": "Layer allocated memory in execution order",
+    "A5": "Layer type distribution",
+    "A6": "Latency by layer type",
+    "A7": "Allocated memory by layer type",
+}
+
+
+def _missing(key: str, fr: Frames) -> AnalysisResult | None:
+    if fr.data.empty:
+        return empty_result(key, TITLES[key])
+    if fr.layers.empty:
+        levels = sorted(fr.data.spans["level"].unique())
+        return AnalysisResult(
+            key,
+            TITLES[key],
+            status="not_captured",
+            reason="layer level not captured: the selected traces hold no layer spans "
+            f"(levels present: {', '.join(levels) or 'none'})",
+        )
+    return None
+
+
+def layer_frame(fr: Frames) -> pd.DataFrame:
+    """Per model/batch/layer: trimmed-mean latency and memory over traces (A2's rows)."""
+    return fr.memo("layer_frame", lambda: _layer_frame(fr)).copy()
+
+
+def _layer_frame(fr: Frames) -> pd.DataFrame:
+    ly = fr.layers
+    agg = across_traces(
+        ly,
+        [*GROUP, "name"],
+        ["duration_ns", "allocated_bytes"],
+        ["idx", "type", "input_shapes", "output_shapes"],
+    )
+    agg["latency_ms"] = agg["duration_ns"] / 1e6
+    total = agg.groupby(GROUP, dropna=False)["duration_ns"].transform("sum")
+    agg["latency_share"] = agg["duration_ns"] / total
+    return agg.sort_values([*GROUP, "idx"]).reset_index(drop=True)
+
+
+def layer_table(fr: Frames) -> AnalysisResult:
+    """A2: index, name, type, shapes, latency and allocated memory of every layer."""
+    if (miss := _missing("A2", fr)) is not None:
+        return miss
+    agg = layer_frame(fr)
+    cols = [
+        *GROUP,
+        "idx",
+        "name",
+        "type",
+        "input_shapes",
+        "output_shapes",
+        "latency_ms",
+        "latency_share",
+        "allocated_bytes",
+        "n_traces",
+    ]
+    res = AnalysisResult("A2", TITLES["A2"], agg[cols])
+    if agg["allocated_bytes"].isna().all():
+        res.notes.append("layer memory not recorded (no allocated_bytes attribute)")
+    return res
+
+
+def layer_latency(fr: Frames) -> AnalysisResult:
+    """A3: layer latency in execution order."""
+    if (miss := _missing("A3", fr)) is not None:
+        return miss
+    agg = layer_frame(fr)
+    return AnalysisResult(
+        "A3", TITLES["A3"], agg[[*GROUP, "idx", "name", "type", "latency_ms", "latency_share"]]
+    )
+
+
+def layer_memory(fr: Frames) -> AnalysisResult:
+    """A4: allocated memory per layer in execution order."""
+    if (miss := _missing("A4", fr)) is not None:
+        return miss
+    agg = layer_frame(fr)
+    if agg["allocated_bytes"].isna().all():
+        return AnalysisResult(
+            "A4",
+            TITLES["A4"],
+            status="not_captured",
+            reason="layer memory not captured: no layer span carries allocated_bytes",
+        )
+    agg["allocated_mib"] = agg["allocated_bytes"] / 2**20
+    return AnalysisResult(
+        "A4", TITLES["A4"], agg[[*GROUP, "idx", "name", "type", "allocated_bytes", "allocated_mib"]]
+    )
+
+
+def _by_type(agg: pd.DataFrame, value: str) -> pd.DataFrame:
+    g = agg.groupby([*GROUP, "type"], dropna=False, as_index=False).agg(
+        layers=("name", "size"), total=(value, "sum")
+    )
+    g["share"] = g["total"] / g.groupby(GROUP, dropna=False)["total"].transform("sum")
+    return g.sort_values([*GROUP, "total"], ascending=[True, True, False]).reset_index(drop=True)
+
+
+def type_distribution(fr: Frames) -> AnalysisResult:
+    """A5: how many layers of each type."""
+    if (miss := _missing("A5", fr)) is not None:
+        return miss
+    agg = layer_frame(fr).assign(one=1)
+    g = _by_type(agg, "one").drop(columns=["total"])
+    g["share"] = g["layers"] / g.groupby(GROUP, dropna=False)["layers"].transform("sum")
+    g = g.sort_values([*GROUP, "layers"], ascending=[True, True, False])
+    return AnalysisResult("A5", TITLES["A5"], g.reset_index(drop=True))
+
+
+def latency_by_type(fr: Frames) -> AnalysisResult:
+    """A6: summed layer latency per layer type and its share of all layer time."""
+    if (miss := _missing("A6", fr)) is not None:
+        return miss
+    g = _by_type(layer_frame(fr), "latency_ms").rename(columns={"total": "latency_ms"})
+    return AnalysisResult("A6", TITLES["A6"], g)
+
+
+def memory_by_type(fr: Frames) -> AnalysisResult:
+    """A7: summed allocated memory per layer type."""
+    if (miss := _missing("A7", fr)) is not None:
+        return miss
+    agg = layer_frame(fr)
+    if agg["allocated_bytes"].isna().all():
+        return AnalysisResult(
+            "A7",
+            TITLES["A7"],
+            status="not_captured",
+            reason="layer memory not captured: no layer span carries allocated_bytes",
+        )
+    g = _by_type(agg, "allocated_bytes").rename(columns={"total": "allocated_bytes"})
+    return AnalysisResult("A7", TITLES["A7"], g)

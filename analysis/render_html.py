@@ -1,0 +1,297 @@
+"""The HTML report: every analysis as a table, with plots embedded as PNG data URIs.
+
+Plots (matplotlib, imported only here, so the rest of `analysis` works without a display):
+batch-size curve (A1), layer latency bars (A3), latency by layer type (A6), kernel and layer
+rooflines (A9, A14), the live request breakdown and the model time breakdown.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.common import AnalysisResult
+from analysis.render_text import _status_line, fmt_value, headline
+
+MAX_HTML_ROWS = 200
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;
+max-width:1200px}
+h1{font-size:1.5em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:12px;margin:8px 0}
+th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:left}
+td.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f4f4f4}
+.status{background:#fff4e0;border-left:4px solid #f0a020;padding:6px 10px}
+.note{color:#666;font-size:12px}.est{color:#b35c00;font-weight:bold}
+img{max-width:100%;display:block;margin:8px 0}nav a{margin-right:10px;font-size:13px}
+"""
+
+
+def _png(fig: Any) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _fig(width: float = 7.5, height: float = 3.6) -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(width, height))
+
+
+def _groups(df: pd.DataFrame, limit: int = 3) -> list[tuple[Any, pd.DataFrame]]:
+    return list(df.groupby(["model", "batch_size"], dropna=False, sort=True))[:limit]
+
+
+def plot_batch_curve(res: AnalysisResult) -> list[str]:
+    df = res.table.dropna(subset=["batch_size"])
+    if df.empty:
+        return []
+    fig, ax = _fig()
+    ax2 = ax.twinx()
+    colors = _type_colors(df["model"].astype(str))
+    for model, g in df.groupby("model"):
+        g = g.sort_values("batch_size")
+        c = colors[str(model)]
+        ax.plot(g["batch_size"], g["throughput_per_s"], "o-", color=c, label=f"{model} throughput")
+        ax2.plot(g["batch_size"], g["latency_ms"], "s--", color=c, alpha=0.5)
+    best = df[df["optimal"]]
+    if not best.empty:
+        ax.scatter(
+            best["batch_size"],
+            best["throughput_per_s"],
+            s=180,
+            facecolors="none",
+            edgecolors="red",
+            linewidths=2,
+            zorder=5,
+            label="optimal batch",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("throughput (inputs/s)")
+    ax2.set_ylabel("latency (ms, dashed)")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title("A1: throughput and latency per batch size")
+    return [_png(fig)]
+
+
+def plot_layer_latency(res: AnalysisResult) -> list[str]:
+    out = []
+    for (model, batch), g in _groups(res.table):
+        g = g.sort_values("idx")
+        fig, ax = _fig(7.5, max(2.5, 0.22 * len(g) + 1))
+        colors = _type_colors(g["type"])
+        ax.barh(range(len(g)), g["latency_ms"], color=[colors[t] for t in g["type"]])
+        ax.set_yticks(
+            range(len(g)),
+            [f"{i} {n}" for i, n in zip(g["idx"], g["name"], strict=True)],
+            fontsize=7,
+        )
+        ax.invert_yaxis()
+        ax.set_xlabel("latency (ms)")
+        ax.set_title(f"A3: layer latency, {model} batch {fmt_value(batch)}")
+        out.append(_png(fig))
+    return out
+
+
+def _type_colors(types: pd.Series) -> dict[str, Any]:
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20"]
+    return {t: cmap(i % 20) for i, t in enumerate(sorted(types.unique()))}
+
+
+def plot_latency_by_type(res: AnalysisResult) -> list[str]:
+    out = []
+    for model, g in res.table.groupby("model"):
+        wide = g.pivot_table(
+            index="batch_size", columns="type", values="latency_ms", aggfunc="sum"
+        ).fillna(0.0)
+        fig, ax = _fig()
+        bottom = np.zeros(len(wide))
+        colors = _type_colors(pd.Series(wide.columns))
+        for t in wide.columns:
+            ax.bar([str(b) for b in wide.index], wide[t], bottom=bottom, label=t, color=colors[t])
+            bottom += wide[t].to_numpy()
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("summed layer latency (ms)")
+        ax.legend(fontsize=7, ncol=2)
+        ax.set_title(f"A6: latency by layer type, {model}")
+        out.append(_png(fig))
+    return out
+
+
+def plot_roofline(res: AnalysisResult) -> list[str]:
+    """One roofline per machine (distinct peaks), with the points measured on it."""
+    df = res.table.dropna(subset=["arithmetic_intensity", "arithmetic_throughput_gflops"])
+    df = df[(df["arithmetic_intensity"] > 0) & (df["arithmetic_throughput_gflops"] > 0)]
+    peaks = pd.DataFrame(res.extra.get("peaks", []))
+    if df.empty or peaks.empty:
+        return []
+    df = df.merge(peaks, on=["model", "batch_size"], how="left")
+    roofs = df[["peak_flops_per_s", "peak_dram_bytes_per_s"]].astype(float).fillna(-1.0)
+    out = []
+    for (pf, bw), g in df.groupby([roofs["peak_flops_per_s"], roofs["peak_dram_bytes_per_s"]]):
+        fig, ax = _fig(7.5, 4.2)
+        lo = min(g["arithmetic_intensity"].min(), 0.01) / 2
+        hi = max(g["arithmetic_intensity"].max(), pf / bw if pf > 0 else 1.0) * 4
+        source = str(g["peak_source"].iloc[0]) if pf > 0 else "no peaks recorded"
+        if pf > 0 and bw > 0:
+            x = np.logspace(np.log10(lo), np.log10(hi), 200)
+            ax.plot(
+                x,
+                np.minimum(pf, x * bw) / 1e9,
+                "k-",
+                lw=1.5,
+                label=f"roof: {pf / 1e9:.4g} GFLOP/s, {bw / 1e9:.4g} GB/s",
+            )
+        by = "type" if "type" in g.columns else "layer"
+        labels = g[by].fillna("-").astype(str)
+        colors = _type_colors(labels)
+        for t, part in g.groupby(labels):
+            ax.scatter(
+                part["arithmetic_intensity"],
+                part["arithmetic_throughput_gflops"],
+                s=28,
+                color=colors[t],
+                label=t,
+                alpha=0.8,
+            )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+        ax.set_ylabel("GFLOP/s")
+        est = ", estimated FLOPs/bytes" if g["estimated"].any() else ""
+        models = ", ".join(sorted(g["model"].astype(str).unique()))
+        ax.set_title(f"{res.key}: {models} ({source}{est})", fontsize=10)
+        ax.legend(fontsize=7, ncol=2)
+        out.append(_png(fig))
+    return out
+
+
+def plot_live(res: AnalysisResult) -> list[str]:
+    df = res.table[res.table["phase"] != "client_total"]
+    wide = df.pivot_table(index="model", columns="phase", values="mean_ms", aggfunc="sum")
+    wide = wide[[c for c in df["phase"].unique() if c in wide.columns]].fillna(0.0)
+    fig, ax = _fig(7.5, max(2.2, 0.6 * len(wide) + 1.2))
+    left = np.zeros(len(wide))
+    for phase in wide.columns:
+        ax.barh(list(wide.index), wide[phase], left=left, label=phase)
+        left += wide[phase].to_numpy()
+    ax.set_xlabel("mean latency (ms)")
+    ax.legend(fontsize=7, ncol=3)
+    ax.set_title("live request breakdown (mean per phase)")
+    return [_png(fig)]
+
+
+def plot_time_breakdown(res: AnalysisResult) -> list[str]:
+    df = res.table
+    labels = [f"{m} b{fmt_value(b)}" for m, b in zip(df["model"], df["batch_size"], strict=True)]
+    fig, ax = _fig()
+    left = np.zeros(len(df))
+    for col, color in (("kernel_pct", "#2a7"), ("non_kernel_pct", "#e93"), ("idle_pct", "#bbb")):
+        ax.barh(labels, df[col], left=left, label=col.replace("_pct", ""), color=color)
+        left += df[col].to_numpy()
+    ax.set_xlabel("% of model time (K run timeline)")
+    ax.legend(fontsize=8)
+    ax.set_title("model time breakdown")
+    return [_png(fig)]
+
+
+def plot_comparison(res: AnalysisResult) -> list[str]:
+    a, b = res.extra.get("labels", ["base", "new"])
+    df = res.table
+    fig, ax = _fig(7.5, max(2.5, 0.35 * len(df) + 1))
+    y = np.arange(len(df))
+    ax.barh(y - 0.2, df[f"{a}_ms"], height=0.4, label=a)
+    ax.barh(y + 0.2, df[f"{b}_ms"], height=0.4, label=b)
+    ax.set_yticks(y, list(df["type"]), fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("summed layer latency (ms)")
+    ax.legend(fontsize=8)
+    ax.set_title("comparison: latency by layer type")
+    return [_png(fig)]
+
+
+PLOTS: dict[str, Callable[[AnalysisResult], list[str]]] = {
+    "A1": plot_batch_curve,
+    "A3": plot_layer_latency,
+    "A6": plot_latency_by_type,
+    "A9": plot_roofline,
+    "A14": plot_roofline,
+    "live_breakdown": plot_live,
+    "time_breakdown": plot_time_breakdown,
+    "comparison": plot_comparison,
+}
+
+
+def html_table(df: pd.DataFrame) -> str:
+    shown = df.head(MAX_HTML_ROWS)
+    numeric = [
+        pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c])
+        for c in df.columns
+    ]
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+    body = []
+    for row in shown.itertuples(index=False):
+        cells = "".join(
+            f"<td{' class=n' if n else ''}>{html.escape(fmt_value(v))}</td>"
+            for v, n in zip(row, numeric, strict=True)
+        )
+        body.append(f"<tr>{cells}</tr>")
+    more = len(df) - len(shown)
+    tail = f"<p class=note>... {more} more rows (CSV/JSON carry all)</p>" if more else ""
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>{tail}"
+
+
+def render_html(
+    results: Mapping[str, AnalysisResult], meta: Mapping[str, Any], plots: bool = True
+) -> str:
+    nav = " ".join(f"<a href='#{html.escape(k)}'>{html.escape(k)}</a>" for k in results)
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        "<title>xsp-sidecar trace report</title>",
+        f"<style>{CSS}</style></head><body><h1>xsp-sidecar trace report</h1>",
+        "<table>"
+        + "".join(
+            f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+            for k, v in meta.items()
+        )
+        + "</table>",
+        f"<nav>{nav}</nav>",
+    ]
+    for key, res in results.items():
+        title = html.escape(headline(res))
+        if res.estimated:
+            title = title.replace("(estimated)", "<span class=est>(estimated)</span>")
+        parts.append(f"<section id='{html.escape(key)}'><h2>{title}</h2>")
+        if not res.ok:
+            parts.append(f"<p class=status>{html.escape(_status_line(res))}</p></section>")
+            continue
+        if plots and key in PLOTS and not res.table.empty:
+            for uri in PLOTS[key](res):
+                parts.append(f"<img alt='{html.escape(key)} plot' src='{uri}'>")
+        if "summary" in res.tables:
+            parts.append(html_table(res.tables["summary"]))
+        parts.append(html_table(res.table))
+        for name, table in res.tables.items():
+            if name != "summary":
+                parts.append(f"<h3>{html.escape(name)}</h3>{html_table(table)}")
+        for note in res.notes:
+            parts.append(f"<p class=note>note: {html.escape(note)}</p>")
+        parts.append("</section>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,165 @@
+"""Render a report (analysis results) as plain text, Markdown, JSON or CSV files."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.common import AnalysisResult
+
+MAX_ROWS = 40  # per table in text / Markdown; JSON and CSV carry every row
+
+
+def fmt_value(value: Any) -> str:
+    """Numbers to 4 significant digits (integers whole), missing values as '-'."""
+    if value is None or value is pd.NA:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int) or (hasattr(value, "dtype") and str(value.dtype).startswith("int")):
+        return str(int(value))
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        if value.is_integer() and abs(value) < 1e15:
+            return str(int(value))
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _cells(df: pd.DataFrame, max_rows: int) -> tuple[list[str], list[list[str]], int]:
+    shown = df.head(max_rows)
+    header = [str(c) for c in df.columns]
+    rows = [[fmt_value(v) for v in row] for row in shown.itertuples(index=False)]
+    return header, rows, len(df) - len(shown)
+
+
+def text_table(df: pd.DataFrame, max_rows: int = MAX_ROWS, indent: str = "  ") -> str:
+    header, rows, more = _cells(df, max_rows)
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
+    ]
+    numeric = [
+        pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c])
+        for c in df.columns
+    ]
+
+    def line(cells: list[str]) -> str:
+        return (
+            indent
+            + "  ".join(
+                c.rjust(w) if num else c.ljust(w)
+                for c, w, num in zip(cells, widths, numeric, strict=True)
+            ).rstrip()
+        )
+
+    out = [line(header), indent + "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in rows]
+    if more:
+        out.append(f"{indent}... {more} more rows (use --format csv or json for all)")
+    return "\n".join(out)
+
+
+def markdown_table(df: pd.DataFrame, max_rows: int = MAX_ROWS) -> str:
+    header, rows, more = _cells(df, max_rows)
+
+    def esc(c: str) -> str:
+        return c.replace("|", "\\|")
+
+    numeric = [
+        pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c])
+        for c in df.columns
+    ]
+    out = [
+        "| " + " | ".join(esc(h) for h in header) + " |",
+        "|" + "|".join("---:" if n else "---" for n in numeric) + "|",
+    ]
+    out += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
+    if more:
+        out.append(f"\n*... {more} more rows (use `--format csv` or `json` for all)*")
+    return "\n".join(out)
+
+
+def headline(res: AnalysisResult) -> str:
+    label = res.key if res.key.startswith("A") else res.key.replace("_", " ")
+    title = f"{label}: {res.title}"
+    if res.estimated:
+        title += " (estimated)"
+    return title
+
+
+def _status_line(res: AnalysisResult) -> str:
+    word = {
+        "not_captured": "NOT CAPTURED",
+        "empty": "NO DATA",
+        "not_applicable": "NOT APPLICABLE",
+    }.get(res.status, res.status)
+    return f"{word}: {res.reason}"
+
+
+def render_text(
+    results: Mapping[str, AnalysisResult], meta: Mapping[str, Any], markdown: bool = False
+) -> str:
+    """The whole report as plain text or Markdown."""
+    out: list[str] = []
+    if markdown:
+        out.append("# xsp-sidecar trace report\n")
+        out += [f"- **{k}**: {v}" for k, v in meta.items()]
+    else:
+        out.append("xsp-sidecar trace report")
+        out.append("=" * 24)
+        out += [f"{k}: {v}" for k, v in meta.items()]
+    for res in results.values():
+        out.append("")
+        if markdown:
+            out.append(f"## {headline(res)}\n")
+        else:
+            out.append(headline(res))
+            out.append("-" * len(headline(res)))
+        if not res.ok:
+            out.append(f"**{_status_line(res)}**" if markdown else "  " + _status_line(res))
+            continue
+        if "summary" in res.tables:
+            out.append(_table(res.tables["summary"], markdown))
+            out.append("")
+        out.append(_table(res.table, markdown))
+        for name, table in res.tables.items():
+            if name != "summary":
+                label = f"**{name}**\n" if markdown else f"  {name}:"
+                out += ["", label, _table(table, markdown)]
+        for note in res.notes:
+            out.append(f"\n> note: {note}" if markdown else f"  note: {note}")
+    return "\n".join(out) + "\n"
+
+
+def _table(df: pd.DataFrame, markdown: bool) -> str:
+    return markdown_table(df) if markdown else text_table(df)
+
+
+def render_json(results: Mapping[str, AnalysisResult], meta: Mapping[str, Any]) -> str:
+    doc: dict[str, Any] = {"meta": dict(meta)}
+    for key, res in results.items():
+        doc[key] = res.to_json()
+    return json.dumps(doc, indent=1, default=str, allow_nan=False)
+
+
+def write_csv(results: Mapping[str, AnalysisResult], out_dir: Path) -> list[Path]:
+    """One CSV per analysis (and per secondary table); analyses without data get none."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for key, res in results.items():
+        if not res.ok:
+            continue
+        for name, table in {
+            key: res.table,
+            **{f"{key}_{n}": t for n, t in res.tables.items()},
+        }.items():
+            path = out_dir / f"{name}.csv"
+            table.to_csv(path, index=False)
+            written.append(path)
+    return written

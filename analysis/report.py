@@ -1,0 +1,334 @@
+"""xsp-sidecar trace report: XSP's analyses A1-A15 and more over one or more trace stores.
+
+    python analysis/report.py traces.db [more.db ...] [filters] [--format F] [--out DIR]
+    python analysis/report.py compare traces.db [...] --base SEL --new SEL
+    python analysis/report.py timeline TRACE_ID traces.db [...] -o trace.json
+
+A thin command line over `analysis.trace_analysis.TraceAnalysis`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, Python puts analysis/ itself first on sys.path, where its module names
+# (timeline, compare, ...) would shadow other packages' modules: drop it, find the package.
+if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)
+try:
+    import analysis  # noqa: F401
+except ImportError:  # not installed: use the checkout this script lives in
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from analysis.common import AnalysisResult
+from analysis.timeline import TraceNotFoundError
+from analysis.trace_analysis import ANALYSES, TraceAnalysis
+from analysis.tracedb import TraceFilter, TraceStoreError, parse_since
+
+
+class UsageError(Exception):
+    """The command line asks for something impossible; exit status 2."""
+
+
+COMMANDS = ("report", "compare", "timeline")
+FORMATS = ("text", "markdown", "html", "json", "csv")
+EXTENSIONS = {"text": "txt", "markdown": "md", "html": "html", "json": "json"}
+SELECTOR_HELP = (
+    "KEY=VALUE[,KEY=VALUE...] with KEY in model, version, batch_size, device, runtime, "
+    "source (database path or its tail), trace (id prefix); VALUE may list alternatives "
+    "with '|'"
+)
+EPILOG = """\
+commands:
+  report (default)  all analyses: XSP A1-A15, live_breakdown, overhead, time_breakdown and,
+                    with --base/--new or exactly two databases, comparison
+  compare           only the comparison of two trace sets (HTA TraceDiff-style)
+  timeline          one trace as Chrome/Perfetto trace-event JSON (open in ui.perfetto.dev)
+
+examples:
+  report.py traces.db
+  report.py pod-a.db pod-b.db --model resnet50 --since 24h --format html --out report/
+  report.py traces.db --format json --only A1,A15
+  report.py compare traces.db --base model=resnet50,batch_size=1 --new model=resnet50,batch_size=8
+  report.py compare before.db after.db
+  report.py timeline 4bf92f35 traces.db -o trace.json
+
+Run 'report.py COMMAND --help' for a command's options.
+"""
+
+
+def _filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dbs", nargs="+", metavar="DB", help="trace store(s); several = a fleet")
+    g = p.add_argument_group("filters")
+    g.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only this model (repeat or comma-separate for several)",
+    )
+    g.add_argument(
+        "--trace",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="only this trace id or id prefix (repeatable)",
+    )
+    g.add_argument(
+        "--batch-size",
+        action="append",
+        default=[],
+        metavar="N",
+        help="only this batch size (repeat or comma-separate)",
+    )
+    g.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="only traces created since WHEN: 30m, 2h, 7d, an ISO date/time "
+        "(UTC unless it has an offset) or epoch ns",
+    )
+    g.add_argument(
+        "--include-errors",
+        action="store_true",
+        help="also load traces whose profile failed (status != ok)",
+    )
+
+
+def _outputs(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("output")
+    g.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="text",
+        help="text (default), markdown, html (with plots), json (keyed by A1..A15 "
+        "and named analyses) or csv (one file per analysis; needs --out)",
+    )
+    g.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="write report.<ext> (or the CSV files) into DIR instead of stdout",
+    )
+    g.add_argument("--no-plots", action="store_true", help="html without plots")
+    g.add_argument("--top", type=int, default=15, help="comparison: layers to list (15)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="report.py",
+        description="Analyse xsp-sidecar trace stores: XSP's fifteen analyses (A1-A15), the "
+        "live request breakdown, profiling overhead, time breakdown, comparisons and "
+        "timelines.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    rep = sub.add_parser("report", help="all analyses (the default command)")
+    _filters(rep)
+    _outputs(rep)
+    rep.add_argument(
+        "--only",
+        metavar="KEYS",
+        help=f"comma-separated analyses to run, from: {', '.join(ANALYSES)}, comparison",
+    )
+    rep.add_argument("--base", metavar="SEL", help=f"comparison base set: {SELECTOR_HELP}")
+    rep.add_argument("--new", metavar="SEL", help="comparison new set (same syntax)")
+    cmp_ = sub.add_parser(
+        "compare",
+        help="compare two sets of traces",
+        description="Compare two trace sets by layer type and top layers. "
+        "Without --base/--new, exactly two databases are compared.",
+    )
+    _filters(cmp_)
+    _outputs(cmp_)
+    cmp_.add_argument("--base", metavar="SEL", help=f"base set: {SELECTOR_HELP}")
+    cmp_.add_argument("--new", metavar="SEL", help="new set (same syntax)")
+    tl = sub.add_parser(
+        "timeline",
+        help="export one trace as trace-event JSON",
+        description="Write one trace as Chrome/Perfetto trace-event JSON: live "
+        "spans (proxy, backend) and replay spans (leveled runs) as separate "
+        "processes, one track per level.",
+    )
+    tl.add_argument("trace_id", metavar="TRACE_ID", help="trace id or unique prefix")
+    _filters(tl)
+    tl.add_argument(
+        "-o", "--output", type=Path, metavar="FILE", help="output file (default: stdout)"
+    )
+    return parser
+
+
+def _split(values: Sequence[str]) -> tuple[str, ...]:
+    return tuple(v.strip() for item in values for v in item.split(",") if v.strip())
+
+
+def make_filter(args: argparse.Namespace) -> TraceFilter:
+    try:
+        batches = tuple(int(b) for b in _split(args.batch_size))
+    except ValueError:
+        raise UsageError(f"--batch-size wants integers, got {args.batch_size}") from None
+    return TraceFilter(
+        models=_split(args.model),
+        trace_ids=_split(args.trace),
+        batch_sizes=batches,
+        since_ns=parse_since(args.since) if args.since else None,
+        include_errors=args.include_errors,
+    )
+
+
+def _meta(ta: TraceAnalysis, args: argparse.Namespace) -> dict[str, Any]:
+    t = ta.data.traces
+    meta: dict[str, Any] = {
+        "sources": ", ".join(ta.data.sources),
+        "traces": len(t),
+        "models": ", ".join(sorted(t["model"].astype(str).unique())),
+        "batch_sizes": ", ".join(str(b) for b in sorted(t["batch_size"].dropna().unique())),
+        "spans": len(ta.data.spans),
+    }
+    if ta.data.skipped_errors:
+        meta["failed_profiles_skipped"] = ta.data.skipped_errors
+    filters = {
+        k: v
+        for k, v in (
+            ("model", args.model),
+            ("trace", args.trace),
+            ("batch_size", args.batch_size),
+            ("since", args.since),
+        )
+        if v
+    }
+    if filters:
+        meta["filters"] = "; ".join(
+            f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in filters.items()
+        )
+    synthetic = sorted({str(a["synthetic"]) for a in t["attributes"] if a.get("synthetic")})
+    if synthetic:
+        meta["synthetic_data"] = " | ".join(synthetic)
+    meta["generated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return meta
+
+
+def _comparison(ta: TraceAnalysis, args: argparse.Namespace) -> AnalysisResult:
+    base, new = args.base, args.new
+    if bool(base) != bool(new):
+        raise UsageError("give both --base and --new (or neither)")
+    if not base:
+        sources = ta.data.sources
+        if len(sources) != 2:
+            return AnalysisResult(
+                "comparison",
+                "Comparison of two trace sets",
+                status="not_applicable",
+                reason="choose two sets with --base SEL --new SEL, or pass exactly two "
+                f"databases (got {len(sources)})",
+            )
+        base, new = f"source={sources[0]}", f"source={sources[1]}"
+        names = [Path(s).name for s in sources]
+        if names[0] == names[1]:
+            names = [str(Path(*Path(s).parts[-2:])) for s in sources]
+        if names[0] != names[1]:
+            return ta.compare(base, new, labels=(names[0], names[1]), top=args.top)
+    return ta.compare(base, new, top=args.top)
+
+
+def _emit(
+    results: dict[str, AnalysisResult], meta: dict[str, Any], args: argparse.Namespace
+) -> int:
+    from analysis import render_text
+
+    if args.format == "csv":
+        if args.out is None:
+            raise UsageError("--format csv writes one file per analysis: give --out DIR")
+        paths = render_text.write_csv(results, args.out)
+        print(f"wrote {len(paths)} CSV files to {args.out}", file=sys.stderr)
+        return 0
+    if args.format == "json":
+        text = render_text.render_json(results, meta)
+    elif args.format == "html":
+        from analysis.render_html import render_html
+
+        text = render_html(results, meta, plots=not args.no_plots)
+    else:
+        text = render_text.render_text(results, meta, markdown=args.format == "markdown")
+    if args.out is None:
+        sys.stdout.write(text)
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"report.{EXTENSIONS[args.format]}"
+    path.write_text(text, encoding="utf-8")
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    ta = TraceAnalysis.from_paths(args.dbs, make_filter(args))
+    if ta.data.empty:
+        print(
+            f"report.py: no trace in {', '.join(args.dbs)} matches the filters"
+            + (
+                f" ({ta.data.skipped_errors} failed profiles skipped; see --include-errors)"
+                if ta.data.skipped_errors
+                else ""
+            ),
+            file=sys.stderr,
+        )
+        return 1
+    if args.command == "timeline":
+        doc = ta.timeline(args.trace_id)
+        text = json.dumps(doc, separators=(",", ":"))
+        if args.output is None:
+            sys.stdout.write(text + "\n")
+        else:
+            args.output.write_text(text, encoding="utf-8")
+            n = sum(1 for e in doc["traceEvents"] if e["ph"] == "X")
+            print(
+                f"wrote {args.output}: {n} spans of trace {doc['otherData']['trace_id']}",
+                file=sys.stderr,
+            )
+        return 0
+    meta = _meta(ta, args)
+    if args.command == "compare":
+        return _emit({"comparison": _comparison(ta, args)}, meta, args)
+    keys = [*ANALYSES, "comparison"]
+    if args.only:
+        keys = list(_split([args.only]))
+        unknown = [k for k in keys if k not in ANALYSES and k != "comparison"]
+        if unknown:
+            raise UsageError(
+                f"unknown analysis {', '.join(unknown)}; choose from "
+                f"{', '.join([*ANALYSES, 'comparison'])}"
+            )
+    results = {k: ta.result(k) for k in keys if k != "comparison"}
+    if "comparison" in keys:
+        results["comparison"] = _comparison(ta, args)
+    return _emit(results, meta, args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
+        argv.insert(0, "report")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return run(args)
+    except (TraceStoreError, TraceNotFoundError) as exc:
+        print(f"report.py: {exc}", file=sys.stderr)
+        return 1
+    except (UsageError, ValueError) as exc:  # bad option, --since or selector
+        print(f"report.py: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,195 @@
+"""Roofline: arithmetic intensity and throughput against the device's peaks (A9, A14).
+
+Arithmetic intensity = FLOPs / (DRAM bytes read + written); arithmetic throughput = FLOPs /
+latency. Something is memory-bound when its intensity is left of the ridge point
+(peak FLOP/s / peak DRAM bytes/s). Peaks come from the trace attributes `peak_flops_per_s`
+and `peak_dram_bytes_per_s` (a GPU spec sheet, or the CPU microbenchmark on CPU).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.common import (
+    GROUP,
+    AnalysisResult,
+    Frames,
+    across_traces,
+    empty_result,
+    not_captured,
+)
+
+A9_TITLE = "Kernel roofline"
+A14_TITLE = "Layer roofline"
+
+
+def classify(df: pd.DataFrame, flops: str, nbytes: str, latency_ns: str) -> pd.DataFrame:
+    """Add arithmetic_intensity, arithmetic_throughput_gflops, ridge point and bound columns.
+
+    `df` must carry peak_flops_per_s and peak_dram_bytes_per_s (NaN where unknown).
+    """
+    out = df.copy()
+    f = out[flops].astype("float64")
+    b = out[nbytes].astype("float64")
+    lat_s = out[latency_ns].astype("float64") / 1e9
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ai = np.where(b > 0, f / b, np.nan)
+        thr = np.where(lat_s > 0, f / lat_s, np.nan)
+    out["arithmetic_intensity"] = ai
+    out["arithmetic_throughput_gflops"] = thr / 1e9
+    ridge = out["peak_flops_per_s"] / out["peak_dram_bytes_per_s"]
+    out["ridge_point"] = ridge
+    attainable = np.minimum(
+        out["peak_flops_per_s"], out["arithmetic_intensity"] * out["peak_dram_bytes_per_s"]
+    )
+    out["attainable_gflops"] = attainable / 1e9
+    known = out["arithmetic_intensity"].notna() & ridge.notna()
+    below = (out["arithmetic_intensity"] < ridge).astype(object)
+    out["memory_bound"] = below.where(known, None)
+    out["bound"] = np.where(
+        known, np.where(out["arithmetic_intensity"] < ridge, "memory", "compute"), "unknown"
+    )
+    return out
+
+
+def _peak_notes(df: pd.DataFrame) -> list[str]:
+    notes = []
+    if df["ridge_point"].isna().any():
+        notes.append(
+            "some traces carry no peak_flops_per_s / peak_dram_bytes_per_s, so their bound "
+            "is 'unknown'"
+        )
+    return notes
+
+
+def kernel_roofline(fr: Frames) -> AnalysisResult:
+    """A9: every kernel with FLOPs or DRAM bytes placed on the roofline."""
+    if fr.data.empty:
+        return empty_result("A9", A9_TITLE)
+    kn = fr.kernels
+    kn = kn[kn["kind"].isin(("kernel", "cpu_op"))]
+    if kn.empty:
+        return not_captured(
+            "A9", A9_TITLE, fr.kernel_reason() + " (A14 places layers on the roofline instead)"
+        )
+    kn = kn.assign(dram_bytes=kn["dram_read_bytes"] + kn["dram_write_bytes"])
+    kn = kn[kn["flops"].notna() & kn["dram_bytes"].notna()]
+    if kn.empty:
+        return not_captured(
+            "A9",
+            A9_TITLE,
+            "kernel hardware metrics were not captured: no kernel span carries flops and "
+            "dram_read_bytes/dram_write_bytes (profile with metric collection enabled)",
+        )
+    kn = kn.assign(estimated=kn["metrics_estimated"].astype(float))
+    agg = across_traces(
+        kn, [*GROUP, "layer", "idx", "name"], ["duration_ns", "flops", "dram_bytes", "estimated"]
+    )
+    agg = agg.merge(fr.peaks(), on=GROUP, how="left")
+    agg = classify(agg, "flops", "dram_bytes", "duration_ns")
+    agg["estimated"] = agg["estimated"] > 0
+    agg["latency_ms"] = agg["duration_ns"] / 1e6
+    cols = [
+        *GROUP,
+        "layer",
+        "idx",
+        "name",
+        "latency_ms",
+        "flops",
+        "dram_bytes",
+        "arithmetic_intensity",
+        "arithmetic_throughput_gflops",
+        "attainable_gflops",
+        "ridge_point",
+        "bound",
+        "estimated",
+        "n_traces",
+    ]
+    table = agg[cols].sort_values([*GROUP, "layer", "idx"]).reset_index(drop=True)
+    res = AnalysisResult("A9", A9_TITLE, table, estimated=bool(table["estimated"].any()))
+    res.notes = _peak_notes(agg)
+    res.extra["peaks"] = fr.peaks().to_dict(orient="records")
+    return res
+
+
+def layer_metrics(fr: Frames) -> tuple[pd.DataFrame, str]:
+    """Per trace and layer: flops and DRAM bytes, from kernel counters in traces that have
+    them, else from the layer's own (possibly estimated) attributes. Returns (frame, source).
+    """
+    kn = fr.kernels
+    kn = kn[kn["kind"].isin(("kernel", "cpu_op")) & kn["layer"].notna()]
+    kn = kn[kn["flops"].notna() | kn["dram_read_bytes"].notna()]
+    kn = kn.assign(dram_bytes=kn["dram_read_bytes"].fillna(0) + kn["dram_write_bytes"].fillna(0))
+    from_kernels = kn.groupby(["tkey", "layer"], as_index=False).agg(
+        flops=("flops", "sum"),
+        dram_bytes=("dram_bytes", "sum"),
+        estimated=("metrics_estimated", "max"),
+    )
+    from_kernels = from_kernels.rename(columns={"layer": "name"})
+    ly = fr.layers
+    ly = ly[ly["flops"].notna() & ~ly["tkey"].isin(set(from_kernels["tkey"]))]
+    from_layers = pd.DataFrame(
+        {
+            "tkey": ly["tkey"],
+            "name": ly["name"],
+            "flops": ly["flops"],
+            "dram_bytes": ly["dram_read_bytes"] + ly["dram_write_bytes"],
+            "estimated": ly["flops_estimated"] | ly["bytes_estimated"],
+        }
+    )
+    sources = [
+        name
+        for name, df in (("kernel counters", from_kernels), ("layer attributes", from_layers))
+        if not df.empty
+    ]
+    frames = [df for df in (from_kernels, from_layers) if not df.empty]
+    out = pd.concat(frames, ignore_index=True) if frames else from_layers
+    return out, " and ".join(sources) or "nowhere"
+
+
+def layer_roofline(fr: Frames) -> AnalysisResult:
+    """A14: each layer on the roofline (FLOPs and bytes over the layer's latency)."""
+    if fr.data.empty:
+        return empty_result("A14", A14_TITLE)
+    metrics, source = layer_metrics(fr)
+    if metrics.empty:
+        return not_captured(
+            "A14",
+            A14_TITLE,
+            "no FLOPs/bytes recorded: kernel counters were not captured and layer spans carry "
+            "no flops/dram_*_bytes estimates",
+        )
+    ly = fr.layers[["tkey", *GROUP, "idx", "name", "type", "duration_ns"]]
+    df = ly.merge(metrics, on=["tkey", "name"], how="inner")
+    df["estimated"] = df["estimated"].astype(float)
+    agg = across_traces(
+        df, [*GROUP, "name"], ["duration_ns", "flops", "dram_bytes", "estimated"], ["idx", "type"]
+    )
+    agg = agg.merge(fr.peaks(), on=GROUP, how="left")
+    agg = classify(agg, "flops", "dram_bytes", "duration_ns")
+    agg["estimated"] = agg["estimated"] > 0
+    agg["latency_ms"] = agg["duration_ns"] / 1e6
+    cols = [
+        *GROUP,
+        "idx",
+        "name",
+        "type",
+        "latency_ms",
+        "flops",
+        "dram_bytes",
+        "arithmetic_intensity",
+        "arithmetic_throughput_gflops",
+        "attainable_gflops",
+        "ridge_point",
+        "bound",
+        "estimated",
+        "n_traces",
+    ]
+    table = agg[cols].sort_values([*GROUP, "idx"]).reset_index(drop=True)
+    res = AnalysisResult("A14", A14_TITLE, table, estimated=bool(table["estimated"].any()))
+    res.notes = [f"FLOPs and bytes from {source}", *_peak_notes(agg)]
+    if res.estimated:
+        res.notes.append("estimated: FLOPs/bytes are estimates from layer shapes, not counters")
+    res.extra["peaks"] = fr.peaks().to_dict(orient="records")
+    return res

@@ -1,0 +1,179 @@
+"""`TraceAnalysis`: the one front object over a set of traces.
+
+Its `get_*()` methods return DataFrames (raising `NotCapturedError` with the reason when a
+level or metric was not captured); `result(key)` and `run_all()` return `AnalysisResult`s
+that carry the status, the reason and notes instead. The work is done by small stateless
+modules: model_level (A1, A15), layer_level (A2-A7), kernel_level (A8, A10-A13),
+roofline (A9, A14), live, overhead, time_breakdown, compare and timeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis import (
+    compare,
+    kernel_level,
+    layer_level,
+    live,
+    model_level,
+    overhead,
+    roofline,
+    time_breakdown,
+    timeline,
+)
+from analysis.common import AnalysisResult, Frames
+from analysis.tracedb import TraceData, TraceFilter, load_traces
+
+Analyzer = Callable[[Frames], AnalysisResult]
+
+# XSP's analyses by id, then the ones beyond XSP, in report order.
+ANALYSES: dict[str, Analyzer] = {
+    "A1": model_level.model_throughput,
+    "A2": layer_level.layer_table,
+    "A3": layer_level.layer_latency,
+    "A4": layer_level.layer_memory,
+    "A5": layer_level.type_distribution,
+    "A6": layer_level.latency_by_type,
+    "A7": layer_level.memory_by_type,
+    "A8": kernel_level.kernel_table,
+    "A9": roofline.kernel_roofline,
+    "A10": kernel_level.kernels_by_name,
+    "A11": kernel_level.kernels_by_layer,
+    "A12": kernel_level.gpu_metrics_by_layer,
+    "A13": kernel_level.gpu_vs_non_gpu,
+    "A14": roofline.layer_roofline,
+    "A15": model_level.model_aggregate,
+    "live_breakdown": live.live_breakdown,
+    "overhead": overhead.overhead,
+    "time_breakdown": time_breakdown.time_breakdown,
+}
+XSP_IDS = tuple(f"A{i}" for i in range(1, 16))
+# Analyses that need a level: in a mixed selection they say which traces lack it.
+NEEDS_LEVEL = {
+    **{k: "layer" for k in ("A2", "A3", "A4", "A5", "A6", "A7", "A14")},
+    **{k: "kernel" for k in ("A8", "A9", "A10", "A11", "A12", "A13", "time_breakdown")},
+}
+
+
+class TraceAnalysis:
+    """Analyses over traces loaded from one or more trace stores (one per pod, say)."""
+
+    def __init__(self, data: TraceData) -> None:
+        self.data = data
+        self._frames = Frames(data)
+        self._results: dict[str, AnalysisResult] = {}
+
+    @classmethod
+    def from_paths(
+        cls, paths: Sequence[str | Path], flt: TraceFilter | None = None
+    ) -> TraceAnalysis:
+        return cls(load_traces(paths, flt))
+
+    # -- results with status ------------------------------------------------------------
+    def result(self, key: str) -> AnalysisResult:
+        """One analysis by id (`A1`..`A15`, `live_breakdown`, `overhead`, `time_breakdown`)."""
+        if key not in ANALYSES:
+            raise KeyError(f"unknown analysis {key!r}; known: {', '.join(ANALYSES)}")
+        if key not in self._results:
+            res = ANALYSES[key](self._frames)
+            if res.ok and key in NEEDS_LEVEL:
+                note = self._frames.missing_level_note(NEEDS_LEVEL[key])
+                if note:
+                    res.notes.append(note)
+            self._results[key] = res
+        return self._results[key]
+
+    def run_all(self, keys: Sequence[str] | None = None) -> dict[str, AnalysisResult]:
+        return {k: self.result(k) for k in (keys or ANALYSES)}
+
+    def compare(
+        self, base: str, new: str, labels: tuple[str, str] | None = None, top: int = 15
+    ) -> AnalysisResult:
+        """Compare the traces matching selector `base` with those matching `new`
+        (e.g. `model=resnet,batch_size=1` vs `model=resnet,batch_size=8`)."""
+        sb, sn = compare.Selector.parse(base), compare.Selector.parse(new)
+        a, b = compare.split(self.data, sb, sn)
+        return compare.compare(a, b, labels or (base, new), top)
+
+    def timeline(self, trace_id: str) -> dict[str, Any]:
+        """Chrome/Perfetto trace-event JSON for one trace (id or unique prefix)."""
+        return timeline.trace_events(self.data, trace_id)
+
+    # -- DataFrames (HTA style) ---------------------------------------------------------
+    def get_model_throughput(self) -> pd.DataFrame:
+        """A1."""
+        return self.result("A1").require()
+
+    def get_optimal_batch(self) -> dict[str, int | None]:
+        """A1's optimal batch size per model (None where no doubling stopped paying)."""
+        return dict(self.result("A1").extra.get("optimal_batch", {}))
+
+    def get_layer_table(self) -> pd.DataFrame:
+        """A2."""
+        return self.result("A2").require()
+
+    def get_layer_latency(self) -> pd.DataFrame:
+        """A3."""
+        return self.result("A3").require()
+
+    def get_layer_memory(self) -> pd.DataFrame:
+        """A4."""
+        return self.result("A4").require()
+
+    def get_layer_type_distribution(self) -> pd.DataFrame:
+        """A5."""
+        return self.result("A5").require()
+
+    def get_latency_by_layer_type(self) -> pd.DataFrame:
+        """A6."""
+        return self.result("A6").require()
+
+    def get_memory_by_layer_type(self) -> pd.DataFrame:
+        """A7."""
+        return self.result("A7").require()
+
+    def get_kernel_table(self) -> pd.DataFrame:
+        """A8."""
+        return self.result("A8").require()
+
+    def get_kernel_roofline(self) -> pd.DataFrame:
+        """A9."""
+        return self.result("A9").require()
+
+    def get_kernels_by_name(self) -> pd.DataFrame:
+        """A10."""
+        return self.result("A10").require()
+
+    def get_kernels_by_layer(self) -> pd.DataFrame:
+        """A11."""
+        return self.result("A11").require()
+
+    def get_gpu_metrics_by_layer(self) -> pd.DataFrame:
+        """A12."""
+        return self.result("A12").require()
+
+    def get_gpu_vs_non_gpu_latency(self) -> pd.DataFrame:
+        """A13."""
+        return self.result("A13").require()
+
+    def get_layer_roofline(self) -> pd.DataFrame:
+        """A14."""
+        return self.result("A14").require()
+
+    def get_model_aggregate(self) -> pd.DataFrame:
+        """A15."""
+        return self.result("A15").require()
+
+    def get_live_breakdown(self) -> pd.DataFrame:
+        return self.result("live_breakdown").require()
+
+    def get_overhead(self) -> pd.DataFrame:
+        return self.result("overhead").require()
+
+    def get_time_breakdown(self) -> pd.DataFrame:
+        return self.result("time_breakdown").require()

@@ -1,0 +1,301 @@
+"""A1-A15 on the GPU-shaped trace store.
+
+tests/data/gpu/traces.sqlite is built from SYNTHETIC CUPTI-like activity records (no GPU can run
+here; the traces say so in their `synthetic` attribute): kernel / memcpy / memset activities
+with correlation ids, cudaLaunchKernel runtime records, flops, DRAM bytes and occupancy.
+Expected values come from plain SQL and arithmetic in this file.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+from analysis.trace_analysis import TraceAnalysis
+from tests.analysis.helpers import (
+    GPU_DB,
+    close,
+    kernel_rows,
+    layer_rows,
+    model_latency,
+    peaks,
+    tmean,
+    trace_attr,
+)
+
+WORK = ("kernel", "memcpy", "memset", "cpu_op")
+DEVICE = ("kernel", "memcpy", "memset")
+
+
+@pytest.fixture(scope="module")
+def ta() -> TraceAnalysis:
+    return TraceAnalysis.from_paths([GPU_DB])
+
+
+def test_data_is_labelled_synthetic() -> None:
+    (label,) = trace_attr(GPU_DB, "synthetic")
+    assert "synthetic" in label and "no GPU" in label
+    assert trace_attr(GPU_DB, "kernel_level") == {"captured"}
+
+
+def test_a1_optimal_batch(ta: TraceAnalysis) -> None:
+    lat = {b: tmean(v) for (_, b), v in model_latency(GPU_DB).items()}
+    thr = {b: b / (ns / 1e9) for b, ns in lat.items()}
+    best = next(b for b in sorted(thr) if 2 * b in thr and thr[2 * b] <= 1.05 * thr[b])
+    df = ta.get_model_throughput()
+    assert ta.get_optimal_batch() == {"tiny_resnet": best}
+    assert list(df.loc[df["optimal"], "batch_size"]) == [best]
+    for row in df.itertuples():
+        assert close(row.throughput_per_s, thr[row.batch_size])
+
+
+def test_a2_uses_the_layer_run_not_the_kernel_run(ta: TraceAnalysis) -> None:
+    df = ta.get_layer_table()
+    groups: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for r in layer_rows(GPU_DB, "layer"):
+        groups[(r["batch"], r["name"])].append(r["duration"])
+    k_run = defaultdict(list)
+    for r in layer_rows(GPU_DB, "kernel"):
+        k_run[(r["batch"], r["name"])].append(r["duration"])
+    assert len(df) == len(groups)
+    for row in df.itertuples():
+        assert close(row.latency_ms, tmean(groups[(row.batch_size, row.name)]) / 1e6)
+        assert not close(row.latency_ms, tmean(k_run[(row.batch_size, row.name)]) / 1e6)
+
+
+def _group(rows: list[dict[str, Any]], key: Any) -> dict[Any, list[dict[str, Any]]]:
+    out: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        out[key(r)].append(r)
+    return out
+
+
+def test_a8_kernel_table(ta: TraceAnalysis) -> None:
+    pf, bw = peaks(GPU_DB)
+    rows = [r for r in kernel_rows(GPU_DB) if r["kind"] in WORK]
+    groups = _group(rows, lambda r: (r["batch"], r["layer"], r["idx"], r["name"]))
+    df = ta.get_kernel_table()
+    assert len(df) == len(groups)
+    assert set(df["kind"]) == {"kernel", "memcpy", "memset"}  # no runtime API calls
+    for row in df.itertuples():
+        g = groups[(row.batch_size, row.layer, row.idx, row.name)]
+        assert close(row.latency_ms, tmean([r["duration"] for r in g]) / 1e6)
+        if row.kind != "kernel":
+            assert row.memory_bound is None
+            continue
+        flops = tmean([r["flops"] for r in g])
+        rd = tmean([r["dram_read_bytes"] for r in g])
+        wr = tmean([r["dram_write_bytes"] for r in g])
+        occ = tmean([r["achieved_occupancy"] for r in g])
+        assert close(row.flops, flops) and close(row.dram_read_bytes, rd)
+        assert close(row.achieved_occupancy, occ)
+        assert close(row.arithmetic_intensity, flops / (rd + wr))
+        lat_s = tmean([r["duration"] for r in g]) / 1e9
+        assert close(row.arithmetic_throughput_gflops, flops / lat_s / 1e9)
+        assert row.memory_bound == (flops / (rd + wr) < pf / bw)
+    # kernels launched through a cudaLaunchKernel record are attributed to the launch's layer
+    assert df["layer"].notna().all()
+
+
+def test_a9_kernel_roofline(ta: TraceAnalysis) -> None:
+    pf, bw = peaks(GPU_DB)
+    rows = [r for r in kernel_rows(GPU_DB) if r["kind"] == "kernel"]
+    groups = _group(rows, lambda r: (r["batch"], r["layer"], r["idx"], r["name"]))
+    res = ta.result("A9")
+    assert res.ok and not res.estimated
+    df = res.table
+    assert len(df) == len(groups)
+    for row in df.itertuples():
+        g = groups[(row.batch_size, row.layer, row.idx, row.name)]
+        ai = tmean([r["flops"] for r in g]) / tmean(
+            [r["dram_read_bytes"] + r["dram_write_bytes"] for r in g]
+        )
+        assert close(row.arithmetic_intensity, ai)
+        assert close(row.attainable_gflops, min(pf, ai * bw) / 1e9)
+        assert row.bound == ("memory" if ai < pf / bw else "compute")
+    assert set(df["bound"]) == {"memory", "compute"}
+
+
+def _per_trace(rows: list[dict[str, Any]], key: Any) -> dict[Any, dict[str, float]]:
+    out: dict[Any, dict[str, float]] = defaultdict(
+        lambda: {"count": 0, "lat": 0.0, "flops": 0.0, "occ_lat": 0.0, "lat_occ": 0.0}
+    )
+    for r in rows:
+        d = out[(r["trace"], r["batch"], key(r))]
+        d["count"] += 1
+        d["lat"] += r["duration"]
+        d["flops"] += r.get("flops", 0.0)
+        if "achieved_occupancy" in r:
+            d["occ_lat"] += r["achieved_occupancy"] * r["duration"]
+            d["lat_occ"] += r["duration"]
+    return out
+
+
+def test_a10_kernels_by_name(ta: TraceAnalysis) -> None:
+    rows = [r for r in kernel_rows(GPU_DB) if r["kind"] in WORK]
+    per = _per_trace(rows, lambda r: r["name"])
+    by: dict[tuple[int, str], list[dict[str, float]]] = defaultdict(list)
+    for (_, batch, name), d in per.items():
+        by[(batch, name)].append(d)
+    df = ta.get_kernels_by_name()
+    assert len(df) == len(by)
+    for row in df.itertuples():
+        ds = by[(row.batch_size, row.name)]
+        assert close(row.count, tmean([d["count"] for d in ds]))
+        assert close(row.latency_ms, tmean([d["lat"] for d in ds]) / 1e6)
+        if row.kind == "kernel":
+            occ = tmean([d["occ_lat"] / d["lat_occ"] for d in ds])
+            assert close(row.achieved_occupancy, occ)  # latency-weighted
+    for _batch, g in df.groupby("batch_size"):
+        assert list(g["latency_ms"]) == sorted(g["latency_ms"], reverse=True)
+        assert close(g["share"].sum(), 1.0)
+
+
+def test_a11_a12_by_layer(ta: TraceAnalysis) -> None:
+    rows = [r for r in kernel_rows(GPU_DB) if r["kind"] in WORK]
+    per = _per_trace(rows, lambda r: r["layer"])
+    by: dict[tuple[int, str], list[dict[str, float]]] = defaultdict(list)
+    for (_, batch, layer), d in per.items():
+        by[(batch, layer)].append(d)
+    a11, a12 = ta.get_kernels_by_layer(), ta.get_gpu_metrics_by_layer()
+    assert len(a11) == len(a12) == len(by)
+    for row in a11.itertuples():
+        ds = by[(row.batch_size, row.layer)]
+        assert close(row.count, tmean([d["count"] for d in ds]))
+        assert close(row.latency_ms, tmean([d["lat"] for d in ds]) / 1e6)
+    for row in a12.itertuples():
+        ds = by[(row.batch_size, row.layer)]
+        assert close(row.flops, tmean([d["flops"] for d in ds]))
+        assert close(row.achieved_occupancy, tmean([d["occ_lat"] / d["lat_occ"] for d in ds]))
+    assert list(a11[a11["batch_size"] == 1]["idx"]) == sorted(a11[a11["batch_size"] == 1]["idx"])
+
+
+def test_a13_gpu_vs_non_gpu(ta: TraceAnalysis) -> None:
+    gpu: dict[tuple[str, str], float] = defaultdict(float)
+    for r in kernel_rows(GPU_DB):
+        if r["kind"] in DEVICE:
+            gpu[(r["trace"], r["layer"])] += r["duration"]
+    per: dict[tuple[int, str], list[tuple[float, float, float]]] = defaultdict(list)
+    for r in layer_rows(GPU_DB, "layer"):
+        g = gpu.get((r["trace"], r["name"]), 0.0)
+        per[(r["batch"], r["name"])].append((r["duration"], g, r["duration"] - g))
+    res = ta.result("A13")
+    df = res.table
+    assert len(df) == len(per)
+    for row in df.itertuples():
+        vals = per[(row.batch_size, row.name)]
+        assert close(row.layer_latency_ms, tmean([v[0] for v in vals]) / 1e6)
+        assert close(row.gpu_latency_ms, tmean([v[1] for v in vals]) / 1e6)
+        assert close(row.non_gpu_latency_ms, tmean([v[2] for v in vals]) / 1e6)
+    has_negative = any(tmean([v[2] for v in vals]) < 0 for vals in per.values())
+    assert has_negative == any("negative non-GPU" in n for n in res.notes)
+
+
+def test_a14_layer_roofline_from_counters(ta: TraceAnalysis) -> None:
+    pf, bw = peaks(GPU_DB)
+    flops: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for r in kernel_rows(GPU_DB):
+        if r["kind"] == "kernel":
+            flops[(r["trace"], r["layer"])][0] += r["flops"]
+            flops[(r["trace"], r["layer"])][1] += r["dram_read_bytes"] + r["dram_write_bytes"]
+    per: dict[tuple[int, str], list[tuple[float, float, float]]] = defaultdict(list)
+    for r in layer_rows(GPU_DB, "layer"):
+        f, b = flops[(r["trace"], r["name"])]
+        per[(r["batch"], r["name"])].append((f, b, r["duration"]))
+    res = ta.result("A14")
+    assert res.ok and not res.estimated  # counters, not estimates
+    assert "kernel counters" in res.notes[0]
+    for row in res.table.itertuples():
+        vals = per[(row.batch_size, row.name)]
+        f, b, lat = (tmean([v[i] for v in vals]) for i in range(3))
+        assert close(row.arithmetic_intensity, f / b)
+        assert close(row.arithmetic_throughput_gflops, f / (lat / 1e9) / 1e9)
+        assert row.bound == ("memory" if f / b < pf / bw else "compute")
+
+
+def test_a15_model_aggregate(ta: TraceAnalysis) -> None:
+    pf, bw = peaks(GPU_DB)
+    tot: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    batch_of = {}
+    for r in kernel_rows(GPU_DB):
+        if r["kind"] == "kernel" and r["layer"] is not None:
+            tot[r["trace"]][0] += r["flops"]
+            tot[r["trace"]][1] += r["dram_read_bytes"] + r["dram_write_bytes"]
+            batch_of[r["trace"]] = r["batch"]
+    lat = model_latency(GPU_DB)
+    df = ta.get_model_aggregate()
+    assert len(df) == 4 and not df["estimated"].any()
+    for row in df.itertuples():
+        tids = [t for t, b in batch_of.items() if b == row.batch_size]
+        f = tmean([tot[t][0] for t in tids])
+        b = tmean([tot[t][1] for t in tids])
+        latency = tmean(lat[("tiny_resnet", row.batch_size)])
+        assert close(row.flops, f) and close(row.dram_bytes, b)
+        assert close(row.latency_ms, latency / 1e6)
+        bound = "memory" if f / b < pf / bw else "compute"
+        assert row.verdict == f"{bound}-bound"
+        assert close(row.utilization, (f / (latency / 1e9)) / min(pf, f / b * bw))
+
+
+def _union(intervals: list[tuple[int, int]]) -> int:
+    """Length of the union of intervals: a plain sweep over merged runs."""
+    total = 0
+    runs: list[list[int]] = []
+    for s, e in sorted(intervals):
+        if runs and s <= runs[-1][1]:
+            runs[-1][1] = max(runs[-1][1], e)
+        else:
+            runs.append([s, e])
+    for s, e in runs:
+        total += e - s
+    return total
+
+
+def test_time_breakdown(ta: TraceAnalysis) -> None:
+    from tests.analysis.helpers import q
+
+    windows = {
+        tid: (s, e, b)
+        for tid, s, e, b in q(
+            GPU_DB,
+            "SELECT s.trace_id, s.start_ns, s.end_ns, t.batch_size FROM spans s JOIN traces t "
+            "USING (trace_id) WHERE s.level='model' AND s.run_level='kernel'",
+        )
+    }
+    acts: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in kernel_rows(GPU_DB):
+        if r["kind"] in DEVICE:
+            acts[r["trace"]].append(r)
+    per: dict[int, list[tuple[float, float, float, float]]] = defaultdict(list)
+    for tid, (ws, we, batch) in windows.items():
+        clip = [(max(r["start"], ws), min(r["end"], we), r["kind"]) for r in acts[tid]]
+        busy = _union([(s, e) for s, e, _ in clip if e > s])
+        kern = _union([(s, e) for s, e, k in clip if e > s and k == "kernel"])
+        per[batch].append((we - ws, kern, busy - kern, we - ws - busy))
+    df = ta.get_time_breakdown()
+    assert len(df) == len(per)
+    for row in df.itertuples():
+        vals = per[row.batch_size]
+        w, k, nk, idle = (tmean([v[i] for v in vals]) for i in range(4))
+        assert close(row.window_ms, w / 1e6) and close(row.kernel_ms, k / 1e6)
+        assert close(row.non_kernel_ms, nk / 1e6) and close(row.idle_ms, idle / 1e6)
+        assert nk > 0  # memcpy/memset time outside kernels exists in this data
+
+
+def test_mixed_cpu_and_gpu_selection() -> None:
+    """A GPU-shaped store and a CPU store in one report: each model keeps its own source of
+    FLOPs (counters vs estimates), and the kernel tables say which traces lack kernels."""
+    from tests.analysis.helpers import CPU_DB
+
+    ta = TraceAnalysis.from_paths([GPU_DB, CPU_DB])
+    a15 = ta.get_model_aggregate()
+    est = dict(zip(a15["model"], a15["estimated"], strict=False))
+    assert est == {"tiny_resnet": False, "small_cnn": True}
+    assert ta.result("A15").estimated
+    a8 = ta.result("A8")
+    assert set(a8.table["model"]) == {"tiny_resnet"}
+    (reason,) = trace_attr(CPU_DB, "kernel_level")
+    assert any("kernel level not captured in" in n and reason in n for n in a8.notes)
+    assert set(ta.get_layer_table()["model"]) == {"tiny_resnet", "small_cnn"}

@@ -1,0 +1,143 @@
+"""Live request breakdown, overhead and comparisons on tests/data/live/traces.sqlite (sampled
+live requests: proxy request span, backend server spans, M/L replay; synthetic timings)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from analysis.common import trimmed_mean
+from analysis.model_level import optimal_batch
+from analysis.time_breakdown import union_ns
+from analysis.trace_analysis import TraceAnalysis
+from analysis.tracedb import parse_since
+from tests.analysis.helpers import LIVE_DB, close, layer_rows, q, tmean
+
+PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
+
+
+@pytest.fixture(scope="module")
+def ta() -> TraceAnalysis:
+    return TraceAnalysis.from_paths([LIVE_DB])
+
+
+def _expected_phases() -> dict[str, dict[str, list[float]]]:
+    client = {
+        tid: (model, ns)
+        for tid, model, ns in q(
+            LIVE_DB,
+            "SELECT s.trace_id, t.model, s.duration_ns FROM spans s JOIN traces t "
+            "USING (trace_id) WHERE s.level='request'",
+        )
+    }
+    server: dict[str, dict[str, int]] = defaultdict(dict)
+    for tid, kind, ns in q(
+        LIVE_DB, "SELECT trace_id, kind, duration_ns FROM spans WHERE level='server'"
+    ):
+        server[tid][kind] = ns
+    out: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for tid, (model, ns) in client.items():
+        out[model]["client_total"].append(ns / 1e6)
+        if tid not in server:
+            continue
+        s = server[tid]
+        out[model]["network_proxy"].append((ns - s["request"]) / 1e6)
+        for p in PHASES:
+            out[model][p].append(s[p] / 1e6)
+        out[model]["server_other"].append((s["request"] - sum(s[p] for p in PHASES)) / 1e6)
+    return out
+
+
+def test_live_breakdown_percentiles(ta: TraceAnalysis) -> None:
+    exp = _expected_phases()
+    res = ta.result("live_breakdown")
+    df = res.table
+    assert set(df["model"]) == set(exp)
+    for row in df.itertuples():
+        vals = exp[row.model][row.phase]
+        assert row.requests == len(vals)
+        assert close(row.mean_ms, float(np.mean(vals)))
+        assert close(row.p50_ms, float(np.percentile(vals, 50)))
+        assert close(row.p90_ms, float(np.percentile(vals, 90)))
+        assert close(row.p99_ms, float(np.percentile(vals, 99)))
+        assert close(row.share_of_client, np.mean(vals) / np.mean(exp[row.model]["client_total"]))
+    # phases in order, client total first
+    first = df[df["model"] == "small_cnn"]["phase"].tolist()
+    assert first[:2] == ["client_total", "network_proxy"] and first[-1] == "server_other"
+    # requests without backend spans are counted and said
+    (n_missing,) = q(
+        LIVE_DB,
+        "SELECT COUNT(*) FROM traces t WHERE NOT EXISTS (SELECT 1 FROM spans s "
+        "WHERE s.trace_id = t.trace_id AND s.level = 'server')",
+    )[0]
+    assert n_missing > 0
+    assert any(f"{n_missing} sampled requests have no backend spans" in n for n in res.notes)
+
+
+def test_compare_two_models_by_type_and_layer(ta: TraceAnalysis) -> None:
+    res = ta.compare("model=small_cnn", "model=big_cnn", labels=("small", "big"))
+    assert res.ok
+    per: dict[tuple[str, str], list[float]] = defaultdict(list)
+    types = {}
+    for r in layer_rows(LIVE_DB):
+        per[(r["model"], r["name"])].append(r["duration"])
+        types[r["name"]] = r["op_type"]
+    by_type: dict[tuple[str, str], float] = defaultdict(float)
+    for (model, name), vals in per.items():
+        by_type[(model, types[name])] += tmean(vals) / 1e6
+    for row in res.table.itertuples():
+        assert close(row.small_ms, by_type[("small_cnn", row.type)])
+        assert close(row.big_ms, by_type[("big_cnn", row.type)])
+        assert close(row.diff_ms, row.big_ms - row.small_ms)
+    top = res.tables["top_layers"]
+    diffs = [
+        tmean(per[("big_cnn", n)]) / 1e6 - tmean(per[("small_cnn", n)]) / 1e6 for n in top.name
+    ]
+    assert np.allclose(top["diff_ms"], diffs)
+    assert list(top["diff_ms"].abs()) == sorted(top["diff_ms"].abs(), reverse=True)
+    summary = res.tables["summary"]
+    assert list(summary["set"]) == ["small", "big"] and list(summary["traces"]) == [8, 8]
+
+
+def test_compare_with_empty_side_is_not_applicable(ta: TraceAnalysis) -> None:
+    res = ta.compare("model=small_cnn", "model=nope")
+    assert res.status == "not_applicable" and "model=nope" in res.reason
+
+
+def test_bad_selector_is_explained(ta: TraceAnalysis) -> None:
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        ta.compare("colour=red", "model=big_cnn")
+
+
+def test_trimmed_mean_and_optimal_batch_rules() -> None:
+    assert trimmed_mean([1, 2, 3, 4, 100]) == 3.0  # floor(0.2*5)=1 dropped at each end
+    assert trimmed_mean([1, 2, 3]) == 2.0  # floor(0.6)=0: plain mean
+    assert optimal_batch({1: 100.0, 2: 180.0, 4: 185.0, 8: 186.0}) == 2
+    assert optimal_batch({1: 100.0, 2: 180.0, 4: 300.0}) is None
+    assert optimal_batch({1: 100.0, 2: 105.0}) == 1  # exactly 5% counts as no gain
+
+
+def test_union_of_intervals() -> None:
+    import pandas as pd
+
+    base = 1_790_000_000_000_000_001  # epoch ns: must not lose precision
+    df = pd.DataFrame(
+        {
+            "tkey": [0, 0, 0, 1],
+            "start_ns": [base, base + 5, base + 20, base],
+            "end_ns": [base + 10, base + 12, base + 21, base + 3],
+        }
+    )
+    got = union_ns(df)
+    assert got[0] == 13 and got[1] == 3
+
+
+def test_parse_since() -> None:
+    now = 1_800_000_000_000_000_000
+    assert parse_since("2h", now) == now - 2 * 3600 * 10**9
+    assert parse_since("2026-01-01") == 1_767_225_600 * 10**9
+    assert parse_since("2026-01-01T01:00:00+01:00") == 1_767_225_600 * 10**9
+    with pytest.raises(ValueError, match="--since"):
+        parse_since("yesterday-ish")
