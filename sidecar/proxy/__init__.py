@@ -1,0 +1,32 @@
+"""The data plane: a transparent HTTP/2 relay that watches gRPC calls (see DESIGN.md).
+
+`relay.Relay` pairs each client connection with a backend connection and forwards bytes
+unchanged; `frames.FrameScanner` + `streams.ConnectionTracker` observe them; `metrics`
+exports what was seen; `streams.ConnectionObserver` is the hook for request sampling.
+"""
+
+from __future__ import annotations
+
+from sidecar.proxy.metrics import ProxyMetrics
+from sidecar.proxy.relay import Endpoint, PortInUseError, Relay
+from sidecar.proxy.streams import (
+    ConnectionInfo,
+    ConnectionObserver,
+    HeaderDecision,
+    ObserverFactory,
+    RequestStart,
+    StreamEnd,
+)
+
+__all__ = [
+    "ConnectionInfo",
+    "ConnectionObserver",
+    "Endpoint",
+    "HeaderDecision",
+    "ObserverFactory",
+    "PortInUseError",
+    "ProxyMetrics",
+    "Relay",
+    "RequestStart",
+    "StreamEnd",
+]

@@ -1,0 +1,245 @@
+"""What the relay costs: the same closed-loop load direct to Triton and through the relay.
+
+One run, one process tree: a real `tritonserver` (started here from `sidecar.localtriton`
+unless `--backend` points at a running one), the relay as an `xsp-sidecar serve` subprocess,
+and closed-loop clients in separate processes (one in-flight unary ModelInfer on `add_sub`
+each, `--concurrency` processes) so the clients' CPU does not hide the relay's. For each
+concurrency it prints throughput, p50 and p99 direct and relayed, their ratios, and CPU
+microseconds per request of the relay process and of Triton (its process tree, Python-backend
+stubs included), read from /proc/<pid>/stat.
+
+    python bench/proxy_overhead.py --duration 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing as mp
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of one process, in seconds."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and all its descendants (Triton's Python-backend stubs are child processes)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(children.get(current, []))
+    return tree
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    total = 0.0
+    for member in process_tree(pid):
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(member)
+    return total
+
+
+def _client(address: str, duration: float, warmup: float, conn: Connection) -> None:
+    """One closed-loop client process: warm up, wait for 'go', run, send latencies back."""
+    import grpc
+    import numpy as np
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    req = service_pb2.ModelInferRequest(model_name="add_sub")
+    for name in ("INPUT0", "INPUT1"):
+        req.inputs.add(name=name, datatype="FP32", shape=[16])
+        req.raw_input_contents.append(np.arange(16, dtype=np.float32).tobytes())
+    channel = grpc.insecure_channel(address)
+    infer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer
+    stop = time.perf_counter() + warmup
+    while time.perf_counter() < stop:
+        infer(req)
+    conn.send("ready")
+    conn.recv()
+    latencies = []
+    perf = time.perf_counter
+    stop = perf() + duration
+    while True:
+        t0 = perf()
+        if t0 >= stop:
+            break
+        infer(req)
+        latencies.append(perf() - t0)
+    conn.send(latencies)
+    channel.close()
+
+
+@dataclass
+class Result:
+    requests: int
+    duration: float
+    p50_ms: float
+    p99_ms: float
+    relay_cpu_us: float | None
+    triton_cpu_us: float
+
+    @property
+    def throughput(self) -> float:
+        return self.requests / self.duration
+
+
+def run_load(
+    address: str, concurrency: int, duration: float, warmup: float, triton_pid: int,
+    relay_pid: int | None,
+) -> Result:  # fmt: skip
+    ctx = mp.get_context("spawn")
+    pipes, procs = [], []
+    for _ in range(concurrency):
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_client, args=(address, duration, warmup, child), daemon=True)
+        proc.start()
+        pipes.append(parent)
+        procs.append(proc)
+    for pipe in pipes:
+        if pipe.recv() != "ready":
+            raise RuntimeError("a client process failed to warm up")
+    triton0 = tree_cpu_seconds(triton_pid)
+    relay0 = cpu_seconds(relay_pid) if relay_pid else 0.0
+    start = time.perf_counter()
+    for pipe in pipes:
+        pipe.send("go")
+    latencies: list[float] = []
+    for pipe in pipes:
+        latencies.extend(pipe.recv())
+    elapsed = time.perf_counter() - start
+    triton_cpu = tree_cpu_seconds(triton_pid) - triton0
+    relay_cpu = cpu_seconds(relay_pid) - relay0 if relay_pid else None
+    for proc in procs:
+        proc.join(10)
+    n = len(latencies)
+    latencies.sort()
+    return Result(
+        requests=n,
+        duration=elapsed,
+        p50_ms=statistics.median(latencies) * 1e3,
+        p99_ms=latencies[min(n - 1, int(n * 0.99))] * 1e3,
+        relay_cpu_us=relay_cpu / n * 1e6 if relay_cpu is not None else None,
+        triton_cpu_us=triton_cpu / n * 1e6,
+    )
+
+
+def start_relay(backend: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    script = Path(sys.executable).with_name("xsp-sidecar")
+    prefix = [str(script)] if script.exists() else [sys.executable, "-m", "sidecar"]
+    cmd = [
+        *prefix, "--log-level", "WARNING", "serve", "--backend", backend,
+        "--listen", f"127.0.0.1:{port}", "--metrics-port", str(free_port()),
+        "--grpc-port", str(free_port()), "--grace-period", "1",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the relay exited with code {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, f"127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the relay did not start listening within 30 s")
+
+
+def report(concurrency: int, direct: Result, relay: Result) -> None:
+    print(
+        f"\nconcurrency {concurrency}  ({direct.requests} direct / {relay.requests} relayed calls)"
+    )
+    print(f"  {'':22}{'direct':>12}{'relay':>12}{'relay/direct':>14}")
+    rows = [
+        ("throughput (req/s)", direct.throughput, relay.throughput, "{:12.0f}"),
+        ("p50 latency (ms)", direct.p50_ms, relay.p50_ms, "{:12.3f}"),
+        ("p99 latency (ms)", direct.p99_ms, relay.p99_ms, "{:12.3f}"),
+        ("Triton CPU (us/req)", direct.triton_cpu_us, relay.triton_cpu_us, "{:12.1f}"),
+    ]
+    for name, d, r, fmt in rows:
+        print(f"  {name:22}{fmt.format(d)}{fmt.format(r)}{r / d:14.3f}")
+    assert relay.relay_cpu_us is not None
+    print(f"  {'relay CPU (us/req)':22}{'-':>12}{relay.relay_cpu_us:12.1f}")
+    print(f"  p50 added by the relay: {relay.p50_ms - direct.p50_ms:+.3f} ms")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per measurement")
+    parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds per client")
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", default=[1, 4], help="client processes (default 1 4)"
+    )
+    parser.add_argument("--backend", help="use a running Triton at HOST:PORT (needs --triton-pid)")
+    parser.add_argument("--triton-pid", type=int, help="pid of that Triton, for its CPU time")
+    args = parser.parse_args(argv)
+    if args.backend and not args.triton_pid:
+        parser.error("--backend needs --triton-pid (the bench reads Triton's CPU time)")
+
+    with tempfile.TemporaryDirectory(prefix="xsp-bench-") as tmp:
+        server = None
+        if args.backend:
+            backend, triton_pid = args.backend, args.triton_pid
+        else:
+            from sidecar.localtriton.model_repo import build_model_repository
+            from sidecar.localtriton.server import TritonServer
+
+            repo = build_model_repository(Path(tmp) / "models")
+            server = TritonServer(model_repository=repo, log_path=Path(tmp) / "triton.log")
+            server.start()
+            backend, triton_pid = server.grpc_address, server.pid
+        relay, relay_address = start_relay(backend)
+        try:
+            print(f"Triton {backend} (pid {triton_pid}); relay {relay_address} (pid {relay.pid});")
+            print(f"{args.duration:.0f} s per measurement, CPU from /proc/<pid>/stat")
+            for concurrency in args.concurrency:
+                direct = run_load(
+                    backend, concurrency, args.duration, args.warmup, triton_pid, None
+                )
+                relayed = run_load(
+                    relay_address, concurrency, args.duration, args.warmup, triton_pid, relay.pid
+                )
+                report(concurrency, direct, relayed)
+        finally:
+            relay.send_signal(signal.SIGTERM)
+            relay.wait(10)
+            if server is not None:
+                server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,426 @@
+"""Incremental HTTP/2 frame scanner for one direction of a relayed connection.
+
+The relay forwards bytes unchanged; this scanner walks the same bytes to find frame
+boundaries. It never copies DATA payloads unless its sink asks for them (the first bytes of a
+request message, or a sampled body), reassembles HEADERS/PUSH_PROMISE + CONTINUATION blocks
+(padding and priority fields stripped) and hands every complete header block to the sink in
+order, so the sink can keep its HPACK decoder in step.
+
+Two modes:
+
+- `observe(data)`: the caller has already forwarded `data`; the scanner only watches.
+- `process(data) -> list[bytes]`: *hold mode*, used on the client->backend direction when an
+  observer may add header fields. Bytes of a header block are held back until the block is
+  complete, the sink may return extra HPACK bytes to append, and the returned pieces are what
+  must be forwarded. Bytes are never reordered; nothing but a header block (or an incomplete
+  9-byte frame header) is ever held.
+
+Anything the scanner cannot parse makes it stop observing (`failed` is set, `on_failure` is
+called once) while bytes keep flowing: in hold mode everything held is released at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+from collections.abc import Callable
+from typing import Protocol
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+DATA = 0x0
+HEADERS = 0x1
+PRIORITY = 0x2
+RST_STREAM = 0x3
+SETTINGS = 0x4
+PUSH_PROMISE = 0x5
+PING = 0x6
+GOAWAY = 0x7
+WINDOW_UPDATE = 0x8
+CONTINUATION = 0x9
+
+FLAG_END_STREAM = 0x1
+FLAG_ACK = 0x1
+FLAG_END_HEADERS = 0x4
+FLAG_PADDED = 0x8
+FLAG_PRIORITY = 0x20
+
+DEFAULT_MAX_FRAME_SIZE = 16384
+MAX_HEADER_BLOCK = 1 << 20  # held/assembled header block cap; beyond it we stop observing
+
+_HEADER = struct.Struct(">BHBBI")
+# frame types the fast path handles when the whole frame is in one chunk (skipped ones included)
+_CONTROL_TYPES = frozenset({SETTINGS, RST_STREAM, GOAWAY})
+_FAST_TYPES = frozenset({DATA, HEADERS, PRIORITY, PING, WINDOW_UPDATE}) | _CONTROL_TYPES
+
+# payload handling modes
+_SKIP = 0
+_DELIVER = 1
+_COLLECT = 2
+
+
+class ScanError(Exception):
+    """The byte stream is not HTTP/2 as this scanner understands it."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+class FrameSink(Protocol):
+    """What a scanner reports to. Exceptions raised here stop observation, not forwarding."""
+
+    def on_header_block(
+        self, stream_id: int, end_stream: bool, block: bytes, frame_type: int
+    ) -> bytes | None:
+        """A complete HPACK block; may return HPACK bytes to append to it (hold mode only)."""
+        ...
+
+    def on_data(self, stream_id: int, length: int) -> bool:
+        """A DATA frame of `length` payload bytes starts; True to receive its payload."""
+        ...
+
+    def on_data_payload(self, stream_id: int, chunk: bytes) -> None:
+        """Payload bytes (padding removed) of a DATA frame `on_data` asked for."""
+        ...
+
+    def on_end_stream(self, stream_id: int) -> None:
+        """A DATA frame with END_STREAM was fully scanned."""
+        ...
+
+    def on_control(self, frame_type: int, flags: int, stream_id: int, payload: bytes) -> None:
+        """A complete SETTINGS, RST_STREAM or GOAWAY frame."""
+        ...
+
+
+def frame_header(length: int, frame_type: int, flags: int, stream_id: int) -> bytes:
+    """Encode a 9-byte HTTP/2 frame header."""
+    return _HEADER.pack(length >> 16, length & 0xFFFF, frame_type, flags, stream_id & 0x7FFFFFFF)
+
+
+def _strip_padding(payload: bytes | bytearray, flags: int, skip: int = 0) -> bytes:
+    """Return the fragment of a HEADERS/PUSH_PROMISE/DATA payload without pad/priority fields."""
+    start = 0
+    pad = 0
+    if flags & FLAG_PADDED:
+        if not payload:
+            raise ScanError("protocol", "padded frame without a pad length")
+        pad = payload[0]
+        start = 1
+    start += skip
+    end = len(payload) - pad
+    if end < start:
+        raise ScanError("protocol", "padding longer than the frame payload")
+    return bytes(payload[start:end])
+
+
+class FrameScanner:
+    """Incremental scanner of one direction. `client_side` expects the 24-byte preface first."""
+
+    def __init__(
+        self,
+        sink: FrameSink,
+        *,
+        client_side: bool,
+        hold: bool = False,
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
+        self.sink = sink
+        self.hold = hold
+        self.on_failure = on_failure
+        self.failed = False
+        self.failure_reason = ""
+        self.max_frame_size = DEFAULT_MAX_FRAME_SIZE  # peer's limit for frames we may build
+        self._preface_left = len(PREFACE) if client_side else 0
+        self._carry = b""  # incomplete frame header (or preface) from the previous chunk
+        self._remaining = 0  # payload bytes of the current frame still to come
+        self._mode = _SKIP
+        self._ftype = 0
+        self._flags = 0
+        self._sid = 0
+        self._payload = bytearray()
+        # header block assembly
+        self._block_sid = 0  # non-zero while CONTINUATION frames are expected
+        self._block_type = 0
+        self._block_end_stream = False
+        self._block_parts: list[bytes] = []
+        self._block_size = 0
+        # hold mode
+        self._held = bytearray()
+        self._held_frames: list[tuple[int, int, bool]] = []  # (offset, length, padded)
+        self._holding = False
+        self._out: list[bytes] = []
+        self._data = b""
+        self._emit_from = 0
+
+    # -- public ---------------------------------------------------------------------------
+
+    def observe(self, data: bytes) -> None:
+        """Scan bytes the caller has already forwarded."""
+        if self.failed:
+            return
+        try:
+            self._scan(data)
+        except ScanError as exc:
+            self._fail(exc.reason)
+        except Exception:  # observation must never break forwarding
+            self._fail("internal")
+
+    def process(self, data: bytes) -> list[bytes]:
+        """Hold mode: scan `data` and return the pieces to forward now, in order."""
+        if self.failed:
+            if self._held or self._carry:  # stopped from outside while holding
+                pending = bytes(self._held) + self._carry
+                self._held = bytearray()
+                self._carry = b""
+                return [pending, data]
+            return [data]
+        self._out = out = []
+        try:
+            self._scan(data)
+        except Exception as exc:
+            # Release everything not yet forwarded: the held block, then the rest of the chunk.
+            if self._held:
+                out.append(bytes(self._held))
+            rest = self._data[self._emit_from :]
+            if rest:
+                out.append(rest)
+            self._held = bytearray()
+            self._held_frames = []
+            self._holding = False
+            self._carry = b""
+            self._fail(exc.reason if isinstance(exc, ScanError) else "internal")
+        self._data = b""
+        return out
+
+    def stop(self) -> None:
+        """Stop observing (no failure is reported); held bytes go out with the next chunk."""
+        self.failed = True
+
+    def pending_bytes(self) -> int:
+        """Bytes received but not yet returned by `process` (hold mode)."""
+        return len(self._held) + len(self._carry)
+
+    # -- scanning -------------------------------------------------------------------------
+
+    def _fail(self, reason: str) -> None:
+        if self.failed:
+            return
+        self.failed = True
+        self.failure_reason = reason
+        self._payload = bytearray()
+        self._block_parts = []
+        if self.on_failure is not None:
+            with contextlib.suppress(Exception):
+                self.on_failure(reason)
+
+    def _scan(self, data: bytes) -> None:
+        # Hold-mode invariant: bytes not yet forwarded == self._held + data[self._emit_from:]
+        # (plus self._carry once a chunk ends inside a frame header).
+        if self._carry:
+            data = self._carry + data
+            self._carry = b""
+        hold = self.hold
+        out = self._out
+        n = len(data)
+        pos = 0
+        if hold:
+            self._data = data  # for releasing the unforwarded rest if scanning fails
+        self._emit_from = 0
+        while pos < n:
+            remaining = self._remaining
+            if remaining:
+                take = remaining if remaining <= n - pos else n - pos
+                mode = self._mode
+                if mode == _DELIVER:
+                    self.sink.on_data_payload(self._sid, data[pos : pos + take])
+                elif mode == _COLLECT:
+                    self._payload += data[pos : pos + take]
+                if self._holding:
+                    self._held += data[pos : pos + take]
+                    self._emit_from = pos + take
+                pos += take
+                self._remaining = remaining - take
+                if self._remaining == 0:
+                    self._finish_frame(pos)
+                continue
+            if self._preface_left:
+                take = min(self._preface_left, n - pos)
+                start = len(PREFACE) - self._preface_left
+                if data[pos : pos + take] != PREFACE[start : start + take]:
+                    raise ScanError("preface", "the client did not start with the HTTP/2 preface")
+                pos += take
+                self._preface_left -= take
+                continue
+            if n - pos < 9:
+                if hold and not self._holding and pos > self._emit_from:
+                    out.append(data[self._emit_from : pos])
+                self._carry = data[pos:]
+                self._emit_from = n
+                return
+            hi, lo, ftype, flags, sid = _HEADER.unpack_from(data, pos)
+            length = (hi << 16) | lo
+            sid &= 0x7FFFFFFF
+            hdr_pos = pos
+            pos += 9
+            end = pos + length
+            if (
+                end <= n
+                and not self._block_sid
+                and ftype in _FAST_TYPES
+                and (ftype != HEADERS or flags & FLAG_END_HEADERS)
+            ):
+                # Fast path: a whole frame inside this chunk, handled without buffering.
+                if ftype == DATA:
+                    if sid == 0:
+                        raise ScanError("protocol", "DATA frame on stream 0")
+                    sink = self.sink
+                    if sink.on_data(sid, length):
+                        chunk = (
+                            _strip_padding(data[pos:end], flags)
+                            if flags & FLAG_PADDED
+                            else data[pos:end]
+                        )
+                        if chunk:
+                            sink.on_data_payload(sid, chunk)
+                    if flags & FLAG_END_STREAM:
+                        sink.on_end_stream(sid)
+                elif ftype == HEADERS:
+                    if sid == 0:
+                        raise ScanError("protocol", "header frame on stream 0")
+                    if flags & (FLAG_PADDED | FLAG_PRIORITY):
+                        skip = 5 if flags & FLAG_PRIORITY else 0
+                        fragment = _strip_padding(data[pos:end], flags, skip)
+                    else:
+                        fragment = data[pos:end]
+                    extra = self.sink.on_header_block(
+                        sid, bool(flags & FLAG_END_STREAM), fragment, HEADERS
+                    )
+                    if extra and hold:
+                        if hdr_pos > self._emit_from:
+                            out.append(data[self._emit_from : hdr_pos])
+                        frame = bytearray(data[hdr_pos:end])
+                        self._inject(frame, [(0, length, bool(flags & FLAG_PADDED))], extra, sid)
+                        out.append(bytes(frame))
+                        self._emit_from = end
+                elif ftype in _CONTROL_TYPES:
+                    self.sink.on_control(ftype, flags, sid, data[pos:end])
+                pos = end
+                continue
+            if self._block_sid and (ftype != CONTINUATION or sid != self._block_sid):
+                raise ScanError("protocol", "header block interrupted by another frame")
+            self._ftype = ftype
+            self._flags = flags
+            self._sid = sid
+            if ftype == DATA:
+                if sid == 0:
+                    raise ScanError("protocol", "DATA frame on stream 0")
+                if self.sink.on_data(sid, length):
+                    self._mode = _COLLECT if flags & FLAG_PADDED else _DELIVER
+                    self._payload = bytearray()
+                else:
+                    self._mode = _SKIP
+            elif ftype in (HEADERS, CONTINUATION, PUSH_PROMISE):
+                if sid == 0:
+                    raise ScanError("protocol", "header frame on stream 0")
+                if ftype == CONTINUATION and not self._block_sid:
+                    raise ScanError("protocol", "CONTINUATION without a header block")
+                if self._block_size + length > MAX_HEADER_BLOCK:
+                    raise ScanError("oversize", "header block larger than 1 MiB")
+                self._mode = _COLLECT
+                self._payload = bytearray()
+                if hold:
+                    if not self._holding:
+                        if hdr_pos > self._emit_from:
+                            out.append(data[self._emit_from : hdr_pos])
+                        self._holding = True
+                    padded = ftype != CONTINUATION and bool(flags & FLAG_PADDED)
+                    self._held_frames.append((len(self._held), length, padded))
+                    self._held += data[hdr_pos:pos]
+                    self._emit_from = pos
+            elif ftype in (SETTINGS, RST_STREAM, GOAWAY):
+                self._mode = _COLLECT
+                self._payload = bytearray()
+            else:
+                self._mode = _SKIP
+            self._remaining = length
+            if length == 0:
+                self._finish_frame(pos)
+        if hold and not self._holding and n > self._emit_from:
+            out.append(data[self._emit_from :] if self._emit_from else data)
+        self._emit_from = n
+
+    def _finish_frame(self, pos: int) -> None:
+        """Handle a frame whose payload is complete (`pos` is just after it)."""
+        ftype = self._ftype
+        flags = self._flags
+        sid = self._sid
+        if ftype == DATA:
+            if self._mode == _COLLECT:
+                chunk = _strip_padding(self._payload, flags)
+                self._payload = bytearray()
+                if chunk:
+                    self.sink.on_data_payload(sid, chunk)
+            if flags & FLAG_END_STREAM:
+                self.sink.on_end_stream(sid)
+            return
+        if ftype in (HEADERS, PUSH_PROMISE, CONTINUATION):
+            payload = self._payload
+            self._payload = bytearray()
+            if ftype == HEADERS:
+                skip = 5 if flags & FLAG_PRIORITY else 0
+                fragment = _strip_padding(payload, flags, skip)
+                self._block_type = HEADERS
+                self._block_end_stream = bool(flags & FLAG_END_STREAM)
+                self._block_parts = [fragment]
+            elif ftype == PUSH_PROMISE:
+                fragment = _strip_padding(payload, flags, 4)
+                self._block_type = PUSH_PROMISE
+                self._block_end_stream = False
+                self._block_parts = [fragment]
+            else:
+                fragment = bytes(payload)
+                self._block_parts.append(fragment)
+            self._block_size += len(fragment)
+            if not flags & FLAG_END_HEADERS:
+                self._block_sid = sid
+                return
+            parts = self._block_parts
+            block = parts[0] if len(parts) == 1 else b"".join(parts)
+            self._block_sid = 0
+            self._block_parts = []
+            self._block_size = 0
+            extra = self.sink.on_header_block(sid, self._block_end_stream, block, self._block_type)
+            if self.hold:
+                held = self._held
+                if extra:
+                    self._inject(held, self._held_frames, extra, sid)
+                self._out.append(bytes(held))
+                self._held = bytearray()
+                self._held_frames = []
+                self._holding = False
+                self._emit_from = pos
+            return
+        control = bytes(self._payload)
+        self._payload = bytearray()
+        self.sink.on_control(ftype, flags, sid, control)
+
+    def _inject(
+        self, held: bytearray, frames: list[tuple[int, int, bool]], extra: bytes, sid: int
+    ) -> None:
+        """Append `extra` HPACK bytes to a block's last frame (or add a CONTINUATION frame).
+
+        `held` holds the raw frames of one header block; `frames` gives each frame's
+        (offset in `held`, payload length, padded).
+        """
+        off, length, padded = frames[-1]
+        if length + len(extra) <= self.max_frame_size:
+            # Insert after the header block fragment, before any padding.
+            trailing_pad = held[off + 9] if padded else 0
+            insert_at = off + 9 + length - trailing_pad
+            held[insert_at:insert_at] = extra
+            new_length = length + len(extra)
+            held[off : off + 3] = new_length.to_bytes(3, "big")
+        else:
+            held[off + 4] &= ~FLAG_END_HEADERS & 0xFF
+            held += frame_header(len(extra), CONTINUATION, FLAG_END_HEADERS, sid) + extra

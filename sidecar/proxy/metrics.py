@@ -1,0 +1,188 @@
+"""Prometheus metrics of the data plane (names fixed in docs/contracts.md).
+
+Registered on an injected `CollectorRegistry`. Label values stay bounded: an absent model name
+is `_unknown`, models past `max_models` distinct names count under `_other`, and so do methods
+past `max_methods` distinct names outside the known gRPC tables. Per-call numbers are plain
+counters turned into metric families at scrape time, so the per-request cost is a few
+dictionary look-ups and integer additions.
+"""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_left
+from itertools import accumulate
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from sidecar.proxy.model_name import METHODS, UNKNOWN_MODEL
+
+OTHER = "_other"
+
+# 50 µs .. 10 s, dense below a millisecond (the relay adds ~0.1 ms; Triton answers in ~1 ms)
+DURATION_BUCKETS = (
+    50e-6, 100e-6, 200e-6, 300e-6, 500e-6, 750e-6,
+    1e-3, 2e-3, 3e-3, 5e-3, 7.5e-3, 10e-3, 20e-3, 50e-3, 100e-3, 250e-3, 500e-3,
+    1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+_LE = [floatToGoString(b) for b in DURATION_BUCKETS] + ["+Inf"]
+_KNOWN_METHODS = frozenset(info.name for info in METHODS.values())
+
+
+class _CallStats:
+    """Duration histogram and byte counts of one (method, model) label pair."""
+
+    __slots__ = ("buckets", "count", "request_bytes", "response_bytes", "sum")
+
+    def __init__(self) -> None:
+        self.buckets = [0] * (len(DURATION_BUCKETS) + 1)  # last one: +Inf
+        self.count = 0
+        self.sum = 0.0
+        self.request_bytes = 0
+        self.response_bytes = 0
+
+
+class _CallCollector(Collector):
+    """Exposes the per-call families from plain counters (see `ProxyMetrics.record`)."""
+
+    def __init__(self, metrics: ProxyMetrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return self._families([], [])
+
+    def collect(self) -> list[Metric]:
+        m = self.metrics
+        return self._families(list(m._codes.items()), list(m._stats.items()))
+
+    @staticmethod
+    def _families(
+        codes: list[tuple[tuple[str, str, str], int]],
+        stats: list[tuple[tuple[str, str], _CallStats]],
+    ) -> list[Metric]:
+        requests = CounterMetricFamily(
+            "xsp_requests",
+            "gRPC calls relayed, by method, model and gRPC status code.",
+            labels=["method", "model", "grpc_code"],
+        )
+        for labels, value in codes:
+            requests.add_metric(labels, value)
+        duration = HistogramMetricFamily(
+            "xsp_request_duration_seconds",
+            "Time from a call's request headers to the end of its response, seen by the relay.",
+            labels=["method", "model"],
+        )
+        request_bytes = CounterMetricFamily(
+            "xsp_request_bytes",
+            "HTTP/2 DATA bytes sent by clients (gRPC-framed request messages).",
+            labels=["method", "model"],
+        )
+        response_bytes = CounterMetricFamily(
+            "xsp_response_bytes",
+            "HTTP/2 DATA bytes sent by the backend (gRPC-framed response messages).",
+            labels=["method", "model"],
+        )
+        for pair, st in stats:
+            pair_labels = list(pair)
+            buckets = list(zip(_LE, accumulate(st.buckets), strict=True))
+            duration.add_metric(pair_labels, buckets, sum_value=st.sum)
+            request_bytes.add_metric(pair_labels, st.request_bytes)
+            response_bytes.add_metric(pair_labels, st.response_bytes)
+        return [requests, duration, request_bytes, response_bytes]
+
+
+class ProxyMetrics:
+    """The relay's counters, gauges and histogram on one registry.
+
+    Per-call numbers are kept in plain Python counters written only by the relay's event-loop
+    thread and turned into metric families when the registry is scraped: recording a call is
+    a couple of dictionary look-ups and integer additions, with no locks.
+    """
+
+    def __init__(
+        self, registry: CollectorRegistry, *, max_models: int = 100, max_methods: int = 50
+    ) -> None:
+        if max_models < 1:
+            raise ValueError("max_models must be at least 1")
+        self.max_models = max_models
+        self.max_methods = max_methods
+        self.open_streams = 0  # calls started and not yet ended (the in-flight gauge)
+        self._codes: dict[tuple[str, str, str], int] = {}
+        self._stats: dict[tuple[str, str], _CallStats] = {}
+        registry.register(_CallCollector(self))
+        self.in_flight = Gauge(
+            "xsp_requests_in_flight", "gRPC calls started and not yet ended.", registry=registry
+        )
+        self.in_flight.set_function(lambda: self.open_streams)
+        self.connections_active = Gauge(
+            "xsp_connections_active", "Client connections open now.", registry=registry
+        )
+        self.connections = Counter(
+            "xsp_connections", "Client connections accepted.", registry=registry
+        )
+        self.backend_connect_failures = Counter(
+            "xsp_backend_connect_failures",
+            "Connections to the backend that could not be opened.",
+            registry=registry,
+        )
+        self.observation_failures = Counter(
+            "xsp_observation_failures",
+            "Connections the frame scanner stopped observing (bytes kept flowing).",
+            ["reason"],
+            registry=registry,
+        )
+        self.backend_up = Gauge(
+            "xsp_backend_up",
+            "1 while the backend accepts connections and answers its readiness check.",
+            registry=registry,
+        )
+        self._models: set[str] = set()
+        self._methods: set[str] = set(_KNOWN_METHODS)
+        self._lock = threading.Lock()
+
+    def model_label(self, name: str | None) -> str:
+        """Bounded `model` label value for a model name read from a request."""
+        if not name:
+            return UNKNOWN_MODEL
+        if name in self._models:
+            return name
+        with self._lock:
+            if len(self._models) < self.max_models:
+                self._models.add(name)
+                return name
+        return OTHER
+
+    def method_label(self, name: str) -> str:
+        """Bounded `method` label value."""
+        if name in self._methods:
+            return name
+        with self._lock:
+            if len(self._methods) < len(_KNOWN_METHODS) + self.max_methods:
+                self._methods.add(name)
+                return name
+        return OTHER
+
+    def record(
+        self,
+        method: str,
+        model: str,
+        code: str,
+        duration_s: float,
+        request_bytes: int,
+        response_bytes: int,
+    ) -> None:
+        """Count one ended call (labels already bounded). Call from one thread only."""
+        key = (method, model, code)
+        self._codes[key] = self._codes.get(key, 0) + 1
+        st = self._stats.get((method, model))
+        if st is None:
+            st = self._stats[(method, model)] = _CallStats()
+        st.buckets[bisect_left(DURATION_BUCKETS, duration_s)] += 1
+        st.count += 1
+        st.sum += duration_s
+        st.request_bytes += request_bytes
+        st.response_bytes += response_bytes

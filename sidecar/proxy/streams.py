@@ -1,0 +1,473 @@
+"""Per-connection stream bookkeeping: from scanned frames to ended gRPC calls.
+
+A `ConnectionTracker` owns the two frame scanners of one relayed connection (client->backend
+and backend->client) and the state of each open stream: method, model name (read from the
+first bytes of the request), bytes each way, and the gRPC status from the response trailers.
+When a stream ends (trailers, RST_STREAM, GOAWAY, connection loss) it is counted in
+`ProxyMetrics` and reported to the optional `ConnectionObserver`.
+
+The observer is the hook for request sampling. It is given each new request's headers and may
+return header fields to append to *that* request's header block (e.g. a W3C `traceparent`) and
+ask for the full request body; it is told when each stream ends. Its exceptions are logged and
+never reach the data path.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import unquote
+
+from sidecar.proxy.frames import (
+    FLAG_ACK,
+    GOAWAY,
+    HEADERS,
+    RST_STREAM,
+    SETTINGS,
+    FrameScanner,
+)
+from sidecar.proxy.headers import HeaderDecoder, RawHeaders, encode_literal_without_indexing
+from sidecar.proxy.metrics import ProxyMetrics
+from sidecar.proxy.model_name import (
+    HEAD_LIMIT,
+    NEED_MORE,
+    MethodInfo,
+    extract_model_name,
+    method_info,
+)
+
+log = logging.getLogger(__name__)
+
+GRPC_CODES = (
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "UNAUTHENTICATED",
+)  # fmt: skip
+_STATUS_NAMES = {str(i).encode(): name for i, name in enumerate(GRPC_CODES)}
+# gRPC's mapping of HTTP statuses for responses without grpc-status
+_HTTP_TO_GRPC = {
+    b"400": "INTERNAL", b"401": "UNAUTHENTICATED", b"403": "PERMISSION_DENIED",
+    b"404": "UNIMPLEMENTED", b"429": "UNAVAILABLE", b"502": "UNAVAILABLE",
+    b"503": "UNAVAILABLE", b"504": "UNAVAILABLE",
+}  # fmt: skip
+_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+_RST_REFUSED_STREAM = 0x7
+SETTINGS_HEADER_TABLE_SIZE = 0x1
+SETTINGS_MAX_FRAME_SIZE = 0x5
+DEFAULT_CAPTURE_LIMIT = 256 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionInfo:
+    """A relayed client connection, as given to an `ObserverFactory`."""
+
+    connection_id: int
+    peer: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStart:
+    """A new request's headers, as decoded (raw bytes; do not mutate)."""
+
+    connection_id: int
+    stream_id: int
+    path: str
+    method: str
+    raw_headers: list[tuple[bytes, bytes]]
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The non-pseudo header fields (gRPC metadata), decoded on each access."""
+        return {
+            name.decode("latin-1"): value.decode("latin-1")
+            for name, value in self.raw_headers
+            if not name.startswith(b":")
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderDecision:
+    """What an observer wants done with one request."""
+
+    extra_headers: Sequence[tuple[str, str]] = ()  # appended to the request's header block
+    capture_body: bool = False  # deliver the full request body to `on_request_body`
+    capture_limit: int = DEFAULT_CAPTURE_LIMIT  # bodies larger than this are not delivered
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnd:
+    """One ended gRPC call as the relay saw it."""
+
+    connection_id: int
+    stream_id: int
+    path: str
+    method: str
+    model: str | None  # as read from the request (unbounded; labels use ProxyMetrics)
+    grpc_code: str
+    grpc_message: str
+    start_ns: int  # wall clock (Unix epoch ns) at the request headers
+    duration_s: float
+    request_bytes: int
+    response_bytes: int
+    sampled: bool = False
+
+
+class ConnectionObserver(Protocol):
+    """Hooks for one relayed connection (see module docstring)."""
+
+    def on_request_headers(self, start: RequestStart) -> HeaderDecision | None: ...
+
+    def on_request_body(self, stream_id: int, model: str | None, body: bytes) -> None: ...
+
+    def on_stream_end(self, end: StreamEnd) -> None: ...
+
+
+ObserverFactory = Callable[[ConnectionInfo], "ConnectionObserver | None"]
+
+
+@dataclass(slots=True)
+class _Stream:
+    sid: int
+    path: bytes
+    method: str  # bounded label value
+    model_field: tuple[int, ...] | None
+    start: float
+    timeout: bytes | None = None
+    model: str | None = None
+    head: bytearray | None = None
+    body: bytearray | None = None
+    capture_limit: int = 0
+    start_ns: int = 0
+    request_bytes: int = 0
+    response_bytes: int = 0
+    http_status: bytes = b""
+    grpc_status: bytes | None = None
+    grpc_message: bytes = b""
+    sampled: bool = False
+
+
+def _parse_settings(payload: bytes) -> list[tuple[int, int]]:
+    return [
+        (int.from_bytes(payload[i : i + 2], "big"), int.from_bytes(payload[i + 2 : i + 6], "big"))
+        for i in range(0, len(payload) - 5, 6)
+    ]
+
+
+def _timeout_s(value: bytes | None) -> float | None:
+    if not value or value[-1:] not in _TIMEOUT_UNITS:
+        return None
+    try:
+        return int(value[:-1]) * _TIMEOUT_UNITS[value[-1:]]
+    except ValueError:
+        return None
+
+
+def _request_summary(headers: RawHeaders) -> tuple[bytes, bytes | None, MethodInfo]:
+    path = b""
+    timeout = None
+    for name, value in headers:
+        if name == b":path":
+            path = value
+        elif name == b"grpc-timeout":
+            timeout = value
+    return path, timeout, method_info(path)
+
+
+def _response_summary(headers: RawHeaders) -> tuple[bytes | None, bytes, bytes]:
+    status = None
+    message = b""
+    http_status = b""
+    for name, value in headers:
+        if name == b"grpc-status":
+            status = value
+        elif name == b"grpc-message":
+            message = value
+        elif name == b":status":
+            http_status = value
+    return status, message, http_status
+
+
+class _Side:
+    """Shared part of the two directions' frame sinks."""
+
+    decoder: HeaderDecoder[Any]
+
+    def __init__(self, tracker: ConnectionTracker) -> None:
+        self.tracker = tracker
+        self.scanner: FrameScanner | None = None
+        self.other: _Side | None = None
+        self.pending_settings: deque[list[tuple[int, int]]] = deque()
+
+    def _settings(self, flags: int, payload: bytes) -> None:
+        if flags & FLAG_ACK:
+            # This side acknowledges settings the other side sent: from now on this side's
+            # encoder may use them, so they bound this side's decoder and frame size.
+            if self.pending_settings:
+                for ident, value in self.pending_settings.popleft():
+                    if ident == SETTINGS_HEADER_TABLE_SIZE:
+                        self.decoder.set_max_table_size(value)
+                    elif ident == SETTINGS_MAX_FRAME_SIZE and self.scanner is not None:
+                        self.scanner.max_frame_size = value
+        elif self.other is not None:
+            self.other.pending_settings.append(_parse_settings(payload))
+
+    def on_control(self, frame_type: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if frame_type == SETTINGS:
+            self._settings(flags, payload)
+        elif frame_type == RST_STREAM:
+            st = self.tracker.streams.get(stream_id)
+            if st is not None:
+                self.tracker.end_reset(st, int.from_bytes(payload[:4], "big"), self)
+        elif frame_type == GOAWAY:
+            self.on_goaway(int.from_bytes(payload[:4], "big") & 0x7FFFFFFF)
+
+    def on_goaway(self, last_stream_id: int) -> None:
+        pass
+
+
+class _RequestSide(_Side):
+    """Client -> backend."""
+
+    def __init__(self, tracker: ConnectionTracker) -> None:
+        super().__init__(tracker)
+        self.decoder = HeaderDecoder(_request_summary)
+
+    def on_header_block(
+        self, stream_id: int, end_stream: bool, block: bytes, frame_type: int
+    ) -> bytes | None:
+        headers, (path, timeout, info) = self.decoder.decode(block)
+        t = self.tracker
+        if frame_type != HEADERS or stream_id <= t.last_stream_id:
+            return None  # client trailers, or a push promise (never sent by clients)
+        t.last_stream_id = stream_id
+        st = _Stream(
+            stream_id, path, t.metrics.method_label(info.name), info.model_field,
+            time.perf_counter(), timeout,
+        )  # fmt: skip
+        if info.model_field is not None and not end_stream:
+            st.head = bytearray()
+        t.streams[stream_id] = st
+        t.metrics.open_streams += 1
+        if t.observer is None:
+            return None
+        st.start_ns = time.time_ns()
+        return t.ask_observer(st, headers)
+
+    def on_data(self, stream_id: int, length: int) -> bool:
+        st = self.tracker.streams.get(stream_id)
+        if st is None:
+            return False
+        st.request_bytes += length
+        return st.head is not None or st.body is not None
+
+    def on_data_payload(self, stream_id: int, chunk: bytes) -> None:
+        st = self.tracker.streams.get(stream_id)
+        if st is None:
+            return
+        head = st.head
+        if head is not None and st.model_field is not None:
+            head += chunk[: HEAD_LIMIT - len(head)]
+            name = extract_model_name(head, st.model_field)
+            if name is NEED_MORE:
+                if len(head) >= HEAD_LIMIT:
+                    st.head = None
+            else:
+                st.model = name if isinstance(name, str) else None
+                st.head = None
+        body = st.body
+        if body is not None:
+            if len(body) + len(chunk) > st.capture_limit:
+                st.body = None
+                log.info("request body of stream %d exceeds the capture limit", stream_id)
+            else:
+                body += chunk
+
+    def on_end_stream(self, stream_id: int) -> None:
+        st = self.tracker.streams.get(stream_id)
+        if st is None:
+            return
+        st.head = None
+        if st.body is not None:
+            body, st.body = st.body, None
+            self.tracker.deliver_body(st, bytes(body))
+
+
+class _ResponseSide(_Side):
+    """Backend -> client."""
+
+    def __init__(self, tracker: ConnectionTracker) -> None:
+        super().__init__(tracker)
+        self.decoder = HeaderDecoder(_response_summary)
+
+    def on_header_block(
+        self, stream_id: int, end_stream: bool, block: bytes, frame_type: int
+    ) -> bytes | None:
+        _, (status, message, http_status) = self.decoder.decode(block)
+        st = self.tracker.streams.get(stream_id)
+        if st is None or frame_type != HEADERS:
+            return None
+        if status is not None:
+            st.grpc_status = status
+            st.grpc_message = message
+        if http_status:
+            st.http_status = http_status
+        if end_stream:
+            self.tracker.end_response(st)
+        return None
+
+    def on_data(self, stream_id: int, length: int) -> bool:
+        st = self.tracker.streams.get(stream_id)
+        if st is not None:
+            st.response_bytes += length
+        return False
+
+    def on_data_payload(self, stream_id: int, chunk: bytes) -> None:
+        pass
+
+    def on_end_stream(self, stream_id: int) -> None:
+        st = self.tracker.streams.get(stream_id)
+        if st is not None:
+            self.tracker.end_response(st)
+
+    def on_goaway(self, last_stream_id: int) -> None:
+        t = self.tracker
+        for st in [s for sid, s in t.streams.items() if sid > last_stream_id]:
+            t.end(st, "UNAVAILABLE")
+
+
+class ConnectionTracker:
+    """Observation state of one relayed connection."""
+
+    def __init__(
+        self,
+        metrics: ProxyMetrics,
+        *,
+        observer: ConnectionObserver | None = None,
+        connection_id: int = 0,
+    ) -> None:
+        self.metrics = metrics
+        self.observer = observer
+        self.connection_id = connection_id
+        self.streams: dict[int, _Stream] = {}
+        self.last_stream_id = 0
+        self.failed = False
+        self.request = _RequestSide(self)
+        self.response = _ResponseSide(self)
+        self.request.other = self.response
+        self.response.other = self.request
+        # With an observer, client header blocks are held until complete so fields can be
+        # appended; without one, the relay forwards first and scans afterwards.
+        self.request_scanner = FrameScanner(
+            self.request, client_side=True, hold=observer is not None, on_failure=self._failed
+        )
+        self.response_scanner = FrameScanner(
+            self.response, client_side=False, on_failure=self._failed
+        )
+        self.request.scanner = self.request_scanner
+        self.response.scanner = self.response_scanner
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.streams)
+
+    def _failed(self, reason: str) -> None:
+        if self.failed:
+            return
+        self.failed = True
+        self.metrics.observation_failures.labels(reason).inc()
+        log.warning(
+            "connection %d: stopped observing (%s); bytes keep flowing", self.connection_id, reason
+        )
+        self.request_scanner.stop()
+        self.response_scanner.stop()
+        self.metrics.open_streams -= len(self.streams)
+        self.streams.clear()
+
+    def close(self, code: str) -> None:
+        """The connection is gone: end every open stream with `code`."""
+        for st in list(self.streams.values()):
+            self.end(st, code)
+        self.request_scanner.stop()
+        self.response_scanner.stop()
+
+    # -- stream ends ----------------------------------------------------------------------
+
+    def end_response(self, st: _Stream) -> None:
+        status = st.grpc_status
+        if status is not None:
+            code = _STATUS_NAMES.get(status.strip(), "UNKNOWN")
+        elif st.http_status and st.http_status != b"200":
+            code = _HTTP_TO_GRPC.get(st.http_status, "UNKNOWN")
+        else:
+            code = "UNKNOWN"  # a response ended without grpc-status
+        self.end(st, code)
+
+    def end_reset(self, st: _Stream, error_code: int, side: _Side) -> None:
+        code = "CANCELLED"
+        if error_code == _RST_REFUSED_STREAM:
+            code = "UNAVAILABLE"
+        elif side is self.request:
+            timeout = _timeout_s(st.timeout)
+            if timeout is not None and time.perf_counter() - st.start >= timeout * 0.98:
+                code = "DEADLINE_EXCEEDED"  # the client gave up at its deadline
+        self.end(st, code)
+
+    def end(self, st: _Stream, code: str) -> None:
+        if self.streams.pop(st.sid, None) is None:
+            return
+        metrics = self.metrics
+        metrics.open_streams -= 1
+        duration = time.perf_counter() - st.start
+        metrics.record(
+            st.method, metrics.model_label(st.model), code, duration,
+            st.request_bytes, st.response_bytes,
+        )  # fmt: skip
+        if self.observer is not None:
+            end = StreamEnd(
+                self.connection_id, st.sid, st.path.decode("utf-8", "replace"), st.method,
+                st.model, code, unquote(st.grpc_message.decode("utf-8", "replace")),
+                st.start_ns, duration, st.request_bytes, st.response_bytes, st.sampled,
+            )  # fmt: skip
+            try:
+                self.observer.on_stream_end(end)
+            except Exception:
+                log.exception("observer.on_stream_end failed")
+
+    # -- observer -------------------------------------------------------------------------
+
+    def ask_observer(self, st: _Stream, headers: list[tuple[bytes, bytes]]) -> bytes | None:
+        assert self.observer is not None
+        start = RequestStart(
+            self.connection_id, st.sid, st.path.decode("utf-8", "replace"), st.method, headers
+        )
+        try:
+            decision = self.observer.on_request_headers(start)
+        except Exception:
+            log.exception("observer.on_request_headers failed")
+            return None
+        if decision is None:
+            return None
+        if decision.capture_body:
+            st.sampled = True
+            st.body = bytearray()
+            st.capture_limit = decision.capture_limit
+        if not decision.extra_headers:
+            return None
+        try:
+            return encode_literal_without_indexing(decision.extra_headers)
+        except ValueError:
+            log.exception("observer returned an invalid header field")
+            return None
+
+    def deliver_body(self, st: _Stream, body: bytes) -> None:
+        if self.observer is None:
+            return
+        try:
+            self.observer.on_request_body(st.sid, st.model, body)
+        except Exception:
+            log.exception("observer.on_request_body failed")

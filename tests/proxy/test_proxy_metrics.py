@@ -1,0 +1,44 @@
+"""ProxyMetrics labels stay bounded; values land on the injected registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from sidecar.proxy.metrics import OTHER, ProxyMetrics
+
+
+def test_model_labels_are_capped() -> None:
+    reg = CollectorRegistry()
+    metrics = ProxyMetrics(reg, max_models=2)
+    assert metrics.model_label(None) == "_unknown"
+    assert metrics.model_label("") == "_unknown"
+    assert [metrics.model_label(m) for m in ("a", "b", "c", "a", "d")] == [
+        "a",
+        "b",
+        OTHER,
+        "a",
+        OTHER,
+    ]
+
+
+def test_method_labels_are_capped_but_known_methods_always_pass() -> None:
+    metrics = ProxyMetrics(CollectorRegistry(), max_methods=1)
+    assert metrics.method_label("Custom1") == "Custom1"
+    assert metrics.method_label("Custom2") == OTHER
+    assert metrics.method_label("Predict") == "Predict"
+
+
+def test_record_counts_and_histogram() -> None:
+    reg = CollectorRegistry()
+    metrics = ProxyMetrics(reg)
+    for duration in (60e-6, 150e-6, 0.002):
+        metrics.record("ModelInfer", "m", "OK", duration, 100, 50)
+    metrics.record("ModelInfer", "m", "NOT_FOUND", 0.01, 10, 0)
+    get = reg.get_sample_value
+    assert get("xsp_requests_total", {"method": "ModelInfer", "model": "m", "grpc_code": "OK"}) == 3
+    labels = {"method": "ModelInfer", "model": "m"}
+    assert get("xsp_request_duration_seconds_bucket", {**labels, "le": "0.0001"}) == 1
+    assert get("xsp_request_duration_seconds_bucket", {**labels, "le": "0.0002"}) == 2
+    assert get("xsp_request_duration_seconds_count", labels) == 4
+    assert get("xsp_request_bytes_total", labels) == 310
+    assert get("xsp_response_bytes_total", labels) == 150
