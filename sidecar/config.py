@@ -37,6 +37,26 @@ class ServeConfig:
     tls_key: Path | None = None
     max_models: int = 100
     backend_protocol: str = "triton"
+    # sampling and profiling
+    model_repository: Path | None = None
+    db: Path = Path("xsp-traces.db")
+    otlp_port: int = 4318
+    otlp_host: str = "127.0.0.1"
+    sample_rate: float = 0.001
+    sample_budget: float = 6.0
+    sample_force_header: str = "x-xsp-profile"
+    duty_cycle: float = 0.05
+    queue_size: int = 8
+    levels: str = "M,L"
+    iterations: int = 10
+    warmup: int = 2
+    profile_timeout: float = 120.0
+    retention_max_traces: int = 1000
+    retention_max_mb: float = 512.0
+    retention_max_age_hours: float = 168.0
+    store_raw_inputs: bool = False
+    admin: bool = False
+    admin_listen: str = "127.0.0.1:8014"
 
     @property
     def backend_endpoint(self) -> Endpoint:
@@ -115,6 +135,63 @@ def _path(value: Any, setting: str) -> Path:
     return Path(str(value)).expanduser()
 
 
+def _fraction(value: Any, setting: str, allow_zero: bool = True) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{setting}: expected a number between 0 and 1, got {value!r}") from None
+    if not (0.0 <= number <= 1.0) or (number == 0.0 and not allow_zero):
+        low = "0" if allow_zero else "more than 0"
+        raise ConfigError(f"{setting}: must be from {low} to 1, got {value!r}")
+    return number
+
+
+def _non_negative(value: Any, setting: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{setting}: expected a number, got {value!r}") from None
+    if not number >= 0:
+        raise ConfigError(f"{setting}: must be zero or more, got {value!r}")
+    return number
+
+
+def _whole(value: Any, setting: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{setting}: expected a whole number, got {value!r}") from None
+    if number < 0:
+        raise ConfigError(f"{setting}: must be zero or more, got {number}")
+    return number
+
+
+def _bool(value: Any, setting: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{setting}: expected true or false, got {value!r}")
+
+
+def _levels(value: Any, setting: str) -> str:
+    codes = [c.strip().upper() for c in str(value).split(",") if c.strip()]
+    bad = [c for c in codes if c not in ("M", "L", "K")]
+    if not codes or bad:
+        raise ConfigError(f"{setting}: expected levels from M, L, K such as M,L; got {value!r}")
+    return ",".join(dict.fromkeys(codes))
+
+
+def _header(value: Any, setting: str) -> str:
+    text = str(value).strip().lower()
+    if text and not all(c.isalnum() or c in "-_." for c in text):
+        raise ConfigError(f"{setting}: {value!r} is not a valid gRPC metadata key")
+    return text
+
+
 _PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "backend": _address,
     "listen": _address,
@@ -125,6 +202,25 @@ _PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "tls_key": _path,
     "max_models": _positive_int,
     "backend_protocol": _protocol,
+    "model_repository": _path,
+    "db": _path,
+    "otlp_port": lambda v, s: _port(v, s, allow_zero=True),
+    "otlp_host": lambda v, s: str(v),
+    "sample_rate": _fraction,
+    "sample_budget": _non_negative,
+    "sample_force_header": _header,
+    "duty_cycle": lambda v, s: _fraction(v, s, allow_zero=False),
+    "queue_size": _positive_int,
+    "levels": _levels,
+    "iterations": _positive_int,
+    "warmup": _whole,
+    "profile_timeout": _seconds,
+    "retention_max_traces": _whole,
+    "retention_max_mb": _non_negative,
+    "retention_max_age_hours": _non_negative,
+    "store_raw_inputs": _bool,
+    "admin": _bool,
+    "admin_listen": _address,
 }
 
 
@@ -167,9 +263,11 @@ def load_serve_config(
     file_values = read_toml(config_path) if config_path is not None else {}
     values: dict[str, Any] = {"config": config_path}
     for key, parse in _PARSERS.items():
-        if flags.get(key) is not None:
+        if flags.get(key) is not None and flags.get(key) is not False:
             raw, where = flags[key], f"{flag_name(key)}"
-        elif env.get(env_name(key)):
+        elif env.get(env_name(key)) is not None and (
+            env[env_name(key)] != "" or key == "sample_force_header"
+        ):
             raw, where = env[env_name(key)], f"{env_name(key)} (environment)"
         elif key in file_values:
             raw, where = file_values[key], f"{key} in {config_path}"
@@ -179,6 +277,11 @@ def load_serve_config(
     config = ServeConfig(**values)
     if (config.tls_cert is None) != (config.tls_key is None):
         raise ConfigError("TLS needs both --tls-cert and --tls-key (or neither)")
+    if config.model_repository is not None and not config.model_repository.is_dir():
+        raise ConfigError(
+            f"--model-repository: {config.model_repository} is not a directory "
+            "(mount the backend's model repository read-only and point here)"
+        )
     for name in ("tls_cert", "tls_key"):
         path = getattr(config, name)
         if path is not None and not path.is_file():

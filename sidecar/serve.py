@@ -1,4 +1,5 @@
-"""Wire the data plane together: relay + `/metrics` HTTP server + health/reflection gRPC port.
+"""Wire the sidecar together: relay + `/metrics` HTTP server + health/reflection gRPC port,
+plus (with `--model-repository`) the sampling pipeline and (with `--admin`) the admin API.
 
 `Sidecar` owns the parts; `run_sidecar(config)` runs it on uvloop until SIGTERM/SIGINT, then
 shuts down gracefully: stop accepting, let in-flight calls finish for up to `grace_period`
@@ -12,15 +13,22 @@ import errno
 import logging
 import signal
 import ssl
+from concurrent import futures
 from dataclasses import dataclass, field
 
+import grpc
+from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
 
-from sidecar.config import ServeConfig
+from sidecar.config import ConfigError, ServeConfig
 from sidecar.health import BackendChecker, HealthServer, tcp_accepts
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.relay import Endpoint, PortInUseError, Relay
 from sidecar.proxy.streams import ObserverFactory
+from sidecar.sampling.pipeline import SamplingConfig, SamplingPipeline
+from sidecar.sampling.settings import SamplingSettings
+from sidecar.trace.errors import TraceStoreError
+from sidecar.trace.retention import RetentionPolicy
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +54,24 @@ class Sidecar:
     listen: Endpoint | None = None
     metrics_port: int = 0
     grpc_port: int = 0
+    sampling: SamplingPipeline | None = None
+    admin_server: grpc.Server | None = None
+    admin_port: int = 0
 
     async def start(self) -> None:
         config = self.config
         metrics = ProxyMetrics(self.registry, max_models=config.max_models)
+        if config.model_repository is not None:
+            self.sampling = SamplingPipeline(
+                sampling_config(config), self.registry, metrics.model_label
+            )
+            self.sampling.start()
+            if self.observer_factory is None:
+                self.observer_factory = self.sampling.hub.observer_factory
+        elif config.admin:
+            raise ConfigError("--admin needs --model-repository (profiles replay its models)")
+        else:
+            log.info("sampling is off: give --model-repository to profile live requests")
         context = None
         if config.tls_cert is not None and config.tls_key is not None:
             context = tls_context(str(config.tls_cert), str(config.tls_key))
@@ -89,6 +111,8 @@ class Sidecar:
                 backend,
             )
         self.health.start()
+        if config.admin and self.sampling is not None:
+            self.admin_server, self.admin_port = start_admin(config.admin_listen, self.sampling)
         log.info(
             "relaying %s -> %s (%s); /metrics on :%d; health on :%d",
             self.listen, backend, config.backend_protocol, self.metrics_port, self.grpc_port,
@@ -101,9 +125,66 @@ class Sidecar:
             await self.relay.shutdown(grace)
         if self.health is not None:
             self.health.stop(0)
+        if self.admin_server is not None:
+            self.admin_server.stop(0)
+        if self.sampling is not None:
+            self.sampling.stop()
         if getattr(self, "_metrics_server", None) is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
+
+
+def sampling_config(config: ServeConfig) -> SamplingConfig:
+    """The sampling pipeline's part of the serve config."""
+    settings = SamplingSettings(
+        rate=config.sample_rate,
+        budget_per_minute=config.sample_budget,
+        force_header=config.sample_force_header or None,
+        duty_cycle=config.duty_cycle,
+    )
+    retention = RetentionPolicy(
+        max_traces=config.retention_max_traces or None,
+        max_bytes=int(config.retention_max_mb * 1024 * 1024) or None,
+        max_age_s=config.retention_max_age_hours * 3600 or None,
+    )
+    return SamplingConfig(
+        settings=settings,
+        db_path=config.db,
+        model_repository=config.model_repository,
+        otlp_host=config.otlp_host,
+        otlp_port=config.otlp_port or None,
+        levels=config.levels,
+        iterations=config.iterations,
+        warmup=config.warmup,
+        queue_size=config.queue_size,
+        profile_timeout_s=config.profile_timeout,
+        store_raw_inputs=config.store_raw_inputs,
+        retention=retention,
+    )
+
+
+def start_admin(listen: str, sampling: SamplingPipeline) -> tuple[grpc.Server, int]:
+    """The `xsp.v1.Profiler` admin API on its own (by default localhost-only) port."""
+    from sidecar.admin.service import ProfilerService, add_to_server
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    service = ProfilerService(
+        sampling.sampler, sampling.worker.submit, sampling.config.db_path, sampling.last_requests
+    )
+    name = add_to_server(service, server)
+    reflection.enable_server_reflection((name, reflection.SERVICE_NAME), server)
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise PortInUseError(
+            errno.EADDRINUSE,
+            f"cannot listen on {listen} for --admin-listen: the address is in use or invalid",
+        )
+    server.start()
+    log.info("admin API (xsp.v1.Profiler) on %s", listen)
+    return server, port
 
 
 async def serve_until_signal(sidecar: Sidecar) -> None:
@@ -127,4 +208,13 @@ def run_sidecar(config: ServeConfig, observer_factory: ObserverFactory | None = 
     except PortInUseError as exc:
         log.error("%s", exc.strerror)
         return 2
+    except (ConfigError, TraceStoreError) as exc:
+        log.error("%s", exc)
+        return 2
+    except OSError as exc:  # e.g. the OTLP port is taken
+        log.error("cannot start: %s", exc)
+        return 2
+    finally:
+        if sidecar.sampling is not None and sidecar.relay is None:
+            sidecar.sampling.stop()
     return 0

@@ -66,6 +66,7 @@ def _worker_main(config: WorkerConfig, conn: Connection) -> None:
             return
         if job is None:
             return
+        conn.send(("started", job.trace_id))
         started = time.perf_counter()
         try:
             result = replay(job, context)
@@ -145,11 +146,10 @@ class ProfilingWorker:
         )
         process.start()
         child.close()
-        if not parent.poll(self.config.start_timeout_s):
-            process.kill()
-            raise RuntimeError("the profiling worker did not start")
-        parent.recv()  # ("ready", pid)
         self._process, self._conn = process, parent
+        if not parent.poll(self.config.start_timeout_s):
+            raise RuntimeError("the profiling worker did not start")
+        parent.recv()  # ("ready", pid); EOFError if it died while starting
 
     def _kill_process(self) -> None:
         process, self._process = self._process, None
@@ -195,14 +195,39 @@ class ProfilingWorker:
                 log.exception("profile result handler failed")
 
     def _run_one(self, job: ProfileJob) -> ProfileResult:
-        if self._process is None or not self._process.is_alive():
-            if self._process is not None:
-                self._restart("exited while idle")
-            self._spawn()
-        assert self._conn is not None and self._process is not None
-        self.current = job
         started = time.perf_counter()
-        self._conn.send(job)
+        self.current = job
+        # A worker that died while idle is only noticed when the next job goes out; such a
+        # job never started, so it is retried once on a fresh process.
+        for attempt in range(2):
+            outcome = self._attempt(job, started)
+            if outcome is not None:
+                return outcome
+            if attempt == 0:
+                self._restart("was found dead when a job was handed to it")
+        return self._crashed(job, started)
+
+    def _ensure_process(self) -> bool:
+        if self._process is not None and self._process.is_alive():
+            return True
+        if self._process is not None:
+            self._restart("exited while idle")
+        try:
+            self._spawn()
+        except (EOFError, OSError, RuntimeError):
+            return False
+        return True
+
+    def _attempt(self, job: ProfileJob, started: float) -> ProfileResult | None:
+        """Run `job` on the worker; None if the worker died before it started the job."""
+        if not self._ensure_process():
+            return None
+        assert self._conn is not None and self._process is not None
+        try:
+            self._conn.send(job)
+        except (OSError, ValueError):
+            return None
+        began = False
         deadline = started + self.config.job_timeout_s
         while True:
             try:
@@ -213,13 +238,15 @@ class ProfilingWorker:
                 try:
                     kind, payload = self._conn.recv()
                 except (EOFError, OSError):
-                    return self._crashed(job, started)
-                if kind == "result":
+                    return self._crashed(job, started) if began else None
+                if kind == "started":
+                    began = True
+                elif kind == "result":
                     result: ProfileResult = payload
                     return result
                 continue
             if not self._process.is_alive():
-                return self._crashed(job, started)
+                return self._crashed(job, started) if began else None
             if time.perf_counter() >= deadline:
                 self._restart(f"overran the {self.config.job_timeout_s:.0f} s job timeout")
                 return ProfileResult(

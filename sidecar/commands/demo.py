@@ -1,0 +1,58 @@
+"""`xsp-sidecar demo`: the whole product on this machine, start to finish."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+NAME = "demo"
+HELP = (
+    "run a local Triton with sample models, put the sidecar in front, send traffic, profile "
+    "sampled requests and print a report (results stay in --out)"
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("demo-out"),
+        help="folder for the trace database, report and logs (default: demo-out)",
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=300,
+        help="requests to send through the sidecar (default: 300)",
+    )
+    parser.add_argument(
+        "--sample-rate",
+        type=float,
+        default=0.02,
+        help="probability a request is profiled (default: 0.02)",
+    )
+    parser.add_argument(
+        "--forced", type=int, default=2, help="requests sent with x-xsp-profile: 1 (default: 2)"
+    )
+    parser.add_argument(
+        "--format",
+        default="text",
+        choices=["text", "markdown"],
+        help="format of the report printed at the end (default: text)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from sidecar.demo import DemoOptions, run_demo
+
+    if args.requests < 1:
+        raise SystemExit("error: --requests must be at least 1")
+    return run_demo(
+        DemoOptions(
+            out=args.out,
+            requests=args.requests,
+            sample_rate=args.sample_rate,
+            forced=args.forced,
+            report_format=args.format,
+        )
+    )

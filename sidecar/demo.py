@@ -1,0 +1,254 @@
+"""The demo: a local Triton, the sidecar in front, traffic, sampled profiles and a report.
+
+Everything runs on this machine on free ports and ends by itself; the results stay in the
+output folder (trace database, report, metrics, logs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+import tritonclient.grpc as grpcclient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tqdm import tqdm
+
+from sidecar.localtriton.model_repo import build_model_repository
+from sidecar.localtriton.server import TritonServer, free_port
+from sidecar.localtriton.tracing import opentelemetry_args
+
+log = logging.getLogger(__name__)
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    out: Path
+    requests: int = 300
+    sample_rate: float = 0.02
+    forced: int = 2
+    report_format: str = "text"
+
+
+def say(message: str) -> None:
+    print(f"==> {message}", flush=True)
+
+
+@contextlib.contextmanager
+def sidecar_process(args: list[str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`xsp-sidecar serve ...` as a child process, stopped with SIGTERM at the end."""
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sidecar", "serve", *args],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def wait_serving(address: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
+    deadline = time.monotonic() + 60
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"the sidecar exited with code {process.returncode}; see {log_path}:\n"
+                    + log_path.read_text(errors="replace")[-2000:]
+                )
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    raise RuntimeError(f"the sidecar did not report SERVING within 60 s; see {log_path}")
+
+
+def send_traffic(address: str, options: DemoOptions) -> dict[str, int]:
+    """A burst of simple_cnn (batch 1-4) and add_sub calls through the sidecar; the first
+    `forced` simple_cnn calls carry `x-xsp-profile: 1`."""
+    client = grpcclient.InferenceServerClient(address)
+    rng = np.random.default_rng(0)
+    counts = {"ok": 0, "error": 0}
+    forced_left = options.forced
+    for i in tqdm(range(options.requests), desc="requests through the sidecar", unit="req"):
+        try:
+            if i % 3 == 2:
+                a = rng.random(16, dtype=np.float32)
+                inputs = [
+                    grpcclient.InferInput("INPUT0", [16], "FP32"),
+                    grpcclient.InferInput("INPUT1", [16], "FP32"),
+                ]
+                inputs[0].set_data_from_numpy(a)
+                inputs[1].set_data_from_numpy(a)
+                client.infer("add_sub", inputs)
+            else:
+                batch = 1 + i % 4
+                x = grpcclient.InferInput("input", [batch, 3, 32, 32], "FP32")
+                x.set_data_from_numpy(rng.random((batch, 3, 32, 32), dtype=np.float32))
+                headers = None
+                if forced_left > 0:
+                    headers, forced_left = {"x-xsp-profile": "1"}, forced_left - 1
+                client.infer("simple_cnn", [x], headers=headers)
+            counts["ok"] += 1
+        except grpcclient.InferenceServerException:
+            counts["error"] += 1
+    client.close()
+    return counts
+
+
+def wait_for_traces(db: Path, want: int, timeout: float = 120.0) -> int:
+    """Poll the trace store until `want` replayed traces exist (or time runs out)."""
+    import sqlite3
+
+    deadline = time.monotonic() + timeout
+    count = 0
+    with tqdm(total=want, desc="profiles stored", unit="trace") as bar:
+        while time.monotonic() < deadline:
+            if db.exists():
+                with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+                    try:
+                        count = con.execute(
+                            "SELECT count(*) FROM traces WHERE sample_reason != 'cli'"
+                        ).fetchone()[0]
+                    except sqlite3.Error:
+                        count = 0
+                bar.n = min(count, want)
+                bar.refresh()
+                if count >= want:
+                    break
+            time.sleep(0.5)
+    return int(count)
+
+
+def scrape(metrics_port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+        return str(r.read().decode())
+
+
+def interesting_metrics(text: str) -> list[str]:
+    keep = (
+        "xsp_requests_total",
+        "xsp_sampling_decisions_total",
+        "xsp_profiles_total",
+        "xsp_profiled_latency_seconds",
+        "xsp_profiling_overhead_ratio",
+        "xsp_backend_phase_duration_seconds_count",
+        "xsp_samples_dropped_total",
+    )
+    return [line for line in text.splitlines() if line.startswith(keep)]
+
+
+def run_demo(options: DemoOptions) -> int:
+    out = options.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    db = out / "traces.db"
+    for stale in (db, db.with_name("traces.db-wal"), db.with_name("traces.db-shm")):
+        stale.unlink(missing_ok=True)
+    ports = {name: free_port() for name in ("listen", "metrics", "grpc", "otlp", "admin")}
+
+    say("building the sample model repository (add_sub, simple_cnn, sleep)")
+    repo = build_model_repository(out / "models")
+    say("starting Triton (OpenTelemetry tracing to the sidecar's OTLP receiver)")
+    triton = TritonServer(
+        model_repository=repo,
+        log_path=out / "tritonserver.log",
+        extra_args=opentelemetry_args(f"http://127.0.0.1:{ports['otlp']}/v1/traces", 200),
+    )
+    with triton:
+        say(f"Triton ready on {triton.grpc_address}; starting the sidecar in front of it")
+        args = [
+            "--backend", triton.grpc_address, "--listen", f"127.0.0.1:{ports['listen']}",
+            "--metrics-port", str(ports["metrics"]), "--grpc-port", str(ports["grpc"]),
+            "--model-repository", str(repo), "--db", str(db),
+            "--otlp-port", str(ports["otlp"]), "--sample-rate", str(options.sample_rate),
+            "--sample-budget", "60", "--duty-cycle", "0.5", "--levels", "M,L",
+            "--admin", "--admin-listen", f"127.0.0.1:{ports['admin']}",
+        ]  # fmt: skip
+        sidecar_log = out / "sidecar.log"
+        with sidecar_process(args, sidecar_log) as process:
+            wait_serving(f"127.0.0.1:{ports['grpc']}", process, sidecar_log)
+            relay = f"127.0.0.1:{ports['listen']}"
+            say(f"sidecar relaying on {relay}; metrics on :{ports['metrics']}/metrics")
+            counts = send_traffic(relay, options)
+            say(f"sent {options.requests} requests: {counts['ok']} ok, {counts['error']} errors")
+            stored = wait_for_traces(db, max(options.forced, 1))
+            time.sleep(1.5)  # let Triton's span export and the writer catch up
+            metrics_text = scrape(ports["metrics"])
+            (out / "metrics.txt").write_text(metrics_text)
+            say("what the sidecar recorded (selected /metrics lines):")
+            for line in interesting_metrics(metrics_text):
+                print(f"    {line}")
+    say(f"{stored} sampled request(s) profiled; a standalone batch-size sweep of simple_cnn:")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "profile",
+            str(repo / "simple_cnn" / "1" / "model.onnx"),
+            "--batch-size",
+            "1,2,4,8",
+            "--iterations",
+            "10",
+            "--warmup",
+            "2",
+            "--db",
+            str(db),
+        ],
+        check=True,
+    )
+    say("report (analysis/report.py):")
+    report_dir = out / "report"
+    env = dict(os.environ)
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "analysis" / "report.py"),
+            str(db),
+            "--format",
+            options.report_format,
+        ],
+        check=True,
+        env=env,
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "analysis" / "report.py"),
+            str(db),
+            "--format",
+            "html",
+            "--out",
+            str(report_dir),
+        ],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    say("done. Results:")
+    print(f"    trace database : {db}")
+    print(f"    HTML report    : {report_dir}")
+    print(f"    metrics scrape : {out / 'metrics.txt'}")
+    print(f"    logs           : {out / 'sidecar.log'}, {out / 'tritonserver.log'}")
+    print(f"    try            : python analysis/report.py {db} --format markdown")
+    return 0

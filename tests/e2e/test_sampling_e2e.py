@@ -1,0 +1,197 @@
+"""Sampling live traffic into across-stack traces, end to end with the real Triton server.
+
+Triton runs in OpenTelemetry trace mode pointed at the sidecar's OTLP receiver; the sidecar
+is the real `xsp-sidecar serve` process with its real profiling worker process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as grpcclient
+
+from sidecar.localtriton.model_repo import build_model_repository
+from sidecar.localtriton.server import TritonServer, free_port
+from sidecar.localtriton.tracing import opentelemetry_args
+from sidecar.trace.spans import Level, Source
+from sidecar.trace.store import TraceStore
+from tests.e2e.sidecar_process import (
+    SidecarProcess,
+    cnn_infer,
+    count_traces,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def otlp_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def traced_triton(
+    tmp_path_factory: pytest.TempPathFactory, otlp_port: int
+) -> Iterator[TritonServer]:
+    root = tmp_path_factory.mktemp("traced-triton")
+    repo = build_model_repository(root / "models")
+    server = TritonServer(
+        model_repository=repo,
+        log_path=root / "tritonserver.log",
+        extra_args=opentelemetry_args(f"http://127.0.0.1:{otlp_port}/v1/traces", 100),
+    )
+    with server:
+        yield server
+
+
+def sidecar(triton: TritonServer, tmp_path: Path, *args: str, otlp_port: int = 0) -> SidecarProcess:
+    return SidecarProcess(
+        backend=triton.grpc_address, log_path=tmp_path / "sidecar.log",
+        args=["--model-repository", str(triton.model_repository), "--db",
+              str(tmp_path / "traces.db"), "--otlp-port", str(otlp_port), "--iterations", "3",
+              "--warmup", "1", *args],
+    )  # fmt: skip
+
+
+def test_budget_caps_profiles_and_every_request_is_counted(
+    traced_triton: TritonServer, tmp_path: Path
+) -> None:
+    args = ["--sample-rate", "1", "--sample-budget", "5", "--duty-cycle", "1", "--queue-size", "50"]
+    with sidecar(traced_triton, tmp_path, *args) as proc:
+        client = grpcclient.InferenceServerClient(proc.address)
+        for _ in range(500):
+            cnn_infer(client)
+        sampled = dict(model="simple_cnn", decision="sampled")
+        assert proc.metric("xsp_sampling_decisions_total", **sampled) == 5
+        assert (
+            proc.metric(
+                "xsp_sampling_decisions_total", model="simple_cnn", decision="skipped_budget"
+            )
+            == 495
+        )
+        assert proc.metric("xsp_requests_total", model="simple_cnn", grpc_code="OK") == 500
+        assert wait_until(lambda: proc.metric("xsp_profiles_total", model="simple_cnn") == 5, 120)
+        assert proc.metric("xsp_profiles_total", model="simple_cnn", outcome="ok") == 5
+        assert proc.metric("xsp_samples_dropped_total") == 0
+        assert proc.metric("xsp_profiled_latency_seconds", model="simple_cnn", level="layer") > 0
+    assert count_traces(tmp_path / "traces.db") == 5
+
+
+def test_forced_request_yields_a_trace_across_the_stack(
+    traced_triton: TritonServer, tmp_path: Path, otlp_port: int
+) -> None:
+    args = ["--sample-rate", "0"]
+    with sidecar(traced_triton, tmp_path, *args, otlp_port=otlp_port) as proc:
+        client = grpcclient.InferenceServerClient(proc.address)
+        cnn_infer(client, batch=2)  # not sampled: rate 0
+        cnn_infer(client, batch=2, headers={"x-xsp-profile": "1"})
+        db = tmp_path / "traces.db"
+        assert wait_until(lambda: count_traces(db) == 1, 90), proc.log()
+        store = TraceStore(db)
+
+        def has_backend_spans() -> bool:
+            trace = store.list_traces()[0]
+            return any(s.source is Source.BACKEND for s in store.spans(trace.trace_id))
+
+        assert wait_until(has_backend_spans, 30), proc.log()
+        assert proc.metric("xsp_backend_phase_duration_seconds_count", phase="compute_infer") == 1
+    trace = store.list_traces()[0]
+    assert trace.sample_reason == "forced" and trace.status == "ok" and trace.batch_size == 2
+    spans = store.spans(trace.trace_id)
+    by_id = {s.span_id: s for s in spans}
+    (request,) = [s for s in spans if s.level is Level.REQUEST]
+    assert request.source is Source.PROXY and request.kind == "ModelInfer"
+    assert request.attributes["grpc_code"] == "OK" and request.parent_id is None
+    server = [s for s in spans if s.source is Source.BACKEND]
+    roots = [s for s in server if s.parent_id == request.span_id]
+    assert len(roots) == 1 and roots[0].kind == "request"  # Triton's InferRequest
+    kinds = {s.kind for s in server}
+    assert {"queue", "compute_input", "compute_infer", "compute_output"} <= kinds
+    for span in server:  # every backend span hangs (transitively) under the proxy span
+        node = span
+        while node.parent_id != request.span_id:
+            node = by_id[node.parent_id]  # type: ignore[index]
+    (model,) = [s for s in spans if s.level is Level.MODEL]
+    assert model.parent_id == request.span_id and model.source is Source.REPLAY
+    layers = [s for s in spans if s.level is Level.LAYER]
+    assert layers and all(s.parent_id == model.span_id for s in layers)
+    assert {s.level for s in store.level_stats(trace.trace_id)} == {Level.MODEL, Level.LAYER}
+
+
+def test_killing_the_worker_mid_profile_fails_no_request(
+    traced_triton: TritonServer, tmp_path: Path
+) -> None:
+    args = ["--sample-rate", "0", "--iterations", "100000", "--duty-cycle", "1",
+            "--profile-timeout", "600"]  # fmt: skip
+    with sidecar(traced_triton, tmp_path, *args) as proc:
+        client = grpcclient.InferenceServerClient(proc.address)
+        cnn_infer(client, headers={"x-xsp-profile": "1"})  # a profile that takes minutes
+        assert wait_until(lambda: bool(proc.worker_pids()), 60), proc.log()
+        time.sleep(3.0)  # let it import, load the model and start iterating
+        errors: list[BaseException] = []
+        done = threading.Event()
+
+        def traffic() -> None:
+            local = grpcclient.InferenceServerClient(proc.address)
+            while not done.is_set():
+                try:
+                    cnn_infer(local)
+                except Exception as exc:  # pragma: no cover - the assertion reports it
+                    errors.append(exc)
+
+        thread = threading.Thread(target=traffic)
+        thread.start()
+        try:
+            for pid in proc.worker_pids():
+                os.kill(pid, signal.SIGKILL)
+            assert wait_until(lambda: proc.metric("xsp_profiler_worker_restarts_total") >= 1, 30), (
+                proc.log()
+            )
+            assert proc.metric("xsp_profiles_total", outcome="crash") == 1
+        finally:
+            done.set()
+            thread.join()
+        assert errors == []
+        assert proc.metric("xsp_requests_total", grpc_code="OK") > 1
+        assert proc.metric("xsp_requests_total") == proc.metric(
+            "xsp_requests_total", grpc_code="OK"
+        )
+    trace_db = TraceStore(tmp_path / "traces.db")
+    # the crashed profile left no partial trace; the proxy span of that request was kept
+    assert all(t.status == "ok" for t in trace_db.list_traces())
+
+
+def test_worker_comes_back_after_a_crash(traced_triton: TritonServer, tmp_path: Path) -> None:
+    args = ["--sample-rate", "0", "--duty-cycle", "1"]
+    with sidecar(traced_triton, tmp_path, *args) as proc:
+        client = grpcclient.InferenceServerClient(proc.address)
+        cnn_infer(client, headers={"x-xsp-profile": "1"})
+        assert wait_until(lambda: proc.metric("xsp_profiles_total", outcome="ok") == 1, 90)
+        for pid in proc.worker_pids():
+            os.kill(pid, signal.SIGKILL)
+        cnn_infer(client, headers={"x-xsp-profile": "1"})
+        assert wait_until(lambda: proc.metric("xsp_profiles_total", outcome="ok") == 2, 90), (
+            proc.log()
+        )
+        assert proc.metric("xsp_profiler_worker_restarts_total") == 1
+
+
+def test_full_queue_drops_and_counts(traced_triton: TritonServer, tmp_path: Path) -> None:
+    args = ["--sample-rate", "1", "--sample-budget", "1000", "--duty-cycle", "1",
+            "--queue-size", "1", "--iterations", "2000"]  # fmt: skip
+    with sidecar(traced_triton, tmp_path, *args) as proc:
+        client = grpcclient.InferenceServerClient(proc.address)
+        for _ in range(20):
+            cnn_infer(client)
+        sampled = proc.metric("xsp_sampling_decisions_total", decision="sampled")
+        dropped = proc.metric("xsp_samples_dropped_total", reason="queue_full")
+        assert sampled == 20
+        assert 15 <= dropped <= 19  # one running, at most one waiting (plus start-up slack)
+        assert proc.metric("xsp_requests_total", grpc_code="OK") == 20
