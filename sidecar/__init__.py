@@ -1,3 +1,3 @@
-"""xsp-sidecar: a gRPC sidecar that forwards inference traffic and profiles samples of it, XSP-style."""
+"""xsp-sidecar: a gRPC sidecar that forwards inference traffic and profiles samples of it."""
 
 __version__ = "0.1.0"
