@@ -36,7 +36,7 @@ class DemoOptions:
     out: Path
     requests: int = 300
     sample_rate: float = 0.02
-    forced: int = 2
+    forced: int = 3
     report_format: str = "text"
 
 
@@ -83,13 +83,17 @@ def wait_serving(address: str, process: subprocess.Popen[bytes], log_path: Path)
     raise RuntimeError(f"the sidecar did not report SERVING within 60 s; see {log_path}")
 
 
+def _cnn_input(batch: int, rng: np.random.Generator) -> grpcclient.InferInput:
+    x = grpcclient.InferInput("input", [batch, 3, 32, 32], "FP32")
+    x.set_data_from_numpy(rng.random((batch, 3, 32, 32), dtype=np.float32))
+    return x
+
+
 def send_traffic(address: str, options: DemoOptions) -> dict[str, int]:
-    """A burst of simple_cnn (batch 1-4) and add_sub calls through the sidecar; the first
-    `forced` simple_cnn calls carry `x-xsp-profile: 1`."""
+    """A burst of simple_cnn (batch 1-4) and add_sub calls through the sidecar."""
     client = grpcclient.InferenceServerClient(address)
     rng = np.random.default_rng(0)
     counts = {"ok": 0, "error": 0}
-    forced_left = options.forced
     for i in tqdm(range(options.requests), desc="requests through the sidecar", unit="req"):
         try:
             if i % 3 == 2:
@@ -102,13 +106,7 @@ def send_traffic(address: str, options: DemoOptions) -> dict[str, int]:
                 inputs[1].set_data_from_numpy(a)
                 client.infer("add_sub", inputs)
             else:
-                batch = 1 + i % 4
-                x = grpcclient.InferInput("input", [batch, 3, 32, 32], "FP32")
-                x.set_data_from_numpy(rng.random((batch, 3, 32, 32), dtype=np.float32))
-                headers = None
-                if forced_left > 0:
-                    headers, forced_left = {"x-xsp-profile": "1"}, forced_left - 1
-                client.infer("simple_cnn", [x], headers=headers)
+                client.infer("simple_cnn", [_cnn_input(1 + i % 4, rng)])
             counts["ok"] += 1
         except grpcclient.InferenceServerException:
             counts["error"] += 1
@@ -116,28 +114,58 @@ def send_traffic(address: str, options: DemoOptions) -> dict[str, int]:
     return counts
 
 
-def wait_for_traces(db: Path, want: int, timeout: float = 120.0) -> int:
-    """Poll the trace store until `want` replayed traces exist (or time runs out)."""
+def sampled_count(metrics_port: int) -> float:
+    total = 0.0
+    for line in scrape(metrics_port).splitlines():
+        if line.startswith("xsp_sampling_decisions_total{") and 'decision="sampled"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def send_forced(address: str, metrics_port: int, db: Path, count: int) -> None:
+    """`count` simple_cnn calls with `x-xsp-profile: 1`, one profile at a time: a forced call
+    still respects the budget and the worker's duty cycle, so it is retried until sampled."""
+    client = grpcclient.InferenceServerClient(address)
+    rng = np.random.default_rng(1)
+    for k in range(count):
+        before = count_traces(db)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            sampled = sampled_count(metrics_port)
+            client.infer("simple_cnn", [_cnn_input(1 + k % 4, rng)], headers={"x-xsp-profile": "1"})
+            if sampled_count(metrics_port) > sampled:
+                break
+            time.sleep(0.5)  # the duty-cycle gate is closed; try again
+        wait_for_traces(db, before + 1, timeout=60, desc=f"forced profile {k + 1}/{count}")
+    client.close()
+
+
+def count_traces(db: Path) -> int:
     import sqlite3
 
+    if not db.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+        try:
+            row = con.execute("SELECT count(*) FROM traces WHERE sample_reason != 'cli'")
+            return int(row.fetchone()[0])
+        except sqlite3.Error:
+            return 0
+
+
+def wait_for_traces(db: Path, want: int, timeout: float = 120.0, desc: str = "profiles") -> int:
+    """Poll the trace store until `want` replayed traces exist (or time runs out)."""
     deadline = time.monotonic() + timeout
     count = 0
-    with tqdm(total=want, desc="profiles stored", unit="trace") as bar:
+    with tqdm(total=want, desc=desc, unit="trace") as bar:
         while time.monotonic() < deadline:
-            if db.exists():
-                with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
-                    try:
-                        count = con.execute(
-                            "SELECT count(*) FROM traces WHERE sample_reason != 'cli'"
-                        ).fetchone()[0]
-                    except sqlite3.Error:
-                        count = 0
-                bar.n = min(count, want)
-                bar.refresh()
-                if count >= want:
-                    break
-            time.sleep(0.5)
-    return int(count)
+            count = count_traces(db)
+            bar.n = min(count, want)
+            bar.refresh()
+            if count >= want:
+                break
+            time.sleep(0.3)
+    return count
 
 
 def scrape(metrics_port: int) -> str:
@@ -191,8 +219,10 @@ def run_demo(options: DemoOptions) -> int:
             say(f"sidecar relaying on {relay}; metrics on :{ports['metrics']}/metrics")
             counts = send_traffic(relay, options)
             say(f"sent {options.requests} requests: {counts['ok']} ok, {counts['error']} errors")
-            stored = wait_for_traces(db, max(options.forced, 1))
+            say(f"sending {options.forced} requests with x-xsp-profile: 1 (forced samples)")
+            send_forced(relay, ports["metrics"], db, options.forced)
             time.sleep(1.5)  # let Triton's span export and the writer catch up
+            stored = count_traces(db)
             metrics_text = scrape(ports["metrics"])
             (out / "metrics.txt").write_text(metrics_text)
             say("what the sidecar recorded (selected /metrics lines):")

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="probability a request is profiled (default: 0.02)",
     )
     parser.add_argument(
-        "--forced", type=int, default=2, help="requests sent with x-xsp-profile: 1 (default: 2)"
+        "--forced", type=int, default=3, help="requests sent with x-xsp-profile: 1 (default: 3)"
     )
     parser.add_argument(
         "--format",

@@ -69,6 +69,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="skip measuring this machine's peak FLOP/s and bandwidth",
     )
     parser.add_argument("--json", action="store_true", help="print a JSON summary")
+    parser.add_argument(
+        "--model-name",
+        metavar="NAME",
+        help="model name in the trace (default: the Triton model folder for "
+        "<repo>/<name>/<version>/model.*, else the file name)",
+    )
+
+
+def model_name(path: Path, given: str | None) -> str:
+    """The name a profile is stored under: given, else Triton's folder name, else the stem."""
+    if given:
+        return given
+    folder = path.resolve().parent
+    if folder.name.isdigit() and (folder.parent / "config.pbtxt").is_file():
+        return folder.parent.name
+    return path.stem
 
 
 def run(args: argparse.Namespace) -> int:
@@ -165,7 +181,7 @@ def _run(args: argparse.Namespace) -> int:
                 result = run_experiment(
                     runner,
                     inputs,
-                    model=path.stem,
+                    model=model_name(path, args.model_name),
                     levels=levels,
                     iterations=args.iterations,
                     warmup=args.warmup,
