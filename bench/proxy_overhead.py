@@ -71,16 +71,30 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
-def _client(address: str, duration: float, warmup: float, conn: Connection) -> None:
-    """One closed-loop client process: warm up, wait for 'go', run, send latencies back."""
-    import grpc
+def infer_request(model: str) -> object:
+    """A small ModelInferRequest for one of the sample models (`add_sub` or `simple_cnn`)."""
     import numpy as np
-    from tritonclient.grpc import service_pb2, service_pb2_grpc
+    from tritonclient.grpc import service_pb2
 
-    req = service_pb2.ModelInferRequest(model_name="add_sub")
+    req = service_pb2.ModelInferRequest(model_name=model)
+    if model == "simple_cnn":
+        req.inputs.add(name="input", datatype="FP32", shape=[1, 3, 32, 32])
+        req.raw_input_contents.append(np.ones((1, 3, 32, 32), dtype=np.float32).tobytes())
+        return req
     for name in ("INPUT0", "INPUT1"):
         req.inputs.add(name=name, datatype="FP32", shape=[16])
         req.raw_input_contents.append(np.arange(16, dtype=np.float32).tobytes())
+    return req
+
+
+def _client(
+    address: str, duration: float, warmup: float, conn: Connection, model: str = "add_sub"
+) -> None:
+    """One closed-loop client process: warm up, wait for 'go', run, send latencies back."""
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    req = infer_request(model)
     channel = grpc.insecure_channel(address)
     infer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer
     stop = time.perf_counter() + warmup
@@ -117,13 +131,15 @@ class Result:
 
 def run_load(
     address: str, concurrency: int, duration: float, warmup: float, triton_pid: int,
-    relay_pid: int | None,
+    relay_pid: int | None, model: str = "add_sub",
 ) -> Result:  # fmt: skip
     ctx = mp.get_context("spawn")
     pipes, procs = [], []
     for _ in range(concurrency):
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_client, args=(address, duration, warmup, child), daemon=True)
+        proc = ctx.Process(
+            target=_client, args=(address, duration, warmup, child, model), daemon=True
+        )
         proc.start()
         pipes.append(parent)
         procs.append(proc)
@@ -155,14 +171,14 @@ def run_load(
     )
 
 
-def start_relay(backend: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_relay(backend: str, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     script = Path(sys.executable).with_name("xsp-sidecar")
     prefix = [str(script)] if script.exists() else [sys.executable, "-m", "sidecar"]
     cmd = [
         *prefix, "--log-level", "WARNING", "serve", "--backend", backend,
         "--listen", f"127.0.0.1:{port}", "--metrics-port", str(free_port()),
-        "--grpc-port", str(free_port()), "--grace-period", "1",
+        "--grpc-port", str(free_port()), "--grace-period", "1", *extra,
     ]  # fmt: skip
     proc = subprocess.Popen(cmd)
     deadline = time.monotonic() + 30

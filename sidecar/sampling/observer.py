@@ -108,6 +108,9 @@ class SamplingObserver:
         tentative = hub.sampler.at_headers(forced)
         if tentative is Tentative.NO:
             return None
+        if tentative is Tentative.GATED:
+            self._pending[start.stream_id] = _Pending("", "", tentative)
+            return None
         pending = _Pending(new_trace_id(), new_span_id(), tentative)
         self._pending[start.stream_id] = pending
         traceparent = f"00-{pending.trace_id}-{pending.span_id}-01"
@@ -158,6 +161,10 @@ class SamplingObserver:
             return
         if pending is None:  # every request not picked at header time
             hub.metrics.record_decision(hub.model_label(end.model), Decision.SKIPPED_RATE)
+            return
+        if pending.tentative is Tentative.GATED:
+            label = hub.model_label(end.model)
+            hub.metrics.record_decision(label, hub.sampler.at_body(label, pending.tentative))
             return
         if pending.decision is None:  # picked, but its body never arrived whole
             hub.metrics.dropped.labels(hub.model_label(end.model), "body_unavailable").inc()

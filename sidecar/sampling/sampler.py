@@ -4,7 +4,7 @@ A decision is made in two steps because the relay sees a request's headers befor
 
 1. `at_headers(forced)` runs when the request's HEADERS arrive (before they are forwarded, so a
    `traceparent` can still be added for the backend). It flips the coin with the highest
-   configured rate, or accepts a forced request.
+   configured rate, or accepts a forced request, and checks the worker's duty-cycle gate.
 2. `at_body(model, tentative)` runs once the model name is known. It thins the coin flip down
    to the model's own rate, then takes a token from the model's budget and checks the worker's
    duty cycle. Only then is the request a sample.
@@ -39,6 +39,7 @@ class Tentative(StrEnum):
     NO = "no"
     RANDOM = "random"
     FORCED = "forced"
+    GATED = "gated"  # picked, but the worker's duty-cycle gate is closed: nothing to capture
 
 
 @dataclass
@@ -128,12 +129,15 @@ class Sampler:
         settings = self.settings
         if not settings.enabled:
             return Tentative.NO
-        if forced:
-            return Tentative.FORCED
-        max_rate = settings.max_rate
-        if max_rate > 0.0 and self._rand() < max_rate:
-            return Tentative.RANDOM
-        return Tentative.NO
+        if not forced:
+            max_rate = settings.max_rate
+            if max_rate <= 0.0 or self._rand() >= max_rate:
+                return Tentative.NO
+        # Checked here too so that, while the gate is closed, picked requests cost nothing
+        # more than unpicked ones (no traceparent, no body copy).
+        if not self.duty.allows(self._clock()):
+            return Tentative.GATED
+        return Tentative.FORCED if forced else Tentative.RANDOM
 
     def at_body(self, model: str, tentative: Tentative) -> Decision:
         """Body-time step, once the model is known. Call it for every request: skipped
@@ -142,6 +146,8 @@ class Sampler:
         settings = self.settings
         if tentative is Tentative.NO:
             return Decision.SKIPPED_RATE
+        if tentative is Tentative.GATED:
+            return Decision.SKIPPED_DUTY_CYCLE
         if tentative is Tentative.RANDOM:
             max_rate = settings.max_rate
             model_rate = settings.rate_for(model)

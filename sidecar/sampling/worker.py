@@ -58,7 +58,7 @@ def _worker_main(config: WorkerConfig, conn: Connection) -> None:
         os.environ[var] = str(config.threads)
     context: dict[str, Any] = {"options": config.options, "threads": config.threads}
     replay = _resolve(config.replay)
-    conn.send(("ready", os.getpid()))
+    conn.send(("ready", time.process_time()))  # CPU spent starting up counts as busy time
     while True:
         try:
             job = conn.recv()
@@ -67,7 +67,7 @@ def _worker_main(config: WorkerConfig, conn: Connection) -> None:
         if job is None:
             return
         conn.send(("started", job.trace_id))
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         try:
             result = replay(job, context)
         except Exception as exc:  # a failed profile is a result, never a crash of the loop
@@ -79,6 +79,10 @@ def _worker_main(config: WorkerConfig, conn: Connection) -> None:
                 busy_s=time.perf_counter() - started,
                 error=f"{type(exc).__name__}: {exc}",
             )
+        # Busy time for the duty cycle: wall time, or CPU time when runtime threads used more.
+        result.busy_s = max(
+            result.busy_s, time.perf_counter() - started, time.process_time() - cpu_started
+        )
         conn.send(("result", result))
 
 
@@ -103,6 +107,7 @@ class ProfilingWorker:
         self._thread: threading.Thread | None = None
         self.restarts = 0
         self.dropped = 0
+        self._startup_busy_s = 0.0
         self.current: ProfileJob | None = None
 
     # -- called from the proxy -------------------------------------------------------------
@@ -149,7 +154,8 @@ class ProfilingWorker:
         self._process, self._conn = process, parent
         if not parent.poll(self.config.start_timeout_s):
             raise RuntimeError("the profiling worker did not start")
-        parent.recv()  # ("ready", pid); EOFError if it died while starting
+        _, startup_cpu_s = parent.recv()  # EOFError if it died while starting
+        self._startup_busy_s = float(startup_cpu_s)
 
     def _kill_process(self) -> None:
         process, self._process = self._process, None
@@ -243,6 +249,8 @@ class ProfilingWorker:
                     began = True
                 elif kind == "result":
                     result: ProfileResult = payload
+                    result.busy_s += self._startup_busy_s  # a new worker's start-up, once
+                    self._startup_busy_s = 0.0
                     return result
                 continue
             if not self._process.is_alive():

@@ -100,7 +100,7 @@ def test_forced_request_yields_a_trace_across_the_stack(
             trace = store.list_traces()[0]
             return any(s.source is Source.BACKEND for s in store.spans(trace.trace_id))
 
-        assert wait_until(has_backend_spans, 30), proc.log()
+        assert wait_until(has_backend_spans, 60), proc.log()
         assert proc.metric("xsp_backend_phase_duration_seconds_count", phase="compute_infer") == 1
     trace = store.list_traces()[0]
     assert trace.sample_reason == "forced" and trace.status == "ok" and trace.batch_size == 2
