@@ -58,7 +58,7 @@ def _worker_main(config: WorkerConfig, conn: Connection) -> None:
         os.environ[var] = str(config.threads)
     context: dict[str, Any] = {"options": config.options, "threads": config.threads}
     replay = _resolve(config.replay)
-    conn.send(("ready", time.process_time()))  # CPU spent starting up counts as busy time
+    conn.send(("ready", os.getpid()))
     while True:
         try:
             job = conn.recv()
@@ -107,7 +107,6 @@ class ProfilingWorker:
         self._thread: threading.Thread | None = None
         self.restarts = 0
         self.dropped = 0
-        self._startup_busy_s = 0.0
         self.current: ProfileJob | None = None
 
     # -- called from the proxy -------------------------------------------------------------
@@ -154,8 +153,7 @@ class ProfilingWorker:
         self._process, self._conn = process, parent
         if not parent.poll(self.config.start_timeout_s):
             raise RuntimeError("the profiling worker did not start")
-        _, startup_cpu_s = parent.recv()  # EOFError if it died while starting
-        self._startup_busy_s = float(startup_cpu_s)
+        parent.recv()  # EOFError if it died while starting
 
     def _kill_process(self) -> None:
         process, self._process = self._process, None
@@ -185,6 +183,12 @@ class ProfilingWorker:
             return self._queue.popleft()
 
     def _dispatch(self) -> None:
+        # Start the worker now, not on the first sample: its start-up (imports, runtimes)
+        # then happens while nothing waits for it.
+        try:
+            self._ensure_process()
+        except Exception:
+            log.exception("could not start the profiling worker; will retry on the first job")
         while True:
             job = self._next_job()
             if job is None:
@@ -249,8 +253,6 @@ class ProfilingWorker:
                     began = True
                 elif kind == "result":
                     result: ProfileResult = payload
-                    result.busy_s += self._startup_busy_s  # a new worker's start-up, once
-                    self._startup_busy_s = 0.0
                     return result
                 continue
             if not self._process.is_alive():
