@@ -41,6 +41,7 @@ def test_worker_runs_jobs_in_another_low_priority_process() -> None:
         assert result.outcome == "ok"
         assert result.details["pid"] != os.getpid()
         assert result.details["nice"] >= 10
+        assert result.details["policy"] == os.SCHED_IDLE
         assert result.details["threads"] == 2
     finally:
         worker.stop()

@@ -19,7 +19,12 @@ def echo_pid(job: ProfileJob, context: dict[str, Any]) -> ProfileResult:
         job.model,
         "ok",
         0.001,
-        details={"pid": os.getpid(), "nice": os.nice(0), "threads": context["threads"]},
+        details={
+            "pid": os.getpid(),
+            "nice": os.nice(0),
+            "threads": context["threads"],
+            "policy": os.sched_getscheduler(0),
+        },
     )
 
 
