@@ -67,7 +67,8 @@ FROM runtime-${VARIANT} AS final
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    XSP_CACHE_DIR=/tmp/xsp-cache
+    XSP_CACHE_DIR=/tmp/xsp-cache \
+    XSP_DB=/data/traces.db
 RUN groupadd --system --gid 10001 xsp \
     && useradd --system --uid 10001 --gid xsp --create-home --home-dir /home/xsp \
        --shell /usr/sbin/nologin xsp \
@@ -77,7 +78,8 @@ COPY --chmod=0755 docker/healthcheck.py /usr/local/bin/xsp-healthcheck
 USER 10001:10001
 WORKDIR /home/xsp
 VOLUME ["/data"]
-# relay, Prometheus /metrics, own gRPC (health, reflection, admin), OTLP/HTTP receiver
+# relay, Prometheus /metrics, own gRPC (health, reflection), OTLP/HTTP receiver. The admin
+# API (--admin, 127.0.0.1:8014 by default) is loopback-only and deliberately not exposed.
 EXPOSE 8011 8012 8013 4318
 # The gRPC health service: SERVING only while the backend behind the relay is ready.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \

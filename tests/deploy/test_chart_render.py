@@ -29,7 +29,8 @@ SCENARIOS: dict[str, dict[str, Any] | None] = {
         "sidecar": {
             "admin": {"enabled": True},
             "traceStore": {"persistence": {"enabled": True, "storageClass": "fast"}},
-            "sampling": {"rate": 0.01, "budgetPerMinute": 12},
+            "sampling": {"rate": 0.01, "budgetPerMinute": 12, "queueSize": 4},
+            "profiling": {"levels": "M,L,K", "iterations": 20, "warmup": 3},
         },
         "modelRepository": {"volume": {"persistentVolumeClaim": {"claimName": "models"}}},
         "backend": {"resources": {"limits": {"nvidia.com/gpu": 1}}},
@@ -100,17 +101,32 @@ def test_sidecar_flags_follow_the_contracts(scenario: tuple[str, list[dict[str, 
     assert {k: flags.get(k) for k in expected} == expected
     assert ("--backend-protocol" in flags) == (name == "tfserving")
     assert ("--admin" in flags) == (name == "triton-full")
+    assert ("--admin-listen" in flags) == (name == "triton-full")
     rate = float(flags["--sample-rate"])
     assert rate == (0.01 if name == "triton-full" else 0.001)
+    full = name == "triton-full"
+    assert flags["--levels"] == ("M,L,K" if full else "M,L")
+    assert flags["--iterations"] == ("20" if full else "10")
+    assert flags["--queue-size"] == ("4" if full else "8")
+    assert flags["--otlp-host"] == "127.0.0.1"  # the receiver stays pod-local
+    if full:
+        assert flags["--admin-listen"] == "127.0.0.1:8014"  # admin API: loopback only
 
 
-def test_triton_exports_spans_to_the_sidecar_for_traced_requests_only() -> None:
-    backend = container(one(manifests(render()), "Deployment"), "backend")
+@pytest.mark.parametrize("otlp_port", [4318, 4400])
+def test_triton_exports_spans_to_the_sidecar_for_traced_requests_only(otlp_port: int) -> None:
+    deployment = one(manifests(render({"sidecar": {"otlpPort": otlp_port}})), "Deployment")
+    backend = container(deployment, "backend")
     assert backend["image"] == "nvcr.io/nvidia/tritonserver:24.10-py3"
     args = backend["args"]
     trace_config = [args[i + 1] for i, a in enumerate(args) if a == "--trace-config"]
     assert "mode=opentelemetry" in trace_config
-    assert "opentelemetry,url=http://localhost:4318/v1/traces" in trace_config
+    assert f"opentelemetry,url=http://127.0.0.1:{otlp_port}/v1/traces" in trace_config
+    sidecar = container(deployment, "sidecar")
+    sidecar_flags = flag_values(sidecar["args"])
+    assert sidecar_flags["--otlp-port"] == str(otlp_port)
+    assert sidecar_flags["--otlp-host"] == "127.0.0.1"
+    assert {p["name"]: p["containerPort"] for p in sidecar["ports"]}["otlp"] == otlp_port
     assert "rate=0" in trace_config  # only requests carrying a traceparent
     assert "level=TIMESTAMPS" in trace_config
     assert {"--model-repository=/models", "--grpc-port=8001"} <= set(args)

@@ -59,19 +59,44 @@ xsp-sidecar/backend: {{ .Values.backend.type }}
 {{- end -}}
 {{- end -}}
 
+{{/* A host for a URL or HOST:PORT: IPv6 literals in brackets. */}}
+{{- define "xsp-sidecar.hostForUrl" -}}
+{{- if contains ":" . -}}
+{{- printf "[%s]" . -}}
+{{- else -}}
+{{- . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The admin API's --admin-listen address. */}}
+{{- define "xsp-sidecar.adminListen" -}}
+{{- $admin := .Values.sidecar.admin -}}
+{{- printf "%s:%d" (include "xsp-sidecar.hostForUrl" $admin.host) (int64 $admin.port) -}}
+{{- end -}}
+
 {{/*
-Settings the chart accepts in values but the sidecar cannot apply yet, and combinations that
-cannot work. Each stops the install with a message that says what to change.
+Where Triton, in the same pod, sends its spans: the sidecar's OTLP receiver over loopback
+when it binds loopback or every address, else the address it binds.
+*/}}
+{{- define "xsp-sidecar.otlpUrl" -}}
+{{- $sc := .Values.sidecar -}}
+{{- $host := $sc.otlpHost -}}
+{{- if has $host (list "127.0.0.1" "0.0.0.0" "localhost") -}}
+{{- $host = "127.0.0.1" -}}
+{{- else if has $host (list "::" "::1") -}}
+{{- $host = "::1" -}}
+{{- end -}}
+{{- printf "http://%s:%d/v1/traces" (include "xsp-sidecar.hostForUrl" $host) (int64 $sc.otlpPort) -}}
+{{- end -}}
+
+{{/*
+Combinations of values that cannot work. Each stops the install with a message that says
+what to change.
 */}}
 {{- define "xsp-sidecar.validate" -}}
 {{- $sc := .Values.sidecar -}}
-{{- if not (kindIs "invalid" $sc.profiling.levels) -}}
-{{- fail "sidecar.profiling.levels is not supported yet: `xsp-sidecar serve` has no flag for replay levels (see docs/contracts.md). Leave it null." -}}
-{{- end -}}
-{{- range $key, $value := $sc.traceStore.retention -}}
-{{- if not (kindIs "invalid" $value) -}}
-{{- fail (printf "sidecar.traceStore.retention.%s is not supported yet: `xsp-sidecar serve` has no retention flags (see docs/contracts.md). Leave it null." $key) -}}
-{{- end -}}
+{{- if and (eq .Values.backend.type "triton") .Values.backend.triton.tracing.enabled (eq (int $sc.otlpPort) 0) -}}
+{{- fail "sidecar.otlpPort=0 turns the sidecar's OTLP receiver off, but backend.triton.tracing.enabled=true exports Triton's spans to it: set backend.triton.tracing.enabled=false too, or give the receiver a port." -}}
 {{- end -}}
 {{- if and $sc.traceStore.persistence.enabled (gt (int .Values.replicaCount) 1) (has "ReadWriteOnce" $sc.traceStore.persistence.accessModes) -}}
 {{- fail "sidecar.traceStore.persistence.enabled with replicaCount > 1 would make every pod write one ReadWriteOnce trace database: use replicaCount 1, or the emptyDir trace store (persistence.enabled=false)." -}}
@@ -82,11 +107,22 @@ cannot work. Each stops the install with a message that says what to change.
 {{- if and .Values.backend.tfserving.modelName .Values.backend.tfserving.modelConfigFile -}}
 {{- fail "set only one of backend.tfserving.modelName and backend.tfserving.modelConfigFile." -}}
 {{- end -}}
-{{- $ports := list $sc.listenPort $sc.metricsPort $sc.grpcPort $sc.otlpPort -}}
+{{- $declared := list $sc.listenPort $sc.metricsPort $sc.grpcPort -}}
+{{- if ne (int $sc.otlpPort) 0 -}}
+{{- $declared = append $declared $sc.otlpPort -}}
+{{- end -}}
+{{- if $sc.admin.enabled -}}
+{{- $declared = append $declared $sc.admin.port -}}
+{{- end -}}
 {{- if eq .Values.backend.type "tfserving" -}}
-{{- $ports = concat $ports (list .Values.backend.tfserving.grpcPort .Values.backend.tfserving.restPort) -}}
+{{- $declared = concat $declared (list .Values.backend.tfserving.grpcPort .Values.backend.tfserving.restPort) -}}
 {{- else -}}
-{{- $ports = concat $ports (list .Values.backend.triton.grpcPort .Values.backend.triton.httpPort .Values.backend.triton.metricsPort) -}}
+{{- $declared = concat $declared (list .Values.backend.triton.grpcPort .Values.backend.triton.httpPort .Values.backend.triton.metricsPort) -}}
+{{- end -}}
+{{- /* --set gives int64, values files float64: compare them as ints */ -}}
+{{- $ports := list -}}
+{{- range $declared -}}
+{{- $ports = append $ports (int .) -}}
 {{- end -}}
 {{- if ne (len $ports) (len (uniq $ports)) -}}
 {{- fail (printf "two containers of the pod would listen on the same port: %v. Give the sidecar and the backend distinct ports." $ports) -}}

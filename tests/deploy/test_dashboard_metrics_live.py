@@ -1,0 +1,200 @@
+"""Every metric the dashboard and the chart query is one a real sidecar actually exports.
+
+`test_dashboard.py` checks the dashboard against docs/contracts.md; this checks it against the
+running code: the real `xsp-sidecar serve` process, sampling on, in front of the real local
+Triton server exporting OpenTelemetry spans to the sidecar (so the backend phase histograms
+exist), after traffic that includes a forced sample and queue overflow. /metrics is scraped over
+HTTP and parsed as Prometheus text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+import tritonclient.grpc as grpcclient
+
+from sidecar.localtriton.model_repo import build_model_repository
+from sidecar.localtriton.server import TritonServer, free_port
+from sidecar.localtriton.tracing import opentelemetry_args
+from tests.deploy.helpers import dashboard, dashboard_exprs, render
+from tests.e2e.sidecar_process import SidecarProcess, cnn_infer, wait_until
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+
+METRIC = re.compile(r"\b(xsp_[a-z0-9_]+)\b")
+SELECTOR = re.compile(r"\b(xsp_[a-z0-9_]+)\{([^}]*)\}")
+MATCHER = re.compile(r'([a-zA-Z_]\w*)\s*(=~|!~|!=|=)\s*"([^"]*)"')
+SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum")
+# Labels Prometheus adds when it scrapes (target labels), not exported by the sidecar.
+TARGET_LABELS = {"instance", "job", "namespace", "pod"}
+# Families that only get samples when something fails (a failed observation); their
+# `# TYPE` line is still required.
+FAILURE_ONLY = {"xsp_observation_failures_total"}
+
+
+@dataclass
+class Exposition:
+    """A Prometheus text exposition: family types and the samples of each family."""
+
+    types: dict[str, str] = field(default_factory=dict)
+    samples: dict[str, list[dict[str, str]]] = field(default_factory=lambda: defaultdict(list))
+
+    @classmethod
+    def parse(cls, text: str) -> Exposition:
+        out = cls()
+        for line in text.splitlines():
+            if line.startswith("# TYPE "):
+                _, _, name, mtype = line.split(maxsplit=3)
+                out.types[name] = mtype.strip()
+            elif line and not line.startswith("#"):
+                match = SAMPLE.match(line)
+                assert match, f"unparsable exposition line: {line!r}"
+                out.samples[match.group(1)].append(dict(LABEL.findall(match.group(2) or "")))
+        return out
+
+    def family(self, series: str) -> str | None:
+        """The exported family a referenced series belongs to, None when none is exported."""
+        if series in self.types:
+            return series
+        for suffix in HISTOGRAM_SUFFIXES:
+            base = series.removesuffix(suffix)
+            if base != series and self.types.get(base) == "histogram":
+                return base
+        return None
+
+
+def referenced_metrics() -> dict[str, set[str]]:
+    """Metric names in the dashboard's PromQL and in every chart template -> where."""
+    where: dict[str, set[str]] = defaultdict(set)
+    for expr in dashboard_exprs(dashboard()):
+        for name in METRIC.findall(expr):
+            where[name].add("dashboard PromQL")
+    for values in (
+        None,
+        {"serviceMonitor": {"enabled": True}, "sidecar": {"admin": {"enabled": True}}},
+    ):
+        for path, text in render(values).items():
+            for name in METRIC.findall(text):
+                where[name].add(path)
+    return where
+
+
+@pytest.fixture(scope="module")
+def otlp_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def traced_triton(
+    tmp_path_factory: pytest.TempPathFactory, otlp_port: int
+) -> Iterator[TritonServer]:
+    root = tmp_path_factory.mktemp("dashboard-triton")
+    repo = build_model_repository(root / "models")
+    server = TritonServer(
+        model_repository=repo,
+        log_path=root / "tritonserver.log",
+        extra_args=opentelemetry_args(f"http://127.0.0.1:{otlp_port}/v1/traces", 100),
+    )
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def exposition(
+    traced_triton: TritonServer, otlp_port: int, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Exposition]:
+    tmp = tmp_path_factory.mktemp("dashboard-sidecar")
+    args = [
+        "--model-repository", str(traced_triton.model_repository),
+        "--db", str(tmp / "traces.db"), "--otlp-port", str(otlp_port),
+        # every request sampled, a one-slot queue: the burst below overflows it
+        "--sample-rate", "1", "--sample-budget", "1000", "--duty-cycle", "1",
+        "--queue-size", "1", "--levels", "M,L", "--iterations", "3", "--warmup", "1",
+        "--admin", "--admin-listen", f"127.0.0.1:{free_port()}",
+    ]  # fmt: skip
+    proc = SidecarProcess(
+        backend=traced_triton.grpc_address, log_path=tmp / "sidecar.log", args=args
+    )
+    with proc:
+        client = grpcclient.InferenceServerClient(proc.address)
+        cnn_infer(client, headers={"x-xsp-profile": "1"})  # forced: profiled first
+        for _ in range(20):
+            cnn_infer(client)
+        client.get_model_metadata("simple_cnn")
+        for name, labels in (
+            ("xsp_profiles_total", {"outcome": "ok"}),
+            ("xsp_backend_phase_duration_seconds_count", {"phase": "compute_infer"}),
+            ("xsp_profiled_latency_seconds", {"level": "layer"}),
+            ("xsp_layer_type_time_share", {}),
+            ("xsp_profiling_overhead_ratio", {}),
+            ("xsp_samples_dropped_total", {"reason": "queue_full"}),
+        ):
+            assert wait_until(lambda n=name, kv=labels: proc.metric(n, **kv) > 0, 120), (
+                f"{name}{labels} never exported\n{proc.log()}"
+            )
+        yield Exposition.parse(proc.metrics())
+
+
+def test_every_referenced_metric_is_exported(exposition: Exposition) -> None:
+    referenced = referenced_metrics()
+    assert referenced, "no xsp_ metric found in the dashboard or the chart: the scan is broken"
+    missing = {
+        name: sorted(where) for name, where in referenced.items() if exposition.family(name) is None
+    }
+    assert not missing, f"referenced but not exported by `xsp-sidecar serve`: {missing}"
+
+
+def test_referenced_metrics_have_samples(exposition: Exposition) -> None:
+    """Not only a `# TYPE` line: after the traffic above every family has series."""
+    empty = []
+    for name in referenced_metrics():
+        family = exposition.family(name)
+        assert family is not None
+        series = [family] if exposition.types[family] != "histogram" else [family + "_count"]
+        if family not in FAILURE_ONLY and not any(exposition.samples.get(s) for s in series):
+            empty.append(family)
+    assert not empty, f"exported without any series after sampled traffic: {sorted(empty)}"
+
+
+def test_dashboard_selectors_match_exported_labels_and_values(exposition: Exposition) -> None:
+    """Each `label="value"` (or literal `a|b` regex) in the dashboard matches real series."""
+    problems: list[str] = []
+    for expr in dashboard_exprs(dashboard()):
+        for series, matchers in SELECTOR.findall(expr):
+            family = exposition.family(series)
+            assert family is not None, series
+            samples = exposition.samples.get(series, [])
+            if not samples:
+                continue  # a failure-only family: nothing to compare against
+            for label, op, value in MATCHER.findall(matchers):
+                if label in TARGET_LABELS:
+                    continue
+                seen = {s[label] for s in samples if label in s}
+                if not seen:
+                    problems.append(f"{series} has no label {label!r} (in {expr})")
+                    continue
+                if "$" in value or op in ("!=", "!~"):
+                    continue
+                wanted = value.split("|") if op == "=~" else [value]
+                if all(re.fullmatch(r"[\w-]+", w) for w in wanted):
+                    absent = [w for w in wanted if w not in seen]
+                    if absent:
+                        problems.append(f"{series}{{{label}}} never takes {absent}; seen {seen}")
+    assert not problems, "\n".join(problems)
+
+
+def test_histograms_and_counters_have_their_standard_series(exposition: Exposition) -> None:
+    for family, mtype in exposition.types.items():
+        if not family.startswith("xsp_"):
+            continue
+        if mtype == "counter":
+            assert family.endswith("_total"), family
+        if mtype == "histogram" and exposition.samples.get(family + "_count"):
+            for suffix in HISTOGRAM_SUFFIXES:
+                assert exposition.samples.get(family + suffix), family + suffix
