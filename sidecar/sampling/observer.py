@@ -83,7 +83,7 @@ class SamplingHub:
         with self._lock:
             self.sampled_trace_ids.discard(trace_id)
 
-    def _mark(self, trace_id: str) -> None:
+    def mark_sampled(self, trace_id: str) -> None:
         with self._lock:
             if len(self.sampled_trace_ids) > 10_000:  # bounded: drop the oldest guesses
                 self.sampled_trace_ids.clear()
@@ -147,7 +147,7 @@ class SamplingObserver:
         )
         if hub.submit(job):
             pending.queued = True
-            hub._mark(pending.trace_id)
+            hub.mark_sampled(pending.trace_id)
             if hub.remember is not None:
                 hub.remember(model, "ModelInfer", message)
         else:
