@@ -8,6 +8,9 @@ concurrency it prints throughput, p50 and p99 direct and relayed, their ratios, 
 microseconds per request of the relay process and of Triton (its process tree, Python-backend
 stubs included), read from /proc/<pid>/stat.
 
+With `perf_analyzer` on PATH (it ships in the tritonclient 2.51 wheel) and a local Triton, it
+also prints NVIDIA's load generator's numbers for both paths.
+
     python bench/proxy_overhead.py --duration 10
 """
 
@@ -212,6 +215,33 @@ def report(concurrency: int, direct: Result, relay: Result) -> None:
     print(f"  p50 added by the relay: {relay.p50_ms - direct.p50_ms:+.3f} ms")
 
 
+def perf_analyzer_report(
+    direct: str, relay: str, concurrencies: list[int], seconds: float, libs: Path
+) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import perf_analyzer as pa
+
+    binary = pa.find_binary()
+    if binary is None:
+        print("\nperf_analyzer: not on PATH, skipped")
+        return
+    print("\nperf_analyzer (NVIDIA), add_sub, same two paths")
+    print(f"  {'concurrency':12}{'':10}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}")
+    for concurrency in concurrencies:
+        try:
+            d = pa.run(binary, direct, concurrency, seconds, libs)
+            r = pa.run(binary, relay, concurrency, seconds, libs)
+        except (OSError, subprocess.SubprocessError, StopIteration) as exc:
+            print(f"  perf_analyzer failed: {exc}")
+            return
+        for name, x in (("direct", d), ("relay", r)):
+            print(
+                f"  {concurrency:<12}{name:10}{x.throughput:10.0f}{x.p50_ms:10.3f}{x.p99_ms:10.3f}"
+            )
+        print(f"  {'':12}{'ratio':10}{r.throughput / d.throughput:10.3f}"
+              f"{r.p50_ms / d.p50_ms:10.3f}{r.p99_ms / d.p99_ms:10.3f}")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per measurement")
@@ -249,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
                     relay_address, concurrency, args.duration, args.warmup, triton_pid, relay.pid
                 )
                 report(concurrency, direct, relayed)
+            if server is not None and server.environment is not None:
+                perf_analyzer_report(
+                    backend, relay_address, args.concurrency, args.duration,
+                    server.environment.library_dir,
+                )  # fmt: skip
         finally:
             relay.send_signal(signal.SIGTERM)
             relay.wait(10)
