@@ -20,11 +20,12 @@ import re
 import signal
 import sys
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_overhead import Result, run_load, start_relay, tree_cpu_seconds
+from proxy_overhead import Result, cpu_seconds, run_load, start_relay, tree_cpu_seconds
 
 
 def metrics_port(proc_args: list[str]) -> int:
@@ -56,10 +57,34 @@ def report(concurrency: int, off: Result, on: Result, profiles: float, worker_sh
         ("p50 latency (ms)", off.p50_ms, on.p50_ms, "{:12.3f}"),
         ("p99 latency (ms)", off.p99_ms, on.p99_ms, "{:12.3f}"),
     ]
+    if off.relay_cpu_us is not None and on.relay_cpu_us is not None:
+        rows.append(("sidecar CPU (us/req)", off.relay_cpu_us, on.relay_cpu_us, "{:12.1f}"))
     for name, a, b, fmt in rows:
         print(f"  {name:22}{fmt.format(a)}{fmt.format(b)}{b / a:10.3f}")
     print(f"  profiles completed while on: {profiles:.0f}; "
-          f"worker busy (CPU) {worker_share * 100:.1f}% of wall time")  # fmt: skip
+          f"worker CPU {worker_share * 100:.1f}% of wall time")  # fmt: skip
+
+
+def worker_cpu_seconds(sidecar_pid: int) -> float:
+    """CPU of the sidecar's child processes (the profiling worker), not of the relay itself."""
+    return tree_cpu_seconds(sidecar_pid) - cpu_seconds(sidecar_pid)
+
+
+def prime(address: str, metrics: int, wait_s: float) -> None:
+    """One profile before measuring, so the worker's one-time costs (runtime imports, session
+    creation, peak measurement) are not in the numbers; then wait for the gate to reopen."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(address)
+    x = grpcclient.InferInput("input", [1, 3, 32, 32], "FP32")
+    x.set_data_from_numpy(np.ones((1, 3, 32, 32), np.float32))
+    deadline = time.monotonic() + 120
+    while scrape_sum(metrics, "xsp_profiles_total") < 1 and time.monotonic() < deadline:
+        client.infer("simple_cnn", [x])
+        time.sleep(0.2)
+    client.close()
+    time.sleep(wait_s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,6 +95,13 @@ def main(argv: list[str] | None = None) -> int:
         "--concurrency", type=int, nargs="+", default=[1, 4], help="client processes (default 1 4)"
     )
     parser.add_argument("--duty-cycle", default="0.05", help="worker duty-cycle cap (0.05)")
+    parser.add_argument(
+        "--sample-rate", default="1", help="sampling probability of the 'on' sidecar (default 1)"
+    )
+    parser.add_argument(
+        "--prime-wait", type=float, default=15.0,
+        help="seconds to wait after the priming profile (its gate must reopen; default 15)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     from sidecar.localtriton.model_repo import build_model_repository
@@ -82,27 +114,31 @@ def main(argv: list[str] | None = None) -> int:
         off, off_address = start_relay(server.grpc_address)
         on, on_address = start_relay(
             server.grpc_address, "--model-repository", str(repo), "--db", f"{tmp}/traces.db",
-            "--otlp-port", "0", "--sample-rate", "1", "--sample-budget", "1000000",
+            "--otlp-port", "0", "--sample-rate", args.sample_rate, "--sample-budget", "1000000",
             "--duty-cycle", args.duty_cycle, "--metrics-port", str(on_metrics),
         )  # fmt: skip
         try:
+            prime(on_address, on_metrics, args.prime_wait)
             print(f"Triton {server.grpc_address}; sidecar off {off_address}, on {on_address}")
-            print(f"{args.duration:.0f} s per measurement; duty-cycle cap {args.duty_cycle}")
+            print(
+                f"{args.duration:.0f} s per measurement; sample rate {args.sample_rate}, "
+                f"duty-cycle cap {args.duty_cycle}"
+            )
             for concurrency in args.concurrency:
                 result_off = run_load(
-                    off_address, concurrency, args.duration, args.warmup, server.pid, None,
+                    off_address, concurrency, args.duration, args.warmup, server.pid, off.pid,
                     model="simple_cnn",
                 )  # fmt: skip
                 before = scrape_sum(on_metrics, "xsp_profiles_total")
-                cpu_before = tree_cpu_seconds(on.pid)
+                worker_before = worker_cpu_seconds(on.pid)
                 result_on = run_load(
                     on_address, concurrency, args.duration, args.warmup, server.pid, on.pid,
                     model="simple_cnn",
                 )  # fmt: skip
-                worker_cpu = tree_cpu_seconds(on.pid) - cpu_before
-                relay_cpu = (result_on.relay_cpu_us or 0.0) * result_on.requests / 1e6
+                # (includes the clients' warm-up: an upper bound for the measured window)
+                worker_cpu = worker_cpu_seconds(on.pid) - worker_before
                 profiles = scrape_sum(on_metrics, "xsp_profiles_total") - before
-                share = max(0.0, worker_cpu - relay_cpu) / result_on.duration
+                share = worker_cpu / (result_on.duration + args.warmup)
                 report(concurrency, result_off, result_on, profiles, share)
         finally:
             for proc in (off, on):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -93,12 +94,19 @@ class SamplingMetrics:
             registry=registry,
         )
         self._layer_types: dict[str, set[str]] = {}
+        self._decision_children: dict[tuple[str, Decision], Any] = {}
 
     def bind_queue_depth(self, depth: Callable[[], int]) -> None:
         self.queue_depth.set_function(lambda: float(depth()))
 
     def record_decision(self, model: str, decision: Decision) -> None:
-        self.decisions.labels(model, decision.value).inc()
+        # Called for every replayable request: keep the labelled child instead of looking
+        # it up through `labels()` each time.
+        key = (model, decision)
+        child = self._decision_children.get(key)
+        if child is None:
+            child = self._decision_children[key] = self.decisions.labels(model, decision.value)
+        child.inc()
 
     def record_result(self, result: ProfileResult) -> None:
         model = result.model

@@ -103,8 +103,14 @@ class SamplingObserver:
         hub = self._hub
         if start.method not in REPLAYABLE_METHODS:
             return None
+        forced = False
         header = hub.sampler.settings.force_header
-        forced = header is not None and hub.sampler.is_forced(start.metadata.get(header))
+        if header is not None:
+            wanted = header.encode("latin-1")
+            for name, value in start.raw_headers:  # no dict per request: usually 5-8 fields
+                if name == wanted:
+                    forced = hub.sampler.is_forced(value.decode("latin-1"))
+                    break
         tentative = hub.sampler.at_headers(forced)
         if tentative is Tentative.NO:
             return None

@@ -25,6 +25,7 @@ from sidecar.profiling.experiment import describe_inputs, run_experiment
 from sidecar.profiling.inputs import InputSpec, random_inputs
 from sidecar.profiling.peak import get_peak
 from sidecar.profiling.runners.base import ProfilingError, Runner
+from sidecar.profiling.runners.onnxruntime import OnnxRuntimeRunner  # imported at worker start
 from sidecar.sampling.jobs import ProfileJob, ProfileResult
 from sidecar.trace.spans import LEVEL_CODES, Level, Trace
 from sidecar.trace.store import TraceStore
@@ -54,8 +55,6 @@ def _runner(location: ModelLocation, context: dict[str, Any]) -> Runner:
         return cache[key]
     runner: Runner
     if location.format is ModelFormat.ONNX:
-        from sidecar.profiling.runners.onnxruntime import OnnxRuntimeRunner
-
         runner = OnnxRuntimeRunner(location.path, intra_op_threads=int(context.get("threads", 1)))
     elif location.format is ModelFormat.TORCHSCRIPT:
         import torch
