@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -228,56 +227,36 @@ def run_demo(options: DemoOptions) -> int:
             say("what the sidecar recorded (selected /metrics lines):")
             for line in interesting_metrics(metrics_text):
                 print(f"    {line}")
-    say(f"{stored} sampled request(s) profiled; a standalone batch-size sweep of simple_cnn:")
+    say(f"{stored} sampled request(s) profiled and stored in {db}")
+    report = [sys.executable, str(REPO_ROOT / "analysis" / "report.py")]
+    say("report on the sampled live requests (analysis/report.py):")
+    subprocess.run([*report, str(db), "--format", options.report_format], check=True)
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sidecar",
-            "profile",
-            str(repo / "simple_cnn" / "1" / "model.onnx"),
-            "--batch-size",
-            "1,2,4,8",
-            "--iterations",
-            "10",
-            "--warmup",
-            "2",
-            "--db",
-            str(db),
-        ],
-        check=True,
-    )
-    say("report (analysis/report.py):")
-    report_dir = out / "report"
-    env = dict(os.environ)
+        [*report, str(db), "--format", "html", "--out", str(out / "report")],
+        check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    # The sweep goes to its own database: replays of live samples run in the low-priority
+    # worker with one thread, so mixing them into one batch-size curve would mislead.
+    sweep = out / "sweep.db"
+    for stale in (sweep, sweep.with_name("sweep.db-wal"), sweep.with_name("sweep.db-shm")):
+        stale.unlink(missing_ok=True)
+    say("a standalone batch-size sweep of simple_cnn (xsp-sidecar profile):")
     subprocess.run(
-        [
-            sys.executable,
-            str(REPO_ROOT / "analysis" / "report.py"),
-            str(db),
-            "--format",
-            options.report_format,
-        ],
+        [sys.executable, "-m", "sidecar", "profile", str(repo / "simple_cnn" / "1" / "model.onnx"),
+         "--batch-size", "1,2,4,8", "--levels", "M,L", "--iterations", "20", "--warmup", "5",
+         "--db", str(sweep)],
         check=True,
-        env=env,
+    )  # fmt: skip
+    subprocess.run(
+        [*report, str(sweep), "--only", "A1,A15", "--format", options.report_format], check=True
     )
     subprocess.run(
-        [
-            sys.executable,
-            str(REPO_ROOT / "analysis" / "report.py"),
-            str(db),
-            "--format",
-            "html",
-            "--out",
-            str(report_dir),
-        ],
-        check=True,
-        env=env,
-        stdout=subprocess.DEVNULL,
-    )
+        [*report, str(sweep), "--format", "html", "--out", str(out / "sweep-report")],
+        check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
     say("done. Results:")
-    print(f"    trace database : {db}")
-    print(f"    HTML report    : {report_dir}")
+    print(f"    sampled traces : {db}  (HTML report in {out / 'report'})")
+    print(f"    batch sweep    : {sweep}  (HTML report in {out / 'sweep-report'})")
     print(f"    metrics scrape : {out / 'metrics.txt'}")
     print(f"    logs           : {out / 'sidecar.log'}, {out / 'tritonserver.log'}")
     print(f"    try            : python analysis/report.py {db} --format markdown")
