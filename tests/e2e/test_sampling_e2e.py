@@ -51,7 +51,9 @@ def traced_triton(
         yield server
 
 
-def sidecar(triton: TritonServer, tmp_path: Path, *args: str, otlp_port: int = 0) -> SidecarProcess:
+def sidecar(triton: TritonServer, tmp_path: Path, otlp_port: int, *args: str) -> SidecarProcess:
+    """The sidecar under test; it always listens for Triton's spans on `otlp_port`, so
+    Triton's exporter never meets a closed port (and backs off) between tests."""
     return SidecarProcess(
         backend=triton.grpc_address, log_path=tmp_path / "sidecar.log",
         args=["--model-repository", str(triton.model_repository), "--db",
@@ -61,10 +63,10 @@ def sidecar(triton: TritonServer, tmp_path: Path, *args: str, otlp_port: int = 0
 
 
 def test_budget_caps_profiles_and_every_request_is_counted(
-    traced_triton: TritonServer, tmp_path: Path
+    traced_triton: TritonServer, tmp_path: Path, otlp_port: int
 ) -> None:
     args = ["--sample-rate", "1", "--sample-budget", "5", "--duty-cycle", "1", "--queue-size", "50"]
-    with sidecar(traced_triton, tmp_path, *args) as proc:
+    with sidecar(traced_triton, tmp_path, otlp_port, *args) as proc:
         client = grpcclient.InferenceServerClient(proc.address)
         for _ in range(500):
             cnn_infer(client)
@@ -88,7 +90,7 @@ def test_forced_request_yields_a_trace_across_the_stack(
     traced_triton: TritonServer, tmp_path: Path, otlp_port: int
 ) -> None:
     args = ["--sample-rate", "0"]
-    with sidecar(traced_triton, tmp_path, *args, otlp_port=otlp_port) as proc:
+    with sidecar(traced_triton, tmp_path, otlp_port, *args) as proc:
         client = grpcclient.InferenceServerClient(proc.address)
         cnn_infer(client, batch=2)  # not sampled: rate 0
         cnn_infer(client, batch=2, headers={"x-xsp-profile": "1"})
@@ -126,11 +128,11 @@ def test_forced_request_yields_a_trace_across_the_stack(
 
 
 def test_killing_the_worker_mid_profile_fails_no_request(
-    traced_triton: TritonServer, tmp_path: Path
+    traced_triton: TritonServer, tmp_path: Path, otlp_port: int
 ) -> None:
     args = ["--sample-rate", "0", "--iterations", "100000", "--duty-cycle", "1",
             "--profile-timeout", "600"]  # fmt: skip
-    with sidecar(traced_triton, tmp_path, *args) as proc:
+    with sidecar(traced_triton, tmp_path, otlp_port, *args) as proc:
         client = grpcclient.InferenceServerClient(proc.address)
         cnn_infer(client, headers={"x-xsp-profile": "1"})  # a profile that takes minutes
         assert wait_until(lambda: bool(proc.worker_pids()), 60), proc.log()
@@ -168,9 +170,11 @@ def test_killing_the_worker_mid_profile_fails_no_request(
     assert all(t.status == "ok" for t in trace_db.list_traces())
 
 
-def test_worker_comes_back_after_a_crash(traced_triton: TritonServer, tmp_path: Path) -> None:
+def test_worker_comes_back_after_a_crash(
+    traced_triton: TritonServer, tmp_path: Path, otlp_port: int
+) -> None:
     args = ["--sample-rate", "0", "--duty-cycle", "1"]
-    with sidecar(traced_triton, tmp_path, *args) as proc:
+    with sidecar(traced_triton, tmp_path, otlp_port, *args) as proc:
         client = grpcclient.InferenceServerClient(proc.address)
         cnn_infer(client, headers={"x-xsp-profile": "1"})
         assert wait_until(lambda: proc.metric("xsp_profiles_total", outcome="ok") == 1, 90)
@@ -183,10 +187,12 @@ def test_worker_comes_back_after_a_crash(traced_triton: TritonServer, tmp_path: 
         assert proc.metric("xsp_profiler_worker_restarts_total") == 1
 
 
-def test_full_queue_drops_and_counts(traced_triton: TritonServer, tmp_path: Path) -> None:
+def test_full_queue_drops_and_counts(
+    traced_triton: TritonServer, tmp_path: Path, otlp_port: int
+) -> None:
     args = ["--sample-rate", "1", "--sample-budget", "1000", "--duty-cycle", "1",
             "--queue-size", "1", "--iterations", "2000"]  # fmt: skip
-    with sidecar(traced_triton, tmp_path, *args) as proc:
+    with sidecar(traced_triton, tmp_path, otlp_port, *args) as proc:
         client = grpcclient.InferenceServerClient(proc.address)
         for _ in range(20):
             cnn_infer(client)
