@@ -89,22 +89,32 @@ def test_budget_caps_profiles_and_every_request_is_counted(
 def test_forced_request_yields_a_trace_across_the_stack(
     traced_triton: TritonServer, tmp_path: Path, otlp_port: int
 ) -> None:
-    args = ["--sample-rate", "0"]
+    args = ["--sample-rate", "0", "--duty-cycle", "1"]
+    db = tmp_path / "traces.db"
     with sidecar(traced_triton, tmp_path, otlp_port, *args) as proc:
         client = grpcclient.InferenceServerClient(proc.address)
         cnn_infer(client, batch=2)  # not sampled: rate 0
-        cnn_infer(client, batch=2, headers={"x-xsp-profile": "1"})
-        db = tmp_path / "traces.db"
-        assert wait_until(lambda: count_traces(db) == 1, 90), proc.log()
         store = TraceStore(db)
 
-        def has_backend_spans() -> bool:
-            trace = store.list_traces()[0]
-            return any(s.source is Source.BACKEND for s in store.spans(trace.trace_id))
+        def with_backend_spans() -> list[str]:
+            return [
+                t.trace_id for t in store.list_traces()
+                if any(s.source is Source.BACKEND for s in store.spans(t.trace_id))
+            ]  # fmt: skip
 
-        assert wait_until(has_backend_spans, 60), proc.log()
-        assert proc.metric("xsp_backend_phase_duration_seconds_count", phase="compute_infer") == 1
-    trace = store.list_traces()[0]
+        # Triton 2.51 now and then never exports a trace (see tests/live/); a fresh forced
+        # request is then sent, up to three times.
+        for forced in range(1, 4):
+            cnn_infer(client, batch=2, headers={"x-xsp-profile": "1"})
+            assert wait_until(lambda n=forced: count_traces(db) == n, 90), proc.log()
+            if wait_until(lambda: bool(with_backend_spans()), 15):
+                break
+        assert with_backend_spans(), proc.log()
+        phases = proc.metric("xsp_backend_phase_duration_seconds_count", phase="compute_infer")
+        assert phases == len(with_backend_spans())
+    (trace_id,) = with_backend_spans()[:1]
+    trace = store.get_trace(trace_id)
+    assert trace is not None
     assert trace.sample_reason == "forced" and trace.status == "ok" and trace.batch_size == 2
     spans = store.spans(trace.trace_id)
     by_id = {s.span_id: s for s in spans}

@@ -92,21 +92,38 @@ def infer_simple_cnn(triton: TritonServer, headers: dict[str, str] | None) -> No
         client.close()
 
 
+def traced_request(setup: Setup, attempts: int = 3) -> tuple[str, str, int, TritonTrace]:
+    """Send a request with a `traceparent` and wait for Triton's spans of it.
+
+    Triton 2.51 now and then never exports a trace (about 1 run in 6 here, with nothing
+    reaching the receiver); a fresh request is then sent, up to `attempts` times.
+    """
+    error: AssertionError | None = None
+    for _ in range(attempts):
+        trace_id, proxy_span = os.urandom(16).hex(), os.urandom(8).hex()
+        started = time.time_ns()
+        infer_simple_cnn(setup.triton, {"traceparent": f"00-{trace_id}-{proxy_span}-01"})
+        try:
+            return trace_id, proxy_span, started, setup.wait_for(trace_id, timeout=10.0)
+        except AssertionError as exc:
+            error = exc
+    assert error is not None
+    raise error
+
+
 def test_traceparent_request_spans_attach_under_the_callers_span(setup: Setup) -> None:
-    trace_id, proxy_span = os.urandom(16).hex(), os.urandom(8).hex()
     untraced_before = set(setup.traces)
     infer_simple_cnn(setup.triton, None)  # rate=0: this one must not be traced
-    started = time.time_ns()
-    infer_simple_cnn(setup.triton, {"traceparent": f"00-{trace_id}-{proxy_span}-01"})
-    trace = setup.wait_for(trace_id)
+    trace_id, proxy_span, started, trace = traced_request(setup)
 
     check_tree(trace, proxy_span)
     assert (trace.model, trace.model_version) == ("simple_cnn", "1")
     request = next(s for s in trace.spans if s.kind == "request")
     assert request.name == "InferRequest"
     assert started <= request.start_ns <= request.end_ns <= time.time_ns()
-    # the untraced request was exported before (Triton ends spans in order) if at all
-    assert set(setup.traces) - untraced_before == {trace_id}
+    # the untraced request was never exported (traces of lost attempts may arrive late)
+    assert trace_id in set(setup.traces) - untraced_before
+    assert all(t.parent_span_id is not None for t in setup.traces.values())
     stats = setup.receiver.stats()
     assert stats.rejected == 0 and stats.callback_errors == 0
     assert stats.spans >= 3 and stats.accepted >= 3  # one span per export (batch size 1)
