@@ -63,6 +63,33 @@ def _peak_notes(df: pd.DataFrame) -> list[str]:
     return notes
 
 
+ROOFLINE_COLUMNS = [
+    "latency_ms",
+    "flops",
+    "dram_bytes",
+    "arithmetic_intensity",
+    "arithmetic_throughput_gflops",
+    "attainable_gflops",
+    "ridge_point",
+    "bound",
+    "estimated",
+    "n_traces",
+]
+
+
+def _on_roofline(
+    fr: Frames, agg: pd.DataFrame, id_columns: list[str], sort_columns: list[str]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Place aggregated rows (flops, dram_bytes, duration_ns, estimated share) on their
+    machine's roofline; returns the classified rows and the table shown (A9, A14)."""
+    agg = agg.merge(fr.peaks(), on=GROUP, how="left")
+    agg = classify(agg, "flops", "dram_bytes", "duration_ns")
+    agg["estimated"] = agg["estimated"] > 0
+    agg["latency_ms"] = agg["duration_ns"] / 1e6
+    table = agg[[*GROUP, *id_columns, *ROOFLINE_COLUMNS]]
+    return agg, table.sort_values([*GROUP, *sort_columns]).reset_index(drop=True)
+
+
 def kernel_roofline(fr: Frames) -> AnalysisResult:
     """A9: every kernel with FLOPs or DRAM bytes placed on the roofline."""
     if fr.data.empty:
@@ -86,27 +113,7 @@ def kernel_roofline(fr: Frames) -> AnalysisResult:
     agg = across_traces(
         kn, [*GROUP, "layer", "idx", "name"], ["duration_ns", "flops", "dram_bytes", "estimated"]
     )
-    agg = agg.merge(fr.peaks(), on=GROUP, how="left")
-    agg = classify(agg, "flops", "dram_bytes", "duration_ns")
-    agg["estimated"] = agg["estimated"] > 0
-    agg["latency_ms"] = agg["duration_ns"] / 1e6
-    cols = [
-        *GROUP,
-        "layer",
-        "idx",
-        "name",
-        "latency_ms",
-        "flops",
-        "dram_bytes",
-        "arithmetic_intensity",
-        "arithmetic_throughput_gflops",
-        "attainable_gflops",
-        "ridge_point",
-        "bound",
-        "estimated",
-        "n_traces",
-    ]
-    table = agg[cols].sort_values([*GROUP, "layer", "idx"]).reset_index(drop=True)
+    agg, table = _on_roofline(fr, agg, ["layer", "idx", "name"], ["layer", "idx"])
     res = AnalysisResult("A9", A9_TITLE, table, estimated=bool(table["estimated"].any()))
     res.notes = _peak_notes(agg)
     res.extra["peaks"] = fr.peaks().to_dict(orient="records")
@@ -166,27 +173,7 @@ def layer_roofline(fr: Frames) -> AnalysisResult:
     agg = across_traces(
         df, [*GROUP, "name"], ["duration_ns", "flops", "dram_bytes", "estimated"], ["idx", "type"]
     )
-    agg = agg.merge(fr.peaks(), on=GROUP, how="left")
-    agg = classify(agg, "flops", "dram_bytes", "duration_ns")
-    agg["estimated"] = agg["estimated"] > 0
-    agg["latency_ms"] = agg["duration_ns"] / 1e6
-    cols = [
-        *GROUP,
-        "idx",
-        "name",
-        "type",
-        "latency_ms",
-        "flops",
-        "dram_bytes",
-        "arithmetic_intensity",
-        "arithmetic_throughput_gflops",
-        "attainable_gflops",
-        "ridge_point",
-        "bound",
-        "estimated",
-        "n_traces",
-    ]
-    table = agg[cols].sort_values([*GROUP, "idx"]).reset_index(drop=True)
+    agg, table = _on_roofline(fr, agg, ["idx", "name", "type"], ["idx"])
     res = AnalysisResult("A14", A14_TITLE, table, estimated=bool(table["estimated"].any()))
     res.notes = [f"FLOPs and bytes from {source}", *_peak_notes(agg)]
     if res.estimated:

@@ -23,8 +23,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tqdm import tqdm
 
 from sidecar.localtriton.model_repo import build_model_repository
-from sidecar.localtriton.server import TritonServer, free_port
-from sidecar.localtriton.tracing import opentelemetry_args
+from sidecar.localtriton.server import free_port
+from sidecar.localtriton.tracing import traced_server
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -196,11 +196,8 @@ def run_demo(options: DemoOptions) -> int:
     say("building the sample model repository (add_sub, simple_cnn, sleep)")
     repo = build_model_repository(out / "models")
     say("starting Triton (OpenTelemetry tracing to the sidecar's OTLP receiver)")
-    triton = TritonServer(
-        model_repository=repo,
-        log_path=out / "tritonserver.log",
-        extra_args=opentelemetry_args(f"http://127.0.0.1:{ports['otlp']}/v1/traces", 200),
-    )
+    otlp_url = f"http://127.0.0.1:{ports['otlp']}/v1/traces"
+    triton = traced_server(repo, out / "tritonserver.log", otlp_url, 200)
     with triton:
         say(f"Triton ready on {triton.grpc_address}; starting the sidecar in front of it")
         args = [

@@ -6,6 +6,10 @@ ones the sidecar sampled (docs/triton-tracing.md).
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from sidecar.localtriton.server import TritonServer
+
 
 def opentelemetry_args(otlp_url: str, schedule_delay_ms: int = 500) -> list[str]:
     """`--trace-config` arguments for `tritonserver` exporting to `otlp_url`."""
@@ -17,3 +21,14 @@ def opentelemetry_args(otlp_url: str, schedule_delay_ms: int = 500) -> list[str]
         "--trace-config", "count=-1",
         "--trace-config", f"opentelemetry,bsp_schedule_delay={schedule_delay_ms}",
     ]  # fmt: skip
+
+
+def traced_server(
+    model_repository: Path, log_path: Path, otlp_url: str, schedule_delay_ms: int = 500
+) -> TritonServer:
+    """A `TritonServer` (not started yet) whose OpenTelemetry spans go to `otlp_url`."""
+    return TritonServer(
+        model_repository=model_repository,
+        log_path=log_path,
+        extra_args=opentelemetry_args(otlp_url, schedule_delay_ms),
+    )

@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 
 from sidecar.localtriton.model_repo import build_model_repository
 from sidecar.localtriton.server import TritonServer, free_port
-from sidecar.localtriton.tracing import opentelemetry_args
+from sidecar.localtriton.tracing import traced_server
 from tests.deploy.helpers import dashboard, dashboard_exprs, render
 from tests.e2e.sidecar_process import SidecarProcess, cnn_infer, wait_until
 
@@ -96,12 +96,8 @@ def traced_triton(
 ) -> Iterator[TritonServer]:
     root = tmp_path_factory.mktemp("dashboard-triton")
     repo = build_model_repository(root / "models")
-    server = TritonServer(
-        model_repository=repo,
-        log_path=root / "tritonserver.log",
-        extra_args=opentelemetry_args(f"http://127.0.0.1:{otlp_port}/v1/traces", 100),
-    )
-    with server:
+    otlp_url = f"http://127.0.0.1:{otlp_port}/v1/traces"
+    with traced_server(repo, root / "tritonserver.log", otlp_url, 100) as server:
         yield server
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent import futures
@@ -21,12 +20,6 @@ from sidecar.serve import Sidecar
 
 T = TypeVar("T")
 TRITON_SERVICE = "inference.GRPCInferenceService"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class LoopThread:

@@ -15,7 +15,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.proxy.proxy_harness import free_port, grpc_backend, unary
+from sidecar.localtriton.server import free_port
+from tests.proxy.proxy_harness import grpc_backend, unary
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 
