@@ -55,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds in-flight calls may take to finish after SIGTERM "
         "(env XSP_GRACE_PERIOD, default 10)",
     )
+    add(
+        "--idle-timeout",
+        metavar="S",
+        help="close a client connection with no call in flight for this long, with a GOAWAY "
+        "(env XSP_IDLE_TIMEOUT, default 300; 0 = never)",
+    )
     add("--tls-cert", metavar="PEM", help="terminate TLS on the client side with this certificate")
     add("--tls-key", metavar="PEM", help="private key for --tls-cert")
     add(

@@ -15,8 +15,13 @@ Two modes:
   must be forwarded. Bytes are never reordered; nothing but a header block (or an incomplete
   9-byte frame header) is ever held.
 
-Anything the scanner cannot parse makes it stop observing (`failed` is set, `on_failure` is
-called once) while bytes keep flowing: in hold mode everything held is released at once.
+A header block over `MAX_HEADER_BLOCK` is not assembled: its bytes (padding stripped) are
+streamed to the sink's `skim_header_block` as they pass (in hold mode, what was held is released
+at once), then the sink is told the block was lost (`on_header_block_lost`); the frame layer
+stays in step, so the sink can keep its HPACK table in step and count the stream.
+Anything else the scanner cannot parse (not HTTP/2, broken framing) makes it stop observing
+(`failed` is set, `on_failure` is called once) while bytes keep flowing: in hold mode everything
+held is released at once.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ _FAST_TYPES = frozenset({DATA, HEADERS, PRIORITY, PING, WINDOW_UPDATE}) | _CONTR
 _SKIP = 0
 _DELIVER = 1
 _COLLECT = 2
+_SKIM = 3  # a frame of an oversize header block: streamed to sink.skim_header_block
 
 
 class ScanError(Exception):
@@ -74,6 +80,14 @@ class FrameSink(Protocol):
         self, stream_id: int, end_stream: bool, block: bytes, frame_type: int
     ) -> bytes | None:
         """A complete HPACK block; may return HPACK bytes to append to it (hold mode only)."""
+        ...
+
+    def skim_header_block(self, chunk: bytes) -> None:
+        """Next bytes of a header block too large to assemble (see `on_header_block_lost`)."""
+        ...
+
+    def on_header_block_lost(self, stream_id: int, end_stream: bool, frame_type: int) -> None:
+        """A header block too large to assemble has ended (all of it went to `skim_...`)."""
         ...
 
     def on_data(self, stream_id: int, length: int) -> bool:
@@ -96,6 +110,12 @@ class FrameSink(Protocol):
 def frame_header(length: int, frame_type: int, flags: int, stream_id: int) -> bytes:
     """Encode a 9-byte HTTP/2 frame header."""
     return _HEADER.pack(length >> 16, length & 0xFFFF, frame_type, flags, stream_id & 0x7FFFFFFF)
+
+
+def goaway_frame(last_stream_id: int, error_code: int = 0) -> bytes:
+    """A GOAWAY frame (error code 0: NO_ERROR, a graceful close)."""
+    payload = (last_stream_id & 0x7FFFFFFF).to_bytes(4, "big") + error_code.to_bytes(4, "big")
+    return frame_header(len(payload), GOAWAY, 0, 0) + payload
 
 
 def _strip_padding(payload: bytes | bytearray, flags: int, skip: int = 0) -> bytes:
@@ -145,6 +165,11 @@ class FrameScanner:
         self._block_end_stream = False
         self._block_parts: list[bytes] = []
         self._block_size = 0
+        self._block_lost = False  # the current block is too large: its frames are skimmed
+        self._skim_off = 0  # payload bytes of the current skimmed frame seen so far
+        self._skim_start = 0  # where its header block fragment starts / ends in the payload
+        self._skim_end = 0
+        self._skim_padded = False
         # hold mode
         self._held = bytearray()
         self._held_frames: list[tuple[int, int, bool]] = []  # (offset, length, padded)
@@ -197,6 +222,12 @@ class FrameScanner:
         """Stop observing (no failure is reported); held bytes go out with the next chunk."""
         self.failed = True
 
+    def at_frame_boundary(self) -> bool:
+        """True while observing and every byte scanned so far ends a whole frame."""
+        return not (
+            self.failed or self._remaining or self._carry or self._block_sid or self._preface_left
+        )
+
     def pending_bytes(self) -> int:
         """Bytes received but not yet returned by `process` (hold mode)."""
         return len(self._held) + len(self._carry)
@@ -236,6 +267,8 @@ class FrameScanner:
                     self.sink.on_data_payload(self._sid, data[pos : pos + take])
                 elif mode == _COLLECT:
                     self._payload += data[pos : pos + take]
+                elif mode == _SKIM:
+                    self._skim(data[pos : pos + take])
                 if self._holding:
                     self._held += data[pos : pos + take]
                     self._emit_from = pos + take
@@ -268,7 +301,7 @@ class FrameScanner:
                 end <= n
                 and not self._block_sid
                 and ftype in _FAST_TYPES
-                and (ftype != HEADERS or flags & FLAG_END_HEADERS)
+                and (ftype != HEADERS or (flags & FLAG_END_HEADERS and length <= MAX_HEADER_BLOCK))
             ):
                 # Fast path: a whole frame inside this chunk, handled without buffering.
                 if ftype == DATA:
@@ -325,11 +358,17 @@ class FrameScanner:
                     raise ScanError("protocol", "header frame on stream 0")
                 if ftype == CONTINUATION and not self._block_sid:
                     raise ScanError("protocol", "CONTINUATION without a header block")
-                if self._block_size + length > MAX_HEADER_BLOCK:
-                    raise ScanError("oversize", "header block larger than 1 MiB")
-                self._mode = _COLLECT
-                self._payload = bytearray()
-                if hold:
+                if ftype != CONTINUATION:
+                    self._block_type = ftype
+                    self._block_end_stream = ftype == HEADERS and bool(flags & FLAG_END_STREAM)
+                if not self._block_lost and self._block_size + length > MAX_HEADER_BLOCK:
+                    self._lose_block()
+                if self._block_lost:
+                    self._start_skim(ftype, flags, length)
+                else:
+                    self._mode = _COLLECT
+                    self._payload = bytearray()
+                if hold and not self._block_lost:
                     if not self._holding:
                         if hdr_pos > self._emit_from:
                             out.append(data[self._emit_from : hdr_pos])
@@ -365,18 +404,23 @@ class FrameScanner:
                 self.sink.on_end_stream(sid)
             return
         if ftype in (HEADERS, PUSH_PROMISE, CONTINUATION):
+            if self._block_lost:
+                if flags & FLAG_END_HEADERS:
+                    self._block_sid = 0
+                    self._block_size = 0
+                    self._block_lost = False
+                    self.sink.on_header_block_lost(sid, self._block_end_stream, self._block_type)
+                else:
+                    self._block_sid = sid
+                return
             payload = self._payload
             self._payload = bytearray()
             if ftype == HEADERS:
                 skip = 5 if flags & FLAG_PRIORITY else 0
                 fragment = _strip_padding(payload, flags, skip)
-                self._block_type = HEADERS
-                self._block_end_stream = bool(flags & FLAG_END_STREAM)
                 self._block_parts = [fragment]
             elif ftype == PUSH_PROMISE:
                 fragment = _strip_padding(payload, flags, 4)
-                self._block_type = PUSH_PROMISE
-                self._block_end_stream = False
                 self._block_parts = [fragment]
             else:
                 fragment = bytes(payload)
@@ -404,6 +448,42 @@ class FrameScanner:
         control = bytes(self._payload)
         self._payload = bytearray()
         self.sink.on_control(ftype, flags, sid, control)
+
+    def _lose_block(self) -> None:
+        """Stop assembling the current header block (too large); release what is held."""
+        self._block_lost = True
+        for part in self._block_parts:
+            self.sink.skim_header_block(part)
+        self._block_parts = []
+        self._payload = bytearray()
+        if self._holding:
+            self._out.append(bytes(self._held))
+            self._held = bytearray()
+            self._held_frames = []
+            self._holding = False
+
+    def _start_skim(self, ftype: int, flags: int, length: int) -> None:
+        self._mode = _SKIM
+        self._skim_off = 0
+        self._skim_end = length
+        self._skim_padded = ftype != CONTINUATION and bool(flags & FLAG_PADDED)
+        start = 1 if self._skim_padded else 0
+        if ftype == HEADERS and flags & FLAG_PRIORITY:
+            start += 5
+        elif ftype == PUSH_PROMISE:
+            start += 4
+        self._skim_start = start
+
+    def _skim(self, chunk: bytes) -> None:
+        """Pass on the header block fragment part of a chunk of a skimmed frame's payload."""
+        off = self._skim_off
+        self._skim_off = off + len(chunk)
+        if self._skim_padded and off == 0 and chunk:
+            self._skim_end -= chunk[0]  # the pad length
+        lo = max(self._skim_start - off, 0)
+        hi = min(self._skim_end - off, len(chunk))
+        if hi > lo:
+            self.sink.skim_header_block(chunk[lo:hi])
 
     def _inject(
         self, held: bytearray, frames: list[tuple[int, int, bool]], extra: bytes, sid: int

@@ -131,8 +131,16 @@ class ProxyMetrics:
         )
         self.observation_failures = Counter(
             "xsp_observation_failures",
-            "Connections the frame scanner stopped observing (bytes kept flowing).",
+            "Connections whose observation failed (bytes kept flowing): not HTTP/2 or framing "
+            "lost (observation stopped), or a header block could not be decoded (calls counted "
+            "by stream from then on, see xsp_unobserved_streams_total).",
             ["reason"],
+            registry=registry,
+        )
+        self.unobserved_streams = Counter(
+            "xsp_unobserved_streams",
+            "gRPC calls counted by stream id only: their request headers could not be decoded "
+            "(method and model _unknown, not offered for sampling).",
             registry=registry,
         )
         self.backend_up = Gauge(

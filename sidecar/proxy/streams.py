@@ -6,6 +6,18 @@ first bytes of the request), bytes each way, and the gRPC status from the respon
 When a stream ends (trailers, RST_STREAM, GOAWAY, connection loss) it is counted in
 `ProxyMetrics` and reported to the optional `ConnectionObserver`.
 
+A header block that cannot be read does not end observation. A block too large to hold
+(`frames.py`) is skimmed: its effect on the dynamic table is applied (`headers.BlockSkimmer`)
+and the next blocks decode as usual; it counts in `xsp_observation_failures_total{reason=
+"oversize"}`. When a block cannot be decoded (bad HPACK, or a skim that failed) the direction's
+dynamic table is unknown: counted once per connection (`hpack`/`oversize`), the decoder
+restarts with an empty table (`HeaderDecoder.reset`). Entries the peer adds from then on are
+the newest in its table, so a later block that refers only to them, the static table and
+literals decodes exactly; one that refers to an entry we never saw fails cleanly. A request
+whose headers cannot be read is still counted by its stream id, with method and model
+`_unknown`, and in `xsp_unobserved_streams_total`; it is not offered to the observer (its
+sampling headers are unknown). Only a broken frame layer (not HTTP/2) stops observation.
+
 The observer is the hook for request sampling. It is given each new request's headers and may
 return header fields to append to *that* request's header block (e.g. a W3C `traceparent`) and
 ask for the full request body; it is told when each stream ends. Its exceptions are logged and
@@ -29,12 +41,19 @@ from sidecar.proxy.frames import (
     RST_STREAM,
     SETTINGS,
     FrameScanner,
+    ScanError,
 )
-from sidecar.proxy.headers import HeaderDecoder, RawHeaders, encode_literal_without_indexing
+from sidecar.proxy.headers import (
+    BlockSkimmer,
+    HeaderDecoder,
+    RawHeaders,
+    encode_literal_without_indexing,
+)
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.model_name import (
     HEAD_LIMIT,
     NEED_MORE,
+    UNKNOWN_MODEL,
     MethodInfo,
     extract_model_name,
     method_info,
@@ -202,8 +221,37 @@ class _Side:
         self.scanner: FrameScanner | None = None
         self.other: _Side | None = None
         self.pending_settings: deque[list[tuple[int, int]]] = deque()
+        self.desynced = False  # a header block was lost: the decoder restarted empty
+        self.settings_seen = False
+        self.skimmer: BlockSkimmer | None = None
+
+    def skim_header_block(self, chunk: bytes) -> None:
+        if self.skimmer is None:
+            self.skimmer = self.decoder.skimmer()
+        self.skimmer.feed(chunk)
+
+    def block_lost(self, reason: str) -> None:
+        """A header block was not read: keep or restart the HPACK table (see module doc)."""
+        skimmer, self.skimmer = self.skimmer, None
+        failures = self.tracker.metrics.observation_failures
+        if reason == "oversize":
+            failures.labels(reason).inc()
+            if skimmer is not None and skimmer.complete:
+                return  # the table is still in step
+        self.decoder.reset()
+        if self.desynced:
+            return
+        self.desynced = True
+        if reason != "oversize":
+            failures.labels(reason).inc()
+        log.warning(
+            "connection %d: a header block could not be decoded (%s); calls are counted by "
+            "stream until the HPACK table is known again",
+            self.tracker.connection_id, reason,
+        )  # fmt: skip
 
     def _settings(self, flags: int, payload: bytes) -> None:
+        self.settings_seen = True
         if flags & FLAG_ACK:
             # This side acknowledges settings the other side sent: from now on this side's
             # encoder may use them, so they bound this side's decoder and frame size.
@@ -240,7 +288,11 @@ class _RequestSide(_Side):
     def on_header_block(
         self, stream_id: int, end_stream: bool, block: bytes, frame_type: int
     ) -> bytes | None:
-        headers, (path, timeout, info) = self.decoder.decode(block)
+        try:
+            headers, (path, timeout, info) = self.decoder.decode(block)
+        except ScanError as exc:
+            self.on_header_block_lost(stream_id, end_stream, frame_type, exc.reason)
+            return None
         t = self.tracker
         if frame_type != HEADERS or stream_id <= t.last_stream_id:
             return None  # client trailers, or a push promise (never sent by clients)
@@ -257,6 +309,23 @@ class _RequestSide(_Side):
             return None
         st.start_ns = time.time_ns()
         return t.ask_observer(st, headers)
+
+    def on_header_block_lost(
+        self, stream_id: int, end_stream: bool, frame_type: int, reason: str = "oversize"
+    ) -> None:
+        self.block_lost(reason)
+        t = self.tracker
+        if frame_type != HEADERS or stream_id <= t.last_stream_id:
+            return
+        # A new request we cannot read: count it by its stream id, method and model unknown.
+        t.last_stream_id = stream_id
+        t.metrics.unobserved_streams.inc()
+        st = _Stream(
+            stream_id, b"", t.metrics.method_label(UNKNOWN_MODEL), None, time.perf_counter()
+        )
+        st.start_ns = time.time_ns()
+        t.streams[stream_id] = st
+        t.metrics.open_streams += 1
 
     def on_data(self, stream_id: int, length: int) -> bool:
         st = self.tracker.streams.get(stream_id)
@@ -307,7 +376,11 @@ class _ResponseSide(_Side):
     def on_header_block(
         self, stream_id: int, end_stream: bool, block: bytes, frame_type: int
     ) -> bytes | None:
-        _, (status, message, http_status) = self.decoder.decode(block)
+        try:
+            _, (status, message, http_status) = self.decoder.decode(block)
+        except ScanError as exc:
+            self.on_header_block_lost(stream_id, end_stream, frame_type, exc.reason)
+            return None
         st = self.tracker.streams.get(stream_id)
         if st is None or frame_type != HEADERS:
             return None
@@ -319,6 +392,14 @@ class _ResponseSide(_Side):
         if end_stream:
             self.tracker.end_response(st)
         return None
+
+    def on_header_block_lost(
+        self, stream_id: int, end_stream: bool, frame_type: int, reason: str = "oversize"
+    ) -> None:
+        self.block_lost(reason)
+        st = self.tracker.streams.get(stream_id)
+        if st is not None and frame_type == HEADERS and end_stream:
+            self.tracker.end_response(st)  # status unknown: counted as UNKNOWN
 
     def on_data(self, stream_id: int, length: int) -> bool:
         st = self.tracker.streams.get(stream_id)

@@ -4,7 +4,8 @@ When the relay cannot open its backend connection, the client's own HTTP/2 conne
 answered here (with the `h2` library): its preface gets our SETTINGS, every request HEADERS
 gets a trailers-only response `grpc-status: 14` (UNAVAILABLE) with a `grpc-message`, then a
 GOAWAY, and the connection is closed. A client thus sees an ordinary, quick gRPC UNAVAILABLE,
-and its next connection makes the relay try the backend again.
+and its next connection makes the relay try the backend again. After the GOAWAY (and our FIN)
+nothing more is written: what the client still sends is read and dropped.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class UnavailableResponder:
         self.on_request = on_request  # called with each answered request's :path
         self.closed = False
         self._goaway_sent = False
+        self._eof_sent = False
         self._conn = h2.connection.H2Connection(
             config=h2.config.H2Configuration(client_side=False, header_encoding=None)
         )
@@ -49,8 +51,8 @@ class UnavailableResponder:
         self._timer: asyncio.TimerHandle | None = loop.call_later(IDLE_TIMEOUT_S, self._goaway)
 
     def data_received(self, data: bytes) -> None:
-        if self.closed:
-            return
+        if self.closed or self._goaway_sent:
+            return  # after GOAWAY: requests the client still sends are retried elsewhere
         try:
             events = self._conn.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
@@ -99,14 +101,15 @@ class UnavailableResponder:
         # Half-close and let the client close: closing with unread bytes would reset the
         # connection and could discard the answers before the client reads them.
         transport = self.transport
-        if transport.can_write_eof():
+        self._eof_sent = True  # nothing may be written after write_eof()
+        if transport.can_write_eof() and not transport.is_closing():
             with contextlib.suppress(OSError, RuntimeError):
                 transport.write_eof()
         self._timer = asyncio.get_running_loop().call_later(LINGER_S, self.close)
 
     def _flush(self) -> None:
         data = self._conn.data_to_send()
-        if data and not self.transport.is_closing() and not self.closed:
+        if data and not (self.closed or self._eof_sent or self.transport.is_closing()):
             self.transport.write(data)
 
     def close(self) -> None:

@@ -160,6 +160,7 @@ def test_settings_reach_the_sidecar_command_line() -> None:
             "traceStore": {"path": "/var/lib/xsp/t.db"},
             "maxModels": 7,
             "gracePeriodSeconds": 4,
+            "idleTimeoutSeconds": 0,
             "extraArgs": ["--tls-cert=/tls/crt"],
         }
     }
@@ -173,6 +174,7 @@ def test_settings_reach_the_sidecar_command_line() -> None:
     assert flags["--db"] == "/var/lib/xsp/t.db"
     assert flags["--max-models"] == "7"
     assert flags["--grace-period"] == "4"
+    assert flags["--idle-timeout"] == "0"
     assert flags["--tls-cert"] == "/tls/crt"
     mounts = {m["name"]: m["mountPath"] for m in sidecar["volumeMounts"]}
     assert mounts["traces"] == "/var/lib/xsp"

@@ -48,12 +48,13 @@ class RelayThread(LoopThread):
         observer_factory: ObserverFactory | None = None,
         ssl_context: Any = None,
         registry: CollectorRegistry | None = None,
+        **relay_args: Any,
     ) -> None:
         super().__init__()
         self.registry = registry or CollectorRegistry()
         self.relay = Relay(
             backend, ProxyMetrics(self.registry), observer_factory=observer_factory,
-            ssl_context=ssl_context,
+            ssl_context=ssl_context, **relay_args,
         )  # fmt: skip
         self.endpoint = self.run(self.relay.start(Endpoint("127.0.0.1", 0)))
         self.address = f"127.0.0.1:{self.endpoint.port}"
