@@ -3,25 +3,60 @@
 Triton's OpenTelemetry trace mode exports OTLP/JSON over HTTP; OTLP/protobuf is accepted too
 when `opentelemetry-proto` is installed (otherwise such payloads get a 415 saying so). Bodies
 may be gzip-compressed. Parsed spans go to a callback; the receiver never raises into its
-caller: bad payloads get a 4xx answer and are counted, callback failures are logged and counted.
+caller: every bad request gets a 4xx (or 503) answer and is counted under one of
+`REJECT_REASONS`; callback failures are logged and counted.
 
-It runs on stdlib `ThreadingHTTPServer` threads: it is off the serving path.
+It runs on stdlib `ThreadingHTTPServer` threads, off the serving path, within bounds:
+
+- at most `max_connections` connections at once (one thread each); more are answered 503;
+- a request must arrive whole (headers and body) within `read_timeout_s` of the connection
+  opening or of the previous response; otherwise it gets a 408 and the connection is closed.
+  The deadline is enforced by the accept loop, so a client that trickles bytes cannot hold a
+  thread for longer; an idle keep-alive connection is closed after the same time.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
+import contextlib
 import json
 import logging
+import socket
 import threading
+import time
 import zlib
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
+
+from sidecar.live.otlp_payload import (
+    OtlpEvent,
+    OtlpPayloadError,
+    OtlpSpan,
+    ProtobufNotSupportedError,
+    SpanCallback,
+    parse_otlp_json,
+    parse_otlp_protobuf,
+    protobuf_supported,
+)
+
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_READ_TIMEOUT_S",
+    "REJECT_REASONS",
+    "OtlpEvent",
+    "OtlpPayloadError",
+    "OtlpReceiver",
+    "OtlpSpan",
+    "ProtobufNotSupportedError",
+    "ReceiverStats",
+    "SpanCallback",
+    "parse_otlp_json",
+    "parse_otlp_protobuf",
+    "protobuf_supported",
+]
 
 log = logging.getLogger(__name__)
 
@@ -29,282 +64,32 @@ TRACES_PATH = "/v1/traces"
 JSON_CONTENT_TYPE = "application/json"
 PROTOBUF_CONTENT_TYPE = "application/x-protobuf"
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+DEFAULT_READ_TIMEOUT_S = 10.0
+DEFAULT_MAX_CONNECTIONS = 16
+_LOG_INTERVAL_S = 60.0  # at most one warning per rejection reason in this time
+
+# Why a request was rejected: the fixed label set of `xsp_otlp_rejected_total{reason}`.
+REJECT_REASONS = (
+    "method",  # 405 not POST, 501 a method http.server does not know
+    "path",  # 404 not /v1/traces
+    "length",  # 411 no Content-Length
+    "too_large",  # 413 over max_body_bytes, declared or once decompressed
+    "timeout",  # 408 the request did not arrive whole within read_timeout_s
+    "truncated",  # 400 the client closed the connection in the middle of the body
+    "encoding",  # 400 bad gzip, 415 a Content-Encoding other than gzip
+    "content_type",  # 415 neither OTLP/JSON nor OTLP/protobuf
+    "protobuf",  # 415 OTLP/protobuf without opentelemetry-proto installed
+    "malformed",  # 400 the body is not a valid ExportTraceServiceRequest
+    "bad_request",  # 400/414/431 HTTP that http.server itself refuses
+    "overloaded",  # 503 more than max_connections connections at once
+)
+
 # google.rpc.Code values used in error bodies
 _INVALID_ARGUMENT = 3
+_DEADLINE_EXCEEDED = 4
 _RESOURCE_EXHAUSTED = 8
 _UNIMPLEMENTED = 12
-
-
-class OtlpPayloadError(ValueError):
-    """An OTLP payload could not be decoded."""
-
-
-class ProtobufNotSupportedError(OtlpPayloadError):
-    """OTLP/protobuf needs the `opentelemetry-proto` package, which is not installed."""
-
-
-@dataclass(frozen=True)
-class OtlpEvent:
-    """A timestamped event on a span (Triton's `QUEUE_START`, `COMPUTE_END`, ...)."""
-
-    name: str
-    time_ns: int
-    attributes: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class OtlpSpan:
-    """One span as received over OTLP; ids are lowercase hex (`parent_span_id` None at a root)."""
-
-    trace_id: str
-    span_id: str
-    parent_span_id: str | None
-    name: str
-    start_ns: int
-    end_ns: int
-    kind: int = 0
-    attributes: dict[str, Any] = field(default_factory=dict)
-    events: list[OtlpEvent] = field(default_factory=list)
-    resource: dict[str, Any] = field(default_factory=dict)
-    scope: str = ""
-    status_code: int = 0
-    status_message: str = ""
-
-
-SpanCallback = Callable[[list[OtlpSpan]], None]
-
-
-# --------------------------------------------------------------------------- OTLP/JSON
-
-
-def _get(obj: Mapping[str, Any], camel: str, snake: str, default: Any = None) -> Any:
-    """OTLP/JSON uses lowerCamelCase; protobuf JSON parsers accept the snake_case names too."""
-    if camel in obj:
-        return obj[camel]
-    return obj.get(snake, default)
-
-
-def _json_id(value: Any, size: int, what: str) -> str | None:
-    """Decode a trace/span id: hex per the OTLP/JSON spec, base64 as the protobuf JSON mapping."""
-    if value in (None, ""):
-        return None
-    if not isinstance(value, str):
-        raise OtlpPayloadError(f"{what} must be a string, got {type(value).__name__}")
-    if len(value) == 2 * size:
-        try:
-            raw = bytes.fromhex(value)
-        except ValueError:
-            raw = b""
-        if len(raw) == size:
-            return raw.hex()
-    try:
-        raw = base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raw = b""
-    if len(raw) != size:
-        raise OtlpPayloadError(f"{what} {value!r} is not {size} bytes of hex (or base64)")
-    return raw.hex() if any(raw) else None
-
-
-def _json_int(value: Any, what: str) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise OtlpPayloadError(
-            f"{what} must be an integer (or a string of one), got {value!r}"
-        ) from None
-
-
-def _json_any_value(value: Mapping[str, Any]) -> Any:
-    if not isinstance(value, Mapping):
-        raise OtlpPayloadError(f"attribute value must be an object, got {value!r}")
-    if "stringValue" in value or "string_value" in value:
-        return str(_get(value, "stringValue", "string_value"))
-    if "boolValue" in value or "bool_value" in value:
-        return bool(_get(value, "boolValue", "bool_value"))
-    if "intValue" in value or "int_value" in value:
-        return _json_int(_get(value, "intValue", "int_value"), "intValue")
-    if "doubleValue" in value or "double_value" in value:
-        return float(_get(value, "doubleValue", "double_value"))
-    if "arrayValue" in value or "array_value" in value:
-        values = _get(value, "arrayValue", "array_value").get("values", [])
-        return [_json_any_value(v) for v in values]
-    if "kvlistValue" in value or "kvlist_value" in value:
-        return _json_attributes(_get(value, "kvlistValue", "kvlist_value").get("values", []))
-    if "bytesValue" in value or "bytes_value" in value:
-        return str(_get(value, "bytesValue", "bytes_value"))  # base64, kept as text (JSON-safe)
-    return None
-
-
-def _json_attributes(items: Any) -> dict[str, Any]:
-    if not isinstance(items, list):
-        raise OtlpPayloadError(f"attributes must be a list of key/value objects, got {items!r}")
-    out: dict[str, Any] = {}
-    for item in items:
-        if not isinstance(item, Mapping) or "key" not in item:
-            raise OtlpPayloadError(f"attribute without a key: {item!r}")
-        out[str(item["key"])] = _json_any_value(item.get("value", {}))
-    return out
-
-
-def _json_kind(value: Any) -> int:
-    if isinstance(value, str) and not value.isdigit():
-        names = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
-        short = value.removeprefix("SPAN_KIND_")
-        return names.index(short) if short in names else 0
-    return _json_int(value or 0, "span kind")
-
-
-def _json_span(obj: Any, resource: dict[str, Any], scope: str) -> OtlpSpan:
-    if not isinstance(obj, Mapping):
-        raise OtlpPayloadError(f"a span must be an object, got {obj!r}")
-    trace_id = _json_id(_get(obj, "traceId", "trace_id"), 16, "traceId")
-    span_id = _json_id(_get(obj, "spanId", "span_id"), 8, "spanId")
-    if trace_id is None or span_id is None:
-        raise OtlpPayloadError(f"span {obj.get('name')!r} has no traceId or spanId")
-    events = [
-        OtlpEvent(
-            name=str(event.get("name", "")),
-            time_ns=_json_int(_get(event, "timeUnixNano", "time_unix_nano", 0), "timeUnixNano"),
-            attributes=_json_attributes(event.get("attributes", [])),
-        )
-        for event in obj.get("events", [])
-    ]
-    status = obj.get("status") or {}
-    return OtlpSpan(
-        trace_id=trace_id,
-        span_id=span_id,
-        parent_span_id=_json_id(_get(obj, "parentSpanId", "parent_span_id"), 8, "parentSpanId"),
-        name=str(obj.get("name", "")),
-        start_ns=_json_int(_get(obj, "startTimeUnixNano", "start_time_unix_nano", 0), "start"),
-        end_ns=_json_int(_get(obj, "endTimeUnixNano", "end_time_unix_nano", 0), "end"),
-        kind=_json_kind(obj.get("kind", 0)),
-        attributes=_json_attributes(obj.get("attributes", [])),
-        events=events,
-        resource=resource,
-        scope=scope,
-        status_code=_json_kind(status.get("code", 0)) if isinstance(status, Mapping) else 0,
-        status_message=str(status.get("message", "")) if isinstance(status, Mapping) else "",
-    )
-
-
-def parse_otlp_json(body: bytes) -> list[OtlpSpan]:
-    """Spans of an OTLP/JSON `ExportTraceServiceRequest`."""
-    try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise OtlpPayloadError(f"body is not valid JSON: {exc}") from None
-    if not isinstance(doc, Mapping):
-        raise OtlpPayloadError("an OTLP/JSON body must be an object with `resourceSpans`")
-    spans: list[OtlpSpan] = []
-    try:
-        for resource_spans in _get(doc, "resourceSpans", "resource_spans", []):
-            resource = _json_attributes(
-                (resource_spans.get("resource") or {}).get("attributes", [])
-            )
-            for scope_spans in _get(resource_spans, "scopeSpans", "scope_spans", []):
-                scope = str((scope_spans.get("scope") or {}).get("name", ""))
-                spans.extend(
-                    _json_span(span, resource, scope) for span in scope_spans.get("spans", [])
-                )
-    except (AttributeError, TypeError) as exc:
-        raise OtlpPayloadError(f"body does not have the OTLP/JSON trace layout: {exc}") from None
-    return spans
-
-
-# --------------------------------------------------------------------------- OTLP/protobuf
-
-
-def _proto_module() -> Any:
-    try:
-        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-    except ImportError:
-        raise ProtobufNotSupportedError(
-            "OTLP/protobuf payloads need the `opentelemetry-proto` package "
-            "(pip install 'opentelemetry-proto<1.27'); send OTLP/JSON instead"
-        ) from None
-    return trace_service_pb2
-
-
-def protobuf_supported() -> bool:
-    """Whether OTLP/protobuf payloads can be decoded here."""
-    try:
-        _proto_module()
-    except ProtobufNotSupportedError:
-        return False
-    return True
-
-
-def _proto_any_value(value: Any) -> Any:
-    which = value.WhichOneof("value")
-    if which is None:
-        return None
-    if which == "array_value":
-        return [_proto_any_value(v) for v in value.array_value.values]
-    if which == "kvlist_value":
-        return _proto_attributes(value.kvlist_value.values)
-    if which == "bytes_value":
-        return base64.b64encode(value.bytes_value).decode()
-    return getattr(value, which)
-
-
-def _proto_attributes(items: Any) -> dict[str, Any]:
-    return {item.key: _proto_any_value(item.value) for item in items}
-
-
-def _proto_id(raw: bytes, size: int, what: str) -> str | None:
-    if not raw or not any(raw):
-        return None
-    if len(raw) != size:
-        raise OtlpPayloadError(f"{what} has {len(raw)} bytes, expected {size}")
-    return raw.hex()
-
-
-def parse_otlp_protobuf(body: bytes) -> list[OtlpSpan]:
-    """Spans of a binary OTLP `ExportTraceServiceRequest` (needs `opentelemetry-proto`)."""
-    trace_service_pb2 = _proto_module()
-    from google.protobuf.message import DecodeError
-
-    request = trace_service_pb2.ExportTraceServiceRequest()
-    try:
-        request.ParseFromString(body)
-    except DecodeError as exc:
-        raise OtlpPayloadError(f"body is not an ExportTraceServiceRequest: {exc}") from None
-    spans: list[OtlpSpan] = []
-    for resource_spans in request.resource_spans:
-        resource = _proto_attributes(resource_spans.resource.attributes)
-        for scope_spans in resource_spans.scope_spans:
-            for span in scope_spans.spans:
-                trace_id = _proto_id(span.trace_id, 16, "trace_id")
-                span_id = _proto_id(span.span_id, 8, "span_id")
-                if trace_id is None or span_id is None:
-                    raise OtlpPayloadError(f"span {span.name!r} has no trace_id or span_id")
-                spans.append(
-                    OtlpSpan(
-                        trace_id=trace_id,
-                        span_id=span_id,
-                        parent_span_id=_proto_id(span.parent_span_id, 8, "parent_span_id"),
-                        name=span.name,
-                        start_ns=int(span.start_time_unix_nano),
-                        end_ns=int(span.end_time_unix_nano),
-                        kind=int(span.kind),
-                        attributes=_proto_attributes(span.attributes),
-                        events=[
-                            OtlpEvent(
-                                e.name, int(e.time_unix_nano), _proto_attributes(e.attributes)
-                            )
-                            for e in span.events
-                        ],
-                        resource=resource,
-                        scope=scope_spans.scope.name,
-                        status_code=int(span.status.code),
-                        status_message=span.status.message,
-                    )
-                )
-    return spans
-
-
-# --------------------------------------------------------------------------- HTTP server
+_UNAVAILABLE = 14
 
 
 def _status_protobuf(code: int, message: str) -> bytes:
@@ -330,6 +115,29 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
+def _rpc_code(status: int) -> int:
+    return {
+        HTTPStatus.UNSUPPORTED_MEDIA_TYPE: _UNIMPLEMENTED,
+        HTTPStatus.REQUEST_ENTITY_TOO_LARGE: _RESOURCE_EXHAUSTED,
+        HTTPStatus.REQUEST_TIMEOUT: _DEADLINE_EXCEEDED,
+        HTTPStatus.SERVICE_UNAVAILABLE: _UNAVAILABLE,
+    }.get(HTTPStatus(status), _INVALID_ARGUMENT)
+
+
+class _GzipTooLarge(OtlpPayloadError):
+    """The decompressed body is over the size limit."""
+
+
+def _gunzip(body: bytes, limit: int) -> bytes:
+    decompressor = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    out = decompressor.decompress(body, limit + 1)
+    if len(out) > limit or decompressor.unconsumed_tail:
+        raise _GzipTooLarge(f"decompressed body is over the limit of {limit} bytes")
+    if not decompressor.eof:
+        raise OtlpPayloadError("gzip stream is truncated")
+    return out
+
+
 @dataclass
 class ReceiverStats:
     """Counters of the receiver (payloads are HTTP requests; spans are what they held)."""
@@ -339,45 +147,112 @@ class ReceiverStats:
     spans: int = 0
     callback_errors: int = 0
     rejected_by_reason: dict[str, int] = field(default_factory=dict)
+    active_connections: int = 0
+
+
+@dataclass
+class _Connection:
+    """What the accept loop knows of one open connection."""
+
+    deadline: float | None  # monotonic time by which the current request must be read
+    thread: threading.Thread | None = None
+    timed_out: bool = False
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"  # keep-alive: the exporter reuses its connection
+    state: _Connection
+
+    def setup(self) -> None:
+        # A per-read/write socket timeout, looser than the deadline that the accept loop
+        # enforces (which answers 408): a backstop for writes to a client that does not read.
+        super().setup()
+        self.connection.settimeout(2 * self.server.owner.read_timeout_s + 1)
+        self.state = self.server.connection(self.request)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("otlp %s: " + format, self.address_string(), *args)
 
+    def _no_http09(self) -> None:
+        """No OTLP client speaks HTTP/0.9: a cut or garbled request line still gets a status."""
+        if self.request_version == "HTTP/0.9":
+            self.request_version = "HTTP/1.0"
+            self.close_connection = True
+
     def _send(self, status: int, content_type: str, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self._no_http09()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            if status == HTTPStatus.SERVICE_UNAVAILABLE:
+                self.send_header("Retry-After", "1")
+            if self.close_connection:
+                self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+            self.wfile.flush()
+        except OSError:  # the client went away; nothing left to answer
+            self.close_connection = True
+            return
+        if not self.close_connection:
+            self.server.arm(self.state)  # the next request on this connection
 
     def _reject(self, status: int, reason: str, message: str, as_protobuf: bool) -> None:
-        self.server.owner._count_rejected(reason)
-        log.warning("rejected OTLP payload from %s: %s", self.address_string(), message)
-        if status == HTTPStatus.UNSUPPORTED_MEDIA_TYPE:
-            code = _UNIMPLEMENTED
-        elif status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE:
-            code = _RESOURCE_EXHAUSTED
-        else:
-            code = _INVALID_ARGUMENT
+        self.server.owner._count_rejected(reason, message, self.address_string())
+        code = _rpc_code(status)
         if as_protobuf:
             self._send(status, PROTOBUF_CONTENT_TYPE, _status_protobuf(code, message))
         else:
             body = json.dumps({"code": code, "message": message}).encode()
             self._send(status, JSON_CONTENT_TYPE, body)
 
+    def _reject_late(self, as_protobuf: bool) -> None:
+        self.close_connection = True
+        self._reject(
+            HTTPStatus.REQUEST_TIMEOUT,
+            "timeout",
+            f"the request did not arrive whole within {self.server.owner.read_timeout_s} s",
+            as_protobuf,
+        )
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (bad request line, headers too long, unknown method)."""
+        if self.state.timed_out:
+            code, reason = HTTPStatus.REQUEST_TIMEOUT, "timeout"
+            message = None  # the status line keeps its phrase; the body says why
+            explain = (
+                f"the request did not arrive whole within {self.server.owner.read_timeout_s} s"
+            )
+        elif code == HTTPStatus.NOT_IMPLEMENTED:
+            reason = "method"
+        else:
+            reason = "bad_request"
+        self.server.owner._count_rejected(
+            reason, message or explain or HTTPStatus(code).phrase, self.address_string()
+        )
+        self._no_http09()
+        try:
+            super().send_error(code, message, explain)
+        except OSError:
+            self.close_connection = True
+
     def do_GET(self) -> None:
+        if self.state.timed_out:
+            self._reject_late(as_protobuf=False)
+            return
         self._reject(
             HTTPStatus.METHOD_NOT_ALLOWED, "method", f"use POST {TRACES_PATH}", as_protobuf=False
         )
 
     def do_POST(self) -> None:
+        owner = self.server.owner
         content_type = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
         as_protobuf = content_type == PROTOBUF_CONTENT_TYPE
+        if self.state.timed_out:  # the headers did not arrive in time
+            self._reject_late(as_protobuf)
+            return
         length_header = self.headers.get("Content-Length")
         if length_header is None or not length_header.strip().isdigit():
             self.close_connection = True
@@ -386,7 +261,6 @@ class _Handler(BaseHTTPRequestHandler):
             )
             return
         length = int(length_header)
-        owner = self.server.owner
         if length > owner.max_body_bytes:
             self.close_connection = True
             self._reject(
@@ -395,74 +269,205 @@ class _Handler(BaseHTTPRequestHandler):
                 f"body of {length} bytes is over the limit of {owner.max_body_bytes}",
                 as_protobuf,
             )
+            self._discard(length)
             return
-        body = self.rfile.read(length)
+        body = self._read_body(length, as_protobuf)
+        if body is None:
+            return
+        if self.server.disarm(self.state):  # timed out just as the body completed
+            self.close_connection = True
         if self.path.split("?")[0] != TRACES_PATH:
             self._reject(HTTPStatus.NOT_FOUND, "path", f"only {TRACES_PATH} is served", as_protobuf)
             return
-        encoding = self.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding == "gzip":
-            try:
-                body = _gunzip(body, owner.max_body_bytes)
-            except (OSError, EOFError, zlib.error, OtlpPayloadError) as exc:
-                self._reject(
-                    HTTPStatus.BAD_REQUEST, "encoding", f"bad gzip body: {exc}", as_protobuf
-                )
-                return
-        elif encoding not in ("", "identity"):
-            self._reject(
-                HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
-                "encoding",
-                f"Content-Encoding {encoding!r} is not supported (use gzip or none)",
-                as_protobuf,
-            )
-            return
-        try:
-            if content_type == JSON_CONTENT_TYPE:
-                spans = parse_otlp_json(body)
-            elif as_protobuf:
-                spans = parse_otlp_protobuf(body)
-            else:
-                self._reject(
-                    HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
-                    "content_type",
-                    f"Content-Type {content_type!r} is not supported; use {JSON_CONTENT_TYPE} "
-                    f"or {PROTOBUF_CONTENT_TYPE}",
-                    as_protobuf=False,
-                )
-                return
-        except ProtobufNotSupportedError as exc:
-            self._reject(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "protobuf", str(exc), as_protobuf=False)
-            return
-        except OtlpPayloadError as exc:
-            self._reject(HTTPStatus.BAD_REQUEST, "malformed", str(exc), as_protobuf)
+        spans = self._decode(body, content_type, as_protobuf)
+        if spans is None:
             return
         owner._deliver(spans)
-        if as_protobuf:
-            self._send(
-                HTTPStatus.OK, PROTOBUF_CONTENT_TYPE, b""
-            )  # empty ExportTraceServiceResponse
+        if as_protobuf:  # an empty ExportTraceServiceResponse
+            self._send(HTTPStatus.OK, PROTOBUF_CONTENT_TYPE, b"")
         else:
             self._send(HTTPStatus.OK, JSON_CONTENT_TYPE, b"{}")
 
+    def _discard(self, length: int) -> None:
+        """Read and drop a refused body (until the deadline at most): a client that sends all
+        of it before reading would otherwise get a connection reset instead of the answer."""
+        with contextlib.suppress(OSError):
+            while length > 0 and (chunk := self.rfile.read(min(length, 1 << 16))):
+                length -= len(chunk)
 
-def _gunzip(body: bytes, limit: int) -> bytes:
-    decompressor = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    out = decompressor.decompress(body, limit + 1)
-    if len(out) > limit or decompressor.unconsumed_tail:
-        raise OtlpPayloadError(f"decompressed body is over the limit of {limit} bytes")
-    if not decompressor.eof:
-        raise OtlpPayloadError("gzip stream is truncated")
-    return out
+    def _read_body(self, length: int, as_protobuf: bool) -> bytes | None:
+        try:
+            body = self.rfile.read(length)
+        except TimeoutError:
+            body, self.state.timed_out = b"", True
+        except OSError:  # reset by the client: count it, there is nobody to answer
+            self.close_connection = True
+            self.server.owner._count_rejected(
+                "truncated", "connection reset during the body", self.address_string()
+            )
+            return None
+        if len(body) == length:
+            return body
+        self.close_connection = True
+        if self.state.timed_out:
+            self._reject_late(as_protobuf)
+        else:
+            self._reject(
+                HTTPStatus.BAD_REQUEST,
+                "truncated",
+                f"the body ended after {len(body)} of {length} bytes",
+                as_protobuf,
+            )
+        return None
+
+    def _decode(self, body: bytes, content_type: str, as_protobuf: bool) -> list[OtlpSpan] | None:
+        owner = self.server.owner
+        encoding = self.headers.get("Content-Encoding", "identity").strip().lower()
+        try:
+            if encoding == "gzip":
+                body = _gunzip(body, owner.max_body_bytes)
+            elif encoding not in ("", "identity"):
+                self._reject(
+                    HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+                    "encoding",
+                    f"Content-Encoding {encoding!r} is not supported (use gzip or none)",
+                    as_protobuf,
+                )
+                return None
+        except _GzipTooLarge as exc:
+            self._reject(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "too_large", str(exc), as_protobuf)
+            return None
+        except (OSError, EOFError, zlib.error, OtlpPayloadError) as exc:
+            self._reject(HTTPStatus.BAD_REQUEST, "encoding", f"bad gzip body: {exc}", as_protobuf)
+            return None
+        try:
+            if content_type == JSON_CONTENT_TYPE:
+                return parse_otlp_json(body)
+            if as_protobuf:
+                return parse_otlp_protobuf(body)
+        except ProtobufNotSupportedError as exc:
+            self._reject(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "protobuf", str(exc), as_protobuf=False)
+            return None
+        except OtlpPayloadError as exc:
+            self._reject(HTTPStatus.BAD_REQUEST, "malformed", str(exc), as_protobuf)
+            return None
+        except Exception as exc:  # a bad payload the decoder did not foresee: still a 400
+            log.debug("unexpected error decoding an OTLP payload", exc_info=True)
+            message = f"body could not be decoded ({type(exc).__name__})"
+            self._reject(HTTPStatus.BAD_REQUEST, "malformed", message, as_protobuf)
+            return None
+        self._reject(
+            HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+            "content_type",
+            f"Content-Type {content_type!r} is not supported; use {JSON_CONTENT_TYPE} "
+            f"or {PROTOBUF_CONTENT_TYPE}",
+            as_protobuf=False,
+        )
+        return None
+
+
+def _refuse(sock: socket.socket) -> None:
+    """Answer 503 without blocking the accept loop (the connection is over the limit)."""
+    body = json.dumps(
+        {"code": _UNAVAILABLE, "message": "too many OTLP connections; retry later"}
+    ).encode()
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\n"
+        f"Content-Type: {JSON_CONTENT_TYPE}\r\nContent-Length: {len(body)}\r\n"
+        "Retry-After: 1\r\nConnection: close\r\n\r\n"
+    ).encode()
+    try:
+        sock.setblocking(False)
+        sock.send(head + body)
+    except OSError:
+        pass
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    block_on_close = False  # stop() joins the handler threads itself, with a time limit
     allow_reuse_address = True
+    request_queue_size = 128  # listen backlog: connections over the cap get their 503 promptly
 
     def __init__(self, address: tuple[str, int], owner: OtlpReceiver) -> None:
         self.owner = owner
+        self.lock = threading.Lock()
+        self.connections: dict[socket.socket, _Connection] = {}
         super().__init__(address, _Handler)
+
+    def connection(self, sock: socket.socket) -> _Connection:
+        with self.lock:
+            return self.connections.get(sock) or _Connection(deadline=None)
+
+    def arm(self, state: _Connection) -> None:
+        with self.lock:
+            state.deadline = time.monotonic() + self.owner.read_timeout_s
+
+    def disarm(self, state: _Connection) -> bool:
+        """Stop the clock (the request is read); whether it had already run out."""
+        with self.lock:
+            state.deadline = None
+            return state.timed_out
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.lock:
+            admitted = len(self.connections) < self.owner.max_connections
+            if admitted:
+                state = _Connection(deadline=time.monotonic() + self.owner.read_timeout_s)
+                self.connections[request] = state
+        if not admitted:
+            self.owner._count_rejected(
+                "overloaded",
+                f"over {self.owner.max_connections} connections at once",
+                str(client_address[0]),
+            )
+            _refuse(request)
+            self.shutdown_request(request)
+            return
+        state.thread = threading.Thread(
+            target=self.process_request_thread,
+            args=(request, client_address),
+            name="otlp-connection",
+            daemon=True,
+        )
+        state.thread.start()
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self.lock:
+                self.connections.pop(request, None)
+
+    def service_actions(self) -> None:
+        """Called by the accept loop every poll interval: cut off requests past their deadline."""
+        now = time.monotonic()
+        with self.lock:
+            late = [
+                sock
+                for sock, state in self.connections.items()
+                if state.deadline is not None and now >= state.deadline
+            ]
+            for sock in late:
+                state = self.connections[sock]
+                state.timed_out, state.deadline = True, None
+        for sock in late:  # the handler's blocked read returns EOF; its answer can still go out
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RD)
+
+    def close_all(self, join_timeout_s: float) -> None:
+        with self.lock:
+            open_connections = list(self.connections.items())
+        for sock, _ in open_connections:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + join_timeout_s
+        for _, state in open_connections:
+            if state.thread is not None:
+                state.thread.join(max(deadline - time.monotonic(), 0.0))
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("OTLP connection from %s ended with an error", client_address, exc_info=True)
 
 
 class OtlpReceiver:
@@ -470,7 +475,8 @@ class OtlpReceiver:
     payload's spans to `on_spans`.
 
     Use as a context manager or call `start()` / `stop()`; `port` is the bound port once
-    started; `stats()` returns a snapshot of the counters.
+    started; `stats()` returns a snapshot of the counters (exported by
+    `sidecar.live.otlp_metrics.OtlpMetricsCollector`).
     """
 
     def __init__(
@@ -480,15 +486,25 @@ class OtlpReceiver:
         port: int = 4318,
         *,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
+        if max_body_bytes <= 0 or max_connections <= 0 or not read_timeout_s > 0:
+            raise ValueError(
+                "max_body_bytes, read_timeout_s and max_connections must be positive, got "
+                f"{max_body_bytes}, {read_timeout_s}, {max_connections}"
+            )
         self.on_spans = on_spans
         self.host = host
         self.requested_port = port
         self.max_body_bytes = max_body_bytes
+        self.read_timeout_s = read_timeout_s
+        self.max_connections = max_connections
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._stats = ReceiverStats()
+        self._last_warning: dict[str, float] = {}
 
     @property
     def port(self) -> int:
@@ -500,6 +516,14 @@ class OtlpReceiver:
     def url(self) -> str:
         """The endpoint to give an exporter, e.g. Triton's `opentelemetry,url=`."""
         return f"http://{self.host}:{self.port}{TRACES_PATH}"
+
+    @property
+    def active_connections(self) -> int:
+        server = self._server
+        if server is None:
+            return 0
+        with server.lock:
+            return len(server.connections)
 
     def start(self) -> OtlpReceiver:
         if self._server is not None:
@@ -513,7 +537,7 @@ class OtlpReceiver:
             ) from None
         self._thread = threading.Thread(
             target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.2},
+            kwargs={"poll_interval": min(0.2, self.read_timeout_s / 4)},
             name="otlp-receiver",
             daemon=True,
         )
@@ -527,11 +551,13 @@ class OtlpReceiver:
             return
         server.shutdown()
         server.server_close()
+        server.close_all(join_timeout_s=5.0)
         if self._thread is not None:
             self._thread.join(5)
             self._thread = None
 
     def stats(self) -> ReceiverStats:
+        active = self.active_connections
         with self._lock:
             return ReceiverStats(
                 accepted=self._stats.accepted,
@@ -539,14 +565,22 @@ class OtlpReceiver:
                 spans=self._stats.spans,
                 callback_errors=self._stats.callback_errors,
                 rejected_by_reason=dict(self._stats.rejected_by_reason),
+                active_connections=active,
             )
 
-    def _count_rejected(self, reason: str) -> None:
+    def _count_rejected(self, reason: str, message: str, peer: str) -> None:
+        now = time.monotonic()
         with self._lock:
             self._stats.rejected += 1
             self._stats.rejected_by_reason[reason] = (
                 self._stats.rejected_by_reason.get(reason, 0) + 1
             )
+            loud = now - self._last_warning.get(reason, -_LOG_INTERVAL_S) >= _LOG_INTERVAL_S
+            if loud:
+                self._last_warning[reason] = now
+        # a flood of bad payloads must not flood the log: one warning per reason and minute
+        level = logging.WARNING if loud else logging.DEBUG
+        log.log(level, "rejected OTLP request from %s (%s): %s", peer, reason, message[:300])
 
     def _deliver(self, spans: list[OtlpSpan]) -> None:
         with self._lock:

@@ -22,6 +22,7 @@ a hash of the compute/model span id and the phase, so a re-sent payload gives th
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -30,6 +31,8 @@ from typing import Any
 
 from sidecar.live.otlp_receiver import OtlpSpan
 from sidecar.trace.spans import Level, Source, Span
+
+log = logging.getLogger(__name__)
 
 REQUEST_SPAN_NAME = "InferRequest"
 COMPUTE_SPAN_NAME = "compute"
@@ -231,14 +234,76 @@ def convert_triton_spans(spans: Iterable[OtlpSpan]) -> list[TritonTrace]:
 
 TraceCallback = Callable[[TritonTrace], None]
 
+# How a pending trace left the collector: the label set of `xsp_otlp_traces_total{outcome}`.
+TRACE_OUTCOMES = (
+    "complete",  # its InferRequest span arrived
+    "expired",  # older than max_age_s, emitted incomplete
+    "evicted",  # more than max_pending traces waited; the oldest went out incomplete
+    "flushed",  # emitted incomplete by flush(everything=True) / close()
+)
+# Why a span was not kept: the label set of `xsp_otlp_spans_dropped_total{reason}`.
+DROP_REASONS = ("trace_spans", "trace_bytes", "total_spans", "total_bytes")
+
+_OBJECT_BYTES = 64  # rough CPython sizes, for the byte bounds (not an exact accounting)
+_SPAN_BYTES = 700  # an OtlpSpan with its ids, dicts and list (tracemalloc, CPython 3.11)
+_EVENT_BYTES = 150
+
+
+def _value_bytes(value: Any) -> int:
+    if isinstance(value, str | bytes):
+        return 49 + len(value)
+    if isinstance(value, dict):
+        return _OBJECT_BYTES * (1 + len(value)) + sum(
+            _value_bytes(k) + _value_bytes(v) for k, v in value.items()
+        )
+    if isinstance(value, list | tuple):
+        return _OBJECT_BYTES + sum(8 + _value_bytes(v) for v in value)
+    return 32
+
+
+def approx_span_bytes(span: OtlpSpan) -> int:
+    """Memory an `OtlpSpan` holds, roughly (its resource dict is shared within a payload)."""
+    return (
+        _SPAN_BYTES
+        + len(span.name)
+        + len(span.scope)
+        + len(span.status_message)
+        + _value_bytes(span.attributes)
+        + sum(_EVENT_BYTES + len(e.name) + _value_bytes(e.attributes) for e in span.events)
+    )
+
+
+@dataclass
+class CollectorStats:
+    """A snapshot of the collector: what waits now and what happened so far."""
+
+    pending_traces: int = 0
+    pending_spans: int = 0
+    pending_bytes: int = 0
+    traces_by_outcome: dict[str, int] = field(default_factory=dict)
+    dropped_by_reason: dict[str, int] = field(default_factory=dict)
+    callback_errors: int = 0
+
+
+@dataclass
+class _Pending:
+    first_seen: float
+    spans: list[OtlpSpan] = field(default_factory=list)
+    bytes: int = 0
+
 
 class TritonSpanCollector:
     """Joins Triton's spans of a trace across OTLP payloads and emits each trace once.
 
     Triton's batch span processor may split one request's spans over several exports; it ends
     (and so exports) `InferRequest` last, so a trace is emitted when that span arrives. Traces
-    whose `InferRequest` never comes are emitted as incomplete by `flush()` after `max_age_s`,
-    or when more than `max_pending` traces wait. `add` fits `OtlpReceiver`'s callback.
+    whose `InferRequest` never comes are emitted as incomplete after `max_age_s` (by `flush()`,
+    which the sweeper thread of `start()` calls every `sweep_interval_s`, and by `add`), or
+    when more than `max_pending` traces wait (oldest first). What waits is bounded: a trace keeps
+    at most `max_spans_per_trace` spans and `max_bytes_per_trace` bytes, all traces together
+    `max_pending_spans` and `max_pending_bytes`; spans beyond are dropped and counted. An
+    `InferRequest` span is only held to the per-trace bytes (it sends its trace out at once).
+    `add` fits `OtlpReceiver`'s callback; `on_trace` failures are logged and counted.
     """
 
     def __init__(
@@ -247,30 +312,87 @@ class TritonSpanCollector:
         *,
         max_age_s: float = 30.0,
         max_pending: int = 1000,
+        max_spans_per_trace: int = 256,
+        max_bytes_per_trace: int = 1 << 20,
+        max_pending_spans: int = 20_000,
+        max_pending_bytes: int = 32 << 20,
+        sweep_interval_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        limits = (max_pending, max_spans_per_trace, max_bytes_per_trace, max_pending_spans)
+        if min(limits) <= 0 or max_pending_bytes <= 0 or not sweep_interval_s > 0:
+            raise ValueError("the collector's limits and sweep interval must be positive")
         self.on_trace = on_trace
         self.max_age_s = max_age_s
         self.max_pending = max_pending
+        self.max_spans_per_trace = max_spans_per_trace
+        self.max_bytes_per_trace = max_bytes_per_trace
+        self.max_pending_spans = max_pending_spans
+        self.max_pending_bytes = max_pending_bytes
+        self.sweep_interval_s = sweep_interval_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._pending: dict[str, tuple[float, list[OtlpSpan]]] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._spans = 0
+        self._bytes = 0
+        self._outcomes = dict.fromkeys(TRACE_OUTCOMES, 0)
+        self._dropped = dict.fromkeys(DROP_REASONS, 0)
+        self._callback_errors = 0
+        self._stop = threading.Event()
+        self._sweeper: threading.Thread | None = None
 
     @property
     def pending(self) -> int:
         with self._lock:
             return len(self._pending)
 
+    def stats(self) -> CollectorStats:
+        with self._lock:
+            return CollectorStats(
+                pending_traces=len(self._pending),
+                pending_spans=self._spans,
+                pending_bytes=self._bytes,
+                traces_by_outcome=dict(self._outcomes),
+                dropped_by_reason=dict(self._dropped),
+                callback_errors=self._callback_errors,
+            )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> TritonSpanCollector:
+        """Start the sweeper thread that expires old traces even when no payload arrives."""
+        if self._sweeper is None:
+            self._stop.clear()
+            self._sweeper = threading.Thread(
+                target=self._sweep, name="otlp-trace-sweeper", daemon=True
+            )
+            self._sweeper.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the sweeper and emit everything still pending."""
+        self._stop.set()
+        if self._sweeper is not None:
+            self._sweeper.join(5)
+            self._sweeper = None
+        self.flush(everything=True)
+
+    def _sweep(self) -> None:
+        while not self._stop.wait(self.sweep_interval_s):
+            try:
+                self.flush()
+            except Exception:  # keep sweeping; flush already guards the callback
+                log.exception("expiring pending backend traces failed")
+
+    # -- spans in, traces out ------------------------------------------------------------------
     def add(self, spans: list[OtlpSpan]) -> None:
         ready: list[list[OtlpSpan]] = []
         now = self._clock()
         with self._lock:
             for span in spans:
-                _, group = self._pending.setdefault(span.trace_id, (now, []))
-                group.append(span)
+                self._keep(span, now)
             for span in spans:
                 if span.name == REQUEST_SPAN_NAME and span.trace_id in self._pending:
-                    ready.append(self._pending.pop(span.trace_id)[1])
+                    ready.append(self._pop(span.trace_id, "complete"))
             ready.extend(self._take_expired(now))
         for group in ready:
             self._emit(group)
@@ -279,26 +401,72 @@ class TritonSpanCollector:
         """Emit traces older than `max_age_s` (all of them with `everything=True`)."""
         with self._lock:
             if everything:
-                groups = [group for _, group in self._pending.values()]
-                self._pending.clear()
+                groups = [self._pop(trace_id, "flushed") for trace_id in list(self._pending)]
             else:
                 groups = self._take_expired(self._clock())
         for group in groups:
             self._emit(group)
 
+    def _keep(self, span: OtlpSpan, now: float) -> None:
+        """Add a span to its pending trace unless a bound says no (holds the lock)."""
+        size = approx_span_bytes(span)
+        entry = self._pending.get(span.trace_id)
+        spans, held = (len(entry.spans), entry.bytes) if entry is not None else (0, 0)
+        completes = span.name == REQUEST_SPAN_NAME  # leaves at once with its trace
+        reason = None
+        if held + size > self.max_bytes_per_trace:
+            reason = "trace_bytes"
+        elif completes:
+            pass
+        elif spans >= self.max_spans_per_trace:
+            reason = "trace_spans"
+        elif self._spans >= self.max_pending_spans:
+            reason = "total_spans"
+        elif self._bytes + size > self.max_pending_bytes:
+            reason = "total_bytes"
+        if reason is not None:
+            self._dropped[reason] += 1
+            return
+        if entry is None:
+            entry = self._pending[span.trace_id] = _Pending(first_seen=now)
+        entry.spans.append(span)
+        entry.bytes += size
+        self._spans += 1
+        self._bytes += size
+
+    def _pop(self, trace_id: str, outcome: str) -> list[OtlpSpan]:
+        entry = self._pending.pop(trace_id)
+        self._spans -= len(entry.spans)
+        self._bytes -= entry.bytes
+        self._outcomes[outcome] += 1
+        return entry.spans
+
     def _take_expired(self, now: float) -> list[list[OtlpSpan]]:
         expired = [
             trace_id
-            for trace_id, (first_seen, _) in self._pending.items()
-            if now - first_seen >= self.max_age_s
+            for trace_id, entry in self._pending.items()
+            if now - entry.first_seen >= self.max_age_s
         ]
-        overflow = len(self._pending) - len(expired) - self.max_pending
+        groups = [self._pop(trace_id, "expired") for trace_id in expired]
+        overflow = len(self._pending) - self.max_pending
         if overflow > 0:  # oldest first (dicts keep insertion order)
-            expired += [t for t in self._pending if t not in expired][:overflow]
-        return [self._pending.pop(trace_id)[1] for trace_id in expired]
+            evicted = list(self._pending)[:overflow]
+            groups += [self._pop(trace_id, "evicted") for trace_id in evicted]
+        return groups
 
     def _emit(self, group: list[OtlpSpan]) -> None:
         # de-duplicate re-sent spans by id, keeping the last copy
         unique = list({span.span_id: span for span in group}.values())
         for trace in convert_triton_spans(unique):
-            self.on_trace(trace)
+            try:
+                self.on_trace(trace)
+            except Exception:  # a failing consumer must not stop the others or the sweeper
+                log.exception("the backend-trace callback failed for trace %s", trace.trace_id)
+                with self._lock:
+                    self._callback_errors += 1
+
+    def __enter__(self) -> TritonSpanCollector:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

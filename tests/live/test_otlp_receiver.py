@@ -6,23 +6,30 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import socket
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.parser import text_string_to_metric_families
 
+from sidecar.live.otlp_metrics import OtlpMetricsCollector
 from sidecar.live.otlp_receiver import (
+    REJECT_REASONS,
     OtlpPayloadError,
     OtlpReceiver,
     OtlpSpan,
     parse_otlp_json,
     parse_otlp_protobuf,
 )
+from sidecar.live.triton_spans import TritonSpanCollector
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "otlp" / "triton-2.51-two-requests.json"
 
@@ -257,3 +264,236 @@ def test_protobuf_without_opentelemetry_proto_is_415(
     assert sink.spans == []
     # JSON still works
     assert post(receiver, FIXTURE.read_bytes())[0] == 200
+
+
+# --------------------------------------------------------------------------- hardening (issue 9)
+
+
+def rejected(registry: CollectorRegistry, reason: str) -> float | None:
+    return registry.get_sample_value("xsp_otlp_rejected_total", {"reason": reason})
+
+
+@pytest.fixture
+def scraped(receiver: OtlpReceiver) -> CollectorRegistry:
+    """A fresh registry that exports the receiver's counters (no global state)."""
+    registry = CollectorRegistry()
+    OtlpMetricsCollector(receiver, TritonSpanCollector(lambda trace: None), registry)
+    return registry
+
+
+def _one_span(**changes: object) -> bytes:
+    doc = json.loads(FIXTURE.read_text())
+    span = doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    span.update(changes)
+    return json.dumps(doc).encode()
+
+
+def _nested_attribute(depth: int) -> dict[str, object]:
+    value: dict[str, object] = {"stringValue": "leaf"}
+    for _ in range(depth):
+        value = {"arrayValue": {"values": [value]}}
+    return {"key": "deep", "value": value}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(
+            _one_span(attributes=[{"key": "x", "value": {"doubleValue": "abc"}}]), id="double-abc"
+        ),
+        pytest.param(_one_span(startTimeUnixNano=1e999), id="time-1e999"),
+        pytest.param(_one_span(endTimeUnixNano=-5), id="time-negative"),
+        pytest.param(_one_span(endTimeUnixNano=str(2**64)), id="time-over-int64"),
+        pytest.param(_one_span(startTimeUnixNano=1.5), id="time-fraction"),
+        pytest.param(
+            _one_span(attributes=[{"key": "x", "value": {"intValue": "9" * 30}}]), id="int-huge"
+        ),
+        pytest.param(b'{"resourceSpans": [' + b"1" * 5000 + b"]}", id="5000-digit-literal"),
+        pytest.param(b"[" * 100_000 + b"]" * 100_000, id="json-100k-deep"),
+        pytest.param(_one_span(attributes=[_nested_attribute(40)]), id="attribute-40-deep"),
+        pytest.param(_one_span(events="not a list"), id="events-not-list"),
+        pytest.param(b'{"resourceSpans": {"a": 1}}', id="resource-spans-object"),
+    ],
+)
+def test_malformed_values_get_400_and_are_counted(
+    receiver: OtlpReceiver, sink: Sink, scraped: CollectorRegistry, body: bytes
+) -> None:
+    status, content_type, answer = post(receiver, body)
+    assert (status, content_type) == (400, "application/json")
+    assert json.loads(answer)["code"] == 3
+    assert len(json.loads(answer)["message"]) < 400  # a preview, not the payload echoed back
+    assert rejected(scraped, "malformed") == 1
+    assert scraped.get_sample_value("xsp_otlp_accepted_payloads_total") == 0
+    assert sink.spans == []
+    assert post(receiver, FIXTURE.read_bytes())[0] == 200  # the receiver still serves
+    assert scraped.get_sample_value("xsp_otlp_accepted_spans_total") == 6
+
+
+def test_nan_and_infinity_doubles_are_accepted(receiver: OtlpReceiver, sink: Sink) -> None:
+    attributes = [
+        {"key": "a", "value": {"doubleValue": "NaN"}},
+        {"key": "b", "value": {"doubleValue": "-Infinity"}},
+    ]
+    assert post(receiver, _one_span(attributes=attributes))[0] == 200
+    value = sink.spans[0].attributes
+    assert value["a"] != value["a"] and value["b"] == float("-inf")
+
+
+def test_gzip_bomb_is_413(sink: Sink) -> None:
+    bomb = gzip.compress(b"{" + b" " * 10_000 + b"}")
+    with OtlpReceiver(sink, port=0, max_body_bytes=1000) as receiver:
+        status, _, _ = post(receiver, bomb, headers={"Content-Encoding": "gzip"})
+        assert status == 413
+        assert receiver.stats().rejected_by_reason == {"too_large": 1}
+
+
+def _open(receiver: OtlpReceiver, data: bytes = b"") -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", receiver.port), timeout=30)
+    if data:
+        sock.sendall(data)
+    return sock
+
+
+def _answer(sock: socket.socket) -> bytes:
+    """Everything the receiver sends until it closes the connection."""
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    sock.close()
+    return b"".join(chunks)
+
+
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 20
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still not {what}")
+        time.sleep(0.02)
+
+
+STALLED_HEADERS = (
+    b"POST /v1/traces HTTP/1.1\r\nHost: otlp\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 1000\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        pytest.param(STALLED_HEADERS, id="no-body"),
+        pytest.param(STALLED_HEADERS + b'{"resourceSpans": [', id="part-of-body"),
+        pytest.param(b"POST /v1/traces HTTP/1.1\r\nHost: otlp\r\n", id="part-of-headers"),
+        pytest.param(b"POST /v1/tr", id="part-of-request-line"),
+    ],
+)
+def test_stalled_request_gets_408_and_its_thread_ends(sink: Sink, sent: bytes) -> None:
+    with OtlpReceiver(sink, port=0, read_timeout_s=0.5) as receiver:
+        baseline = threading.active_count()
+        stalled = [_open(receiver, sent) for _ in range(5)]
+        answers = [_answer(sock) for sock in stalled]  # returns only once the server closes
+        assert all(a.startswith(b"HTTP/1.1 408 ") for a in answers), answers[0][:100]
+        assert b"did not arrive whole within 0.5 s" in answers[0]
+        _wait_for(lambda: threading.active_count() == baseline, "back to the baseline threads")
+        assert receiver.active_connections == 0
+        assert receiver.stats().rejected_by_reason == {"timeout": 5}
+        assert post(receiver, FIXTURE.read_bytes())[0] == 200
+
+
+def test_idle_keepalive_connection_is_closed_and_not_counted(sink: Sink) -> None:
+    with OtlpReceiver(sink, port=0, read_timeout_s=0.5) as receiver:
+        baseline = threading.active_count()
+        assert _answer(_open(receiver)) == b""
+        _wait_for(lambda: threading.active_count() == baseline, "back to the baseline threads")
+        assert receiver.stats().rejected == 0
+
+
+def test_connections_over_the_cap_get_503_and_threads_return(sink: Sink) -> None:
+    with OtlpReceiver(sink, port=0, read_timeout_s=60, max_connections=3) as receiver:
+        registry = CollectorRegistry()
+        OtlpMetricsCollector(receiver, TritonSpanCollector(lambda trace: None), registry)
+        baseline = threading.active_count()
+        stalled = [_open(receiver, STALLED_HEADERS) for _ in range(3)]
+        _wait_for(lambda: receiver.active_connections == 3, "3 connections open")
+        assert registry.get_sample_value("xsp_otlp_connections_active") == 3
+        refused = [_answer(_open(receiver, STALLED_HEADERS)) for _ in range(20)]
+        assert all(a.startswith(b"HTTP/1.1 503 ") for a in refused)
+        assert b"Retry-After: 1" in refused[0]
+        assert threading.active_count() == baseline + 3  # the cap holds the thread count
+        assert rejected(registry, "overloaded") == 20
+        for sock in stalled:  # the clients go away mid-body
+            sock.shutdown(socket.SHUT_WR)
+            assert _answer(sock).startswith(b"HTTP/1.1 400 ")
+        _wait_for(lambda: threading.active_count() == baseline, "back to the baseline threads")
+        assert rejected(registry, "truncated") == 3
+        assert post(receiver, FIXTURE.read_bytes())[0] == 200
+
+
+def test_stop_ends_stalled_connections(sink: Sink) -> None:
+    baseline = threading.active_count()
+    receiver = OtlpReceiver(sink, port=0, read_timeout_s=600).start()
+    stalled = [_open(receiver, STALLED_HEADERS) for _ in range(3)]
+    _wait_for(lambda: receiver.active_connections == 3, "3 connections open")
+    receiver.stop()  # must not wait for the clients
+    assert threading.active_count() == baseline
+    for sock in stalled:
+        sock.close()
+
+
+@pytest.mark.parametrize(
+    ("sent", "status", "reason"),
+    [
+        (b"GARBAGE\r\n\r\n", 400, "bad_request"),
+        (b"PUT /v1/traces HTTP/1.1\r\nHost: otlp\r\n\r\n", 501, "method"),
+        (b"GET /v1/traces HTTP/1.1\r\nHost: otlp\r\n\r\n", 405, "method"),
+        (b"POST /v1/traces HTTP/1.1\r\nHost: otlp\r\nX: " + b"a" * 70_000 + b"\r\n\r\n", 431, ""),
+    ],
+)
+def test_http_level_refusals_are_answered_and_counted(
+    receiver: OtlpReceiver, scraped: CollectorRegistry, sent: bytes, status: int, reason: str
+) -> None:
+    sock = _open(receiver, sent)
+    sock.shutdown(socket.SHUT_WR)
+    assert _answer(sock).startswith(f"HTTP/1.1 {status} ".encode())
+    assert rejected(scraped, reason or "bad_request") == 1
+
+
+def test_metrics_over_a_real_http_scrape(sink: Sink) -> None:
+    def explode(spans: list[OtlpSpan]) -> None:
+        raise RuntimeError("store is down")
+
+    registry = CollectorRegistry()
+    with OtlpReceiver(explode, port=0) as receiver:
+        OtlpMetricsCollector(receiver, TritonSpanCollector(lambda trace: None), registry)
+        assert post(receiver, FIXTURE.read_bytes())[0] == 200
+        assert post(receiver, b"{", "application/json")[0] == 400
+        server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+        try:
+            url = f"http://127.0.0.1:{server.server_port}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as response:
+                text = response.read().decode()
+        finally:
+            server.shutdown()
+            server.server_close()
+            thread.join(5)
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("xsp_otlp_accepted_payloads_total", ())] == 1
+    assert samples[("xsp_otlp_accepted_spans_total", ())] == 6
+    assert samples[("xsp_otlp_callback_errors_total", ())] == 1
+    assert samples[("xsp_otlp_rejected_total", (("reason", "malformed"),))] == 1
+    # every reason is exported, so the label set is fixed
+    assert {
+        dict(labels)["reason"] for name, labels in samples if name == "xsp_otlp_rejected_total"
+    } == set(REJECT_REASONS)
+
+
+def test_too_large_body_is_answered_not_reset(sink: Sink) -> None:
+    # urllib sends the whole body before it reads: the 413 must still reach it
+    with OtlpReceiver(sink, port=0, max_body_bytes=1000) as receiver:
+        status, content_type, answer = post(receiver, b" " * (4 << 20))
+        assert (status, content_type) == (413, "application/json")
+        assert "over the limit of 1000" in json.loads(answer)["message"]
+        assert receiver.stats().rejected_by_reason == {"too_large": 1}

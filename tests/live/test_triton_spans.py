@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,6 +15,7 @@ from sidecar.live.triton_spans import (
     PHASES,
     TritonSpanCollector,
     TritonTrace,
+    approx_span_bytes,
     convert_triton_spans,
 )
 from sidecar.trace.spans import Level, Source, Span
@@ -132,3 +137,123 @@ def test_collector_bounds_pending_traces() -> None:
     assert [t.trace_id for t in emitted] == [computes[0].trace_id]
     collector.flush(everything=True)
     assert collector.pending == 0 and len(emitted) == 2
+
+
+# --------------------------------------------------------------------------- bounds (issue 9)
+
+
+def copies(span: OtlpSpan, count: int, trace_id: str, **changes: object) -> list[OtlpSpan]:
+    """`count` copies of a real span under one trace id, each with its own span id."""
+    return [
+        dataclasses.replace(span, trace_id=trace_id, span_id=f"{i + 1:016x}", **changes)
+        for i in range(count)
+    ]
+
+
+def first(name: str) -> OtlpSpan:
+    return next(s for s in captured() if s.trace_id == CNN_TRACE and s.name == name)
+
+
+def test_unfinished_traces_hold_a_bounded_number_of_spans() -> None:
+    # the attack of issue 9, scaled down: unfinished trace ids flooded with spans
+    emitted: list[TritonTrace] = []
+    collector = TritonSpanCollector(emitted.append, max_spans_per_trace=100)
+    for t in range(6):
+        collector.add(copies(first("compute"), 2000, f"{t + 1:032x}"))
+    stats = collector.stats()
+    assert (stats.pending_traces, stats.pending_spans) == (6, 600)
+    assert stats.dropped_by_reason["trace_spans"] == 6 * 1900
+    assert stats.pending_bytes == 600 * approx_span_bytes(first("compute"))
+    assert emitted == []
+    # the InferRequest span still completes a full trace
+    collector.add([dataclasses.replace(first("InferRequest"), trace_id=f"{1:032x}")])
+    assert len(emitted) == 1 and emitted[0].complete
+    assert collector.stats().traces_by_outcome["complete"] == 1
+    assert collector.stats().pending_spans == 500
+
+
+def test_span_bytes_are_bounded_per_trace_and_in_total() -> None:
+    compute = first("compute")
+    big = dataclasses.replace(compute, attributes={"blob": "x" * 300_000})
+    size = approx_span_bytes(big)
+    collector = TritonSpanCollector(
+        lambda trace: None, max_bytes_per_trace=3 * size, max_pending_bytes=5 * size
+    )
+    collector.add(copies(big, 4, "a" * 32))
+    assert collector.stats().dropped_by_reason["trace_bytes"] == 1
+    collector.add(copies(big, 4, "b" * 32))
+    stats = collector.stats()
+    assert stats.dropped_by_reason["total_bytes"] == 2
+    assert (stats.pending_spans, stats.pending_bytes) == (5, 5 * size)
+
+
+def test_total_pending_spans_are_bounded() -> None:
+    collector = TritonSpanCollector(lambda trace: None, max_pending_spans=10)
+    for t in range(5):
+        collector.add(copies(first("compute"), 3, f"{t + 1:032x}"))
+    stats = collector.stats()
+    assert stats.pending_spans == 10
+    assert stats.dropped_by_reason["total_spans"] == 5
+
+
+def test_traces_expire_by_time_without_a_new_payload() -> None:
+    now = [0.0]
+    emitted: list[TritonTrace] = []
+    done = threading.Event()
+
+    def on_trace(trace: TritonTrace) -> None:
+        emitted.append(trace)
+        done.set()
+
+    with TritonSpanCollector(
+        on_trace, max_age_s=5.0, sweep_interval_s=0.01, clock=lambda: now[0]
+    ) as collector:
+        collector.add([first("compute")])
+        now[0] = 6.0  # no add() after this: only the sweeper can emit
+        assert done.wait(20)
+        stats = collector.stats()
+    assert len(emitted) == 1 and not emitted[0].complete
+    assert stats.traces_by_outcome["expired"] == 1
+    assert (stats.pending_traces, stats.pending_spans, stats.pending_bytes) == (0, 0, 0)
+    assert not [t for t in threading.enumerate() if t.name == "otlp-trace-sweeper"]
+
+
+def test_sweeper_survives_a_failing_callback() -> None:
+    now = [0.0]
+    emitted: list[str] = []
+    done = threading.Event()
+
+    def on_trace(trace: TritonTrace) -> None:
+        if not emitted:
+            emitted.append("failed")
+            raise RuntimeError("store is down")
+        emitted.append(trace.trace_id)
+        done.set()
+
+    with TritonSpanCollector(
+        on_trace, max_age_s=5.0, sweep_interval_s=0.01, clock=lambda: now[0]
+    ) as collector:
+        collector.add(copies(first("compute"), 1, "a" * 32))
+        now[0] = 6.0
+        _wait(lambda: collector.stats().callback_errors == 1)
+        collector.add(copies(first("compute"), 1, "b" * 32))
+        now[0] = 12.0
+        assert done.wait(20)
+    assert emitted == ["failed", "b" * 32]
+
+
+def test_close_emits_what_is_pending_and_stops_the_sweeper() -> None:
+    emitted: list[TritonTrace] = []
+    collector = TritonSpanCollector(emitted.append).start()
+    collector.add([first("compute")])
+    collector.close()
+    assert len(emitted) == 1
+    assert collector.stats().traces_by_outcome["flushed"] == 1
+    assert not [t for t in threading.enumerate() if t.name == "otlp-trace-sweeper"]
+
+
+def _wait(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 20
+    while not condition():
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.01)
