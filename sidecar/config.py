@@ -33,6 +33,7 @@ class ServeConfig:
     grpc_port: int = 8013
     config: Path | None = None
     grace_period: float = 10.0
+    idle_timeout: float = 300.0  # 0 = never close idle client connections
     tls_cert: Path | None = None
     tls_key: Path | None = None
     max_models: int = 100
@@ -156,6 +157,18 @@ def _non_negative(value: Any, setting: str) -> float:
     return number
 
 
+def _finite(number: float, setting: str) -> float:
+    if number == float("inf"):
+        raise ConfigError(f"{setting}: must be a finite number, got {number}")
+    return number
+
+
+def _at_least(number: float, low: float, setting: str) -> float:
+    if number < low:
+        raise ConfigError(f"{setting}: must be at least {low:g}, got {number:g}")
+    return number
+
+
 def _whole(value: Any, setting: str) -> int:
     try:
         number = int(value)
@@ -198,6 +211,7 @@ _PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "metrics_port": lambda v, s: _port(v, s, allow_zero=True),
     "grpc_port": lambda v, s: _port(v, s, allow_zero=True),
     "grace_period": _seconds,
+    "idle_timeout": _seconds,
     "tls_cert": _path,
     "tls_key": _path,
     "max_models": _positive_int,
@@ -207,9 +221,9 @@ _PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "otlp_port": lambda v, s: _port(v, s, allow_zero=True),
     "otlp_host": lambda v, s: str(v),
     "sample_rate": _fraction,
-    "sample_budget": _non_negative,
+    "sample_budget": lambda v, s: _finite(_non_negative(v, s), s),
     "sample_force_header": _header,
-    "duty_cycle": lambda v, s: _fraction(v, s, allow_zero=False),
+    "duty_cycle": lambda v, s: _at_least(_fraction(v, s, allow_zero=False), 0.001, s),
     "queue_size": _positive_int,
     "levels": _levels,
     "iterations": _positive_int,

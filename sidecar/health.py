@@ -5,6 +5,11 @@ readiness check: Triton's `inference.GRPCInferenceService/ServerReady` returning
 for TF-Serving (no readiness RPC without a model name) a successful HTTP/2 connection. A
 background thread re-checks every `interval` seconds and mirrors the result into
 `xsp_backend_up`.
+
+The overall status (service `""`, what a Kubernetes gRPC probe asks by default) depends on
+the backend only. Parts of the sidecar that can fail without stopping the relay report under
+their own service names (`extra`), e.g. `xsp.sampling`: NOT_SERVING there says that sampling is
+off, while the pod stays ready.
 """
 
 from __future__ import annotations
@@ -105,10 +110,13 @@ class HealthServer:
         host: str = "0.0.0.0",
         interval: float = 1.0,
         on_change: Callable[[bool], None] | None = None,
+        extra: dict[str, Callable[[], bool]] | None = None,
     ) -> None:
         self.checker = checker
         self.interval = interval
         self.on_change = on_change
+        self.extra = dict(extra or {})
+        self._extra_status: dict[str, bool] = {}
         self.servicer = health.HealthServicer()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         health_pb2_grpc.add_HealthServicer_to_server(self.servicer, self.server)
@@ -131,6 +139,7 @@ class HealthServer:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="xsp-health", daemon=True)
         self._set(False)
+        self._check_extra()
 
     def _set(self, serving: bool) -> None:
         if serving == self.serving:
@@ -149,7 +158,26 @@ class HealthServer:
     def check_now(self) -> bool:
         serving = self.checker.check()
         self._set(serving)
+        self._check_extra()
         return serving
+
+    def _check_extra(self) -> None:
+        for name, check in self.extra.items():
+            try:
+                serving = bool(check())
+            except Exception:
+                log.exception("health check of %s failed unexpectedly", name)
+                serving = False
+            if self._extra_status.get(name) is serving:
+                continue
+            self._extra_status[name] = serving
+            self.servicer.set(
+                name,
+                health_pb2.HealthCheckResponse.SERVING
+                if serving
+                else health_pb2.HealthCheckResponse.NOT_SERVING,
+            )
+            log.info("health of %s: %s", name, "SERVING" if serving else "NOT_SERVING")
 
     def _loop(self) -> None:
         while not self._stop.is_set():

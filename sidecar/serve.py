@@ -32,6 +32,9 @@ from sidecar.trace.retention import RetentionPolicy
 
 log = logging.getLogger(__name__)
 
+# Health service name that is NOT_SERVING while sampling is off (the relay's "" stays SERVING).
+SAMPLING_HEALTH_SERVICE = "xsp.sampling"
+
 
 def tls_context(cert: str, key: str) -> ssl.SSLContext:
     """Server-side TLS context that offers HTTP/2 (ALPN h2)."""
@@ -66,7 +69,7 @@ class Sidecar:
                 sampling_config(config), self.registry, metrics.model_label
             )
             self.sampling.start()
-            if self.observer_factory is None:
+            if self.observer_factory is None and self.sampling.enabled:
                 self.observer_factory = self.sampling.hub.observer_factory
         elif config.admin:
             raise ConfigError("--admin needs --model-repository (profiles replay its models)")
@@ -77,8 +80,9 @@ class Sidecar:
             context = tls_context(str(config.tls_cert), str(config.tls_key))
         backend = config.backend_endpoint
         self.relay = Relay(
-            backend, metrics, observer_factory=self.observer_factory, ssl_context=context
-        )
+            backend, metrics, observer_factory=self.observer_factory, ssl_context=context,
+            idle_timeout=config.idle_timeout or None,
+        )  # fmt: skip
         self.listen = await self.relay.start(config.listen_endpoint)
         try:
             self._metrics_server, _ = start_http_server(config.metrics_port, registry=self.registry)
@@ -93,12 +97,16 @@ class Sidecar:
             raise
         self.metrics_port = int(self._metrics_server.server_port)
         checker = BackendChecker(backend, config.backend_protocol)
+        extra = {}
+        if self.sampling is not None:
+            extra[SAMPLING_HEALTH_SERVICE] = self.sampling.serving
         try:
             self.health = HealthServer(
                 config.grpc_port,
                 checker,
                 interval=self.health_interval,
                 on_change=lambda up: metrics.backend_up.set(1 if up else 0),
+                extra=extra,
             )
         except PortInUseError:
             self.relay.stop_accepting()
@@ -169,7 +177,12 @@ def start_admin(listen: str, sampling: SamplingPipeline) -> tuple[grpc.Server, i
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     service = ProfilerService(
-        sampling.sampler, sampling.worker.submit, sampling.config.db_path, sampling.last_requests
+        sampling.sampler,
+        sampling.worker.submit,
+        sampling.config.db_path,
+        sampling.last_requests,
+        model_repository=sampling.config.model_repository,
+        disabled_reason=sampling.disabled_reason,
     )
     name = add_to_server(service, server)
     reflection.enable_server_reflection((name, reflection.SERVICE_NAME), server)

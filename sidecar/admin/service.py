@@ -1,44 +1,95 @@
 """`xsp.v1.Profiler`: trigger profiles, list traces, read and change sampling at run time.
 
 Off unless the sidecar runs with `--admin`; it is served on the sidecar's own gRPC port,
-which binds to localhost unless told otherwise.
+which binds to localhost unless told otherwise. Every input is checked here, at the boundary:
+a bad one is answered INVALID_ARGUMENT with the reason, a failing trace store UNAVAILABLE.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from tritonclient.grpc import service_pb2
 
 from sidecar.admin._proto.xsp.v1 import profiler_pb2, profiler_pb2_grpc
+from sidecar.live.kserve_decode import NUMPY_DTYPES
 from sidecar.sampling.jobs import ProfileJob
 from sidecar.sampling.sampler import Sampler
-from sidecar.sampling.settings import SamplingSettings, SamplingSettingsError
+from sidecar.sampling.settings import SamplingSettings, SamplingSettingsError, check_name
+from sidecar.trace.errors import TraceStoreError
 from sidecar.trace.spans import Level, new_span_id, new_trace_id
 
 log = logging.getLogger(__name__)
 
+DEFAULT_LIST_LIMIT = 20
+MAX_LIST_LIMIT = 1000
+MAX_INPUTS = 64
+MAX_DIMS = 16
+LAST_REQUESTS_MAX_BYTES = 64 << 20
+LAST_REQUEST_MAX_MESSAGE_BYTES = 16 << 20
+
+
+def model_in_repository(repository: Path, model: str) -> bool:
+    """True if `model` names a model folder of `repository` (never a path outside it)."""
+    if not model or model in (".", "..") or "/" in model or "\\" in model or "\0" in model:
+        return False
+    try:
+        return (repository / model).is_dir()
+    except (OSError, ValueError):
+        return False
+
 
 class LastRequests:
-    """The last sampled request message per model (bounded by the proxy's model cap)."""
+    """The last sampled request message per known model, within a byte budget.
 
-    def __init__(self) -> None:
+    Only models `known` accepts are kept (those of the model repository), so a client cannot
+    fill memory by sending made-up model names; a message over `max_message_bytes` is not
+    kept, and the least recently stored are evicted to stay within `max_total_bytes`.
+    """
+
+    def __init__(
+        self,
+        known: Callable[[str], bool] = lambda model: True,
+        *,
+        max_total_bytes: int = LAST_REQUESTS_MAX_BYTES,
+        max_message_bytes: int = LAST_REQUEST_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self._known = known
+        self.max_total_bytes = max_total_bytes
+        self.max_message_bytes = min(max_message_bytes, max_total_bytes)
         self._lock = threading.Lock()
-        self._messages: dict[str, tuple[str, bytes]] = {}
+        self._messages: collections.OrderedDict[str, tuple[str, bytes]] = collections.OrderedDict()
+        self.total_bytes = 0
 
-    def remember(self, model: str, method: str, message: bytes) -> None:
+    def remember(self, model: str, method: str, message: bytes) -> bool:
+        """Keep `message` as the model's last request; False if it is not kept."""
+        if len(message) > self.max_message_bytes or not self._known(model):
+            return False
         with self._lock:
+            old = self._messages.pop(model, None)
+            if old is not None:
+                self.total_bytes -= len(old[1])
+            while self._messages and self.total_bytes + len(message) > self.max_total_bytes:
+                _, (_, evicted) = self._messages.popitem(last=False)
+                self.total_bytes -= len(evicted)
             self._messages[model] = (method, message)
+            self.total_bytes += len(message)
+        return True
 
     def get(self, model: str) -> tuple[str, bytes] | None:
         with self._lock:
             return self._messages.get(model)
+
+    def __len__(self) -> int:
+        return len(self._messages)
 
 
 def build_infer_request(model: str, version: str, inputs: list[profiler_pb2.InputTensor]) -> bytes:
@@ -67,6 +118,7 @@ def settings_to_proto(settings: SamplingSettings) -> profiler_pb2.SamplingSettin
 def apply_update(
     settings: SamplingSettings, update: profiler_pb2.UpdateSamplingRequest
 ) -> SamplingSettings:
+    """The settings with `update` applied; `SamplingSettingsError` says what is wrong."""
     changes: dict[str, Any] = {}
     for name in ("rate", "budget_per_minute", "duty_cycle", "enabled"):
         if update.HasField(name):
@@ -76,12 +128,47 @@ def apply_update(
     if update.model_rates:
         rates = dict(settings.model_rates)
         for model, rate in update.model_rates.items():
-            if rate < 0:
+            if rate < 0 and not math.isnan(rate):
                 rates.pop(model, None)
             else:
                 rates[model] = rate
         changes["model_rates"] = rates
     return settings.updated(**changes)
+
+
+def check_inputs(inputs: list[profiler_pb2.InputTensor]) -> None:
+    """Raise `ValueError` unless every tensor is well-formed KServe v2 raw contents."""
+    if len(inputs) > MAX_INPUTS:
+        raise ValueError(f"at most {MAX_INPUTS} input tensors, got {len(inputs)}")
+    names = set()
+    for tensor in inputs:
+        check_name(tensor.name, "input name")
+        if tensor.name in names:
+            raise ValueError(f"input {tensor.name!r} is given twice")
+        names.add(tensor.name)
+        dtype = NUMPY_DTYPES.get(tensor.datatype)
+        if dtype is None:
+            raise ValueError(
+                f"input {tensor.name!r}: unknown datatype {tensor.datatype[:32]!r} "
+                f"(one of {', '.join(NUMPY_DTYPES)})"
+            )
+        if len(tensor.shape) > MAX_DIMS or any(d < 0 for d in tensor.shape):
+            raise ValueError(
+                f"input {tensor.name!r}: shape {list(tensor.shape)[: MAX_DIMS + 1]} must have at "
+                f"most {MAX_DIMS} dimensions, none negative"
+            )
+        if tensor.datatype != "BYTES":
+            expected = math.prod(tensor.shape) * dtype.itemsize
+            if expected != len(tensor.raw_contents):
+                raise ValueError(
+                    f"input {tensor.name!r}: shape {list(tensor.shape)} of {tensor.datatype} "
+                    f"needs {expected} bytes, raw_contents has {len(tensor.raw_contents)}"
+                )
+
+
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    context.abort(code, message)
+    raise AssertionError("unreachable: context.abort raises")  # for type checkers
 
 
 class ProfilerService(profiler_pb2_grpc.ProfilerServicer):
@@ -93,17 +180,43 @@ class ProfilerService(profiler_pb2_grpc.ProfilerServicer):
         submit: Callable[[ProfileJob], bool],
         db_path: Path | None,
         last_requests: LastRequests,
+        *,
+        model_repository: Path | None = None,
+        disabled_reason: str | None = None,
     ) -> None:
         self._sampler = sampler
         self._submit = submit
         self._db_path = db_path
         self._last = last_requests
+        self._repository = model_repository
+        self._disabled_reason = disabled_reason
 
     def TriggerProfile(
         self, request: profiler_pb2.TriggerProfileRequest, context: grpc.ServicerContext
     ) -> profiler_pb2.TriggerProfileResponse:
         if not request.model:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "model is required")
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "model is required")
+        try:
+            check_name(request.model, "model")
+            if request.version and not (request.version.isdigit() and len(request.version) < 19):
+                raise ValueError(f"version must be a number, got {request.version[:32]!r}")
+            check_inputs(list(request.inputs))
+        except ValueError as exc:
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if self._repository is not None and not model_in_repository(
+            self._repository, request.model
+        ):
+            _abort(
+                context,
+                grpc.StatusCode.NOT_FOUND,
+                f"model {request.model!r} is not in the model repository {self._repository}",
+            )
+        if self._disabled_reason is not None:
+            _abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"sampling is off: {self._disabled_reason}",
+            )
         method = "ModelInfer"
         if request.inputs:
             message, source = (
@@ -135,13 +248,34 @@ class ProfilerService(profiler_pb2_grpc.ProfilerServicer):
     def ListTraces(
         self, request: profiler_pb2.ListTracesRequest, context: grpc.ServicerContext
     ) -> profiler_pb2.ListTracesResponse:
+        limit = request.limit or DEFAULT_LIST_LIMIT
+        if not 1 <= limit <= MAX_LIST_LIMIT:
+            _abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"limit must be from 1 to {MAX_LIST_LIMIT} (0 = {DEFAULT_LIST_LIMIT}), "
+                f"got {request.limit}",
+            )
+        if request.model:
+            try:
+                check_name(request.model, "model")
+            except ValueError as exc:
+                _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if self._db_path is None or not self._db_path.exists():
             return profiler_pb2.ListTracesResponse()
+        try:
+            summaries = self._summaries(request.model or None, limit)
+        except TraceStoreError as exc:
+            log.warning("ListTraces: %s", exc)
+            _abort(context, grpc.StatusCode.UNAVAILABLE, f"the trace store failed: {exc}")
+        return profiler_pb2.ListTracesResponse(traces=summaries)
+
+    def _summaries(self, model: str | None, limit: int) -> list[profiler_pb2.TraceSummary]:
         from sidecar.trace.store import TraceStore
 
-        store = TraceStore(self._db_path, create=False)
+        store = TraceStore(self._db_path, create=False)  # type: ignore[arg-type]
         try:
-            traces = store.list_traces(model=request.model or None, limit=request.limit or 20)
+            traces = store.list_traces(model=model, limit=limit)
             summaries = []
             for trace in traces:
                 model_ns = next(
@@ -169,7 +303,7 @@ class ProfilerService(profiler_pb2_grpc.ProfilerServicer):
                 )
         finally:
             store.close()
-        return profiler_pb2.ListTracesResponse(traces=summaries)
+        return summaries
 
     def GetSampling(
         self, request: profiler_pb2.GetSamplingRequest, context: grpc.ServicerContext
@@ -182,7 +316,7 @@ class ProfilerService(profiler_pb2_grpc.ProfilerServicer):
         try:
             settings = apply_update(self._sampler.settings, request)
         except SamplingSettingsError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         self._sampler.update(settings)
         log.info("sampling settings changed through the admin API: %s", settings)
         return settings_to_proto(settings)

@@ -28,7 +28,7 @@ class ProfileJob:
 @dataclass
 class ProfileResult:
     """Outcome of one job; `outcome` is the `xsp_profiles_total` label (`ok`, `error`,
-    `timeout`, `crash`). The numbers feed the Prometheus aggregates."""
+    `timeout`, `crash`, `store_error`). The numbers feed the Prometheus aggregates."""
 
     trace_id: str
     model: str

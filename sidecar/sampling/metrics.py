@@ -10,6 +10,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sidecar.sampling.jobs import ProfileResult
 from sidecar.sampling.sampler import Decision
 
+# Why sampling is off (`xsp_sampling_disabled{reason}`).
+DISABLED_REASONS = ("store_unavailable", "store_failing", "settings")
+
 PHASE_BUCKETS = (
     0.00005,
     0.0001,
@@ -33,8 +36,9 @@ PHASE_BUCKETS = (
 class SamplingMetrics:
     """Counters and gauges for decisions, drops, the worker and profile results.
 
-    Model labels arrive already bounded by the proxy (`_other` past its cap); layer types
-    are bounded by the op vocabulary of the runtimes.
+    Model labels must arrive already bounded by the proxy's cap (`_other` past it; callers
+    pass names through `model_label`); layer types are bounded by the op vocabulary of the
+    runtimes.
     """
 
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -93,11 +97,39 @@ class SamplingMetrics:
             "Traces or spans that could not be stored.",
             registry=registry,
         )
+        self.enabled = Gauge(
+            "xsp_sampling_enabled",
+            "1 while live requests can become profiles, 0 while sampling is off "
+            "(xsp_sampling_disabled says why).",
+            registry=registry,
+        )
+        self.disabled = Gauge(
+            "xsp_sampling_disabled",
+            "1 for the reason sampling is off now: store_unavailable (the trace store could "
+            "not be opened at start-up), store_failing (writes fail; sampling backs off), "
+            "settings (switched off through the admin API).",
+            ["reason"],
+            registry=registry,
+        )
+        self.last_request_bytes = Gauge(
+            "xsp_last_request_bytes",
+            "Bytes of the last sampled requests kept for admin-triggered profiles.",
+            registry=registry,
+        )
         self._layer_types: dict[str, set[str]] = {}
         self._decision_children: dict[tuple[str, Decision], Any] = {}
 
     def bind_queue_depth(self, depth: Callable[[], int]) -> None:
         self.queue_depth.set_function(lambda: float(depth()))
+
+    def bind_state(
+        self, disabled_reason: Callable[[], str | None], last_request_bytes: Callable[[], int]
+    ) -> None:
+        """Gauges read at scrape time: why sampling is off (None: it is on), bytes kept."""
+        self.enabled.set_function(lambda: 0.0 if disabled_reason() else 1.0)
+        for reason in DISABLED_REASONS:
+            self.disabled.labels(reason).set_function(_is_reason(disabled_reason, reason))
+        self.last_request_bytes.set_function(lambda: float(last_request_bytes()))
 
     def record_decision(self, model: str, decision: Decision) -> None:
         # Called for every replayable request: keep the labelled child instead of looking
@@ -108,8 +140,8 @@ class SamplingMetrics:
             child = self._decision_children[key] = self.decisions.labels(model, decision.value)
         child.inc()
 
-    def record_result(self, result: ProfileResult) -> None:
-        model = result.model
+    def record_result(self, result: ProfileResult, model: str) -> None:
+        """Count a profile under `model`, the bounded label of `result.model`."""
         self.profiles.labels(model, result.outcome).inc()
         for level, seconds in result.level_latency_s.items():
             self.profiled_latency.labels(model, level).set(seconds)
@@ -128,3 +160,7 @@ class SamplingMetrics:
     def record_phases(self, model: str, phases: dict[str, float]) -> None:
         for phase, seconds in phases.items():
             self.backend_phase.labels(model, phase).observe(seconds)
+
+
+def _is_reason(current: Callable[[], str | None], reason: str) -> Callable[[], float]:
+    return lambda: 1.0 if current() == reason else 0.0

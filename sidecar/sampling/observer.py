@@ -61,7 +61,7 @@ class SamplingHub:
         submit: Callable[[ProfileJob], bool],
         store_spans: Callable[[str, list[Span]], object],
         model_label: Callable[[str | None], str],
-        remember: Callable[[str, str, bytes], None] | None = None,
+        remember: Callable[[str, str, bytes], object] | None = None,
     ) -> None:
         self.sampler = sampler
         self.metrics = metrics
@@ -114,7 +114,7 @@ class SamplingObserver:
         tentative = hub.sampler.at_headers(forced)
         if tentative is Tentative.NO:
             return None
-        if tentative is Tentative.GATED:
+        if tentative is Tentative.GATED or tentative is Tentative.STORE_FAILING:
             self._pending[start.stream_id] = _Pending("", "", tentative)
             return None
         pending = _Pending(new_trace_id(), new_span_id(), tentative)
@@ -168,7 +168,7 @@ class SamplingObserver:
         if pending is None:  # every request not picked at header time
             hub.metrics.record_decision(hub.model_label(end.model), Decision.SKIPPED_RATE)
             return
-        if pending.tentative is Tentative.GATED:
+        if pending.tentative is Tentative.GATED or pending.tentative is Tentative.STORE_FAILING:
             label = hub.model_label(end.model)
             hub.metrics.record_decision(label, hub.sampler.at_body(label, pending.tentative))
             return

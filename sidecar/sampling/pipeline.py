@@ -3,6 +3,11 @@
 sampler + relay hook -> bounded queue -> profiling worker (own process) -> SQLite;
 the proxy's request spans and the backend's OTLP spans go to the same traces through a
 background writer. Failures here are logged and counted, never raised into the relay.
+
+A trace store that cannot be opened at start-up switches sampling off (`disabled_reason`)
+instead of stopping the sidecar: the relay forwards as without sampling, and the reason is on
+/metrics, the `xsp.sampling` health service and in the log. Store writes that fail at run
+time make the sampler back off until a write succeeds again.
 """
 
 from __future__ import annotations
@@ -14,18 +19,20 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from sidecar.admin.service import LastRequests
+from sidecar.admin.service import LastRequests, model_in_repository
+from sidecar.live.otlp_metrics import OtlpMetricsCollector
 from sidecar.live.otlp_receiver import OtlpReceiver
 from sidecar.live.triton_spans import TritonSpanCollector, TritonTrace
-from sidecar.sampling.jobs import ProfileResult
+from sidecar.sampling.jobs import ProfileJob, ProfileResult
 from sidecar.sampling.metrics import SamplingMetrics
 from sidecar.sampling.observer import SamplingHub
+from sidecar.sampling.ratelog import RateLimitedLog
 from sidecar.sampling.sampler import Sampler
 from sidecar.sampling.settings import SamplingSettings
 from sidecar.sampling.worker import ProfilingWorker, WorkerConfig
+from sidecar.trace.errors import TraceStoreError
 from sidecar.trace.retention import RetentionPolicy
 from sidecar.trace.spans import Span
-from sidecar.trace.store import TraceStore
 from sidecar.trace.writer import TraceWriter
 
 log = logging.getLogger(__name__)
@@ -63,13 +70,21 @@ class SamplingPipeline:
         self.config = config
         self.metrics = SamplingMetrics(registry)
         self.sampler = Sampler(config.settings)
-        self.last_requests = LastRequests()
         self._model_label = model_label
-        # Open the store once here so a bad path is a clear error at start-up.
-        TraceStore(config.db_path).close()
-        self.writer = TraceWriter(
-            config.db_path, retention=config.retention, on_error=self._store_failed
-        )
+        self.last_requests = LastRequests(self._known_model)
+        self._log = RateLimitedLog(log, interval_s=30.0)
+        self.disabled_reason: str | None = None
+        self.writer: TraceWriter | None = None
+        try:
+            self.writer = TraceWriter(
+                config.db_path,
+                retention=config.retention,
+                on_error=self._store_failed,
+                on_written=lambda n: self._store_ok(),
+            )
+        except (TraceStoreError, OSError) as exc:
+            self.disabled_reason = f"the trace store cannot be used: {exc}"
+            log.error("sampling is off (requests are still relayed): %s", exc)
         self.worker = ProfilingWorker(
             WorkerConfig(
                 replay=config.replay,
@@ -87,8 +102,10 @@ class SamplingPipeline:
             ),
             on_result=self._on_result,
             on_restart=lambda reason: self.metrics.worker_restarts.inc(),
+            skip=self._skip_job,
         )
         self.metrics.bind_queue_depth(self.worker.queue_depth)
+        self.metrics.bind_state(self.state, lambda: self.last_requests.total_bytes)
         self.hub = SamplingHub(
             self.sampler,
             self.metrics,
@@ -99,13 +116,37 @@ class SamplingPipeline:
         )
         self.collector = TritonSpanCollector(self._on_backend_trace)
         self.receiver: OtlpReceiver | None = None
-        if config.otlp_port is not None:
+        if config.otlp_port is not None and self.enabled:
             self.receiver = OtlpReceiver(
                 self.collector.add, host=config.otlp_host, port=config.otlp_port
             )
+        OtlpMetricsCollector(self.receiver, self.collector, registry)
+
+    @property
+    def enabled(self) -> bool:
+        """False when sampling is off for good (the store could not be opened)."""
+        return self.disabled_reason is None
+
+    def state(self) -> str | None:
+        """Why no live request can become a profile now (a `DISABLED_REASONS` value), or
+        None while sampling works."""
+        if self.disabled_reason is not None:
+            return "store_unavailable"
+        if self.sampler.store.closed():
+            return "store_failing"
+        if not self.sampler.settings.enabled:
+            return "settings"
+        return None
+
+    def serving(self) -> bool:
+        """For the `xsp.sampling` health service: sampling is on and its store works."""
+        return self.enabled and not self.sampler.store.failing
 
     def start(self) -> None:
+        if not self.enabled:
+            return
         if self.receiver is not None:
+            self.collector.start()  # expires unfinished backend traces by time
             self.receiver.start()
             log.info("OTLP receiver for backend spans on %s", self.receiver.url)
         self.worker.start()
@@ -113,25 +154,60 @@ class SamplingPipeline:
     def stop(self) -> None:
         if self.receiver is not None:
             self.receiver.stop()
-        self.collector.flush(everything=True)
+        self.collector.close()  # stops its sweeper, emits what is pending
         self.worker.stop()
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
 
     # -- callbacks (other threads) ---------------------------------------------------------
+    def _known_model(self, model: str) -> bool:
+        repository = self.config.model_repository
+        if repository is not None:
+            return model_in_repository(repository, model)
+        return self._model_label(model) == model
+
+    def _skip_job(self, job: ProfileJob) -> bool:
+        """Drop queued live samples while the store fails (admin requests still run)."""
+        if job.reason == "admin" or not self.sampler.store.closed():
+            return False
+        self.sampler.duty.cancel()
+        self.metrics.dropped.labels(self._model_label(job.model), "store_failing").inc()
+        return True
+
     def _store_spans(self, trace_id: str, spans: list[Span]) -> bool:
-        accepted = self.writer.submit_spans(trace_id, spans)
+        accepted = self.writer is not None and self.writer.submit_spans(trace_id, spans)
         if not accepted:
             self.metrics.store_write_failures.inc()
         return accepted
 
     def _store_failed(self, error: Exception) -> None:
         self.metrics.store_write_failures.inc()
+        if not self.sampler.store.failing:
+            log.warning("trace store writes fail; sampling backs off until they work: %s", error)
+        self.sampler.store.failed()
+
+    def _store_ok(self) -> None:
+        if self.sampler.store.failing:
+            log.info("trace store writes work again; sampling resumes")
+        self.sampler.store.succeeded()
 
     def _on_result(self, result: ProfileResult) -> None:
         self.sampler.duty.record_busy(result.busy_s)
-        self.metrics.record_result(result)
+        label = self._model_label(result.model)
+        self.metrics.record_result(result, label)
+        if result.outcome == "store_error":
+            self._store_failed(TraceStoreError(result.error))
+        elif result.outcome == "ok":
+            self._store_ok()
         if result.outcome != "ok":
-            log.warning("profile of %s: %s (%s)", result.model, result.outcome, result.error)
+            self._log.log(
+                f"profile:{result.outcome}",
+                logging.WARNING,
+                "profile of %r: %s (%s)",
+                result.model[:256],
+                result.outcome,
+                result.error[:1000],
+            )
 
     def _on_backend_trace(self, trace: TritonTrace) -> None:
         # Only traces the relay sampled; anything else the backend sends is not ours.

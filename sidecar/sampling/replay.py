@@ -4,6 +4,8 @@ Decode the request's tensors, find the model in the mounted repository, run the 
 experiment on a local runtime, hang the replay under the proxy's span, store the trace and
 return the numbers the Prometheus aggregates need. A failure is stored as a trace with
 `status=error` too, so an operator sees that a sample was taken and why it has no profile.
+A trace that cannot be stored (disk full, read-only, locked) is the outcome `store_error`,
+not an exception: the proxy then backs off sampling until the store works again.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from sidecar.profiling.peak import get_peak
 from sidecar.profiling.runners.base import ProfilingError, Runner
 from sidecar.profiling.runners.onnxruntime import OnnxRuntimeRunner  # imported at worker start
 from sidecar.sampling.jobs import ProfileJob, ProfileResult
-from sidecar.trace.spans import LEVEL_CODES, Level, Trace
+from sidecar.trace.errors import TraceStoreError
+from sidecar.trace.spans import LEVEL_CODES, Level, LevelStats, Span, Trace
 from sidecar.trace.store import TraceStore
 
 log = logging.getLogger(__name__)
@@ -129,6 +132,20 @@ def _store(context: dict[str, Any]) -> TraceStore:
     return store
 
 
+def _write(
+    context: dict[str, Any],
+    trace: Trace,
+    spans: list[Span],
+    level_stats: list[LevelStats] | tuple[()] = (),
+) -> str | None:
+    """Store the trace; the reason as text if the store failed."""
+    try:
+        _store(context).write_trace(trace, spans, level_stats)
+    except TraceStoreError as exc:
+        return str(exc)
+    return None
+
+
 def _levels(codes: str) -> list[Level]:
     return [LEVEL_CODES[c.strip().upper()] for c in codes.split(",") if c.strip()]
 
@@ -165,14 +182,20 @@ def replay_job(job: ProfileJob, context: dict[str, Any]) -> ProfileResult:
         )
     except Exception as exc:
         trace.status, trace.error = "error", f"{type(exc).__name__}: {exc}"
-        _store(context).write_trace(trace, [])
+        outcome, error = "error", trace.error
+        if (store_error := _write(context, trace, [])) is not None:
+            outcome, error = "store_error", f"{store_error} (the profile failed: {trace.error})"
         return ProfileResult(
-            job.trace_id, job.model, "error", time.perf_counter() - started, error=trace.error
+            job.trace_id, job.model, outcome, time.perf_counter() - started, error=error
         )
     _link(profile, job, location, input_source)
     if options.get("store_raw_inputs"):
         profile.trace.attributes["raw_inputs"] = _raw_inputs(inputs)
-    _store(context).write_trace(profile.trace, profile.spans, profile.level_stats)
+    store_error = _write(context, profile.trace, profile.spans, profile.level_stats)
+    if store_error is not None:
+        return ProfileResult(
+            job.trace_id, job.model, "store_error", time.perf_counter() - started, store_error
+        )
     return _summary(profile, job, time.perf_counter() - started)
 
 

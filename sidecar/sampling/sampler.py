@@ -9,6 +9,9 @@ A decision is made in two steps because the relay sees a request's headers befor
    to the model's own rate, then takes a token from the model's budget and checks the worker's
    duty cycle. Only then is the request a sample.
 
+While trace-store writes fail, `store` (a back-off gate) refuses new samples: there is no point
+profiling what cannot be stored.
+
 Each call costs a few microseconds; nothing here blocks or allocates much.
 """
 
@@ -31,6 +34,7 @@ class Decision(StrEnum):
     SKIPPED_RATE = "skipped_rate"
     SKIPPED_BUDGET = "skipped_budget"
     SKIPPED_DUTY_CYCLE = "skipped_duty_cycle"
+    SKIPPED_STORE_FAILING = "skipped_store_failing"
 
 
 class Tentative(StrEnum):
@@ -40,6 +44,7 @@ class Tentative(StrEnum):
     RANDOM = "random"
     FORCED = "forced"
     GATED = "gated"  # picked, but the worker's duty-cycle gate is closed: nothing to capture
+    STORE_FAILING = "store_failing"  # picked, but the trace store is failing: nothing to capture
 
 
 @dataclass
@@ -91,6 +96,54 @@ class DutyCycleGate:
         """A started profile never ran (dropped from a full queue)."""
         self._in_flight = max(0, self._in_flight - 1)
 
+    def reopen(self) -> None:
+        """Forget the wait computed under the old duty cycle (settings changed)."""
+        self._open_at = 0.0
+
+
+class StoreBackoff:
+    """Closed for a while after a trace-store write failed, longer after each failure.
+
+    The first failure closes it for `initial_s`; a failure after the wait is over (a sample
+    taken since failed too) doubles it, up to `max_s`. Failures while it is closed come from
+    samples taken before and change nothing. Any successful write opens it.
+    """
+
+    def __init__(
+        self, clock: Callable[[], float], initial_s: float = 1.0, max_s: float = 60.0
+    ) -> None:
+        self.initial_s = initial_s
+        self.max_s = max_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._delay = 0.0
+        self._open_at = 0.0
+
+    def failed(self) -> None:
+        with self._lock:
+            now = self._clock()
+            if now < self._open_at:
+                return
+            self._delay = self.initial_s if self._delay == 0 else min(self.max_s, 2 * self._delay)
+            self._open_at = now + self._delay
+
+    def succeeded(self) -> None:
+        if self._delay:
+            with self._lock:
+                self._delay = self._open_at = 0.0
+
+    def allows(self, now: float) -> bool:
+        return now >= self._open_at
+
+    @property
+    def failing(self) -> bool:
+        """True from a failure until the next successful write."""
+        return self._delay > 0
+
+    def closed(self) -> bool:
+        """True while samples are refused."""
+        return not self.allows(self._clock())
+
 
 class Sampler:
     """Decides which live requests become profiles; safe to call from several threads."""
@@ -108,12 +161,14 @@ class Sampler:
         self._buckets: dict[str, TokenBucket] = {}
         self.settings = settings
         self.duty = DutyCycleGate(settings.duty_cycle, clock)
+        self.store = StoreBackoff(clock)
 
     def update(self, settings: SamplingSettings) -> None:
-        """Apply new settings at run time; budgets restart full."""
+        """Apply new settings at run time; budgets restart full, the duty-cycle wait ends."""
         with self._lock:
             self.settings = settings
             self.duty.duty_cycle = settings.duty_cycle
+            self.duty.reopen()
             self._buckets.clear()
 
     def is_forced(self, metadata_value: str | None) -> bool:
@@ -135,7 +190,10 @@ class Sampler:
                 return Tentative.NO
         # Checked here too so that, while the gate is closed, picked requests cost nothing
         # more than unpicked ones (no traceparent, no body copy).
-        if not self.duty.allows(self._clock()):
+        now = self._clock()
+        if not self.store.allows(now):
+            return Tentative.STORE_FAILING
+        if not self.duty.allows(now):
             return Tentative.GATED
         return Tentative.FORCED if forced else Tentative.RANDOM
 
@@ -148,12 +206,16 @@ class Sampler:
             return Decision.SKIPPED_RATE
         if tentative is Tentative.GATED:
             return Decision.SKIPPED_DUTY_CYCLE
+        if tentative is Tentative.STORE_FAILING:
+            return Decision.SKIPPED_STORE_FAILING
         if tentative is Tentative.RANDOM:
             max_rate = settings.max_rate
             model_rate = settings.rate_for(model)
             if model_rate < max_rate and self._rand() * max_rate >= model_rate:
                 return Decision.SKIPPED_RATE
         now = self._clock()
+        if not self.store.allows(now):
+            return Decision.SKIPPED_STORE_FAILING
         with self._lock:
             if not self._bucket(model, now).take(now):
                 return Decision.SKIPPED_BUDGET

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 DEFAULT_FORCE_HEADER = "x-xsp-profile"
+# A smaller duty cycle would close the worker's gate for days after one profile.
+MIN_DUTY_CYCLE = 0.001
+MAX_MODEL_RATES = 1000
+MAX_NAME_LENGTH = 256
+_HEADER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_.")
 
 
 class SamplingSettingsError(ValueError):
@@ -31,21 +37,39 @@ class SamplingSettings:
     enabled: bool = True
 
     def __post_init__(self) -> None:
+        if len(self.model_rates) > MAX_MODEL_RATES:
+            raise SamplingSettingsError(
+                f"at most {MAX_MODEL_RATES} per-model rates, got {len(self.model_rates)}"
+            )
+        for model in self.model_rates:
+            check_name(model, "model name in model_rates")
         for name, rate in [("rate", self.rate), *self.model_rates.items()]:
-            if not 0.0 <= rate <= 1.0:
+            if not (isinstance(rate, int | float) and 0.0 <= rate <= 1.0):  # NaN fails too
                 raise SamplingSettingsError(
                     f"sample rate for {name!r} must be in [0, 1], got {rate}"
                 )
-        if self.budget_per_minute < 0:
+        budget = self.budget_per_minute
+        if not (isinstance(budget, int | float) and math.isfinite(budget) and budget >= 0):
             raise SamplingSettingsError(
-                f"sample budget must be >= 0 profiles per minute, got {self.budget_per_minute}"
+                f"sample budget must be a finite number >= 0 profiles per minute, got {budget}"
             )
-        if not 0.0 < self.duty_cycle <= 1.0:
-            raise SamplingSettingsError(f"duty cycle must be in (0, 1], got {self.duty_cycle}")
-        if self.force_header is not None and self.force_header != self.force_header.lower():
+        if not (
+            isinstance(self.duty_cycle, int | float) and MIN_DUTY_CYCLE <= self.duty_cycle <= 1
+        ):
             raise SamplingSettingsError(
-                "the force header must be lowercase (gRPC metadata keys are)"
+                f"duty cycle must be in [{MIN_DUTY_CYCLE}, 1], got {self.duty_cycle}"
             )
+        if self.force_header is not None:
+            header = self.force_header
+            if not header or len(header) > MAX_NAME_LENGTH or not set(header) <= _HEADER_CHARS:
+                raise SamplingSettingsError(
+                    f"the force header must be a lowercase gRPC metadata key (letters, digits, "
+                    f"'-', '_', '.'; at most {MAX_NAME_LENGTH} characters), got {header!r}"
+                )
+            if header.startswith("grpc-") or header.endswith("-bin"):
+                raise SamplingSettingsError(
+                    f"the force header {header!r} is reserved by gRPC (grpc-*) or binary (*-bin)"
+                )
 
     def rate_for(self, model: str) -> float:
         return self.model_rates.get(model, self.rate)
@@ -58,3 +82,13 @@ class SamplingSettings:
     def updated(self, **changes: Any) -> SamplingSettings:
         """A copy with `changes` applied and validated."""
         return replace(self, **changes)
+
+
+def check_name(name: str, what: str) -> str:
+    """A model name as sampling settings and the admin API accept it: printable, bounded."""
+    if not name or len(name) > MAX_NAME_LENGTH or not name.isprintable():
+        raise SamplingSettingsError(
+            f"{what} must be 1 to {MAX_NAME_LENGTH} printable characters, got {name[:64]!r}"
+            + ("..." if len(name) > 64 else "")
+        )
+    return name

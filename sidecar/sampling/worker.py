@@ -4,8 +4,10 @@ The proxy never waits on it. `submit()` appends to a bounded in-process queue (a
 drops and counts); a dispatcher thread hands one job at a time to the worker process over a
 pipe, so the supervisor always knows which job is running. A worker that dies (bad model,
 OOM, runtime abort) or overruns `job_timeout_s` is killed if needed, its job is recorded as
-`crash` or `timeout`, and a fresh process takes the next job. The worker runs at a lower CPU
-priority with a bounded number of runtime threads.
+`crash` or `timeout`, and a fresh process takes the next job. A worker that dies while idle
+is replaced at once, not when the next job comes; workers that keep dying soon after they
+start are replaced after a growing pause (1 s, 2 s, ... up to `max_restart_backoff_s`). The
+worker runs at a lower CPU priority with a bounded number of runtime threads.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from sidecar.sampling.jobs import ProfileJob, ProfileResult
+from sidecar.sampling.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
+_IDLE = object()  # `_next_job` found no job within the liveness interval
 
 ReplayFunction = Callable[[ProfileJob, dict[str, Any]], ProfileResult]
 
@@ -43,6 +47,9 @@ class WorkerConfig:
     idle_scheduling: bool = True
     threads: int = 1
     start_timeout_s: float = 60.0
+    liveness_interval_s: float = 0.5  # how often an idle supervisor checks its worker
+    min_uptime_s: float = 30.0  # a worker dying sooner counts towards the restart back-off
+    max_restart_backoff_s: float = 60.0
 
 
 def _resolve(path: str) -> ReplayFunction:
@@ -68,6 +75,7 @@ def _worker_main(config: WorkerConfig, conn: Connection) -> None:
         os.environ[var] = str(config.threads)
     context: dict[str, Any] = {"options": config.options, "threads": config.threads}
     replay = _resolve(config.replay)
+    failures = RateLimitedLog(log, interval_s=30.0)
     conn.send(("ready", os.getpid()))
     while True:
         try:
@@ -81,7 +89,9 @@ def _worker_main(config: WorkerConfig, conn: Connection) -> None:
         try:
             result = replay(job, context)
         except Exception as exc:  # a failed profile is a result, never a crash of the loop
-            log.exception("profiling %s failed", job.model)
+            failures.log(
+                type(exc).__name__, logging.ERROR, "profiling %r failed", job.model, exc_info=True
+            )
             result = ProfileResult(
                 trace_id=job.trace_id,
                 model=job.model,
@@ -104,10 +114,14 @@ class ProfilingWorker:
         config: WorkerConfig,
         on_result: Callable[[ProfileResult], None],
         on_restart: Callable[[str], None] | None = None,
+        skip: Callable[[ProfileJob], bool] | None = None,
     ) -> None:
+        """`skip(job)`, asked just before a queued job would run, may drop it (e.g. while the
+        trace store fails, what the job would store is lost anyway); the caller counts it."""
         self.config = config
         self._on_result = on_result
         self._on_restart = on_restart or (lambda reason: None)
+        self._skip = skip or (lambda job: False)
         self._queue: collections.deque[ProfileJob] = collections.deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -118,6 +132,9 @@ class ProfilingWorker:
         self.restarts = 0
         self.dropped = 0
         self.current: ProfileJob | None = None
+        self._spawned_at = float("-inf")
+        self._backoff = 0.0
+        self._respawn_at: float | None = None
 
     # -- called from the proxy -------------------------------------------------------------
     def submit(self, job: ProfileJob) -> bool:
@@ -151,6 +168,7 @@ class ProfilingWorker:
 
     # -- dispatcher thread ------------------------------------------------------------------
     def _spawn(self) -> None:
+        self._spawned_at = time.monotonic()
         parent, child = self._ctx.Pipe()
         process = self._ctx.Process(
             target=_worker_main,
@@ -184,26 +202,60 @@ class ProfilingWorker:
         self._on_restart(reason)
         self._kill_process()
 
-    def _next_job(self) -> ProfileJob | None:
+    def _next_job(self) -> ProfileJob | object | None:
+        """The next job; `_IDLE` after `liveness_interval_s` without one; None when stopping."""
         with self._cond:
-            while not self._queue and not self._stopping:
-                self._cond.wait()
+            if not self._queue and not self._stopping:
+                self._cond.wait(self.config.liveness_interval_s)
             if self._stopping:
                 return None
-            return self._queue.popleft()
+            return self._queue.popleft() if self._queue else _IDLE
+
+    def _keep_alive(self) -> None:
+        """Make sure a worker runs while no job waits: started now, not on the next sample,
+        so its start-up (imports, runtimes) happens while nothing waits for it."""
+        if self._process is not None and self._process.is_alive():
+            self._respawn_at = None
+            return
+        now = time.monotonic()
+        if self._respawn_at is None:  # just found dead (or never started): when to restart
+            quick = now - self._spawned_at < self.config.min_uptime_s
+            self._backoff = (
+                min(self.config.max_restart_backoff_s, max(1.0, 2 * self._backoff))
+                if quick
+                else 0.0
+            )
+            self._respawn_at = now + self._backoff
+            if self._backoff:
+                log.warning(
+                    "profiling worker lived %.1f s; next start in %.0f s",
+                    now - self._spawned_at,
+                    self._backoff,
+                )
+        if now < self._respawn_at:
+            return
+        self._respawn_at = None
+        if self._process is not None:
+            self._restart("exited while idle")
+        try:
+            self._spawn()
+        except Exception as exc:
+            log.warning("could not start the profiling worker: %s", exc)
 
     def _dispatch(self) -> None:
-        # Start the worker now, not on the first sample: its start-up (imports, runtimes)
-        # then happens while nothing waits for it.
-        try:
-            self._ensure_process()
-        except Exception:
-            log.exception("could not start the profiling worker; will retry on the first job")
         while True:
+            try:
+                self._keep_alive()
+            except Exception:  # never let the supervisor die
+                log.exception("profiling worker supervisor error")
             job = self._next_job()
             if job is None:
                 return
+            if not isinstance(job, ProfileJob):
+                continue
             try:
+                if self._skip(job):
+                    continue
                 result = self._run_one(job)
             except Exception as exc:  # never let the supervisor die
                 log.exception("profiling worker supervisor error")

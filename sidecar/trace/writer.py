@@ -4,8 +4,9 @@
 `dropped`. The thread takes up to `batch_max` queued items and writes them in one transaction;
 if that fails it retries them one by one so a single bad trace (say, an attribute that is not
 JSON) fails alone. Failures are counted in `failed`, logged (rate-limited) and passed to
-`on_error`; the thread keeps going. Store-wide failures (disk full, lock timeout, I/O error)
-are not retried item by item.
+`on_error`; successful writes are passed to `on_written` (so a caller backing off after
+failures knows the store works again); the thread keeps going. Store-wide failures (disk
+full, lock timeout, I/O error) are not retried item by item.
 
 Guarantee on `kill -9`: every committed trace is whole; what was still queued or in the batch
 being committed is lost (it only ever lived in this process's memory).
@@ -59,6 +60,7 @@ class TraceWriter:
         batch_max: int = 64,
         retention: RetentionPolicy | None = None,
         on_error: Callable[[Exception], None] | None = None,
+        on_written: Callable[[int], None] | None = None,
         retention_interval_s: float = 60.0,
         busy_timeout_s: float = 5.0,
         min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
@@ -74,6 +76,7 @@ class TraceWriter:
         self.retention = retention
         self.retention_interval_s = retention_interval_s
         self.on_error = on_error
+        self.on_written = on_written
         self.batch_max = batch_max
         self.written = 0
         self.dropped = 0
@@ -213,6 +216,11 @@ class TraceWriter:
                 self.failed += failed
                 self._processed += len(batch)
                 self._cond.notify_all()
+        if written and self.on_written is not None:
+            try:
+                self.on_written(written)
+            except Exception:
+                log.exception("trace writer on_written callback raised")
 
     def _maybe_apply_retention(self) -> None:
         if self.retention is None or self.retention.unlimited:
