@@ -165,6 +165,15 @@ def ns_to_ms(col: pd.Series) -> pd.Series:
     return col.astype("float64") / 1e6
 
 
+def fused_label(nodes: object, types: object) -> str:
+    """`Conv+Relu (Conv_0, Relu_0)` for a layer that computes several original graph nodes
+    (lists from the span's attributes); empty for a layer that is one node."""
+    if not isinstance(nodes, list) or len(nodes) < 2:
+        return ""
+    kinds = "+".join(str(t) for t in types) if isinstance(types, list) and types else "fused"
+    return f"{kinds} ({', '.join(str(n) for n in nodes)})"
+
+
 class Frames:
     """Derived frames shared by the analyses, computed once per TraceData."""
 
@@ -226,6 +235,14 @@ class Frames:
         out["latency_ns"] = out["latency_ns"].astype("float64")
         return self.with_meta(out)
 
+    def model_samples(self) -> dict[int, list[float]]:
+        """Per trace (tkey): the M run's per-iteration latencies in ns, where recorded."""
+        ls = self.data.level_stats
+        if "samples_ns" not in ls.columns:
+            return {}
+        rows = ls[(ls["level"] == "model") & ls["samples_ns"].notna()]
+        return {int(k): list(v) for k, v in zip(rows["tkey"], rows["samples_ns"], strict=True)}
+
     @cached_property
     def layers(self) -> pd.DataFrame:
         """Layer spans, one per (trace, layer name), from the L run where there is one."""
@@ -233,7 +250,13 @@ class Frames:
         has_l = set(ly.loc[ly["run_level"] == "layer", "tkey"].unique())
         ly = ly[(ly["run_level"] == "layer") | ~ly["tkey"].isin(has_l)]
         ly = ly.sort_values(["tkey", "idx", "start_ns"]).drop_duplicates(["tkey", "name"])
-        ly = ly.assign(type=ly["op_type"].fillna(ly["kind"]).astype(str))
+        ly = ly.assign(
+            type=ly["op_type"].fillna(ly["kind"]).astype(str),
+            fused=[
+                fused_label(n, t)
+                for n, t in zip(ly["original_nodes"], ly["original_op_types"], strict=True)
+            ],
+        )
         return self.with_meta(ly.reset_index(drop=True))
 
     @cached_property

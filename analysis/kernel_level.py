@@ -216,9 +216,43 @@ def gpu_metrics_by_layer(fr: Frames) -> AnalysisResult:
     return AnalysisResult("A12", TITLES["A12"], agg[cols])
 
 
+def _layer_time_base(fr: Frames) -> pd.Series:
+    """Per trace (tkey): what its layer durations measure: `gpu_events` (CUDA events in the
+    hooks: the layer's interval on the GPU timeline), `host` (hook intervals on the host
+    clock: launch time) or `unknown` (traces written before this attribute existed)."""
+    tr = fr.data.traces
+    base = [
+        (a or {}).get("layer_time_base", "unknown") if isinstance(a, dict) else "unknown"
+        for a in tr["attributes"]
+    ]
+    return pd.Series(base, index=tr["tkey"].to_numpy())
+
+
+def _inclusive_gpu(dev: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
+    """GPU time per (tkey, layer) including the layer's descendants: module `layer1.0`
+    holds `layer1.0.conv1` (dotted module paths; a call suffix `#n` is not a path part)."""
+    own = dev.groupby(["tkey", "layer"], as_index=False)["duration_ns"].sum()
+    rows: list[tuple[int, str, float]] = []
+    for tkey, group in layers.groupby("tkey"):
+        have = own[own["tkey"] == tkey]
+        names = have["layer"].astype(str).to_numpy()
+        ns = have["duration_ns"].to_numpy("float64")
+        paths = np.array([n.split("#", 1)[0] for n in names], dtype=object)
+        for name in group["name"].astype(str).unique():
+            base = name.split("#", 1)[0]
+            mask = (names == name) | np.array([p.startswith(base + ".") for p in paths], dtype=bool)
+            rows.append((int(tkey), name, float(ns[mask].sum()) if mask.any() else 0.0))
+    return pd.DataFrame(rows, columns=["tkey", "name", "gpu_ns"])
+
+
 def gpu_vs_non_gpu(fr: Frames) -> AnalysisResult:
-    """A13: layer latency split into GPU work (sum of kernel/memcpy/memset latency under the
-    layer) and the rest (layer latency - GPU latency: framework, launch and CPU time)."""
+    """A13: layer latency split into GPU work (kernel/memcpy/memset latency of the layer and
+    the modules inside it) and the rest (framework, launch and CPU time).
+
+    Both sides must be GPU-timeline times: the layer latency comes from CUDA events in the
+    layer run (`layer_time_base` = `gpu_events`). A host hook interval measures launch time,
+    not the layer's GPU interval, so traces whose layers were timed on the host are left out
+    with a note instead of printing negative non-GPU times."""
     if (miss := _missing("A13", fr)) is not None:
         return miss
     kn = fr.kernels
@@ -230,9 +264,20 @@ def gpu_vs_non_gpu(fr: Frames) -> AnalysisResult:
             "no GPU work recorded: the kernel level holds CPU ops only, so layer time cannot "
             "be split into GPU and non-GPU time",
         )
-    gpu = dev.groupby(["tkey", "layer"], as_index=False)["duration_ns"].sum()
-    gpu = gpu.rename(columns={"layer": "name", "duration_ns": "gpu_ns"})
-    ly = fr.layers[fr.layers["tkey"].isin(set(dev["tkey"]))]
+    base = _layer_time_base(fr)
+    gpu_traces = set(dev["tkey"])
+    comparable = {t for t in gpu_traces if base.get(t) == "gpu_events"}
+    skipped = fr.meta[fr.meta["tkey"].isin(gpu_traces - comparable)]
+    if not comparable:
+        return not_captured(
+            "A13",
+            TITLES["A13"],
+            "layer times of these GPU traces are host hook intervals (launch time), not "
+            "intervals on the GPU timeline, so they cannot be compared with kernel times; "
+            "profile the layer level with CUDA events (PyTorch on CUDA does)",
+        )
+    ly = fr.layers[fr.layers["tkey"].isin(comparable)]
+    gpu = _inclusive_gpu(dev[dev["tkey"].isin(comparable)], ly)
     ly = ly[["tkey", *GROUP, "idx", "name", "type", "duration_ns"]].merge(
         gpu, on=["tkey", "name"], how="left"
     )
@@ -259,9 +304,19 @@ def gpu_vs_non_gpu(fr: Frames) -> AnalysisResult:
     ]
     table = agg[cols].sort_values([*GROUP, "idx"]).reset_index(drop=True)
     res = AnalysisResult("A13", TITLES["A13"], table)
+    res.notes.append(
+        "layer latency: CUDA-event interval of each call (layer run); GPU latency: its "
+        "kernels and those of the modules inside it (kernel run)"
+    )
+    if not skipped.empty:
+        models = ", ".join(sorted(skipped["model"].astype(str).unique()))
+        res.notes.append(
+            f"{len(skipped)} GPU traces left out (models: {models}): their layer times are "
+            "host hook intervals, which cannot be compared with kernel times"
+        )
     if (table["non_gpu_latency_ms"] < 0).any():
         res.notes.append(
-            "negative non-GPU latency: kernels of these layers ran longer than the layer's own "
-            "span (asynchronous execution or profiler overhead in the K run)"
+            "negative non-GPU latency: kernels of these layers took longer in the kernel run "
+            "than the layer's CUDA-event interval in the layer run (run-to-run variation)"
         )
     return res

@@ -47,7 +47,7 @@ def _layer_frame(fr: Frames) -> pd.DataFrame:
         ly,
         [*GROUP, "name"],
         ["duration_ns", "allocated_bytes"],
-        ["idx", "type", "input_shapes", "output_shapes"],
+        ["idx", "type", "fused", "input_shapes", "output_shapes"],
     )
     agg["latency_ms"] = agg["duration_ns"] / 1e6
     total = agg.groupby(GROUP, dropna=False)["duration_ns"].transform("sum")
@@ -65,6 +65,7 @@ def layer_table(fr: Frames) -> AnalysisResult:
         "idx",
         "name",
         "type",
+        "fused",
         "input_shapes",
         "output_shapes",
         "latency_ms",
@@ -73,6 +74,11 @@ def layer_table(fr: Frames) -> AnalysisResult:
         "n_traces",
     ]
     res = AnalysisResult("A2", TITLES["A2"], agg[cols])
+    if agg["fused"].astype(bool).any():
+        res.notes.append(
+            "fused: the original graph nodes a layer computes (the runtime fused them and "
+            "named the result after one of them or its output)"
+        )
     if agg["allocated_bytes"].isna().all():
         res.notes.append("layer memory not recorded (no allocated_bytes attribute)")
     return res
@@ -84,7 +90,9 @@ def layer_latency(fr: Frames) -> AnalysisResult:
         return miss
     agg = layer_frame(fr)
     return AnalysisResult(
-        "A3", TITLES["A3"], agg[[*GROUP, "idx", "name", "type", "latency_ms", "latency_share"]]
+        "A3",
+        TITLES["A3"],
+        agg[[*GROUP, "idx", "name", "type", "fused", "latency_ms", "latency_share"]],
     )
 
 

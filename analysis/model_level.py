@@ -7,27 +7,30 @@ import math
 import pandas as pd
 
 from analysis.common import GROUP, AnalysisResult, Frames, across_traces, empty_result
-from analysis.roofline import classify, layer_metrics
+from analysis.roofline import above_roof_note, classify, layer_metrics
+from sidecar.profiling.stats import decide_batch, trimmed_mean_rse
 
 A1_TITLE = "Model throughput and latency per batch size"
 A15_TITLE = "Model aggregate and compute/memory-bound verdict"
-DOUBLING_GAIN = 0.05  # A1: doubling the batch must raise throughput by more than this
 
 
-def optimal_batch(batch_throughput: dict[int, float]) -> int | None:
-    """Smallest batch size b where throughput(2b) <= 1.05 * throughput(b); None if no
-    measured doubling stops paying."""
-    for b in sorted(batch_throughput):
-        if (
-            2 * b in batch_throughput
-            and batch_throughput[2 * b] <= (1 + DOUBLING_GAIN) * batch_throughput[b]
-        ):
-            return b
-    return None
+def _relative_errors(fr: Frames, agg: pd.DataFrame) -> dict[tuple[str, int], float | None]:
+    """Per model and batch: the relative standard error of A1's latency, from the spread of
+    the per-trace latencies (3 or more traces) or else of the M run's iterations."""
+    ml = fr.model_latency.dropna(subset=["batch_size", "latency_ns"])
+    samples = fr.model_samples()
+    out: dict[tuple[str, int], float | None] = {}
+    for (model, batch), grp in ml.groupby(GROUP, sort=False):
+        values = list(grp["latency_ns"])
+        if len(values) < 3:
+            values = [v for k in grp["tkey"] for v in samples.get(int(k), [])]
+        out[(str(model), int(batch))] = trimmed_mean_rse(values)
+    return out
 
 
 def model_throughput(fr: Frames) -> AnalysisResult:
-    """A1: trimmed-mean model latency and throughput (inputs/s) per model and batch size."""
+    """A1: trimmed-mean model latency and throughput (inputs/s) per model and batch size,
+    and the optimal batch size by XSP's rule (`sidecar.profiling.stats.decide_batch`)."""
     if fr.data.empty:
         return empty_result("A1", A1_TITLE)
     ml = fr.model_latency
@@ -44,29 +47,33 @@ def model_throughput(fr: Frames) -> AnalysisResult:
     bs = agg["batch_size"].astype("float64")
     agg["throughput_per_s"] = bs / (agg["latency_ns"] / 1e9)
     agg["optimal"] = False
+    agg["doubling_gain"] = float("nan")
+    rse = _relative_errors(fr, agg)
     notes: list[str] = []
     optimal: dict[str, int | None] = {}
-    for model, grp in agg.groupby("model", sort=True):
-        thr = {
-            int(b): float(t)
-            for b, t in zip(grp["batch_size"], grp["throughput_per_s"], strict=True)
-            if not pd.isna(b)
-        }
-        best = optimal_batch(thr)
-        optimal[str(model)] = best
-        if best is None:
-            notes.append(
-                f"{model}: no optimal batch size among {sorted(thr)}: every measured doubling "
-                "raised throughput by more than 5% (or no batch size was measured together "
-                "with its double); profile larger batch sizes"
+    decisions: dict[str, dict[str, object]] = {}
+    for model, grp in agg.dropna(subset=["batch_size"]).groupby("model", sort=True):
+        lat = {int(b): float(v) for b, v in zip(grp["batch_size"], grp["latency_ns"], strict=True)}
+        decision = decide_batch(lat, {b: rse.get((str(model), b)) for b in lat})
+        decisions[str(model)] = decision.to_dict()
+        optimal[str(model)] = decision.optimal if decision.status == "decided" else None
+        for d in decision.doublings:
+            agg.loc[(agg["model"] == model) & (agg["batch_size"] == d.small), "doubling_gain"] = (
+                d.gain
             )
+        if decision.status == "decided":
+            best = (agg["model"] == model) & (agg["batch_size"] == decision.optimal)
+            agg.loc[best, "optimal"] = True
+            notes.append(f"{model}: optimal batch size {decision.optimal}: {decision.reason}")
         else:
-            agg.loc[(agg["model"] == model) & (agg["batch_size"] == best), "optimal"] = True
+            word = "not yet known" if decision.status == "not_yet_known" else "uncertain"
+            notes.append(f"{model}: optimal batch size {word}: {decision.reason}")
     if agg["batch_size"].isna().any():
         notes.append("traces without a batch size have no throughput")
-    table = agg[[*GROUP, "latency_ms", "throughput_per_s", "optimal", "n_traces"]]
-    res = AnalysisResult("A1", A1_TITLE, table.reset_index(drop=True), notes=notes)
+    cols = [*GROUP, "latency_ms", "throughput_per_s", "doubling_gain", "optimal", "n_traces"]
+    res = AnalysisResult("A1", A1_TITLE, agg[cols].reset_index(drop=True), notes=notes)
     res.extra["optimal_batch"] = optimal
+    res.extra["batch_decision"] = decisions
     return res
 
 
@@ -94,7 +101,10 @@ def model_aggregate(fr: Frames) -> AnalysisResult:
     agg = classify(agg, "flops", "dram_bytes", "latency_ns")
     agg["estimated"] = agg["estimated"] > 0
     agg["latency_ms"] = agg["latency_ns"] / 1e6
-    agg["utilization"] = agg["arithmetic_throughput_gflops"] / agg["attainable_gflops"]
+    # Never a utilization above 1 as a fact: there the recorded peak is too low.
+    agg["utilization"] = (agg["arithmetic_throughput_gflops"] / agg["attainable_gflops"]).where(
+        ~agg["above_roof"]
+    )
     agg["verdict"] = [
         f"{b}-bound" + (" (estimated)" if e else "") if b != "unknown" else "unknown (no peaks)"
         for b, e in zip(agg["bound"], agg["estimated"], strict=True)
@@ -111,6 +121,7 @@ def model_aggregate(fr: Frames) -> AnalysisResult:
         "utilization",
         "bound",
         "verdict",
+        "above_roof",
         "estimated",
         "peak_source",
         "n_traces",
@@ -120,6 +131,7 @@ def model_aggregate(fr: Frames) -> AnalysisResult:
     res.notes = [f"FLOPs and bytes summed from {source}"]
     if res.estimated:
         res.notes.append("estimated: FLOPs/bytes are estimates from layer shapes, not counters")
+    res.notes += above_roof_note(agg, "model runs")
     if not math.isfinite(float(agg["ridge_point"].max(skipna=True) or math.nan)):
         res.notes.append("no roofline peaks recorded with these traces")
     return res

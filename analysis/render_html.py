@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis import damage
 from analysis.common import AnalysisResult
-from analysis.render_text import _status_line, fmt_value, headline
+from analysis.render_text import Front, fmt_value, headline, status_lines
 
 MAX_HTML_ROWS = 200
 CSS = """
@@ -30,6 +31,9 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f4f4f4}
 .status{background:#fff4e0;border-left:4px solid #f0a020;padding:6px 10px}
 .note{color:#666;font-size:12px}.est{color:#b35c00;font-weight:bold}
 img{max-width:100%;display:block;margin:8px 0}nav a{margin-right:10px;font-size:13px}
+.tw{max-width:100%;overflow-x:auto}td{max-width:28em;overflow-wrap:anywhere}
+ol.findings li{margin:6px 0}ol.findings .ev,ol.findings .act{font-size:13px;color:#444}
+ol.findings .act{color:#14532d}
 """
 
 
@@ -49,10 +53,6 @@ def _fig(width: float = 7.5, height: float = 3.6) -> tuple[Any, Any]:
     import matplotlib.pyplot as plt
 
     return plt.subplots(figsize=(width, height))
-
-
-def _groups(df: pd.DataFrame, limit: int = 3) -> list[tuple[Any, pd.DataFrame]]:
-    return list(df.groupby(["model", "batch_size"], dropna=False, sort=True))[:limit]
 
 
 def plot_batch_curve(res: AnalysisResult) -> list[str]:
@@ -88,23 +88,44 @@ def plot_batch_curve(res: AnalysisResult) -> list[str]:
     return [_png(fig)]
 
 
+MAX_BATCHES_PLOTTED = 8  # A3: batch sizes per model chart (the table lists all)
+
+
 def plot_layer_latency(res: AnalysisResult) -> list[str]:
+    """A3: per model, each layer's latency in execution order, one bar per batch size."""
     out = []
-    for (model, batch), g in _groups(res.table):
-        g = g.sort_values("idx")
-        fig, ax = _fig(7.5, max(2.5, 0.22 * len(g) + 1))
-        colors = _type_colors(g["type"])
-        ax.barh(range(len(g)), g["latency_ms"], color=[colors[t] for t in g["type"]])
+    for model, g in res.table.groupby("model", dropna=False, sort=True):
+        batches = sorted(g["batch_size"].dropna().unique())[:MAX_BATCHES_PLOTTED]
+        g = g[g["batch_size"].isin(batches)] if batches else g
+        order = g.sort_values(["idx"]).drop_duplicates("name")
+        names = list(order["name"])
+        pos = {n: i for i, n in enumerate(names)}
+        n_b = max(1, len(batches))
+        fig, ax = _fig(7.5, max(2.5, (0.12 * n_b + 0.1) * len(names) + 1))
+        height = 0.8 / n_b
+        cmap = _type_colors(pd.Series([str(b) for b in batches] or ["-"]))
+        for j, b in enumerate(batches or [None]):
+            part = g if b is None else g[g["batch_size"] == b]
+            y = np.array([pos[n] for n in part["name"]]) + (j - (n_b - 1) / 2) * height
+            label = f"batch {fmt_value(b)}" if b is not None else "-"
+            ax.barh(y, part["latency_ms"], height=height, label=label,
+                    color=cmap[str(b) if b is not None else "-"])  # fmt: skip
         ax.set_yticks(
-            range(len(g)),
-            [f"{i} {n}" for i, n in zip(g["idx"], g["name"], strict=True)],
+            range(len(names)),
+            [f"{i} {_short(n)}" for i, n in zip(order["idx"], names, strict=True)],
             fontsize=7,
         )
         ax.invert_yaxis()
         ax.set_xlabel("latency (ms)")
-        ax.set_title(f"A3: layer latency, {model} batch {fmt_value(batch)}")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ax.set_title(f"A3: layer latency, {model}")
         out.append(_png(fig))
     return out
+
+
+def _short(name: str, width: int = 40) -> str:
+    """A label cut to `width` characters, marked with an ellipsis where cut."""
+    return name if len(name) <= width else name[: width - 1] + "\u2026"
 
 
 def _type_colors(types: pd.Series) -> dict[str, Any]:
@@ -192,7 +213,8 @@ def plot_live(res: AnalysisResult) -> list[str]:
         ax.barh(list(wide.index), wide[phase], left=left, label=phase)
         left += wide[phase].to_numpy()
     ax.set_xlabel("mean latency (ms)")
-    ax.legend(fontsize=7, ncol=3)
+    # Below the axes, so that it never covers a bar.
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.18))
     ax.set_title("live request breakdown (mean per phase)")
     return [_png(fig)]
 
@@ -254,32 +276,78 @@ def html_table(df: pd.DataFrame) -> str:
         body.append(f"<tr>{cells}</tr>")
     more = len(df) - len(shown)
     tail = f"<p class=note>... {more} more rows (CSV/JSON carry all)</p>" if more else ""
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>{tail}"
+    return f"<div class=tw><table><tr>{head}</tr>{''.join(body)}</table></div>{tail}"
+
+
+def front_html(front: Front) -> list[str]:
+    """The findings (and the damaged rows skipped) as the first sections of the page."""
+    parts: list[str] = []
+    if front.findings is None:
+        pass
+    elif not front.findings:
+        parts.append(
+            "<section id='findings'><h2>Findings</h2>"
+            "<p class=note>none: no rule's threshold was crossed</p></section>"
+        )
+    else:
+        parts.append("<section id='findings'><h2>Findings</h2>")
+        parts.append("<ol class=findings>")
+        for f in front.findings:
+            parts.append(
+                f"<li><b>{html.escape(f.finding)}</b><br><span class=ev>evidence: "
+                f"{html.escape(f.evidence)}</span><br><span class=act>action: "
+                f"{html.escape(f.action)}</span></li>"
+            )
+        parts.append("</ol></section>")
+    if front.skipped:
+        rows = list(front.skipped)
+        parts.append(
+            "<section id='skipped_rows'><h2>Skipped rows</h2>"
+            f"<p class=status>{html.escape(damage.summary(rows))}</p>"
+            f"{html_table(damage.frame(rows))}</section>"
+        )
+    return parts
 
 
 def render_html(
-    results: Mapping[str, AnalysisResult], meta: Mapping[str, Any], plots: bool = True
+    results: Mapping[str, AnalysisResult],
+    meta: Mapping[str, Any],
+    plots: bool = True,
+    front: Front | None = None,
 ) -> str:
-    nav = " ".join(f"<a href='#{html.escape(k)}'>{html.escape(k)}</a>" for k in results)
+    front = front or Front()
+    keys = [
+        *(["findings"] if front.findings is not None else []),
+        *(["skipped_rows"] if front.skipped else []),
+        *results,
+    ]
+    nav = " ".join(f"<a href='#{html.escape(k)}'>{html.escape(k)}</a>" for k in keys)
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         "<title>xsp-sidecar trace report</title>",
         f"<style>{CSS}</style></head><body><h1>xsp-sidecar trace report</h1>",
-        "<table>"
+        "<div class=tw><table>"
         + "".join(
             f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
             for k, v in meta.items()
         )
-        + "</table>",
+        + "</table></div>",
         f"<nav>{nav}</nav>",
+        *front_html(front),
     ]
+    statuses = status_lines(results)
     for key, res in results.items():
         title = html.escape(headline(res))
         if res.estimated:
             title = title.replace("(estimated)", "<span class=est>(estimated)</span>")
         parts.append(f"<section id='{html.escape(key)}'><h2>{title}</h2>")
         if not res.ok:
-            parts.append(f"<p class=status>{html.escape(_status_line(res))}</p></section>")
+            line, same_as = statuses[key]
+            text = html.escape(line)
+            if same_as is not None:
+                ref = html.escape(same_as)
+                text = text.replace(ref, f"<a href='#{ref}'>{ref}</a>")
+            parts.append(f"<p class=status>{text}</p></section>")
             continue
         if plots and key in PLOTS and not res.table.empty:
             for uri in PLOTS[key](res):

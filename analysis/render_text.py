@@ -4,15 +4,29 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from analysis import damage
 from analysis.common import AnalysisResult
+from analysis.damage import BadRow
+from analysis.findings import Finding
+from analysis.findings import table as findings_table
 
 MAX_ROWS = 40  # per table in text / Markdown; JSON and CSV carry every row
+MAX_SKIPPED = 20  # damaged rows named in text / Markdown / HTML; JSON and CSV carry all
+
+
+@dataclass
+class Front:
+    """What a report shows before the analyses: findings, and the damaged rows skipped."""
+
+    findings: Sequence[Finding] | None = None  # None: not part of this output (compare)
+    skipped: Sequence[BadRow] = field(default_factory=list)
 
 
 def fmt_value(value: Any) -> str:
@@ -102,10 +116,69 @@ def _status_line(res: AnalysisResult) -> str:
     return f"{word}: {res.reason}"
 
 
+def status_lines(results: Mapping[str, AnalysisResult]) -> dict[str, tuple[str, str | None]]:
+    """Per analysis without data: its status line, or (when an earlier analysis gave the
+    same reason) a short line and the key of that earlier analysis."""
+    first: dict[str, str] = {}
+    out: dict[str, tuple[str, str | None]] = {}
+    for key, res in results.items():
+        if res.ok:
+            continue
+        line = _status_line(res)
+        earlier = next((prev for prev in first if line.startswith(prev)), None)
+        if earlier is not None:  # the same reason, perhaps with a remark added
+            word, rest = line.split(":", 1)[0], line[len(earlier) :].strip()
+            short = f"{word}: same reason as {first[earlier]}" + (f" {rest}" if rest else "")
+            out[key] = (short, first[earlier])
+        else:
+            first[line] = key
+            out[key] = (line, None)
+    return out
+
+
+def front_text(front: Front, markdown: bool = False) -> list[str]:
+    """The findings and the skipped-rows note as text or Markdown lines."""
+    out: list[str] = []
+    if front.findings is not None:
+        out += ["", "## Findings", ""] if markdown else ["", "findings", "--------"]
+        if not front.findings:
+            out.append("None." if markdown else "  none: no rule's threshold was crossed")
+    for i, f in enumerate(front.findings or (), 1):
+        if markdown:
+            out += [
+                f"{i}. **{f.finding}**",
+                f"   - evidence: {f.evidence}",
+                f"   - action: {f.action}",
+            ]
+        else:
+            out += [
+                f"  {i}. {f.finding}",
+                f"     evidence: {f.evidence}",
+                f"     action: {f.action}",
+            ]
+    if front.skipped:
+        rows = list(front.skipped)
+        more = len(rows) - MAX_SKIPPED
+        if markdown:
+            out += ["", "## Skipped rows", "", f"**{damage.summary(rows)}**:", ""]
+            out += [f"- {damage.describe(r)}" for r in rows[:MAX_SKIPPED]]
+            if more > 0:
+                out.append(f"- ... and {more} more (`--format json` or `csv` lists all)")
+        else:
+            out += ["", "skipped rows", "------------", f"  {damage.summary(rows)}:"]
+            out += [f"  - {damage.describe(r)}" for r in rows[:MAX_SKIPPED]]
+            if more > 0:
+                out.append(f"  ... and {more} more (--format json or csv lists all)")
+    return out
+
+
 def render_text(
-    results: Mapping[str, AnalysisResult], meta: Mapping[str, Any], markdown: bool = False
+    results: Mapping[str, AnalysisResult],
+    meta: Mapping[str, Any],
+    markdown: bool = False,
+    front: Front | None = None,
 ) -> str:
-    """The whole report as plain text or Markdown."""
+    """The whole report as plain text or Markdown: meta, findings, skipped rows, analyses."""
     out: list[str] = []
     if markdown:
         out.append("# xsp-sidecar trace report\n")
@@ -114,7 +187,9 @@ def render_text(
         out.append("xsp-sidecar trace report")
         out.append("=" * 24)
         out += [f"{k}: {v}" for k, v in meta.items()]
-    for res in results.values():
+    out += front_text(front or Front(), markdown)
+    statuses = status_lines(results)
+    for key, res in results.items():
         out.append("")
         if markdown:
             out.append(f"## {headline(res)}\n")
@@ -122,7 +197,8 @@ def render_text(
             out.append(headline(res))
             out.append("-" * len(headline(res)))
         if not res.ok:
-            out.append(f"**{_status_line(res)}**" if markdown else "  " + _status_line(res))
+            line = statuses[key][0]
+            out.append(f"**{line}**" if markdown else "  " + line)
             continue
         if "summary" in res.tables:
             out.append(_table(res.tables["summary"], markdown))
@@ -141,17 +217,34 @@ def _table(df: pd.DataFrame, markdown: bool) -> str:
     return markdown_table(df) if markdown else text_table(df)
 
 
-def render_json(results: Mapping[str, AnalysisResult], meta: Mapping[str, Any]) -> str:
+def render_json(
+    results: Mapping[str, AnalysisResult], meta: Mapping[str, Any], front: Front | None = None
+) -> str:
+    front = front or Front()
     doc: dict[str, Any] = {"meta": dict(meta)}
+    if front.findings is not None:
+        doc["findings"] = [f.to_json() for f in front.findings]
+    doc["skipped_rows"] = damage.as_json(list(front.skipped))
     for key, res in results.items():
         doc[key] = res.to_json()
     return json.dumps(doc, indent=1, default=str, allow_nan=False)
 
 
-def write_csv(results: Mapping[str, AnalysisResult], out_dir: Path) -> list[Path]:
-    """One CSV per analysis (and per secondary table); analyses without data get none."""
+def write_csv(
+    results: Mapping[str, AnalysisResult], out_dir: Path, front: Front | None = None
+) -> list[Path]:
+    """One CSV per analysis (and per secondary table); analyses without data get none.
+    `findings.csv` always, `skipped_rows.csv` when damaged rows were skipped."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    front = front or Front()
     written = []
+    extra = {} if front.findings is None else {"findings": findings_table(front.findings)}
+    if front.skipped:
+        extra["skipped_rows"] = damage.frame(front.skipped)
+    for name, table in extra.items():
+        path = out_dir / f"{name}.csv"
+        table.to_csv(path, index=False)
+        written.append(path)
     for key, res in results.items():
         if not res.ok:
             continue

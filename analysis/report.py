@@ -23,14 +23,17 @@ except ImportError:  # not installed: use the checkout this script lives in
 
 import argparse
 import json
+import textwrap
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from analysis import damage
 from analysis.common import AnalysisResult
+from analysis.render_text import Front
 from analysis.timeline import TraceNotFoundError
 from analysis.trace_analysis import ANALYSES, TraceAnalysis
-from analysis.tracedb import TraceFilter, TraceStoreError, parse_since
+from analysis.tracedb import TraceFilter, TraceStoreError, model_counts, parse_since
 
 
 class UsageError(Exception):
@@ -60,7 +63,7 @@ examples:
   report.py compare before.db after.db
   report.py timeline 4bf92f35 traces.db -o trace.json
 
-Run 'report.py COMMAND --help' for a command's options.
+Run 'report.py compare --help' or 'report.py timeline --help' for their options.
 """
 
 
@@ -117,10 +120,16 @@ def _outputs(p: argparse.ArgumentParser) -> None:
         help="write report.<ext> (or the CSV files) into DIR instead of stdout",
     )
     g.add_argument("--no-plots", action="store_true", help="html without plots")
-    g.add_argument("--top", type=int, default=15, help="comparison: layers to list (15)")
+    g.add_argument("--top", type=int, default=15, help="comparison: layers to list (default: 15)")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    return build_parsers()[0]
+
+
+def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The command line, and its default command's parser (whose help is the top-level
+    help: its filters and --format are what most runs need)."""
     parser = argparse.ArgumentParser(
         prog="report.py",
         description="Analyse xsp-sidecar trace stores: XSP's fifteen analyses (A1-A15), the "
@@ -130,7 +139,20 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    rep = sub.add_parser("report", help="all analyses (the default command)")
+    rep = sub.add_parser(
+        "report",
+        help="all analyses (the default command)",
+        prog="report.py [report]",
+        description=textwrap.fill(
+            "Findings first (what to do, with the evidence), then XSP's fifteen analyses "
+            "(A1-A15), the live request breakdown, profiling overhead, time breakdown and "
+            "comparisons, over one or more xsp-sidecar trace stores. Damaged rows are "
+            "skipped and named.",
+            90,
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _filters(rep)
     _outputs(rep)
     rep.add_argument(
@@ -162,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     tl.add_argument(
         "-o", "--output", type=Path, metavar="FILE", help="output file (default: stdout)"
     )
-    return parser
+    return parser, rep
 
 
 def _split(values: Sequence[str]) -> tuple[str, ...]:
@@ -194,6 +216,8 @@ def _meta(ta: TraceAnalysis, args: argparse.Namespace) -> dict[str, Any]:
     }
     if ta.data.skipped_errors:
         meta["failed_profiles_skipped"] = ta.data.skipped_errors
+    if ta.data.bad_rows:
+        meta["skipped_rows"] = damage.summary(ta.data.bad_rows)
     filters = {
         k: v
         for k, v in (
@@ -239,24 +263,29 @@ def _comparison(ta: TraceAnalysis, args: argparse.Namespace) -> AnalysisResult:
 
 
 def _emit(
-    results: dict[str, AnalysisResult], meta: dict[str, Any], args: argparse.Namespace
+    results: dict[str, AnalysisResult],
+    meta: dict[str, Any],
+    args: argparse.Namespace,
+    front: Front,
 ) -> int:
     from analysis import render_text
 
     if args.format == "csv":
         if args.out is None:
             raise UsageError("--format csv writes one file per analysis: give --out DIR")
-        paths = render_text.write_csv(results, args.out)
+        paths = render_text.write_csv(results, args.out, front)
         print(f"wrote {len(paths)} CSV files to {args.out}", file=sys.stderr)
         return 0
     if args.format == "json":
-        text = render_text.render_json(results, meta)
+        text = render_text.render_json(results, meta, front)
     elif args.format == "html":
         from analysis.render_html import render_html
 
-        text = render_html(results, meta, plots=not args.no_plots)
+        text = render_html(results, meta, plots=not args.no_plots, front=front)
     else:
-        text = render_text.render_text(results, meta, markdown=args.format == "markdown")
+        text = render_text.render_text(
+            results, meta, markdown=args.format == "markdown", front=front
+        )
     if args.out is None:
         sys.stdout.write(text)
         return 0
@@ -267,18 +296,40 @@ def _emit(
     return 0
 
 
+def _warn_skipped(ta: TraceAnalysis, limit: int = 10) -> None:
+    """Name the damaged rows on stderr (the report carries them too)."""
+    rows = ta.data.bad_rows
+    if not rows:
+        return
+    print(f"report.py: {damage.summary(rows)}:", file=sys.stderr)
+    for row in rows[:limit]:
+        print(f"  {damage.describe(row)}", file=sys.stderr)
+    if len(rows) > limit:
+        print(f"  ... and {len(rows) - limit} more (listed in the report)", file=sys.stderr)
+
+
+def _no_match(ta: TraceAnalysis, args: argparse.Namespace, flt: TraceFilter) -> str:
+    text = f"report.py: no trace in {', '.join(args.dbs)} matches the filters"
+    if ta.data.skipped_errors:
+        text += f" ({ta.data.skipped_errors} failed profiles skipped; see --include-errors)"
+    if flt.models:
+        counts = model_counts(args.dbs)
+        missing = [m for m in flt.models if m not in counts]
+        if missing:
+            have = ", ".join(f"{m} ({n} traces)" for m, n in sorted(counts.items()))
+            text += (
+                f"\nreport.py: no model named {', '.join(missing)}; the stores hold: "
+                f"{have or 'no traces at all'}"
+            )
+    return text
+
+
 def run(args: argparse.Namespace) -> int:
-    ta = TraceAnalysis.from_paths(args.dbs, make_filter(args))
+    flt = make_filter(args)
+    ta = TraceAnalysis.from_paths(args.dbs, flt)
+    _warn_skipped(ta)
     if ta.data.empty:
-        print(
-            f"report.py: no trace in {', '.join(args.dbs)} matches the filters"
-            + (
-                f" ({ta.data.skipped_errors} failed profiles skipped; see --include-errors)"
-                if ta.data.skipped_errors
-                else ""
-            ),
-            file=sys.stderr,
-        )
+        print(_no_match(ta, args, flt), file=sys.stderr)
         return 1
     if args.command == "timeline":
         doc = ta.timeline(args.trace_id)
@@ -295,7 +346,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     meta = _meta(ta, args)
     if args.command == "compare":
-        return _emit({"comparison": _comparison(ta, args)}, meta, args)
+        front = Front(None, ta.data.bad_rows)
+        return _emit({"comparison": _comparison(ta, args)}, meta, args, front)
+    front = Front(ta.findings(), ta.data.bad_rows)
     keys = [*ANALYSES, "comparison"]
     if args.only:
         keys = list(_split([args.only]))
@@ -308,18 +361,19 @@ def run(args: argparse.Namespace) -> int:
     results = {k: ta.result(k) for k in keys if k != "comparison"}
     if "comparison" in keys:
         results["comparison"] = _comparison(ta, args)
-    return _emit(results, meta, args)
+    return _emit(results, meta, args, front)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
+    parser, report_parser = build_parsers()
+    if not argv or argv[0] in ("-h", "--help"):
+        # The default command's help: its filters and --format, then the other commands.
+        report_parser.print_help(sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    if argv[0] not in COMMANDS:
         argv.insert(0, "report")
-    parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
     try:
         return run(args)
     except (TraceStoreError, TraceNotFoundError) as exc:

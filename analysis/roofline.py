@@ -50,7 +50,25 @@ def classify(df: pd.DataFrame, flops: str, nbytes: str, latency_ns: str) -> pd.D
     out["bound"] = np.where(
         known, np.where(out["arithmetic_intensity"] < ridge, "memory", "compute"), "unknown"
     )
+    # Above the roof: the recorded peak is lower than what was achieved (measured under
+    # load, or estimated FLOPs too high). Such a point is flagged, never shown as > 100%.
+    out["above_roof"] = out["arithmetic_throughput_gflops"] > out["attainable_gflops"] * 1.001
     return out
+
+
+def above_roof_note(df: pd.DataFrame, what: str) -> list[str]:
+    """A note naming the rows whose throughput exceeds the recorded roof."""
+    above = df[df["above_roof"]]
+    if above.empty:
+        return []
+    top = above.sort_values("arithmetic_throughput_gflops").iloc[-1]
+    return [
+        f"{len(above)} {what} ran above the recorded roof (e.g. "
+        f"{top['arithmetic_throughput_gflops']:.4g} GFLOP/s against an attainable "
+        f"{top['attainable_gflops']:.4g}): the peak ({top.get('peak_source', '?')}) was measured "
+        "too low, so their bound verdicts are doubtful; re-measure it "
+        "(`xsp-sidecar profile --refresh-peak`)"
+    ]
 
 
 def _peak_notes(df: pd.DataFrame) -> list[str]:
@@ -72,6 +90,7 @@ ROOFLINE_COLUMNS = [
     "attainable_gflops",
     "ridge_point",
     "bound",
+    "above_roof",
     "estimated",
     "n_traces",
 ]
@@ -115,7 +134,7 @@ def kernel_roofline(fr: Frames) -> AnalysisResult:
     )
     agg, table = _on_roofline(fr, agg, ["layer", "idx", "name"], ["layer", "idx"])
     res = AnalysisResult("A9", A9_TITLE, table, estimated=bool(table["estimated"].any()))
-    res.notes = _peak_notes(agg)
+    res.notes = _peak_notes(agg) + above_roof_note(agg, "kernels")
     res.extra["peaks"] = fr.peaks().to_dict(orient="records")
     return res
 
@@ -175,7 +194,11 @@ def layer_roofline(fr: Frames) -> AnalysisResult:
     )
     agg, table = _on_roofline(fr, agg, ["idx", "name", "type"], ["idx"])
     res = AnalysisResult("A14", A14_TITLE, table, estimated=bool(table["estimated"].any()))
-    res.notes = [f"FLOPs and bytes from {source}", *_peak_notes(agg)]
+    res.notes = [
+        f"FLOPs and bytes from {source}",
+        *_peak_notes(agg),
+        *above_roof_note(agg, "layers"),
+    ]
     if res.estimated:
         res.notes.append("estimated: FLOPs/bytes are estimates from layer shapes, not counters")
     res.extra["peaks"] = fr.peaks().to_dict(orient="records")

@@ -17,6 +17,7 @@ import pandas as pd
 
 from analysis import (
     compare,
+    damage,
     kernel_level,
     layer_level,
     live,
@@ -27,6 +28,8 @@ from analysis import (
     timeline,
 )
 from analysis.common import AnalysisResult, Frames
+from analysis.findings import Finding, find
+from analysis.findings import table as findings_table
 from analysis.tracedb import TraceData, TraceFilter, load_traces
 
 Analyzer = Callable[[Frames], AnalysisResult]
@@ -67,6 +70,7 @@ class TraceAnalysis:
         self.data = data
         self._frames = Frames(data)
         self._results: dict[str, AnalysisResult] = {}
+        self._findings: list[Finding] | None = None
 
     @classmethod
     def from_paths(
@@ -91,6 +95,12 @@ class TraceAnalysis:
     def run_all(self, keys: Sequence[str] | None = None) -> dict[str, AnalysisResult]:
         return {k: self.result(k) for k in (keys or ANALYSES)}
 
+    def findings(self) -> list[Finding]:
+        """What the analyses say to do (see `analysis.findings`), most actionable first."""
+        if self._findings is None:
+            self._findings = find(self.result, self.data)
+        return list(self._findings)
+
     def compare(
         self, base: str, new: str, labels: tuple[str, str] | None = None, top: int = 15
     ) -> AnalysisResult:
@@ -110,8 +120,21 @@ class TraceAnalysis:
         return self.result("A1").require()
 
     def get_optimal_batch(self) -> dict[str, int | None]:
-        """A1's optimal batch size per model (None where no doubling stopped paying)."""
+        """A1's optimal batch size per model (None where it is not yet known or uncertain;
+        `get_batch_decision` says which and why)."""
         return dict(self.result("A1").extra.get("optimal_batch", {}))
+
+    def get_batch_decision(self) -> dict[str, dict[str, Any]]:
+        """A1's optimal-batch decision per model: status, optimal, reason, measure_next."""
+        return dict(self.result("A1").extra.get("batch_decision", {}))
+
+    def get_findings(self) -> pd.DataFrame:
+        """The findings as a table (rule, subject, finding, evidence, action)."""
+        return findings_table(self.findings())
+
+    def get_skipped_rows(self) -> pd.DataFrame:
+        """Damaged rows of the stores that were left out (or values ignored), and why."""
+        return damage.frame(self.data.bad_rows)
 
     def get_layer_table(self) -> pd.DataFrame:
         """A2."""

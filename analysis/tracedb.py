@@ -20,6 +20,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis import damage
+from analysis.damage import BadRow
+
 # Span attribute keys (docs/contracts.md) extracted into columns of `TraceData.spans`, and
 # the spans they are read from (each json_extract parses the JSON again, so only where used).
 LAYER_ATTRIBUTES: tuple[str, ...] = (
@@ -37,6 +40,10 @@ _LAYER_SCALARS = tuple(
     k for k in (*LAYER_ATTRIBUTES, *SHARED_ATTRIBUTES) if k not in ("input_shapes", "output_shapes")
 )
 _WORK_SCALARS = (*SHARED_ATTRIBUTES, *WORK_ATTRIBUTES)
+# Layer attributes kept as JSON text: shapes, and the original graph nodes a fused layer
+# computes (ONNX Runtime: Conv+Relu -> one Conv node named after its output).
+_LAYER_JSON = ("input_shapes", "output_shapes")
+_LAYER_LISTS = ("original_nodes", "original_op_types")  # parsed with the scalars
 _IS_LAYER = "s.level = 'layer'"
 _IS_WORK = "s.level = 'kernel' AND s.kind NOT IN ('runtime', 'driver')"
 # Trace attribute keys extracted into columns of `TraceData.traces`.
@@ -76,6 +83,8 @@ class TraceData:
     level_stats: pd.DataFrame
     sources: list[str] = field(default_factory=list)
     skipped_errors: int = 0  # traces left out because their profile failed
+    bad_rows: list[BadRow] = field(default_factory=list)  # damaged rows left out (named)
+    failed_reasons: dict[str, int] = field(default_factory=dict)  # error -> failed traces
 
     @property
     def empty(self) -> bool:
@@ -167,16 +176,71 @@ def _where(flt: TraceFilter) -> tuple[str, list[object]]:
     return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
 
 
-def _load_one(path: Path, flt: TraceFilter) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, int]:
+def _trace_checks(guard_json: bool) -> str:
+    checks = [
+        damage.integer("created_ns"),
+        damage.positive_integer("batch_size"),
+        ("model IS NULL", "'model: NULL'"),
+    ]
+    if guard_json:
+        checks.append(damage.json_object("attributes"))
+    return damage.bad_expression(checks)
+
+
+def _span_checks(guard_json: bool) -> str:
+    checks = [
+        damage.integer("s.start_ns"),
+        damage.integer("s.end_ns"),
+        damage.ordered("s.start_ns", "s.end_ns"),
+        *damage.duration("s.duration_ns"),
+        damage.integer("s.idx", nullable=True),
+    ]
+    if guard_json:
+        checks.append(damage.json_object("s.attributes"))
+    return damage.bad_expression(checks)
+
+
+def _stats_checks() -> str:
+    return damage.bad_expression(
+        [
+            *damage.duration("trimmed_mean_ns"),
+            *(c for col in ("median_ns", "min_ns", "max_ns") for c in damage.duration(col, True)),
+            *damage.ratio("overhead_ratio"),
+            damage.integer("iterations", nullable=True),
+            damage.integer("warmup", nullable=True),
+        ]
+    )
+
+
+def _int_or_zero(column: str, alias: str) -> str:
+    """An integer column whose damaged values read as 0 (the row is skipped anyway), so
+    that the column stays int64 and epoch nanoseconds stay exact."""
+    return f"CASE WHEN typeof({column}) = 'integer' THEN {column} ELSE 0 END AS {alias}"
+
+
+def _json(column: str, expr: str, guard_json: bool) -> str:
+    return f"CASE WHEN json_valid({column}) THEN {expr} END" if guard_json else expr
+
+
+Loaded = tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, int, dict[str, int]]
+
+
+def _load_one(path: Path, flt: TraceFilter, guard_json: bool = False) -> Loaded:
+    """Traces, spans and level_stats rows of one store, each with a `_bad` column that names
+    the damage of a damaged row (NULL for a sound one). Without `guard_json` SQLite parses
+    attribute JSON unchecked (fast); a malformed text then fails the query, and the load is
+    repeated with every JSON text checked first."""
     conn = _connect_ro(path)
     try:
         where, params = _where(flt)
         trace_attr_cols = ", ".join(
-            f"json_extract(attributes, '$.{k}') AS {k}" for k in TRACE_ATTRIBUTE_COLUMNS
+            _json("attributes", f"json_extract(attributes, '$.{k}')", guard_json) + f" AS {k}"
+            for k in TRACE_ATTRIBUTE_COLUMNS
         )
         traces = pd.read_sql_query(
             "SELECT trace_id, model, model_version, batch_size, runtime, device, sample_reason, "
-            f"sidecar_version, status, error, created_ns, attributes, {trace_attr_cols} "
+            f"sidecar_version, status, error, {_int_or_zero('created_ns', 'created_ns')}, "
+            f"attributes, {trace_attr_cols}, {_trace_checks(guard_json)} AS _bad "
             f"FROM traces{where} ORDER BY created_ns, trace_id",
             conn,
             params=params,
@@ -184,16 +248,26 @@ def _load_one(path: Path, flt: TraceFilter) -> tuple[pd.DataFrame, pd.DataFrame,
         err_where, err_params = _where(TraceFilter(**{**flt.__dict__, "include_errors": True}))
         n_all = conn.execute(f"SELECT COUNT(*) FROM traces{err_where}", err_params).fetchone()[0]
         skipped = int(n_all) - len(traces)
+        failed: dict[str, int] = {}
+        if skipped:
+            failed_where = err_where + (" AND " if err_where else " WHERE ") + "status != 'ok'"
+            for reason, count in conn.execute(
+                "SELECT COALESCE(NULLIF(error, ''), 'status ' || quote(status)), COUNT(*) "
+                f"FROM traces{failed_where} GROUP BY 1",
+                err_params,
+            ):
+                failed[str(reason)] = int(count)
         # One json_extract per span with several paths returns a JSON array (one parse per
         # span in SQLite, one json.loads for all of them in Python); shapes stay JSON text.
-        layer_paths = ", ".join(f"'$.{k}'" for k in _LAYER_SCALARS)
+        layer_paths = ", ".join(f"'$.{k}'" for k in (*_LAYER_SCALARS, *_LAYER_LISTS))
         work_paths = ", ".join(f"'$.{k}'" for k in _WORK_SCALARS)
+        valid = "json_valid(s.attributes) AND " if guard_json else ""
         extracts = [
-            f"CASE WHEN {_IS_LAYER} THEN json_extract(s.attributes, {layer_paths}) "
-            f"WHEN {_IS_WORK} THEN json_extract(s.attributes, {work_paths}) END AS _attrs",
+            f"CASE WHEN {valid}{_IS_LAYER} THEN json_extract(s.attributes, {layer_paths}) "
+            f"WHEN {valid}{_IS_WORK} THEN json_extract(s.attributes, {work_paths}) END AS _attrs",
             *(
-                f"CASE WHEN {_IS_LAYER} THEN json_extract(s.attributes, '$.{k}') END AS {k}"
-                for k in ("input_shapes", "output_shapes")
+                f"CASE WHEN {valid}{_IS_LAYER} THEN json_extract(s.attributes, '$.{k}') END AS {k}"
+                for k in _LAYER_JSON
             ),
         ]
         sub = f"SELECT trace_id FROM traces{where}"
@@ -205,10 +279,13 @@ def _load_one(path: Path, flt: TraceFilter) -> tuple[pd.DataFrame, pd.DataFrame,
         # API records themselves (runtime/driver) serve only this join and the timeline
         # export (which reads its trace in full), so the bulk load leaves them out.
         spans = pd.read_sql_query(
-            "SELECT s.trace_id, s.level, s.name, s.kind, s.start_ns, "
-            f"s.end_ns, s.duration_ns, s.run_level, s.idx, {', '.join(extracts)}, "
+            "SELECT s.trace_id, s.span_id, s.level, s.name, s.kind, "
+            f"{_int_or_zero('s.start_ns', 'start_ns')}, {_int_or_zero('s.end_ns', 'end_ns')}, "
+            "CASE WHEN typeof(s.duration_ns) IN ('integer', 'real') THEN s.duration_ns "
+            "ELSE 0 END AS duration_ns, s.run_level, "
+            f"{_int_or_zero('s.idx', 'idx')}, {', '.join(extracts)}, "
             "CASE WHEN p.level = 'layer' THEN p.name WHEN g.level = 'layer' THEN g.name END "
-            "AS layer FROM spans s "
+            f"AS layer, {_span_checks(guard_json)} AS _bad FROM spans s "
             "LEFT JOIN spans p ON s.level = 'kernel' AND p.trace_id = s.trace_id "
             "AND p.span_id = s.parent_id "
             "LEFT JOIN spans g ON p.level = 'kernel' AND g.trace_id = p.trace_id "
@@ -220,16 +297,21 @@ def _load_one(path: Path, flt: TraceFilter) -> tuple[pd.DataFrame, pd.DataFrame,
         )
         stats = pd.read_sql_query(
             "SELECT trace_id, level, iterations, warmup, trimmed_mean_ns, median_ns, min_ns, "
-            "max_ns, overhead_ratio FROM level_stats"
+            "max_ns, overhead_ratio, CASE WHEN level = 'model' THEN samples_ns END AS samples_ns, "
+            f"{_stats_checks()} AS _bad FROM level_stats"
             + (f" WHERE trace_id IN ({sub})" if narrow else ""),
             conn,
             params=params if narrow else None,
         )
-    except sqlite3.DatabaseError as exc:
-        raise TraceStoreError(f"{path}: cannot read the trace store ({exc})") from None
+    except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
+        if "malformed JSON" in str(exc) and not guard_json:
+            conn.close()
+            return _load_one(path, flt, guard_json=True)
+        cause = exc.__cause__ if isinstance(exc, pd.errors.DatabaseError) else None
+        raise TraceStoreError(f"{path}: cannot read the trace store ({cause or exc})") from None
     finally:
         conn.close()
-    return traces, spans, stats, skipped
+    return traces, spans, stats, skipped, failed
 
 
 _NUMERIC = ("allocated_bytes", "flops", "dram_read_bytes", "dram_write_bytes",
@@ -237,54 +319,160 @@ _NUMERIC = ("allocated_bytes", "flops", "dram_read_bytes", "dram_write_bytes",
 _FLAGS = ("flops_estimated", "bytes_estimated", "metrics_estimated")
 
 
-def _as_float(values: Sequence[object]) -> np.ndarray:
+def _as_float(values: Sequence[object]) -> tuple[np.ndarray, np.ndarray]:
+    """Floats (None -> NaN) and the mask of values that were present but not numbers."""
     try:
-        return np.array(values, dtype="float64")  # None -> NaN
+        return np.array(values, dtype="float64"), np.zeros(len(values), dtype=bool)
     except (TypeError, ValueError):  # a producer wrote a string: keep what parses
-        return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy("float64")
+        raw = pd.Series(values, dtype=object)
+        out = pd.to_numeric(raw, errors="coerce").to_numpy("float64")
+        return out, np.isnan(out) & raw.notna().to_numpy()
 
 
-def _unpack_attributes(spans: pd.DataFrame) -> dict[str, np.ndarray]:
-    """Typed columns from the `_attrs` JSON arrays (layer or kernel scalars)."""
+def _unpack_attributes(
+    spans: pd.DataFrame, ignored: list[tuple[int, str, object]]
+) -> dict[str, np.ndarray]:
+    """Typed columns from the `_attrs` JSON arrays (layer or kernel scalars). A value that is
+    not a number where one is expected is left out and reported in `ignored` as (row
+    position, attribute, value)."""
     texts = spans["_attrs"].to_numpy()
     is_layer = (spans["level"] == "layer").to_numpy()
     has = pd.notna(texts)
     n = len(spans)
     columns: dict[str, np.ndarray] = {k: np.full(n, np.nan) for k in (*_NUMERIC, *_FLAGS)}
-    columns.update({k: np.full(n, None, dtype=object) for k in ("op_type", "stream")})
-    for mask, keys in ((has & is_layer, _LAYER_SCALARS), (has & ~is_layer, _WORK_SCALARS)):
+    columns.update(
+        {k: np.full(n, None, dtype=object) for k in ("op_type", "stream", *_LAYER_LISTS)}
+    )
+    layer_keys = (*_LAYER_SCALARS, *_LAYER_LISTS)
+    for mask, keys in ((has & is_layer, layer_keys), (has & ~is_layer, _WORK_SCALARS)):
         if not mask.any():
             continue
         parsed = json.loads("[" + ",".join(texts[mask]) + "]")
+        positions = np.flatnonzero(mask)
         for key, values in zip(keys, zip(*parsed, strict=True), strict=True):
-            if key in columns and columns[key].dtype == object:
+            if key in _LAYER_LISTS:
+                column = np.empty(len(values), dtype=object)
+                column[:] = values  # lists stay whole, one per row
+                columns[key][mask] = column
+            elif key in columns and columns[key].dtype == object:
                 columns[key][mask] = values
             else:
-                columns[key][mask] = _as_float(values)
+                columns[key][mask], wrong = _as_float(values)
+                for i in np.flatnonzero(wrong):
+                    ignored.append((int(positions[i]), key, values[i]))
     for key in _FLAGS:
         columns[key] = columns[key] > 0
     return columns
 
 
-def _normalize(traces: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
-    """Typed columns that do not depend on which values a database happens to hold; returns
-    the spans frame with the attribute columns."""
-    traces["attributes"] = [json.loads(a) if a else {} for a in traces["attributes"]]
-    traces["batch_size"] = traces["batch_size"].astype("Int64")
+def _trace_attributes(traces: pd.DataFrame, source: str) -> tuple[pd.DataFrame, list[BadRow]]:
+    """Parse each trace's attribute JSON; a trace whose attributes are not a JSON object is
+    skipped. Non-numeric peaks are ignored (the trace then has no roofline)."""
+    parsed: list[dict[str, Any]] = []
+    bad: list[BadRow] = []
+    keep = np.ones(len(traces), dtype=bool)
+    for i, (tid, text) in enumerate(zip(traces["trace_id"], traces["attributes"], strict=True)):
+        try:
+            value = json.loads(text) if text else {}
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            keep[i] = False
+            bad.append(BadRow(source, "traces", str(tid), "", "attributes", "not a JSON object"))
+            parsed.append({})
+            continue
+        parsed.append(value)
+    traces = traces.assign(attributes=parsed)
     for col in ("peak_flops_per_s", "peak_dram_bytes_per_s"):
-        traces[col] = pd.to_numeric(traces[col], errors="coerce")
-    start = spans["start_ns"].to_numpy("int64")
-    end = spans["end_ns"].to_numpy("int64")
-    duration = pd.to_numeric(spans["duration_ns"], errors="coerce").to_numpy("float64")
+        values, wrong = _as_float(list(traces[col]))
+        traces[col] = values
+        for i in np.flatnonzero(wrong & keep):
+            bad.append(
+                BadRow(
+                    source,
+                    "traces",
+                    str(traces["trace_id"].iat[i]),
+                    "",
+                    f"attributes.{col}",
+                    f"not a number ({traces[col].iat[i]!r})",
+                    damage.IGNORED,
+                )
+            )
+    return traces[keep].reset_index(drop=True), bad
+
+
+def _samples(stats: pd.DataFrame, source: str) -> tuple[list[list[float] | None], list[BadRow]]:
+    """The M run's per-iteration latencies (JSON lists); damaged ones are ignored."""
+    out: list[list[float] | None] = []
+    bad: list[BadRow] = []
+    rows = zip(stats["trace_id"], stats["level"], stats["samples_ns"], strict=True)
+    for tid, level, text in rows:
+        if text is None:
+            out.append(None)
+            continue
+        try:
+            values = [float(v) for v in json.loads(text)]
+            if not all(0 <= v < damage.MAX_NS for v in values):
+                raise ValueError
+            out.append(values)
+        except (ValueError, TypeError):
+            out.append(None)
+            bad.append(
+                BadRow(
+                    source,
+                    "level_stats",
+                    str(tid),
+                    str(level),
+                    "samples_ns",
+                    f"not a list of durations ({str(text)[:40]!r})",
+                    damage.IGNORED,
+                )
+            )
+    return out, bad
+
+
+def _normalize(
+    traces: pd.DataFrame, spans: pd.DataFrame, stats: pd.DataFrame, source: str
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list[BadRow]]:
+    """Typed columns that do not depend on which values a database happens to hold, with
+    damaged rows skipped (and named); returns traces, spans (with the attribute columns),
+    level stats and the damaged rows."""
+    traces, bad = damage.from_frame(traces, source, "traces", None)
+    traces, bad_attrs = _trace_attributes(traces, source)
+    bad += bad_attrs
+    traces["batch_size"] = pd.to_numeric(traces["batch_size"]).astype("Int64")
+    traces["created_ns"] = traces["created_ns"].astype("int64")
+    spans, bad_spans = damage.from_frame(spans, source, "spans", "span_id")
+    stats, bad_stats = damage.from_frame(stats, source, "level_stats", "level")
+    bad += bad_spans + bad_stats
+    for col in ("iterations", "warmup", "trimmed_mean_ns", "median_ns", "min_ns", "max_ns",
+                "overhead_ratio"):  # fmt: skip
+        stats[col] = pd.to_numeric(stats[col])
+    stats["samples_ns"], bad_samples = _samples(stats, source)
+    bad += bad_samples
+    ignored: list[tuple[int, str, object]] = []
     columns = {
-        "start_ns": start,
-        "end_ns": end,
-        "duration_ns": np.where(np.isnan(duration), end - start, duration).astype("int64"),
-        "idx": pd.to_numeric(spans["idx"], errors="coerce").fillna(0).to_numpy("int64"),
-        **_unpack_attributes(spans),
+        "start_ns": spans["start_ns"].to_numpy("int64"),
+        "end_ns": spans["end_ns"].to_numpy("int64"),
+        "duration_ns": np.rint(spans["duration_ns"].to_numpy("float64")).astype("int64"),
+        "idx": spans["idx"].to_numpy("int64"),
+        **_unpack_attributes(spans, ignored),
     }
+    for pos, key, value in ignored:
+        bad.append(
+            BadRow(
+                source,
+                "spans",
+                str(spans["trace_id"].iat[pos]),
+                str(spans["span_id"].iat[pos]),
+                f"attributes.{key}",
+                f"not a number ({value!r})",
+                damage.IGNORED,
+            )
+        )
     rest = spans.drop(columns=["_attrs", "start_ns", "end_ns", "duration_ns", "idx"])
-    return pd.concat([rest, pd.DataFrame(columns, index=spans.index)], axis=1)
+    spans = pd.concat([rest, pd.DataFrame(columns, index=spans.index)], axis=1)
+    return traces, spans, stats, bad
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -303,19 +491,24 @@ def load_traces(paths: Sequence[str | Path], flt: TraceFilter | None = None) -> 
         raise TraceStoreError("no trace database given")
     all_traces, all_spans, all_stats = [], [], []
     skipped = 0
+    bad_rows: list[BadRow] = []
+    failed_reasons: dict[str, int] = {}
     sources: list[str] = []
     next_key = 0
     for raw in paths:
         path = Path(raw)
-        traces, spans, stats, n_skipped = _load_one(path, flt)
-        spans = _normalize(traces, spans)
-        skipped += n_skipped
         source = str(raw)
+        traces, spans, stats, n_skipped, failed = _load_one(path, flt)
+        for reason, count in failed.items():
+            failed_reasons[reason] = failed_reasons.get(reason, 0) + count
+        traces, spans, stats, bad = _normalize(traces, spans, stats, source)
+        bad_rows += bad
+        skipped += n_skipped
         sources.append(source)
         keys = pd.Series(range(next_key, next_key + len(traces)), index=traces["trace_id"])
         next_key += len(traces)
         mask = spans["trace_id"].isin(keys.index)
-        if not mask.all():  # spans of failed traces
+        if not mask.all():  # spans of failed (or damaged) traces
             spans = spans[mask].reset_index(drop=True)
         stats = stats[stats["trace_id"].isin(keys.index)].reset_index(drop=True)
         for df in (traces, spans, stats):
@@ -325,7 +518,26 @@ def load_traces(paths: Sequence[str | Path], flt: TraceFilter | None = None) -> 
         all_spans.append(spans)
         all_stats.append(stats)
     traces, spans, stats = (_concat(f) for f in (all_traces, all_spans, all_stats))
-    return TraceData(traces, spans, stats, sources, skipped)
+    return TraceData(traces, spans, stats, sources, skipped, bad_rows, failed_reasons)
+
+
+def model_counts(paths: Sequence[str | Path]) -> dict[str, int]:
+    """Model name -> number of traces, over every readable store in `paths` (for telling a
+    user which models exist when a filter matched none)."""
+    counts: dict[str, int] = {}
+    for raw in paths:
+        try:
+            conn = _connect_ro(Path(raw))
+        except TraceStoreError:
+            continue
+        try:
+            for model, n in conn.execute("SELECT model, COUNT(*) FROM traces GROUP BY model"):
+                counts[str(model)] = counts.get(str(model), 0) + int(n)
+        except sqlite3.DatabaseError:
+            pass
+        finally:
+            conn.close()
+    return counts
 
 
 def trace_spans(source: str | Path, trace_id: str) -> list[dict[str, Any]]:
@@ -342,6 +554,11 @@ def trace_spans(source: str | Path, trace_id: str) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         d = dict(r)
-        d["attributes"] = json.loads(d["attributes"]) if d["attributes"] else {}
+        try:
+            d["attributes"] = json.loads(d["attributes"]) if d["attributes"] else {}
+        except ValueError:
+            d["attributes"] = {"damaged_attributes": str(d["attributes"])[:200]}
+        if not isinstance(d["attributes"], dict):
+            d["attributes"] = {"damaged_attributes": str(d["attributes"])[:200]}
         out.append(d)
     return out

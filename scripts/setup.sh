@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv with xsp-sidecar (editable), its dev tools and the CPU build of PyTorch,
-# and the private Triton environment under .triton/. Safe to run again.
+# and the private Triton environment under .triton/. Safe to run again: when nothing that
+# goes into .venv changed (pyproject.toml, this script, the Python), it only checks the
+# environment and says so in one line. pip's output goes to .venv/setup.log, shown on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,13 +14,25 @@ fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-echo "==> installing xsp-sidecar and its dependencies into .venv"
-pip install --quiet --upgrade pip 2>&1 | grep -v "is ignored" || true
-# The CPU build of PyTorch first: an unpinned torch would pull a multi-GB CUDA build.
-pip install --quiet torch==2.13.0 2>&1 | grep -v "is ignored" || true
-pip install --quiet -e '.[dev,pytorch]' 2>&1 | grep -v "is ignored" || true
-python -c "import sidecar, torch, onnxruntime, grpc, tritonclient.grpc" \
-    || { echo "setup failed: the sidecar's environment is incomplete" >&2; exit 1; }
+
+STAMP=.venv/.xsp-setup-stamp
+LOG=.venv/setup.log
+want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1) $(python -V 2>&1)"
+check() { python -c "import sidecar, torch, onnxruntime, grpc, tritonclient.grpc" 2>/dev/null; }
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && check; then
+    echo "==> .venv is up to date (pyproject.toml unchanged; log of the last install: $LOG)"
+else
+    echo "==> installing xsp-sidecar and its dependencies into .venv (log: $LOG)"
+    {
+        pip install --quiet --upgrade pip || echo "(pip not upgraded; going on)"
+        # The CPU build of PyTorch first: an unpinned torch would pull a multi-GB CUDA build.
+        pip install --quiet torch==2.13.0
+        pip install --quiet -e '.[dev,pytorch]'
+    } >"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; echo "setup failed: see $LOG" >&2; exit 1; }
+    check || { echo "setup failed: the sidecar's environment is incomplete (see $LOG)" >&2; exit 1; }
+    echo "$want" >"$STAMP"
+fi
 
 echo "==> preparing the local Triton server (nvidia-pytriton in .triton/venv)"
 python -m sidecar.localtriton.environment

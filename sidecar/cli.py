@@ -13,6 +13,15 @@ from collections.abc import Sequence
 
 from sidecar import __version__
 
+EPILOG = """\
+reports:
+  `serve --db FILE` and `profile --db FILE` write traces to a SQLite store; analyse it with
+    python analysis/report.py FILE [--format text|markdown|html|json|csv] [--model NAME]
+  (findings with suggested actions first, then XSP's analyses A1-A15; see its --help).
+
+Run 'xsp-sidecar COMMAND --help' for a command's options and defaults.
+"""
+
 COMMAND_MODULES = (
     "sidecar.commands.serve",
     "sidecar.commands.profile",
@@ -27,6 +36,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
             "Forward gRPC inference traffic to Triton / TF-Serving untouched, export Prometheus "
             "metrics, and turn sampled requests into leveled (model -> layer -> kernel) profiles."
         ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"xsp-sidecar {__version__}")
     parser.add_argument(

@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -113,30 +113,59 @@ def send_traffic(address: str, options: DemoOptions) -> dict[str, int]:
     return counts
 
 
+def metric_totals(text: str, name: str, label: str | None = None) -> dict[str, float]:
+    """Sum of a counter's samples in a /metrics scrape, by the value of `label` (or under
+    the key "" for all of them)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name != f"{name}_total":
+                continue
+            key = sample.labels.get(label, "") if label else ""
+            totals[key] = totals.get(key, 0.0) + sample.value
+    return totals
+
+
 def sampled_count(metrics_port: int) -> float:
-    total = 0.0
-    for line in scrape(metrics_port).splitlines():
-        if line.startswith("xsp_sampling_decisions_total{") and 'decision="sampled"' in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    decisions = metric_totals(scrape(metrics_port), "xsp_sampling_decisions", "decision")
+    return decisions.get("sampled", 0.0)
 
 
-def send_forced(address: str, metrics_port: int, db: Path, count: int) -> None:
+@dataclass
+class ForcedResult:
+    """What the forced requests took: `attempts` calls for `profiles` profiles."""
+
+    profiles: int = 0
+    attempts: int = 0
+    turned_away: dict[str, int] = field(default_factory=dict)  # decision -> calls
+
+
+def send_forced(address: str, metrics_port: int, db: Path, count: int) -> ForcedResult:
     """`count` simple_cnn calls with `x-xsp-profile: 1`, one profile at a time: a forced call
-    still respects the budget and the worker's duty cycle, so it is retried until sampled."""
+    still respects the budget and the worker's duty cycle, so a call that was turned away
+    (counted, with the decision that turned it away) is sent again until one is sampled."""
     client = grpcclient.InferenceServerClient(address)
     rng = np.random.default_rng(1)
+    result = ForcedResult()
     for k in range(count):
         before = count_traces(db)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            sampled = sampled_count(metrics_port)
+            decisions = metric_totals(scrape(metrics_port), "xsp_sampling_decisions", "decision")
             client.infer("simple_cnn", [_cnn_input(1 + k % 4, rng)], headers={"x-xsp-profile": "1"})
-            if sampled_count(metrics_port) > sampled:
+            result.attempts += 1
+            after = metric_totals(scrape(metrics_port), "xsp_sampling_decisions", "decision")
+            if after.get("sampled", 0.0) > decisions.get("sampled", 0.0):
+                result.profiles += 1
                 break
+            why = next((d for d in after if after[d] > decisions.get(d, 0.0)), "unknown")
+            result.turned_away[why] = result.turned_away.get(why, 0) + 1
             time.sleep(0.5)  # the duty-cycle gate is closed; try again
-        wait_for_traces(db, before + 1, timeout=60, desc=f"forced profile {k + 1}/{count}")
+        wait_for_traces(db, before, 1, timeout=60, desc=f"forced profile {k + 1}/{count}")
     client.close()
+    return result
 
 
 def count_traces(db: Path) -> int:
@@ -152,19 +181,71 @@ def count_traces(db: Path) -> int:
             return 0
 
 
-def wait_for_traces(db: Path, want: int, timeout: float = 120.0, desc: str = "profiles") -> int:
-    """Poll the trace store until `want` replayed traces exist (or time runs out)."""
+def wait_for_traces(
+    db: Path, before: int, want: int, timeout: float = 120.0, desc: str = "profiles"
+) -> int:
+    """Poll the trace store until `want` traces more than `before` exist (or time runs out);
+    the bar counts this wait's traces, not the store's."""
     deadline = time.monotonic() + timeout
-    count = 0
-    with tqdm(total=want, desc=desc, unit="trace") as bar:
+    new = 0
+    fmt = "{desc}: {n_fmt}/{total_fmt} trace(s) stored [{elapsed}]"
+    with tqdm(total=want, desc=desc, bar_format=fmt) as bar:
         while time.monotonic() < deadline:
-            count = count_traces(db)
-            bar.n = min(count, want)
+            new = count_traces(db) - before
+            bar.n = min(new, want)
             bar.refresh()
-            if count >= want:
+            if new >= want:
                 break
             time.sleep(0.3)
-    return count
+    return new
+
+
+def failed_profiles(db: Path) -> dict[str, int]:
+    """Error message -> number of profiles stored with status error."""
+    import sqlite3
+
+    if not db.exists():
+        return {}
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+        try:
+            rows = con.execute(
+                "SELECT model || ': ' || COALESCE(error, status), COUNT(*) FROM traces "
+                "WHERE status != 'ok' GROUP BY 1"
+            ).fetchall()
+        except sqlite3.Error:
+            return {}
+    return {str(k): int(n) for k, n in rows}
+
+
+def account(
+    options: DemoOptions, counts: dict[str, int], forced: ForcedResult, metrics_text: str, db: Path
+) -> list[str]:
+    """Console lines that add up: what was sent, what the sidecar counted, what it sampled,
+    skipped and profiled, and why profiles failed."""
+    sent = options.requests + forced.attempts
+    counted = sum(metric_totals(metrics_text, "xsp_requests").values())
+    lines = [
+        f"requests: {options.requests} traffic + {forced.attempts} forced calls "
+        f"(for {forced.profiles} forced profile(s)) = {sent} sent; xsp_requests_total "
+        f"counted {counted:.0f}" + ("" if round(counted) == sent else " (they differ!)"),
+    ]
+    if forced.turned_away:
+        why = ", ".join(f"{n} by {d}" for d, n in sorted(forced.turned_away.items()))
+        lines.append(f"forced calls turned away and sent again: {why}")
+    decisions = metric_totals(metrics_text, "xsp_sampling_decisions", "decision")
+    lines.append(
+        "sampling decisions: "
+        + ", ".join(f"{d} {n:.0f}" for d, n in sorted(decisions.items(), key=lambda kv: -kv[1]))
+    )
+    outcomes = metric_totals(metrics_text, "xsp_profiles", "outcome")
+    lines.append(
+        "profiles: " + (", ".join(f"{o} {n:.0f}" for o, n in sorted(outcomes.items())) or "none")
+    )
+    for reason, n in sorted(failed_profiles(db).items()):
+        lines.append(f"  failed ({n}x): {reason[:200]}")
+    if counts["error"]:
+        lines.append(f"traffic errors (the client saw them): {counts['error']}")
+    return lines
 
 
 def scrape(metrics_port: int) -> str:
@@ -216,13 +297,16 @@ def run_demo(options: DemoOptions) -> int:
             counts = send_traffic(relay, options)
             say(f"sent {options.requests} requests: {counts['ok']} ok, {counts['error']} errors")
             say(f"sending {options.forced} requests with x-xsp-profile: 1 (forced samples)")
-            send_forced(relay, ports["metrics"], db, options.forced)
+            forced = send_forced(relay, ports["metrics"], db, options.forced)
             time.sleep(1.5)  # let Triton's span export and the writer catch up
             stored = count_traces(db)
             metrics_text = scrape(ports["metrics"])
             (out / "metrics.txt").write_text(metrics_text)
             say("what the sidecar recorded (selected /metrics lines):")
             for line in interesting_metrics(metrics_text):
+                print(f"    {line}")
+            say("adding it up:")
+            for line in account(options, counts, forced, metrics_text, db):
                 print(f"    {line}")
     say(f"{stored} sampled request(s) profiled and stored in {db}")
     report = [sys.executable, str(REPO_ROOT / "analysis" / "report.py")]

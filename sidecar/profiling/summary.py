@@ -7,7 +7,21 @@ from collections.abc import Sequence
 from typing import Any
 
 from sidecar.profiling.experiment import ProfileResult
+from sidecar.profiling.stats import BatchDecision
 from sidecar.trace.spans import Level
+
+NAME_WIDTH = 48  # layer names longer than this are cut (marked with an ellipsis)
+
+
+def cut(text: str, width: int) -> str:
+    """`text` in at most `width` characters, ending in an ellipsis where it was cut."""
+    return text if len(text) <= width else text[: width - 1] + "\u2026"
+
+
+def fused_ops(attributes: dict[str, Any]) -> str:
+    """`Conv+Relu` for a layer that computes several original graph nodes, else ""."""
+    kinds = attributes.get("original_op_types") or []
+    return "+".join(str(k) for k in kinds) if len(kinds) > 1 else ""
 
 
 def layer_type_shares(result: ProfileResult) -> list[tuple[str, float]]:
@@ -46,6 +60,8 @@ def as_dict(result: ProfileResult, top: int = 10) -> dict[str, Any]:
             {
                 "name": s.name,
                 "op_type": s.attributes.get("op_type", s.kind),
+                "fused": fused_ops(s.attributes),
+                "original_nodes": list(s.attributes.get("original_nodes") or []),
                 "ms": (s.duration_ns or 0) / 1e6,
                 "flops": s.attributes.get("flops"),
             }
@@ -75,12 +91,22 @@ def render(result: ProfileResult, top: int = 10) -> str:
     if d["throughput_per_s"]:
         lines.append(f"  throughput {d['throughput_per_s']:.1f} inputs/s (model level)")
     if d["top_layers"]:
-        lines += ["", f"  top layers (L run, trimmed mean){'':>8}ms     est. GFLOP"]
-        for t in d["top_layers"]:
+        tops = d["top_layers"]
+        types = [t["fused"] or str(t["op_type"]) for t in tops]
+        nw = min(NAME_WIDTH, max(len("layer"), *(len(t["name"]) for t in tops)))
+        tw = max(len("type"), *(len(t) for t in types))
+        lines += [
+            "",
+            "  top layers (L run, trimmed mean)",
+            f"  {'layer':<{nw}}  {'type':<{tw}}{'ms':>9}  {'est. GFLOP':>10}",
+        ]
+        for t, kind in zip(tops, types, strict=True):
             gf = f"{t['flops'] / 1e9:.4f}" if t["flops"] is not None else "-"
-            lines.append(
-                f"  {t['name'][:36]:<36} {str(t['op_type'])[:14]:<14}{t['ms']:>8.3f}  {gf:>10}"
-            )
+            lines.append(f"  {cut(t['name'], nw):<{nw}}  {kind:<{tw}}{t['ms']:>9.3f}  {gf:>10}")
+        fused = [t for t in tops if t["fused"]]
+        if fused:
+            lines.append("  fused layers compute these graph nodes:")
+            lines += [f"    {t['name']}: {', '.join(t['original_nodes'])}" for t in fused]
         lines += ["", "  layer type shares"]
         for t in d["layer_types"][:top]:
             lines.append(f"  {t['op_type']!s:<24}{t['share'] * 100:>6.1f}%")
@@ -89,16 +115,14 @@ def render(result: ProfileResult, top: int = 10) -> str:
     return "\n".join(lines)
 
 
-def render_sweep(latency_ms: Sequence[tuple[int, float]], optimal: int) -> str:
-    """Batch sweep table (XSP A1) with the optimal batch."""
+def render_sweep(latency_ms: Sequence[tuple[int, float]], decision: BatchDecision) -> str:
+    """Batch sweep table (XSP A1) with the optimal batch decision (`stats.decide_batch`)."""
     lines = ["", f"  {'batch':>6}{'latency ms':>12}{'inputs/s':>12}"]
     for batch, ms in latency_ms:
         lines.append(f"  {batch:>6}{ms:>12.3f}{batch / (ms / 1e3):>12.1f}")
-    if optimal == latency_ms[-1][0]:
-        lines.append(
-            f"  optimal batch size: >= {optimal} (throughput still rises by more than 5% "
-            "per doubling up to the largest batch measured)"
-        )
+    if decision.status == "decided":
+        lines.append(f"  optimal batch size: {decision.optimal} ({decision.reason})")
     else:
-        lines.append(f"  optimal batch size: {optimal} (doubling it raises throughput by <= 5%)")
+        word = "not yet known" if decision.status == "not_yet_known" else "uncertain"
+        lines.append(f"  optimal batch size: {word}: {decision.reason}")
     return "\n".join(lines)

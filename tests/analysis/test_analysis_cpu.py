@@ -16,6 +16,7 @@ import pytest
 from analysis.common import NotCapturedError
 from analysis.trace_analysis import TraceAnalysis
 from analysis.tracedb import TraceFilter
+from sidecar.profiling.stats import decide_batch, trimmed_mean_rse
 from sidecar.trace.spans import Level, Source, Span, Trace
 from sidecar.trace.store import TraceStore
 from tests.analysis.helpers import (
@@ -80,11 +81,16 @@ def test_a1_throughput_latency_and_optimal_batch(ta: TraceAnalysis) -> None:
         assert close(row.latency_ms, lat / 1e6)
         assert close(row.throughput_per_s, row.batch_size / (lat / 1e9))
         thr[row.batch_size] = row.batch_size / (lat / 1e9)
-    best = next((b for b in sorted(thr) if 2 * b in thr and thr[2 * b] <= 1.05 * thr[b]), None)
+    # the report uses the one optimal-batch rule, fed with the per-trace spread
+    decision = decide_batch(
+        {b: tmean(v) for (_, b), v in expected.items()},
+        {b: trimmed_mean_rse(v) for (_, b), v in expected.items()},
+    )
+    assert ta.get_batch_decision() == {"small_cnn": decision.to_dict()}
+    best = decision.optimal if decision.status == "decided" else None
     assert ta.get_optimal_batch() == {"small_cnn": best}
     assert list(df.loc[df["optimal"], "batch_size"]) == ([] if best is None else [best])
-    if best is None:
-        assert "no optimal batch size" in " ".join(ta.result("A1").notes)
+    assert decision.reason in " ".join(ta.result("A1").notes)
     # five profiles per batch size: the trimmed mean drops the fastest and the slowest
     assert set(df["n_traces"]) == {5}
 
@@ -253,3 +259,16 @@ def test_overhead_per_level(ta: TraceAnalysis) -> None:
 def test_live_breakdown_not_captured_on_profile_traces(ta: TraceAnalysis) -> None:
     res = ta.result("live_breakdown")
     assert res.status == "not_captured" and "no live spans" in res.reason
+
+
+def test_fused_layers_name_their_original_nodes(ta: TraceAnalysis) -> None:
+    df = ta.get_layer_table()
+    for r in layer_rows(CPU_DB):
+        row = df[(df["batch_size"] == r["batch"]) & (df["name"] == r["name"])].iloc[0]
+        nodes = r.get("original_nodes") or []
+        if len(nodes) > 1:  # ORT's Conv+Relu: one Conv node named after the Relu's output
+            label = "+".join(r["original_op_types"]) + f" ({', '.join(nodes)})"
+            assert row["fused"] == label
+        else:
+            assert row["fused"] == ""
+    assert df["fused"].str.startswith("Conv+Relu (").any()

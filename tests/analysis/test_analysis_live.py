@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from analysis.common import trimmed_mean
-from analysis.model_level import optimal_batch
 from analysis.time_breakdown import union_ns
 from analysis.trace_analysis import TraceAnalysis
 from analysis.tracedb import parse_since
@@ -111,12 +110,17 @@ def test_bad_selector_is_explained(ta: TraceAnalysis) -> None:
         ta.compare("colour=red", "model=big_cnn")
 
 
-def test_trimmed_mean_and_optimal_batch_rules() -> None:
+def test_trimmed_mean_rule() -> None:
     assert trimmed_mean([1, 2, 3, 4, 100]) == 3.0  # floor(0.2*5)=1 dropped at each end
     assert trimmed_mean([1, 2, 3]) == 2.0  # floor(0.6)=0: plain mean
-    assert optimal_batch({1: 100.0, 2: 180.0, 4: 185.0, 8: 186.0}) == 2
-    assert optimal_batch({1: 100.0, 2: 180.0, 4: 300.0}) is None
-    assert optimal_batch({1: 100.0, 2: 105.0}) == 1  # exactly 5% counts as no gain
+
+
+def test_live_batch_one_only_asks_for_batch_two(ta: TraceAnalysis) -> None:
+    decisions = ta.get_batch_decision()
+    assert set(decisions) == {"big_cnn", "small_cnn"}
+    for d in decisions.values():
+        assert d["status"] == "not_yet_known" and d["measure_next"] == [2]
+    assert ta.get_optimal_batch() == {"big_cnn": None, "small_cnn": None}
 
 
 def test_union_of_intervals() -> None:

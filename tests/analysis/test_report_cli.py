@@ -30,6 +30,11 @@ def test_help_explains_commands() -> None:
     assert out.returncode == 0
     for word in ("timeline", "compare", "report", "--format", "ui.perfetto.dev"):
         assert word in out.stdout
+    # the top-level help shows the default command's filters and formats, with defaults
+    for flag in ("--model", "--batch-size", "--since", "--out", "markdown", "(default: 15)"):
+        assert flag in out.stdout
+    bare = run()
+    assert bare.returncode == 2 and "--format" in bare.stderr
     sub = run("report", "--help").stdout
     for flag in ("--model", "--trace", "--batch-size", "--since", "--format", "--out"):
         assert flag in sub
@@ -39,7 +44,8 @@ def test_json_is_keyed_by_xsp_ids_from_any_directory(tmp_path: Path) -> None:
     out = run(str(CPU_DB), "--format", "json", cwd=tmp_path)  # not the repo root
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert set(doc) == {"meta", *XSP_KEYS, *NAMED}
+    assert set(doc) == {"meta", "findings", "skipped_rows", *XSP_KEYS, *NAMED}
+    assert doc["skipped_rows"] == {"count": 0, "summary": "", "rows": [], "rows_left_out": 0}
     assert doc["A8"]["status"] == "not_captured" and "kernel_level" in doc["A8"]["reason"]
     assert doc["A14"]["estimated"] is True and doc["A2"]["status"] == "ok"
     assert doc["comparison"]["status"] == "not_applicable"
@@ -64,6 +70,10 @@ def test_filters(tmp_path: Path) -> None:
     assert doc["meta"]["traces"] == 1
     out = run(str(GPU_DB), "--model", "no_such_model")
     assert out.returncode == 1 and "no trace" in out.stderr
+    (n,) = q(GPU_DB, "SELECT COUNT(*) FROM traces WHERE model = 'tiny_resnet'")[0]
+    assert f"no model named no_such_model; the stores hold: tiny_resnet ({n} traces)" in (
+        out.stderr
+    )
     out = run(str(GPU_DB), "--since", "last tuesday")
     assert out.returncode == 2 and "--since" in out.stderr
 
@@ -105,13 +115,18 @@ def test_text_markdown_and_csv(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     doc = json.loads(run(str(GPU_DB), "--format", "json").stdout)
     for key in XSP_KEYS:
-        with open(tmp_path / "csv" / f"{key}.csv", newline="") as f:
+        path = tmp_path / "csv" / f"{key}.csv"
+        if doc[key]["status"] != "ok":  # an analysis without data writes no CSV
+            assert not path.exists()
+            continue
+        with open(path, newline="") as f:
             assert len(list(csv.DictReader(f))) == len(doc[key]["rows"])
+    assert (tmp_path / "csv" / "findings.csv").is_file()
 
 
 def test_only_and_unknown_keys() -> None:
     doc = json.loads(run(str(GPU_DB), "--format", "json", "--only", "A1,A15").stdout)
-    assert set(doc) == {"meta", "A1", "A15"}
+    assert set(doc) == {"meta", "findings", "skipped_rows", "A1", "A15"}
     out = run(str(GPU_DB), "--only", "A99")
     assert out.returncode == 2 and "unknown analysis" in out.stderr
 
@@ -120,7 +135,7 @@ def test_compare_command() -> None:
     out = run("compare", str(GPU_DB), "--base", "batch_size=1", "--new", "batch_size=8",
               "--format", "json")  # fmt: skip
     doc = json.loads(out.stdout)
-    assert set(doc) == {"meta", "comparison"}
+    assert set(doc) == {"meta", "skipped_rows", "comparison"}  # no findings: not a report
     rows = {r["type"]: r for r in doc["comparison"]["rows"]}
     assert rows["Conv"]["batch_size=8_ms"] > rows["Conv"]["batch_size=1_ms"]
     assert run("compare", str(GPU_DB), "--base", "model=x").returncode != 0

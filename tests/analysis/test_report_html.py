@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import html as html_lib
 import io
+import json
 import re
 import shutil
 import subprocess
@@ -15,10 +17,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB, REPO, trace_attr
+from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB, REPO, q, trace_attr
 
 SCRIPT = REPO / "analysis" / "report.py"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM = (
+    shutil.which("chromium")
+    or shutil.which("chromium-browser")
+    or shutil.which("chromium-headless-shell")
+)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +67,10 @@ def test_plots_are_non_trivial_pngs(report: Path) -> None:
     assert "<span class=est>(estimated)</span>" in html  # ...and estimates labelled
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+NO_CHROMIUM = "chromium is not installed (apt-get install chromium-headless-shell)"
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 def test_renders_in_headless_chromium(report: Path, tmp_path: Path) -> None:
     shot = tmp_path / "shot.png"
     cmd = [
@@ -79,3 +88,89 @@ def test_renders_in_headless_chromium(report: Path, tmp_path: Path) -> None:
     assert non_white > 0.03  # tables and plots, not an empty page
     # the first plot (A1) is in view: anti-aliased lines and markers give many colours
     assert _colours(img) > 200
+
+
+# The page measures itself: the widest element against the window, and any image or table
+# cell that sticks out of the viewport (tables may scroll inside their own box, not the page).
+OVERFLOW_PROBE = """<script>
+window.addEventListener('load', () => {
+  const w = window.innerWidth;
+  const out = [];
+  for (const el of document.querySelectorAll('img, h2, p, nav, .tw, ol')) {
+    const r = el.getBoundingClientRect();
+    if (r.right > w + 1) out.push(el.tagName + ':' + (el.id || el.className || el.alt || ''));
+  }
+  const pre = document.createElement('pre');
+  pre.id = 'probe';
+  pre.textContent = JSON.stringify({scrollWidth: document.documentElement.scrollWidth,
+                                    innerWidth: w, outside: out});
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
+@pytest.mark.parametrize("width", [1400, 1024])
+def test_page_does_not_overflow(report: Path, tmp_path: Path, width: int) -> None:
+    page = tmp_path / "probe.html"
+    page.write_text(report.read_text().replace("</body>", OVERFLOW_PROBE + "</body>"))
+    cmd = [
+        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu",
+        f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={width},900",
+        "--virtual-time-budget=5000", "--dump-dom", page.as_uri(),
+    ]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    found = re.search(r"<pre id=\"probe\">(.*?)</pre>", res.stdout, re.S)
+    assert found, res.stderr[-2000:]
+    probe = json.loads(html_lib.unescape(found.group(1)))
+    assert probe["innerWidth"] == width
+    assert probe["scrollWidth"] <= width, probe  # no horizontal scroll of the page
+    assert probe["outside"] == []
+
+
+def test_not_captured_reason_is_said_once(tmp_path: Path) -> None:
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), str(CPU_DB), "--format", "html", "--no-plots"],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    (reason,) = trace_attr(CPU_DB, "kernel_level")
+    assert res.stdout.count(escape(reason)) == 1  # A8 says it; A9-A13 and the rest refer
+    assert res.stdout.count("same reason as <a href='#A8'>A8</a>") >= 5
+
+
+def _figures(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Keep the matplotlib figures the HTML renderer makes instead of encoding them."""
+    from analysis import render_html
+
+    kept: list[object] = []
+    monkeypatch.setattr(render_html, "_png", lambda fig: kept.append(fig) or "data:,")
+    return kept
+
+
+def test_a3_plots_every_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    from analysis import render_html
+    from analysis.trace_analysis import TraceAnalysis
+
+    figs = _figures(monkeypatch)
+    res = TraceAnalysis.from_paths([GPU_DB]).result("A3")
+    render_html.plot_layer_latency(res)
+    (fig,) = figs  # one chart per model
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]  # type: ignore[attr-defined]
+    batches = sorted({int(b) for (b,) in q(GPU_DB, "SELECT batch_size FROM traces")})
+    assert labels == [f"batch {b}" for b in batches] and len(batches) > 3
+
+
+def test_live_legend_does_not_cover_the_bars(monkeypatch: pytest.MonkeyPatch) -> None:
+    from analysis import render_html
+    from analysis.trace_analysis import TraceAnalysis
+
+    figs = _figures(monkeypatch)
+    render_html.plot_live(TraceAnalysis.from_paths([LIVE_DB]).result("live_breakdown"))
+    (fig,) = figs
+    ax = fig.axes[0]  # type: ignore[attr-defined]
+    fig.canvas.draw()  # type: ignore[attr-defined]
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    legend = ax.get_legend().get_window_extent(renderer)
+    bars = [p.get_window_extent(renderer) for p in ax.patches]
+    assert bars and not any(legend.overlaps(b) for b in bars)

@@ -97,6 +97,8 @@ def test_npz_inputs_and_peak(
         (trace,) = store.list_traces()
         assert trace.batch_size == 3 and trace.attributes["peak_flops_per_s"] > 0
         assert trace.attributes["peak_source"] == "cpu-microbenchmark"
+        # when and under what load the peak was measured travels with the trace
+        assert trace.attributes["peak_measured_ns"] > 0 and trace.attributes["peak_rounds"] > 0
     finally:
         store.close()
 
@@ -110,6 +112,7 @@ def test_npz_inputs_and_peak(
         (["MODEL", "--levels", "M,Q"], "unknown level 'Q'"),
         (["MODEL", "--batch-size", "1,two"], "bad --batch-size"),
         (["TS"], "does not declare its inputs"),
+        (["CORRUPT.onnx"], "is not an ONNX model"),
     ],
 )
 def test_clear_errors(
@@ -122,12 +125,101 @@ def test_clear_errors(
 ) -> None:
     txt = tmp_path / "model.txt"
     txt.write_text("not a model")
+    corrupt = tmp_path / "corrupt.onnx"
+    corrupt.write_bytes(bytes(range(256)) * 8)  # any bytes that are not an ONNX protobuf
     subst = {
         "MODEL": str(cnn_onnx),
         "MODEL.txt": str(txt),
         "TS": str(cnn_torchscript),
         "missing.onnx": str(tmp_path / "missing.onnx"),
+        "CORRUPT.onnx": str(corrupt),
     }
     rc = main(["profile", *[subst.get(a, a) for a in args], *FAST])
     assert rc == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err  # one line
+
+
+def test_help_shows_defaults_and_the_report(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["profile", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: 20)" in text and "(default: 5)" in text and "--refresh-peak" in text
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "analysis/report.py" in capsys.readouterr().out
+
+
+def test_sweep_without_the_double_names_what_to_measure(
+    cnn_onnx: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the issue's `--batch-size 1,4`: batch 2 was never measured, so no optimum is claimed
+    rc = main(["profile", str(cnn_onnx), "--batch-size", "1,4", "--levels", "M", "--json",
+               *FAST])  # fmt: skip
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["optimal_batch"] is None
+    assert doc["batch_decision"]["status"] == "not_yet_known"
+    assert doc["batch_decision"]["measure_next"] == [2, 8]
+
+
+def test_a_layer_faster_than_the_cached_peak_measures_it_again(
+    cnn_onnx: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sidecar.profiling.peak import machine_key
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("XSP_CACHE_DIR", str(cache))
+    low = {
+        "flops_per_s": 1e3,
+        "dram_bytes_per_s": 1e3,
+        "source": "cpu-microbenchmark",
+        "machine": machine_key(),
+        "measured_ns": 1,
+        "load_per_cpu": 0.0,
+        "rounds": 5,
+    }
+    (cache / "peak.json").write_text(json.dumps(low))
+    db = tmp_path / "t.db"
+    rc = main(["profile", str(cnn_onnx), "--levels", "M,L", "--db", str(db), "--iterations", "3",
+               "--warmup", "1"])  # fmt: skip
+    assert rc == 0
+    store = TraceStore(db)
+    try:
+        (trace,) = store.list_traces()
+    finally:
+        store.close()
+    assert trace.attributes["peak_flops_per_s"] > 1e8  # measured again, not 1 kFLOP/s
+    assert json.loads((cache / "peak.json").read_text())["flops_per_s"] > 1e8
+
+
+def test_layer_names_fusions_and_gemm_weights(
+    cnn_onnx: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import onnx
+
+    db = tmp_path / "t.db"
+    rc = main(["profile", str(cnn_onnx), "--levels", "M,L", "--db", str(db), *FAST])
+    assert rc == 0
+    out = capsys.readouterr().out
+    store = TraceStore(db)
+    try:
+        (trace,) = store.list_traces()
+        layers = [s for s in store.spans(trace.trace_id) if s.level is Level.LAYER]
+    finally:
+        store.close()
+    for s in layers:  # every name whole, never cut mid-word
+        assert f"  {s.name}  " in out
+    fused = [s for s in layers if len(s.attributes["original_nodes"]) > 1]
+    assert fused and "Conv+Relu" in out
+    for s in fused:
+        assert f"{s.name}: {', '.join(s.attributes['original_nodes'])}" in out
+    # Gemm: ORT's profiler leaves out the pre-packed weight; the trace has it (from the graph)
+    model = onnx.load(str(cnn_onnx))
+    gemm = next(n for n in model.graph.node if n.op_type == "Gemm")
+    dims = {t.name: list(t.dims) for t in model.graph.initializer}
+    (span,) = [s for s in layers if s.attributes["op_type"] == "Gemm"]
+    expected = [span.attributes["input_shapes"][0], *(dims[i] for i in gemm.input[1:])]
+    assert span.attributes["input_shapes"] == expected and len(expected) == 3

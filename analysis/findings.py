@@ -1,0 +1,367 @@
+"""Findings: what the analyses say to do, one sentence each, with the evidence.
+
+Beyond XSP (whose analyses describe but do not advise): each rule reads the results of the
+analyses it names and, where its threshold is crossed, returns a `Finding` with the numbers
+that triggered it and a suggested action. A rule whose analysis was not captured stays
+silent. The thresholds are module constants so that a report can say what they were.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pandas as pd
+
+from analysis.common import AnalysisResult
+from analysis.tracedb import TraceData
+
+IDLE_SHARE = 0.5  # launch-bound: the device idles at least this share of the model's time
+MEMORY_BOUND_SHARE = 0.25  # memory-bound layers take at least this share of layer time
+MATMUL_SHARE = 0.3  # GEMM/conv kernels take at least this share of kernel time ...
+TENSOR_CORE_SHARE = 0.2  # ... and tensor-core kernels less than this share of theirs
+OVERHEAD_ADDED = 0.5  # a level's profilers added at least 50% to the model latency
+QUEUE_SHARE = 0.25  # live: queue time is at least this share of the client's latency
+
+Results = Callable[[str], AnalysisResult]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One piece of advice: what was found, the evidence (numbers and their analysis) and
+    the suggested action."""
+
+    rule: str
+    subject: str  # the model (or "all")
+    finding: str
+    evidence: str
+    action: str
+    analyses: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["analyses"] = list(self.analyses)
+        return out
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.0f}%"
+
+
+def _span(values: Sequence[float]) -> str:
+    lo, hi = min(values), max(values)
+    return _pct(lo) if round(lo * 100) == round(hi * 100) else f"{_pct(lo)}-{_pct(hi)}"
+
+
+def optimal_batch(results: Results, data: TraceData) -> list[Finding]:
+    """The optimal batch size per model (A1), or which batch sizes to measure next."""
+    a1 = results("A1")
+    if not a1.ok:
+        return []
+    out = []
+    table = a1.table.dropna(subset=["batch_size"])
+    for model, decision in sorted(a1.extra.get("batch_decision", {}).items()):
+        grp = table[table["model"] == model]
+        measured = ", ".join(str(int(b)) for b in sorted(grp["batch_size"]))
+        evidence = f"A1 over batch sizes {measured}: {decision['reason']}"
+        nxt = ",".join(str(b) for b in decision["measure_next"])
+        if decision["status"] == "decided":
+            b = decision["optimal"]
+            thr = float(grp.loc[grp["batch_size"] == b, "throughput_per_s"].iloc[0])
+            out.append(
+                Finding(
+                    "optimal_batch",
+                    model,
+                    f"{model}: the optimal batch size is {b} ({thr:.4g} inputs/s)",
+                    evidence,
+                    f"serve {model} with batches of {b} (e.g. Triton dynamic batching with "
+                    f"preferred_batch_size {b}); larger batches add latency, not throughput",
+                    ("A1",),
+                )
+            )
+        elif decision["status"] == "not_yet_known":
+            out.append(
+                Finding(
+                    "optimal_batch",
+                    model,
+                    f"{model}: the optimal batch size is not yet known",
+                    evidence,
+                    f"profile batch size(s) {nxt}: `xsp-sidecar profile MODEL --batch-size "
+                    f"{measured.replace(' ', '')},{nxt} --db ...`",
+                    ("A1",),
+                )
+            )
+        else:
+            out.append(
+                Finding(
+                    "optimal_batch",
+                    model,
+                    f"{model}: the optimal batch size is uncertain (the measurements are noisy)",
+                    evidence,
+                    f"repeat batch sizes {nxt} (more --iterations, or several profiles) on a "
+                    "quiet machine before choosing",
+                    ("A1",),
+                )
+            )
+    return out
+
+
+def launch_bound(results: Results, data: TraceData) -> list[Finding]:
+    """The device idles most of the model's time: launches, not kernels, set the pace."""
+    tb = results("time_breakdown")
+    if not tb.ok:
+        return []
+    out = []
+    for model, grp in tb.table.groupby("model", sort=True):
+        idle = grp[grp["idle_pct"] >= IDLE_SHARE * 100]
+        if idle.empty:
+            continue
+        worst = idle.sort_values("idle_pct").iloc[-1]
+        batches = ", ".join(str(int(b)) for b in idle["batch_size"].dropna())
+        out.append(
+            Finding(
+                "launch_bound",
+                str(model),
+                f"{model}: the GPU is idle {_span(list(idle['idle_pct'] / 100))} of the model's "
+                f"time (batch {batches}): the host's kernel launches, not the GPU, set the pace",
+                f"time_breakdown (K run timeline): kernels busy {worst['kernel_ms']:.4g} ms of a "
+                f"{worst['window_ms']:.4g} ms model run at batch {int(worst['batch_size'])}",
+                "raise the batch size, capture the model in a CUDA graph, or compile it "
+                "(torch.compile, TensorRT) so that fewer, larger launches keep the GPU busy",
+                ("time_breakdown",),
+            )
+        )
+    return out
+
+
+def memory_bound_layers(results: Results, data: TraceData) -> list[Finding]:
+    """Layers left of the ridge point take a large share of the layer time (A14)."""
+    a14 = results("A14")
+    if not a14.ok:
+        return []
+    out = []
+    table = a14.table[a14.table["bound"] != "unknown"]
+    for model, grp in table.groupby("model", sort=True):
+        batch = grp["batch_size"].max()
+        g = grp[grp["batch_size"] == batch] if pd.notna(batch) else grp
+        total = float(g["latency_ms"].sum())
+        mem = g[g["bound"] == "memory"].sort_values("latency_ms", ascending=False)
+        if total <= 0 or mem.empty:
+            continue
+        share = float(mem["latency_ms"].sum()) / total
+        if share < MEMORY_BOUND_SHARE:
+            continue
+        top = ", ".join(
+            f"{r.name} ({r.type}, {_pct(r.latency_ms / total)})"
+            for r in mem.head(3).itertuples(index=False)
+        )
+        est = " (FLOPs/bytes estimated from shapes)" if bool(g["estimated"].any()) else ""
+        ridge = float(g["ridge_point"].median())
+        out.append(
+            Finding(
+                "memory_bound_layers",
+                str(model),
+                f"{model}: memory-bound layers take {_pct(share)} of the layer time at batch "
+                f"{'-' if pd.isna(batch) else int(batch)}",
+                f"A14{est}: {len(mem)} of {len(g)} layers have an arithmetic intensity below "
+                f"the ridge point ({ridge:.3g} FLOP/byte); largest: {top}",
+                "cut their bytes: keep graph optimizations on so elementwise ops fuse into "
+                "their neighbours, use lower precision (FP16/BF16/INT8) or a larger batch",
+                ("A14",),
+            )
+        )
+    return out
+
+
+# Kernel names: GEMM / convolution work, and the marks of a tensor-core kernel in it.
+_MATMUL = re.compile(r"gemm|conv|fprop|dgrad|wgrad|cutlass|xmma|fmha|attention|winograd", re.I)
+_TENSOR = re.compile(
+    r"tensorop|tf32|hmma|imma|wgmma|gmma|h884|h1688|h16816|s1688|s16816|i8816|bf16|f16|fp16|"
+    r"half|int8",
+    re.I,
+)
+
+
+def tensor_core_use(kernels: pd.DataFrame) -> tuple[float, float, str] | None:
+    """(share of kernel time in GEMM/conv kernels, share of that in tensor-core kernels, the
+    longest FP32 GEMM/conv kernel) from kernel `name` and `duration_ns`; None if no kernels."""
+    total = float(kernels["duration_ns"].sum())
+    if total <= 0:
+        return None
+    kernels = kernels.groupby("name", as_index=False)["duration_ns"].sum()  # once per name
+    names = kernels["name"].astype(str)
+    matmul = kernels[names.str.contains(_MATMUL)]
+    mm_total = float(matmul["duration_ns"].sum())
+    if mm_total <= 0:
+        return 0.0, 0.0, ""
+    is_tc = matmul["name"].astype(str).str.contains(_TENSOR)
+    fp32 = matmul[~is_tc]
+    longest = ""
+    if not fp32.empty:
+        longest = str(fp32.sort_values("duration_ns").iloc[-1]["name"])
+    return mm_total / total, float(matmul.loc[is_tc, "duration_ns"].sum()) / mm_total, longest
+
+
+def tensor_cores_unused(results: Results, data: TraceData) -> list[Finding]:
+    """FP32 GEMM/conv kernels without a tensor-core path dominate a GPU trace (kernel names
+    in A10, summed over the batch sizes of each model)."""
+    a10 = results("A10")
+    if not a10.ok:
+        return []
+    kn = a10.table[a10.table["kind"] == "kernel"]
+    out = []
+    for model, grp in kn.groupby("model", sort=True):
+        use = tensor_core_use(grp.assign(duration_ns=grp["latency_ms"] * 1e6))
+        if use is None:
+            continue
+        mm_share, tc_share, longest = use
+        if mm_share < MATMUL_SHARE or tc_share >= TENSOR_CORE_SHARE:
+            continue
+        out.append(
+            Finding(
+                "tensor_cores_unused",
+                str(model),
+                f"{model}: tensor cores are barely used: GEMM/convolution kernels take "
+                f"{_pct(mm_share)} of the kernel time and {_pct(1 - tc_share)} of that runs on "
+                "FP32 units",
+                f"A10 (kernel names): no tensor-core mark (tensorop, tf32, hmma, f16, ...) in "
+                f"the longest ones, e.g. {longest[:90]}",
+                "allow TF32 (torch.backends.cuda.matmul.allow_tf32 = True, "
+                "torch.backends.cudnn.allow_tf32 = True) or run in FP16/BF16 "
+                "(torch.autocast, ONNX Runtime float16 models)",
+                ("A10",),
+            )
+        )
+    return out
+
+
+def profiler_overhead(results: Results, data: TraceData) -> list[Finding]:
+    """A level's profilers slowed the model so much that its absolute times mislead."""
+    ov = results("overhead")
+    if not ov.ok:
+        return []
+    out = []
+    heavy = ov.table[ov.table["added_pct"] >= OVERHEAD_ADDED * 100]
+    for (model, level), grp in heavy.groupby(["model", "level"], sort=True):
+        added = list(grp["added_pct"] / 100)
+        ratios = f"{grp['overhead_ratio'].min():.3g}"
+        if f"{grp['overhead_ratio'].max():.3g}" != ratios:
+            ratios += f"-{grp['overhead_ratio'].max():.3g}"
+        shares = (
+            "A3 latency_share"
+            if level == "layer"
+            else "the kernel percentages of time_breakdown and A11"
+        )
+        out.append(
+            Finding(
+                "profiler_overhead",
+                str(model),
+                f"{model}: {level}-level profiling made the model {_span(added)} slower, so "
+                f"absolute {level} times overstate the real ones",
+                f"overhead: the {level} run's model latency is {ratios}x the M run's "
+                f"(batch {', '.join(str(int(b)) for b in grp['batch_size'].dropna())})",
+                f"compare {level}s by their share of the run ({shares}), not in ms; take "
+                "the model's latency from A1 (the M run, no profilers)",
+                ("overhead",),
+            )
+        )
+    return out
+
+
+def live_queue(results: Results, data: TraceData) -> list[Finding]:
+    """Live requests wait in the backend's queue for a large share of their latency."""
+    lb = results("live_breakdown")
+    if not lb.ok:
+        return []
+    out = []
+    queue = lb.table[(lb.table["phase"] == "queue") & (lb.table["share_of_client"] >= QUEUE_SHARE)]
+    for row in queue.itertuples(index=False):
+        out.append(
+            Finding(
+                "live_queue",
+                str(row.model),
+                f"{row.model}: live requests spend {_pct(row.share_of_client)} of their "
+                "latency waiting in the backend's queue",
+                f"live_breakdown: queue {row.mean_ms:.3g} ms mean (p90 {row.p90_ms:.3g} ms) of "
+                f"the client's latency, over {row.requests} sampled requests",
+                "add model instances (Triton instance_group count) or enable dynamic "
+                "batching so that queued requests are served together",
+                ("live_breakdown",),
+            )
+        )
+    return out
+
+
+def failed_profiles(results: Results, data: TraceData) -> list[Finding]:
+    """Profiles that failed, and why (they are left out of every analysis)."""
+    if not data.failed_reasons:
+        return []
+    n = sum(data.failed_reasons.values())
+    reasons = "; ".join(
+        f"{count}x {reason[:160]}"
+        for reason, count in sorted(data.failed_reasons.items(), key=lambda kv: -kv[1])[:3]
+    )
+    return [
+        Finding(
+            "failed_profiles",
+            "all",
+            f"{n} profile(s) failed and are left out of the analyses",
+            f"traces with status != ok: {reasons}",
+            "fix the cause above (see the sidecar's log); add --include-errors to list them",
+            (),
+        )
+    ]
+
+
+def peak_below_achieved(results: Results, data: TraceData) -> list[Finding]:
+    """A layer ran faster than the recorded peak: the peak was measured too low."""
+    a14 = results("A14")
+    if not a14.ok or "above_roof" not in a14.table.columns:
+        return []
+    above = a14.table[a14.table["above_roof"].fillna(False).astype(bool)]
+    if above.empty:
+        return []
+    worst = above.sort_values("arithmetic_throughput_gflops").iloc[-1]
+    return [
+        Finding(
+            "peak_below_achieved",
+            str(worst["model"]),
+            f"the recorded peak is below what {len(above)} layer(s) achieved, so utilization "
+            "and bound verdicts against it are not shown as facts",
+            f"A14: {worst['name']} ({worst['type']}) ran at "
+            f"{worst['arithmetic_throughput_gflops']:.4g} GFLOP/s against an attainable "
+            f"{worst['attainable_gflops']:.4g} GFLOP/s",
+            "re-measure the peak on an idle machine (`xsp-sidecar profile ... --refresh-peak`) "
+            "and profile again",
+            ("A14", "A15"),
+        )
+    ]
+
+
+RULES: tuple[Callable[[Results, TraceData], list[Finding]], ...] = (
+    failed_profiles,
+    optimal_batch,
+    launch_bound,
+    tensor_cores_unused,
+    memory_bound_layers,
+    live_queue,
+    profiler_overhead,
+    peak_below_achieved,
+)
+
+
+def find(results: Results, data: TraceData) -> list[Finding]:
+    """Every rule's findings, in rule order."""
+    if data.empty:
+        return []
+    out: list[Finding] = []
+    for rule in RULES:
+        out.extend(rule(results, data))
+    return out
+
+
+def table(findings: Sequence[Finding]) -> pd.DataFrame:
+    cols = ["rule", "subject", "finding", "evidence", "action"]
+    return pd.DataFrame([{c: getattr(f, c) for c in cols} for f in findings], columns=cols)
