@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from sidecar.profiling.experiment import ProfileResult, run_experiment
 from sidecar.profiling.inputs import (
@@ -21,8 +22,9 @@ from sidecar.profiling.inputs import (
     random_inputs,
 )
 from sidecar.profiling.levels import parse_levels
+from sidecar.profiling.peak import Peak, remeasure_if_beaten
 from sidecar.profiling.runners.base import ProfilingError, Runner
-from sidecar.profiling.stats import optimal_batch
+from sidecar.profiling.stats import BatchDecision, decide_batch, trimmed_mean_rse
 from sidecar.profiling.summary import as_dict, render, render_sweep
 from sidecar.trace.spans import Level
 
@@ -50,11 +52,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size",
         default=None,
         metavar="1,2,4,8",
-        help="batch sizes to sweep; one trace per batch size",
+        help="batch sizes to sweep; one trace per batch size (default: the model's own input "
+        "shapes, or those of --input/--inputs)",
     )
     parser.add_argument("--levels", default="M,L,K", help="levels to capture (default: M,L,K)")
-    parser.add_argument("--iterations", type=int, default=20, help="timed runs per level")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed runs per level first")
+    parser.add_argument(
+        "--iterations", type=int, default=20, help="timed runs per level (default: 20)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=5, help="untimed runs per level first (default: 5)"
+    )
     parser.add_argument(
         "--db", default=None, metavar="traces.db", help="write traces to this SQLite trace store"
     )
@@ -68,7 +75,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip measuring this machine's peak FLOP/s and bandwidth",
     )
+    parser.add_argument(
+        "--refresh-peak",
+        action="store_true",
+        help="measure the peak again instead of using the cached one (best of several "
+        "rounds; never lower than the cached peak)",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON summary")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        metavar="cpu|cuda[:N]",
+        help="PyTorch models: run on this device (default: cpu)",
+    )
     parser.add_argument(
         "--model-name",
         metavar="NAME",
@@ -95,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-def make_runner(path: Path, optimizations: bool) -> Runner:
+def make_runner(path: Path, optimizations: bool, device: str = "cpu") -> Runner:
     """The runner for a model file, chosen by its extension."""
     if not path.exists():
         raise ProfilingError(f"model file not found: {path}")
@@ -103,13 +122,23 @@ def make_runner(path: Path, optimizations: bool) -> Runner:
     if suffix in ONNX_SUFFIXES:
         from sidecar.profiling.runners.onnxruntime import OnnxRuntimeRunner
 
-        return OnnxRuntimeRunner(path, optimizations=optimizations)
+        if device != "cpu":
+            raise ProfilingError(
+                f"--device {device} is not supported for ONNX models yet (ONNX Runtime runs "
+                "on the CPU here); --device applies to PyTorch models"
+            )
+        try:
+            return OnnxRuntimeRunner(path, optimizations=optimizations)
+        except DecodeError:
+            raise ProfilingError(
+                f"{path} is not an ONNX model (its bytes do not parse as an ONNX protobuf)"
+            ) from None
     if suffix in TORCHSCRIPT_SUFFIXES:
         from sidecar.profiling.runners.pytorch import PyTorchRunner
 
         if not optimizations:
             log.info("--no-optimizations has no effect on TorchScript models")
-        return PyTorchRunner(path)
+        return PyTorchRunner(path, device=device)
     raise ProfilingError(
         f"unknown model extension {path.suffix!r} for {path}: use .onnx (ONNX Runtime) or "
         ".pt / .pth (TorchScript)"
@@ -160,12 +189,19 @@ def _run(args: argparse.Namespace) -> int:
     path = Path(args.model_path)
     levels = parse_levels(args.levels)
     batches = _batches(args.batch_size)
-    runner = make_runner(path, optimizations=not args.no_optimizations)
+    device = getattr(args, "device", "cpu")
+    runner = make_runner(path, optimizations=not args.no_optimizations, device=device)
     peak = None
-    if not args.no_peak:
+    gpu_peak_attrs: dict[str, Any] = {}
+    if not args.no_peak and device.startswith("cuda"):
+        from sidecar.profiling.gpu.gpu_peak import get_gpu_peak
+
+        gpu_peak = get_gpu_peak(device)
+        peak, gpu_peak_attrs = gpu_peak.peak, gpu_peak.trace_attributes()
+    elif not args.no_peak:
         from sidecar.profiling.peak import get_peak
 
-        peak = get_peak()
+        peak = get_peak(refresh=getattr(args, "refresh_peak", False))
     store = _open_store(args.db)
     results: list[ProfileResult] = []
     try:
@@ -190,6 +226,9 @@ def _run(args: argparse.Namespace) -> int:
                     progress=lambda _level: bar.update(1),
                 )
                 result.trace.attributes["model_path"] = str(path)
+                result.trace.attributes.update(gpu_peak_attrs)
+                if peak is not None and not gpu_peak_attrs:
+                    peak = _check_peak(peak, result)
                 if store is not None:
                     store.write_trace(result.trace, result.spans, result.level_stats)
                 results.append(result)
@@ -198,6 +237,27 @@ def _run(args: argparse.Namespace) -> int:
             store.close()
     _report(args, results)
     return 0
+
+
+def _check_peak(peak: Peak, result: ProfileResult) -> Peak:
+    """Record the CPU peak with the trace; measure it again first if a layer beat it."""
+    achieved = max(
+        (
+            float(s.attributes["flops"]) / ((s.duration_ns or 1) / 1e9)
+            for s in result.spans_at(Level.LAYER)
+            if isinstance(s.attributes.get("flops"), int | float) and (s.duration_ns or 0) > 0
+        ),
+        default=0.0,
+    )
+    if achieved > peak.flops_per_s:
+        log.info(
+            "a layer ran at %.4g GFLOP/s, above the cached peak of %.4g: measuring it again",
+            achieved / 1e9,
+            peak.flops_per_s / 1e9,
+        )
+        peak = remeasure_if_beaten(peak, achieved)
+    result.trace.attributes.update(peak.trace_attributes())
+    return peak
 
 
 def _batch_of(inputs: dict[str, np.ndarray]) -> int | None:
@@ -213,13 +273,25 @@ def _open_store(db: str | None) -> Any:
     return TraceStore(db)
 
 
+def sweep_decision(results: list[ProfileResult]) -> BatchDecision | None:
+    """XSP A1's optimal batch over a batch sweep (the rule the report uses too)."""
+    if len(results) < 2:
+        return None
+    stats = {r.trace.batch_size or 1: r.stats(Level.MODEL) for r in results}
+    return decide_batch(
+        {b: s.trimmed_mean_ns for b, s in stats.items()},
+        {b: trimmed_mean_rse(s.samples_ns) for b, s in stats.items()},
+    )
+
+
 def _report(args: argparse.Namespace, results: list[ProfileResult]) -> None:
     sweep = [(r.trace.batch_size or 1, r.stats(Level.MODEL).trimmed_mean_ns / 1e6) for r in results]
-    best = optimal_batch({b: ms for b, ms in sweep}) if len(results) > 1 else None
+    decision = sweep_decision(results)
     if args.json:
         doc: dict[str, Any] = {"profiles": [as_dict(r) for r in results]}
-        if best is not None:
-            doc["optimal_batch"] = best
+        if decision is not None:
+            doc["optimal_batch"] = decision.optimal if decision.status == "decided" else None
+            doc["batch_decision"] = decision.to_dict()
         if args.db:
             doc["db"] = args.db
         print(json.dumps(doc, indent=2))
@@ -227,8 +299,8 @@ def _report(args: argparse.Namespace, results: list[ProfileResult]) -> None:
     for r in results:
         print(render(r))
         print()
-    if best is not None:
-        print(render_sweep(sweep, best))
+    if decision is not None:
+        print(render_sweep(sweep, decision))
     print(
         f"stored {len(results)} trace(s) in {args.db}"
         if args.db

@@ -1,9 +1,11 @@
 """Parent assignment by interval containment (XSP correlation).
 
 A span's parent is the span exactly one replay level up (K -> L -> M) whose interval contains
-it on the trace's single clock. When several candidates contain a span (parallel or nested
-layers) the span is flagged `parent_ambiguous` with its `parent_candidates` and left without
-a parent rather than guessed; a span no candidate contains is flagged `parent_missing`.
+it on the trace's single clock. When the candidates nest (module `layer1` contains
+`layer1.0` contains `layer1.0.conv1`), the innermost one is the parent. When candidates that
+do not nest contain a span (parallel layers) the span is flagged `parent_ambiguous` with its
+`parent_candidates` and left without a parent rather than guessed; a span no candidate
+contains is flagged `parent_missing`.
 Asynchronous GPU activity (kernels, memcpys, memsets) is placed by its launch instead, see
 `cupti_tracer.attach_gpu_activity`.
 """
@@ -47,8 +49,9 @@ def _place(child: Span, candidates: list[Span]) -> None:
     child.attributes.pop("parent_ambiguous", None)
     child.attributes.pop("parent_candidates", None)
     child.attributes.pop("parent_missing", None)
-    if len(candidates) == 1:
-        child.parent_id = candidates[0].span_id
+    inner = _innermost(candidates)
+    if inner is not None:
+        child.parent_id = inner.span_id
         return
     child.parent_id = None
     if candidates:
@@ -56,6 +59,22 @@ def _place(child: Span, candidates: list[Span]) -> None:
         child.attributes["parent_candidates"] = [c.span_id for c in candidates]
     else:
         child.attributes["parent_missing"] = True
+
+
+def _innermost(candidates: list[Span]) -> Span | None:
+    """The one candidate inside all others (nested layers), or None."""
+    if not candidates:
+        return None
+    if len(candidates) == 1:
+        return candidates[0]
+    ordered = sorted(
+        candidates, key=lambda c: (c.end_ns - c.start_ns, -int(c.attributes.get("depth", 0)))
+    )
+    inner = ordered[0]
+    for outer in ordered[1:]:
+        if not (outer.start_ns <= inner.start_ns and inner.end_ns <= outer.end_ns):
+            return None
+    return inner
 
 
 def place_by_interval(child: Span, start_ns: int, end_ns: int, parents: Sequence[Span]) -> None:

@@ -6,7 +6,9 @@ with profilers enabled down to that level. Model latency statistics of each run 
 run's representative iteration (model latency closest to its median); each span on it gets
 `duration_ns` = trimmed mean (20%) of that span over the iterations of the run where its
 level is deepest: model spans from M, layers from L, kernels from K. Parents come from
-interval containment one level up; GPU activity is placed through its launch.
+interval containment one level up (the innermost of nested module calls); GPU activity is
+placed through its launch, and on a GPU the layers of the timeline are then moved from
+their host interval (kept as `host_start_ns`/`host_end_ns`) to their kernels' interval.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from sidecar import __version__
 from sidecar.profiling import flops
 from sidecar.profiling.containment import assign_parents, number_siblings
 from sidecar.profiling.cupti_tracer import attach_gpu_activity
+from sidecar.profiling.gpu.attribution import retime_layers
 from sidecar.profiling.peak import Peak
 from sidecar.profiling.runners.base import LevelRun, ProfilingError, Runner
 from sidecar.profiling.stats import median, representative_index, trimmed_mean
@@ -119,6 +122,7 @@ def run_experiment(
     spans = _timeline(trace_id, deepest, rep, runs)
     assign_parents(spans)
     attach_gpu_activity(spans)
+    retime_layers(spans)
     number_siblings(spans)
 
     attributes: dict[str, Any] = {}
@@ -134,12 +138,8 @@ def run_experiment(
     attributes["representative_iteration"] = rep
     attributes["timeline_run"] = deepest.level.value
     attributes["trim_proportion"] = 0.2
-    if peak is not None:
-        attributes.update(
-            peak_flops_per_s=peak.flops_per_s,
-            peak_dram_bytes_per_s=peak.dram_bytes_per_s,
-            peak_source=peak.source,
-        )
+    if peak is not None:  # the roofs, and when and under what load they were measured
+        attributes.update(peak.trace_attributes())
     trace = Trace(
         trace_id=trace_id,
         model=model,

@@ -166,5 +166,38 @@ def test_split_records_groups_by_iteration() -> None:
 
 @pytest.mark.skipif(ctypes.util.find_library("cuda") is not None, reason="a CUDA driver exists")
 def test_tracer_without_driver_gives_clear_error() -> None:
+    from sidecar.profiling.gpu.owner import CuptiOwner
+
+    owner = CuptiOwner()
     with pytest.raises(ct.GpuNotAvailableError, match="needs an NVIDIA GPU and driver"):
-        ct.CuptiTracer().start()
+        ct.CuptiTracer(owner=owner).start()
+    assert owner.owner is None  # a tracer that never recorded does not lock out torch.profiler
+
+
+def test_dict_records_and_api_names_without_a_driver() -> None:
+    """Recordings store records as dicts; API names come from cupti-python's cbid tables."""
+    records = [
+        {"kind": ct.KIND_RUNTIME, "start": T0, "end": T0 + 10, "correlation_id": 5, "cbid": 211},
+        {"kind": ct.KIND_RUNTIME, "start": T0 + 20, "end": T0 + 30, "correlation_id": 6,
+         "cbid": 17},
+        {"kind": ct.KIND_CONCURRENT_KERNEL, "start": T0 + 40, "end": T0 + 90,
+         "correlation_id": 5, "name": "k", "graph_id": 3, "graph_node_id": 9},
+    ]  # fmt: skip
+    kept = ct.launch_records_only(records)
+    assert [r["correlation_id"] for r in kept] == [5, 5]  # cbid 17 launched nothing
+    launch, kernel = ct.records_to_spans(kept, OFFSET)
+    assert launch.name == "cudaLaunchKernel" and launch.attributes["cbid"] == 211
+    assert kernel.attributes["graph_id"] == 3 and kernel.attributes["graph_node_id"] == 9
+
+
+def test_profile_cli_device_cuda_without_gpu(tmp_path: pytest.TempPathFactory) -> None:
+    import torch
+
+    from sidecar.cli import main
+    from sidecar.profiling import testmodels
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU exists")
+    model = testmodels.small_cnn_torchscript(tmp_path / "m.pt")  # type: ignore[operator]
+    code = main(["profile", str(model), "--device", "cuda", "--input", "x:1x3x32x32:float32"])
+    assert code == 2

@@ -9,7 +9,7 @@ import pytest
 
 from sidecar.profiling import testmodels
 from sidecar.profiling.experiment import ProfileResult, run_experiment
-from sidecar.profiling.runners.base import ProfilingError
+from sidecar.profiling.runners.base import LevelNotSupportedError, ProfilingError
 from sidecar.profiling.runners.pytorch import PyTorchRunner
 from sidecar.trace.spans import Level
 
@@ -85,6 +85,88 @@ def test_layer_level_durations_come_from_the_layer_run(cnn_inputs: dict[str, np.
     assert span.run_level is Level.KERNEL  # the timeline is the deepest run's
 
 
-def test_cuda_device_is_not_supported_yet() -> None:
-    with pytest.raises(ProfilingError, match="not supported"):
-        PyTorchRunner(testmodels.small_cnn_torch(), device="cuda")
+CUDA = pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA GPU exists")
+def test_cuda_without_a_gpu_gives_clear_error() -> None:
+    with pytest.raises(LevelNotSupportedError, match=r"cuda:1 needs a CUDA GPU"):
+        PyTorchRunner(testmodels.small_cnn_torch(), device="cuda:1")
+
+
+def test_unknown_device_is_rejected() -> None:
+    with pytest.raises(ProfilingError, match="unknown device 'tpu'"):
+        PyTorchRunner(testmodels.small_cnn_torch(), device="tpu")
+
+
+def test_hooks_on_every_module_nest_and_give_one_span_per_call() -> None:
+    """The CUDA layer level's hooks, run on the CPU without events: containers get spans,
+    children name their parent, and a module called twice gives two spans."""
+    import torch
+    from torch import nn
+
+    from sidecar.profiling.gpu.layers import call_spans
+    from sidecar.profiling.runners.pytorch_cuda import ModuleHooks
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(4, 4, 3, padding=1)
+            self.relu = nn.ReLU()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.relu(self.relu(self.conv(x)) + x)  # relu called twice
+
+    model = nn.Sequential(Block(), nn.Sequential(Block())).eval()
+    with torch.inference_mode(), ModuleHooks(model, events=False) as hooks:
+        model(torch.zeros(1, 4, 8, 8))
+    spans = call_spans(hooks.calls, offset_ns=0)
+    names = [s.name for s in spans]
+    assert names == ["0", "0.conv", "0.relu", "0.relu#1", "1", "1.0", "1.0.conv", "1.0.relu",
+                     "1.0.relu#1"]  # fmt: skip
+    by = {s.name: s for s in spans}
+    assert by["0.relu#1"].attributes["parent_layer"] == "0"
+    assert by["1.0.conv"].attributes["parent_layer"] == "1.0"
+    assert by["1.0"].attributes["parent_layer"] == "1"
+    assert not by["1"].attributes["leaf"] and by["1.0.relu"].attributes["leaf"]
+    for s in spans:  # a parent's host interval contains its children's
+        parent = s.attributes["parent_layer"]
+        if parent:
+            assert by[parent].start_ns <= s.start_ns and s.end_ns <= by[parent].end_ns
+        assert s.attributes["time_base"] == "host"
+
+
+def test_cpu_kernel_level_claims_cupti_only_with_cuda() -> None:
+    """torch.profiler is CUPTI's client only on a CUDA build: the CPU K level must not lock
+    out CuptiTracer on a machine without CUDA."""
+    import torch
+
+    from sidecar.profiling.gpu.owner import PROCESS_OWNER
+
+    runner = PyTorchRunner(testmodels.small_cnn_torch())
+    x = {"input": np.zeros((1, 3, 32, 32), dtype=np.float32)}
+    runner.run(x, Level.KERNEL, iterations=1, warmup=0)
+    if torch.cuda.is_available():
+        assert PROCESS_OWNER.owner == "torch.profiler"
+    else:
+        assert PROCESS_OWNER.owner is None
+
+
+@CUDA
+def test_cuda_levels_on_a_gpu() -> None:  # pragma: no cover - GPU only
+    """Runs on a GPU: M with CUDA-event time, nested L on the GPU timeline, K with CUPTI
+    (skipped in a process where torch.profiler already used CUPTI)."""
+    from sidecar.profiling.gpu.owner import PROCESS_OWNER
+
+    if PROCESS_OWNER.owner not in (None, "CuptiTracer"):
+        pytest.skip("torch.profiler already used CUPTI in this process")
+    runner = PyTorchRunner(testmodels.small_cnn_torch(), device="cuda")
+    x = {"input": np.zeros((8, 3, 32, 32), dtype=np.float32)}
+    res = run_experiment(runner, x, model="cnn", iterations=5, warmup=2)
+    (model,) = res.spans_at(Level.MODEL)
+    assert res.runs[Level.MODEL].iterations[0].spans[0].attributes["gpu_time_ns"] > 0
+    assert res.trace.attributes["layer_time_base"] == "gpu_events"
+    kernels = [s for s in res.spans_at(Level.KERNEL) if s.kind == "kernel"]
+    assert kernels and all(k.parent_id for k in kernels)
+    assert res.trace.attributes["clock_check"].startswith("ok")
+    assert model.span_id

@@ -92,6 +92,33 @@ def attribute(original: onnx.GraphProto, optimized: onnx.GraphProto) -> dict[str
     return result
 
 
+def complete_input_shapes(
+    graph: onnx.GraphProto, node_name: str, recorded: list[list[int]]
+) -> list[list[int]]:
+    """The input shapes of a node with the ones ORT's profiler left out restored.
+
+    ORT does not report an input it pre-packed (a Gemm's or MatMul's weight, a Conv's
+    filter on some builds): that input is an initializer of the graph, so its shape is
+    read from there, in the node's input order.
+    """
+    node = next((n for n in graph.node if n.name == node_name), None)
+    if node is None:
+        return recorded
+    inputs = [i for i in node.input if i]
+    if len(recorded) >= len(inputs):
+        return recorded
+    init = {t.name: list(t.dims) for t in graph.initializer}
+    out: list[list[int]] = []
+    pending = list(recorded)
+    for k, name in enumerate(inputs):
+        left = len(inputs) - k
+        if name in init and len(pending) < left:
+            out.append([int(d) for d in init[name]])
+        elif pending:
+            out.append(pending.pop(0))
+    return out
+
+
 def load_graph(path: str | Path) -> onnx.GraphProto:
     """The graph of an ONNX file without loading external weights."""
     return onnx.load(str(path), load_external_data=False).graph

@@ -170,9 +170,11 @@ class OnnxRuntimeRunner:
                 records = tracer.stop() if tracer is not None else []
             events = json.loads(Path(session.end_profiling()).read_text())
             mapping = None
+            graph = self.original  # the graph ORT ran (names and initializers)
             if self.optimizations and os.path.exists(opt_path):
-                mapping = onnx_graph.attribute(self.original, onnx_graph.load_graph(opt_path))
-        iterations_out, attrs = self._parse(events, walls, mapping)
+                graph = onnx_graph.load_graph(opt_path)
+                mapping = onnx_graph.attribute(self.original, graph)
+        iterations_out, attrs = self._parse(events, walls, mapping, graph)
         if tracer is not None:
             from sidecar.profiling.cupti_tracer import split_records
 
@@ -188,6 +190,7 @@ class OnnxRuntimeRunner:
         events: list[dict[str, Any]],
         walls: list[tuple[int, int]],
         mapping: dict[str, list[str]] | None,
+        graph: Any = None,
     ) -> tuple[list[Iteration], dict[str, Any]]:
         runs = sorted(
             (e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
@@ -213,7 +216,7 @@ class OnnxRuntimeRunner:
             names = [e["name"][: -len("_kernel_time")] for e in layer_events]
             spans = [model_span(self.model_path.stem, w0, w1)]
             for event, name, key in zip(layer_events, names, keyed(names), strict=True):
-                span = self._layer_span(event, name, key, offset, originals, mapping)
+                span = self._layer_span(event, name, key, offset, originals, mapping, graph)
                 renamed += int(span.attributes["original_nodes"] != [name])
                 spans.append(span)
             iterations.append(Iteration(w1 - w0, spans))
@@ -233,12 +236,15 @@ class OnnxRuntimeRunner:
         offset: int,
         originals: dict[str, str],
         mapping: dict[str, list[str]] | None,
+        graph: Any = None,
     ) -> RawSpan:
         args = event.get("args", {})
         op_type = str(args.get("op_name", "unknown"))
         in_shapes = [
             list(map(int, s)) for e in args.get("input_type_shape", []) for s in e.values()
         ]
+        if graph is not None:  # weights ORT pre-packed are missing from its event
+            in_shapes = onnx_graph.complete_input_shapes(graph, name, in_shapes)
         out_shapes = [
             list(map(int, s)) for e in args.get("output_type_shape", []) for s in e.values()
         ]

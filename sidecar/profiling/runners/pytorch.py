@@ -13,7 +13,9 @@
   their times add up), each with `dominant_op`, the innermost op doing most of its work
   (`aten::mkldnn_convolution`, `aten::addmm`). They are placed under layers by containment;
   each layer's `allocated_bytes` sums its ops' allocations (profiler memory events).
-- CUDA devices are not supported yet (raises).
+- CUDA (`device="cuda"` or `"cuda:N"`): see `pytorch_cuda` (CUDA events in hooks on every
+  module, CUPTI for kernels, never torch.profiler). On a CPU, torch.profiler is CUPTI's one
+  client in the process when the torch build has CUDA (`gpu.owner`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from sidecar.profiling.gpu.owner import PROCESS_OWNER, TORCH_PROFILER
 from sidecar.profiling.runners.base import (
     Iteration,
     LevelNotSupportedError,
@@ -56,11 +59,10 @@ class PyTorchRunner:
     def __init__(self, model: Any, *, device: str = "cpu", name: str | None = None) -> None:
         import torch
 
-        if device != "cpu":
-            raise ProfilingError(
-                f"PyTorch on {device!r} is not supported yet: only CPU profiling is implemented"
-            )
         self.torch = torch
+        self.device = parse_device(torch, device)
+        self.cuda = self.device.type == "cuda"
+        map_location = str(self.device)
         if isinstance(model, str | Path):
             path = Path(model)
             if not path.is_file():
@@ -68,7 +70,7 @@ class PyTorchRunner:
             try:
                 with warnings.catch_warnings():  # torch.jit is deprecated, but Triton loads it
                     warnings.simplefilter("ignore", DeprecationWarning)
-                    model = torch.jit.load(str(path), map_location="cpu")
+                    model = torch.jit.load(str(path), map_location=map_location)
             except Exception as exc:
                 raise ProfilingError(f"cannot load TorchScript file {path}: {exc}") from None
             self.model_name = name or path.stem
@@ -77,13 +79,33 @@ class PyTorchRunner:
         self.model = model.eval()
         self.scripted = isinstance(model, torch.jit.ScriptModule)
         self.leaves = self._leaf_modules()
+        if self.cuda:
+            self.model = self.model.to(self.device)
 
     # -- Runner interface ---------------------------------------------------------------
     def describe(self) -> RuntimeInfo:
         kind = "TorchScript" if self.scripted else "eager"
+        if self.cuda:
+            torch = self.torch
+            props = torch.cuda.get_device_properties(self.device)
+            notes = {}
+            if self.scripted:
+                notes[Level.LAYER.value] = (
+                    "not captured: TorchScript modules cannot be hooked, and on CUDA the "
+                    "profiler-based layer level would make torch.profiler and CUPTI meet"
+                )
+            return RuntimeInfo(
+                "pytorch",
+                torch.__version__,
+                f"{self.device}, {kind}",
+                f"{props.name} ({self.device}, CUDA {torch.version.cuda})",
+                notes,
+            )
         return RuntimeInfo("pytorch", self.torch.__version__, f"cpu, {kind}", cpu_name())
 
     def supported_levels(self) -> tuple[Level, ...]:
+        if self.cuda and self.scripted:
+            return (Level.MODEL, Level.KERNEL)
         return (Level.MODEL, Level.LAYER, Level.KERNEL)
 
     def run(
@@ -91,6 +113,8 @@ class PyTorchRunner:
     ) -> LevelRun:
         check_iterations(iterations, warmup)
         args = [self.torch.from_numpy(np.ascontiguousarray(a)) for a in inputs.values()]
+        if self.cuda:
+            return self._cuda_run(args, level, iterations, warmup)
         with self._context():
             if level is Level.MODEL:
                 walls, _ = timed_loop(lambda: self.model(*args), iterations, warmup)
@@ -107,6 +131,34 @@ class PyTorchRunner:
         return LevelRun(level, its, warmup, attrs)
 
     # -- internals ----------------------------------------------------------------------
+    def _cuda_run(self, args: list[Any], level: Level, iterations: int, warmup: int) -> LevelRun:
+        from sidecar.profiling.runners.pytorch_cuda import CudaLevels
+
+        def attrs(module: Any, inputs: Any, output: Any) -> dict[str, Any]:
+            out = self._module_attrs(module, inputs, output)
+            out["provider"] = str(self.device)
+            return out
+
+        args = [a.to(self.device) for a in args]
+        levels = CudaLevels(
+            self.torch, self.model, self.device, self.model_name, attrs, not self.scripted
+        )
+        extra: dict[str, Any] = {"layer_names": "original", "device": str(self.device)}
+        with self._context():
+            if level is Level.MODEL:
+                its = levels.model_run(args, iterations, warmup)
+            elif level is Level.LAYER and not self.scripted:
+                its = levels.layer_run(args, iterations, warmup)
+                extra["layer_time_base"] = "gpu_events"
+            elif level is Level.KERNEL:
+                its, k_attrs = levels.kernel_run(args, iterations, warmup)
+                extra.update(k_attrs)
+            else:
+                raise LevelNotSupportedError(
+                    f"level {level.value!r} is not available for this model on {self.device}"
+                )
+        return LevelRun(level, its, warmup, extra)
+
     @contextlib.contextmanager
     def _context(self) -> Iterator[None]:
         with contextlib.ExitStack() as stack:
@@ -218,6 +270,8 @@ class PyTorchRunner:
         from torch.autograd.profiler import record_function
         from torch.profiler import ProfilerActivity, profile
 
+        if self.torch.cuda.is_available():  # Kineto is a CUPTI client on a CUDA build
+            PROCESS_OWNER.claim(TORCH_PROFILER)
         attrs: dict[str, dict[str, Any]] = {}
         handles = []
         if not self.scripted:
@@ -338,6 +392,24 @@ class PyTorchRunner:
         if len(calls) != len(names):  # control flow: calls do not match the graph's order
             names = [f"forward[{i}]" for i in range(len(calls))]
         return list(zip(names, calls, strict=True))
+
+
+def parse_device(torch: Any, device: str) -> Any:
+    """`cpu`, `cuda` or `cuda:N` as a `torch.device`; CUDA must be usable here."""
+    text = str(device).strip().lower()
+    if text != "cpu" and not (text == "cuda" or (text.startswith("cuda:") and text[5:].isdigit())):
+        raise ProfilingError(f"unknown device {device!r}: use cpu, cuda or cuda:N")
+    if text == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise LevelNotSupportedError(
+            f"PyTorch on {text} needs a CUDA GPU, but torch.cuda.is_available() is False "
+            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'})"
+        )
+    dev = torch.device(text if ":" in text else "cuda:0")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ProfilingError(f"{text}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return dev
 
 
 def _is_op(event: Any) -> bool:
