@@ -1,7 +1,8 @@
 """Prometheus metrics of the data plane (names fixed in docs/contracts.md).
 
 Registered on an injected `CollectorRegistry`. Label values stay bounded: an absent model name
-is `_unknown`, models past `max_models` distinct names count under `_other`, and so do methods
+or one no model could have (over `MAX_MODEL_NAME` characters, or with a control character) is
+`_unknown`, models past `max_models` distinct names count under `_other`, and so do methods
 past `max_methods` distinct names outside the known gRPC tables. Per-call numbers are plain
 counters turned into metric families at scrape time, so the per-request cost is a few
 dictionary look-ups and integer additions.
@@ -21,6 +22,7 @@ from prometheus_client.utils import floatToGoString
 from sidecar.proxy.model_name import METHODS, UNKNOWN_MODEL
 
 OTHER = "_other"
+MAX_MODEL_NAME = 256  # longer names are not taken as label values
 
 # 50 µs .. 10 s, dense below a millisecond (the relay adds ~0.1 ms; Triton answers in ~1 ms)
 DURATION_BUCKETS = (
@@ -158,6 +160,8 @@ class ProxyMetrics:
             return UNKNOWN_MODEL
         if name in self._models:
             return name
+        if len(name) > MAX_MODEL_NAME or not name.isprintable():
+            return UNKNOWN_MODEL
         with self._lock:
             if len(self._models) < self.max_models:
                 self._models.add(name)

@@ -21,6 +21,14 @@ def test_model_labels_are_capped() -> None:
     ]
 
 
+def test_names_no_model_could_have_take_no_label_slot() -> None:
+    metrics = ProxyMetrics(CollectorRegistry(), max_models=2)
+    assert metrics.model_label("x" * 10_000) == "_unknown"
+    assert metrics.model_label("nul\x00byte") == "_unknown"
+    assert metrics.model_label("new\nline") == "_unknown"
+    assert [metrics.model_label(m) for m in ("a", "b")] == ["a", "b"]  # both slots still free
+
+
 def test_method_labels_are_capped_but_known_methods_always_pass() -> None:
     metrics = ProxyMetrics(CollectorRegistry(), max_methods=1)
     assert metrics.method_label("Custom1") == "Custom1"
