@@ -64,7 +64,7 @@ class OtlpMetricsCollector(Collector):
         )
         yield GaugeMetricFamily(
             "xsp_otlp_connections_active",
-            "Open connections to the OTLP receiver (one handler thread each)",
+            "Open connections to the OTLP receiver (at most 16; more are answered 503)",
             value=stats.active_connections,
         )
 

@@ -4,31 +4,39 @@ Triton's OpenTelemetry trace mode exports OTLP/JSON over HTTP; OTLP/protobuf is 
 when `opentelemetry-proto` is installed (otherwise such payloads get a 415 saying so). Bodies
 may be gzip-compressed. Parsed spans go to a callback; the receiver never raises into its
 caller: every bad request gets a 4xx (or 503) answer and is counted under one of
-`REJECT_REASONS`; callback failures are logged and counted.
+`REJECT_REASONS`; callback failures are logged (rate-limited) and counted.
 
-It runs on stdlib `ThreadingHTTPServer` threads, off the serving path, within bounds:
+It is aiohttp's low-level web server on its own event loop in one daemon thread, off the
+serving path; decoding, parsing and the callback run on one more thread, one payload at a time,
+so a big payload does not hold up the event loop. Bounds:
 
-- at most `max_connections` connections at once (one thread each); more are answered 503;
+- at most `max_connections` connections at once; more are answered 503 and closed;
 - a request must arrive whole (headers and body) within `read_timeout_s` of the connection
-  opening or of the previous response; otherwise it gets a 408 and the connection is closed.
-  The deadline is enforced by the accept loop, so a client that trickles bytes cannot hold a
-  thread for longer; an idle keep-alive connection is closed after the same time.
+  opening or of the previous response, else it gets a 408 and the connection is closed; an idle
+  keep-alive connection is closed silently after the same time. aiohttp bounds the size of a
+  request head but has no read timeout (only recent versions close, silently, a connection that
+  never sends a whole head), so this is a timer per connection here; a client that does not
+  read what it is sent is cut off `read_timeout_s` later;
+- a body over `max_body_bytes` gets a 413: by its Content-Length before it is read, or once
+  gunzipped; a request without Content-Length (chunked) gets a 411.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
+import concurrent.futures
 import json
 import logging
-import socket
+import os
 import threading
 import time
 import zlib
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
+
+from aiohttp import hdrs, web
 
 from sidecar.live.otlp_payload import (
     OtlpEvent,
@@ -67,10 +75,12 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_READ_TIMEOUT_S = 10.0
 DEFAULT_MAX_CONNECTIONS = 16
 _LOG_INTERVAL_S = 60.0  # at most one warning per rejection reason in this time
+_STOP_GRACE_S = 1.0  # how long stop() lets requests in flight finish
+_LINGER_S = 1.0  # how long a connection over the cap has to read its 503
 
 # Why a request was rejected: the fixed label set of `xsp_otlp_rejected_total{reason}`.
 REJECT_REASONS = (
-    "method",  # 405 not POST, 501 a method http.server does not know
+    "method",  # 405 not POST
     "path",  # 404 not /v1/traces
     "length",  # 411 no Content-Length
     "too_large",  # 413 over max_body_bytes, declared or once decompressed
@@ -80,7 +90,7 @@ REJECT_REASONS = (
     "content_type",  # 415 neither OTLP/JSON nor OTLP/protobuf
     "protobuf",  # 415 OTLP/protobuf without opentelemetry-proto installed
     "malformed",  # 400 the body is not a valid ExportTraceServiceRequest
-    "bad_request",  # 400/414/431 HTTP that http.server itself refuses
+    "bad_request",  # 400 HTTP that aiohttp's parser refuses (request line, headers, sizes)
     "overloaded",  # 503 more than max_connections connections at once
 )
 
@@ -116,25 +126,63 @@ def _varint(value: int) -> bytes:
 
 
 def _rpc_code(status: int) -> int:
-    return {
+    codes: dict[int, int] = {
         HTTPStatus.UNSUPPORTED_MEDIA_TYPE: _UNIMPLEMENTED,
         HTTPStatus.REQUEST_ENTITY_TOO_LARGE: _RESOURCE_EXHAUSTED,
         HTTPStatus.REQUEST_TIMEOUT: _DEADLINE_EXCEEDED,
         HTTPStatus.SERVICE_UNAVAILABLE: _UNAVAILABLE,
-    }.get(HTTPStatus(status), _INVALID_ARGUMENT)
+    }
+    return codes.get(status, _INVALID_ARGUMENT)
 
 
-class _GzipTooLarge(OtlpPayloadError):
-    """The decompressed body is over the size limit."""
+def _json_status(status: int, message: str) -> bytes:
+    return json.dumps({"code": _rpc_code(status), "message": message}).encode()
 
 
-def _gunzip(body: bytes, limit: int) -> bytes:
+def _error_response(status: int, message: str, as_protobuf: bool) -> web.Response:
+    if as_protobuf:
+        body, content_type = _status_protobuf(_rpc_code(status), message), PROTOBUF_CONTENT_TYPE
+    else:
+        body, content_type = _json_status(status, message), JSON_CONTENT_TYPE
+    response = web.Response(status=status, body=body, content_type=content_type)
+    if status == HTTPStatus.METHOD_NOT_ALLOWED:
+        response.headers[hdrs.ALLOW] = "POST"
+    return response
+
+
+def _raw_answer(status: HTTPStatus, message: str) -> bytes:
+    """A whole closing JSON answer, for a connection that has no aiohttp request to answer."""
+    body = _json_status(status, message)
+    retry = "Retry-After: 1\r\n" if status == HTTPStatus.SERVICE_UNAVAILABLE else ""
+    head = (
+        f"HTTP/1.1 {status.value} {status.phrase}\r\nContent-Type: {JSON_CONTENT_TYPE}\r\n"
+        f"Content-Length: {len(body)}\r\n{retry}Connection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class _Rejected(Exception):
+    """A request answered with an error, counted under `reason`."""
+
+    def __init__(
+        self, status: int, reason: str, message: str, as_protobuf: bool, close: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.message = status, reason, message
+        self.as_protobuf, self.close = as_protobuf, close
+
+
+def _gunzip(body: bytes, limit: int, as_protobuf: bool) -> bytes:
     decompressor = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    out = decompressor.decompress(body, limit + 1)
+    try:
+        out = decompressor.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise _Rejected(400, "encoding", f"bad gzip body: {exc}", as_protobuf) from None
     if len(out) > limit or decompressor.unconsumed_tail:
-        raise _GzipTooLarge(f"decompressed body is over the limit of {limit} bytes")
+        message = f"decompressed body is over the limit of {limit} bytes"
+        raise _Rejected(413, "too_large", message, as_protobuf)
     if not decompressor.eof:
-        raise OtlpPayloadError("gzip stream is truncated")
+        raise _Rejected(400, "encoding", "bad gzip body: the stream is truncated", as_protobuf)
     return out
 
 
@@ -150,324 +198,123 @@ class ReceiverStats:
     active_connections: int = 0
 
 
-@dataclass
-class _Connection:
-    """What the accept loop knows of one open connection."""
+class _Connection(web.RequestHandler):
+    """aiohttp's HTTP/1.1 protocol for one connection, plus the connection cap and the deadline
+    for each request's arrival."""
 
-    deadline: float | None  # monotonic time by which the current request must be read
-    thread: threading.Thread | None = None
-    timed_out: bool = False
+    def __init__(self, server: _Server, **kwargs: Any) -> None:
+        super().__init__(server, **kwargs)
+        self.server = server
+        self.receiver = server.receiver
+        self.request: web.BaseRequest | None = None  # in the receiver's handler
+        self.deadline = 0.0  # loop time by which the current request must have arrived
+        self.partial = False  # bytes of a request that is not in the handler yet
+        self.eof = False  # the client shut its side
+        self.refused = False
+        self.timer: asyncio.TimerHandle | None = None
 
+    def peer(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        return str(peer[0]) if peer else "?"
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"  # keep-alive: the exporter reuses its connection
-    state: _Connection
-
-    def setup(self) -> None:
-        # A per-read/write socket timeout, looser than the deadline that the accept loop
-        # enforces (which answers 408): a backstop for writes to a client that does not read.
-        super().setup()
-        self.connection.settimeout(2 * self.server.owner.read_timeout_s + 1)
-        self.state = self.server.connection(self.request)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("otlp %s: " + format, self.address_string(), *args)
-
-    def _no_http09(self) -> None:
-        """No OTLP client speaks HTTP/0.9: a cut or garbled request line still gets a status."""
-        if self.request_version == "HTTP/0.9":
-            self.request_version = "HTTP/1.0"
-            self.close_connection = True
-
-    def _send(self, status: int, content_type: str, body: bytes) -> None:
-        self._no_http09()
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            if status == HTTPStatus.SERVICE_UNAVAILABLE:
-                self.send_header("Retry-After", "1")
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(body)
-            self.wfile.flush()
-        except OSError:  # the client went away; nothing left to answer
-            self.close_connection = True
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if len(self.server.open) >= self.receiver.max_connections:
+            self.refused = True
+            message = f"over {self.receiver.max_connections} connections at once"
+            transport = cast(asyncio.Transport, transport)
+            peer = transport.get_extra_info("peername")
+            self.receiver._count_rejected("overloaded", message, str(peer[0] if peer else "?"))
+            # half-close after the answer and drop what the client sends: closing with its
+            # request unread would reset the connection, and the 503 with it
+            transport.write(_raw_answer(HTTPStatus.SERVICE_UNAVAILABLE, message))
+            transport.write_eof()
+            self.timer = asyncio.get_running_loop().call_later(_LINGER_S, transport.abort)
             return
-        if not self.close_connection:
-            self.server.arm(self.state)  # the next request on this connection
+        self.server.open.add(self)
+        super().connection_made(transport)
+        self.arm()
 
-    def _reject(self, status: int, reason: str, message: str, as_protobuf: bool) -> None:
-        self.server.owner._count_rejected(reason, message, self.address_string())
-        code = _rpc_code(status)
-        if as_protobuf:
-            self._send(status, PROTOBUF_CONTENT_TYPE, _status_protobuf(code, message))
-        else:
-            body = json.dumps({"code": code, "message": message}).encode()
-            self._send(status, JSON_CONTENT_TYPE, body)
-
-    def _reject_late(self, as_protobuf: bool) -> None:
-        self.close_connection = True
-        self._reject(
-            HTTPStatus.REQUEST_TIMEOUT,
-            "timeout",
-            f"the request did not arrive whole within {self.server.owner.read_timeout_s} s",
-            as_protobuf,
-        )
-
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """http.server's own refusals (bad request line, headers too long, unknown method)."""
-        if self.state.timed_out:
-            code, reason = HTTPStatus.REQUEST_TIMEOUT, "timeout"
-            message = None  # the status line keeps its phrase; the body says why
-            explain = (
-                f"the request did not arrive whole within {self.server.owner.read_timeout_s} s"
-            )
-        elif code == HTTPStatus.NOT_IMPLEMENTED:
-            reason = "method"
-        else:
-            reason = "bad_request"
-        self.server.owner._count_rejected(
-            reason, message or explain or HTTPStatus(code).phrase, self.address_string()
-        )
-        self._no_http09()
-        try:
-            super().send_error(code, message, explain)
-        except OSError:
-            self.close_connection = True
-
-    def do_GET(self) -> None:
-        if self.state.timed_out:
-            self._reject_late(as_protobuf=False)
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.refused:
             return
-        self._reject(
-            HTTPStatus.METHOD_NOT_ALLOWED, "method", f"use POST {TRACES_PATH}", as_protobuf=False
-        )
+        self.server.open.discard(self)
+        super().connection_lost(exc)
 
-    def do_POST(self) -> None:
-        owner = self.server.owner
-        content_type = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
-        as_protobuf = content_type == PROTOBUF_CONTENT_TYPE
-        if self.state.timed_out:  # the headers did not arrive in time
-            self._reject_late(as_protobuf)
+    def data_received(self, data: bytes) -> None:
+        if self.refused:
             return
-        length_header = self.headers.get("Content-Length")
-        if length_header is None or not length_header.strip().isdigit():
-            self.close_connection = True
-            self._reject(
-                HTTPStatus.LENGTH_REQUIRED, "length", "Content-Length is required", as_protobuf
-            )
+        if self.request is None:
+            self.partial = True
+        super().data_received(data)
+
+    def eof_received(self) -> bool:  # type: ignore[override]
+        """The client shut its side: a request still being sent will not complete. Keep the
+        connection open for an answer when a request is under way, else close it."""
+        self.eof = True
+        if self.refused:
+            return False
+        if self.request is not None:
+            self.request.content.feed_eof()
+            return True
+        return self.partial
+
+    def arm(self) -> None:
+        """Start the clock for the next request."""
+        loop = asyncio.get_running_loop()
+        self.deadline = loop.time() + self.receiver.read_timeout_s
+        self.partial = False
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = loop.call_at(self.deadline, self._expire)
+
+    def _expire(self) -> None:
+        self.timer = None
+        transport = self.transport
+        if self.request is not None or transport is None:  # the handler keeps its own time
             return
-        length = int(length_header)
-        if length > owner.max_body_bytes:
-            self.close_connection = True
-            self._reject(
-                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                "too_large",
-                f"body of {length} bytes is over the limit of {owner.max_body_bytes}",
-                as_protobuf,
-            )
-            self._discard(length)
-            return
-        body = self._read_body(length, as_protobuf)
-        if body is None:
-            return
-        if self.server.disarm(self.state):  # timed out just as the body completed
-            self.close_connection = True
-        if self.path.split("?")[0] != TRACES_PATH:
-            self._reject(HTTPStatus.NOT_FOUND, "path", f"only {TRACES_PATH} is served", as_protobuf)
-            return
-        spans = self._decode(body, content_type, as_protobuf)
-        if spans is None:
-            return
-        owner._deliver(spans)
-        if as_protobuf:  # an empty ExportTraceServiceResponse
-            self._send(HTTPStatus.OK, PROTOBUF_CONTENT_TYPE, b"")
-        else:
-            self._send(HTTPStatus.OK, JSON_CONTENT_TYPE, b"{}")
+        if self.partial and not transport.is_closing():
+            message = f"the request did not arrive whole within {self.receiver.read_timeout_s} s"
+            self.receiver._count_rejected("timeout", message, self.peer())
+            transport.write(_raw_answer(HTTPStatus.REQUEST_TIMEOUT, message))
+        self.force_close()  # closes once what is written is sent; if the client never reads:
+        asyncio.get_running_loop().call_later(self.receiver.read_timeout_s, transport.abort)
 
-    def _discard(self, length: int) -> None:
-        """Read and drop a refused body (until the deadline at most): a client that sends all
-        of it before reading would otherwise get a connection reset instead of the answer."""
-        with contextlib.suppress(OSError):
-            while length > 0 and (chunk := self.rfile.read(min(length, 1 << 16))):
-                length -= len(chunk)
-
-    def _read_body(self, length: int, as_protobuf: bool) -> bytes | None:
-        try:
-            body = self.rfile.read(length)
-        except TimeoutError:
-            body, self.state.timed_out = b"", True
-        except OSError:  # reset by the client: count it, there is nobody to answer
-            self.close_connection = True
-            self.server.owner._count_rejected(
-                "truncated", "connection reset during the body", self.address_string()
-            )
-            return None
-        if len(body) == length:
-            return body
-        self.close_connection = True
-        if self.state.timed_out:
-            self._reject_late(as_protobuf)
-        else:
-            self._reject(
-                HTTPStatus.BAD_REQUEST,
-                "truncated",
-                f"the body ended after {len(body)} of {length} bytes",
-                as_protobuf,
-            )
-        return None
-
-    def _decode(self, body: bytes, content_type: str, as_protobuf: bool) -> list[OtlpSpan] | None:
-        owner = self.server.owner
-        encoding = self.headers.get("Content-Encoding", "identity").strip().lower()
-        try:
-            if encoding == "gzip":
-                body = _gunzip(body, owner.max_body_bytes)
-            elif encoding not in ("", "identity"):
-                self._reject(
-                    HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
-                    "encoding",
-                    f"Content-Encoding {encoding!r} is not supported (use gzip or none)",
-                    as_protobuf,
-                )
-                return None
-        except _GzipTooLarge as exc:
-            self._reject(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "too_large", str(exc), as_protobuf)
-            return None
-        except (OSError, EOFError, zlib.error, OtlpPayloadError) as exc:
-            self._reject(HTTPStatus.BAD_REQUEST, "encoding", f"bad gzip body: {exc}", as_protobuf)
-            return None
-        try:
-            if content_type == JSON_CONTENT_TYPE:
-                return parse_otlp_json(body)
-            if as_protobuf:
-                return parse_otlp_protobuf(body)
-        except ProtobufNotSupportedError as exc:
-            self._reject(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "protobuf", str(exc), as_protobuf=False)
-            return None
-        except OtlpPayloadError as exc:
-            self._reject(HTTPStatus.BAD_REQUEST, "malformed", str(exc), as_protobuf)
-            return None
-        except Exception as exc:  # a bad payload the decoder did not foresee: still a 400
-            log.debug("unexpected error decoding an OTLP payload", exc_info=True)
-            message = f"body could not be decoded ({type(exc).__name__})"
-            self._reject(HTTPStatus.BAD_REQUEST, "malformed", message, as_protobuf)
-            return None
-        self._reject(
-            HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
-            "content_type",
-            f"Content-Type {content_type!r} is not supported; use {JSON_CONTENT_TYPE} "
-            f"or {PROTOBUF_CONTENT_TYPE}",
-            as_protobuf=False,
-        )
-        return None
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """aiohttp's own refusals of unparsable HTTP: answered, counted, not logged as errors."""
+        if status >= 500:
+            return super().handle_error(request, status, exc, message)
+        text = (message or HTTPStatus(status).phrase)[:300]
+        self.receiver._count_rejected("bad_request", text, self.peer())
+        response = _error_response(status, text, as_protobuf=False)
+        response.force_close()
+        return response
 
 
-def _refuse(sock: socket.socket) -> None:
-    """Answer 503 without blocking the accept loop (the connection is over the limit)."""
-    body = json.dumps(
-        {"code": _UNAVAILABLE, "message": "too many OTLP connections; retry later"}
-    ).encode()
-    head = (
-        "HTTP/1.1 503 Service Unavailable\r\n"
-        f"Content-Type: {JSON_CONTENT_TYPE}\r\nContent-Length: {len(body)}\r\n"
-        "Retry-After: 1\r\nConnection: close\r\n\r\n"
-    ).encode()
-    try:
-        sock.setblocking(False)
-        sock.send(head + body)
-    except OSError:
-        pass
+class _Server(web.Server):
+    """aiohttp's low-level server making `_Connection`s for `receiver`."""
 
+    def __init__(self, receiver: OtlpReceiver) -> None:
+        self.receiver = receiver
+        self.open: set[_Connection] = set()
+        self.settings: dict[str, Any] = {
+            "loop": asyncio.get_running_loop(),
+            "keepalive_timeout": 2 * receiver.read_timeout_s,  # a backstop; `arm` comes first
+            "lingering_time": 0,  # a refused body is drained by `_refuse`, within the deadline
+            "auto_decompress": False,  # gunzipped here, within max_body_bytes
+            "access_log": None,
+        }
+        super().__init__(receiver._handle, **self.settings)
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False  # stop() joins the handler threads itself, with a time limit
-    allow_reuse_address = True
-    request_queue_size = 128  # listen backlog: connections over the cap get their 503 promptly
-
-    def __init__(self, address: tuple[str, int], owner: OtlpReceiver) -> None:
-        self.owner = owner
-        self.lock = threading.Lock()
-        self.connections: dict[socket.socket, _Connection] = {}
-        super().__init__(address, _Handler)
-
-    def connection(self, sock: socket.socket) -> _Connection:
-        with self.lock:
-            return self.connections.get(sock) or _Connection(deadline=None)
-
-    def arm(self, state: _Connection) -> None:
-        with self.lock:
-            state.deadline = time.monotonic() + self.owner.read_timeout_s
-
-    def disarm(self, state: _Connection) -> bool:
-        """Stop the clock (the request is read); whether it had already run out."""
-        with self.lock:
-            state.deadline = None
-            return state.timed_out
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self.lock:
-            admitted = len(self.connections) < self.owner.max_connections
-            if admitted:
-                state = _Connection(deadline=time.monotonic() + self.owner.read_timeout_s)
-                self.connections[request] = state
-        if not admitted:
-            self.owner._count_rejected(
-                "overloaded",
-                f"over {self.owner.max_connections} connections at once",
-                str(client_address[0]),
-            )
-            _refuse(request)
-            self.shutdown_request(request)
-            return
-        state.thread = threading.Thread(
-            target=self.process_request_thread,
-            args=(request, client_address),
-            name="otlp-connection",
-            daemon=True,
-        )
-        state.thread.start()
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            with self.lock:
-                self.connections.pop(request, None)
-
-    def service_actions(self) -> None:
-        """Called by the accept loop every poll interval: cut off requests past their deadline."""
-        now = time.monotonic()
-        with self.lock:
-            late = [
-                sock
-                for sock, state in self.connections.items()
-                if state.deadline is not None and now >= state.deadline
-            ]
-            for sock in late:
-                state = self.connections[sock]
-                state.timed_out, state.deadline = True, None
-        for sock in late:  # the handler's blocked read returns EOF; its answer can still go out
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RD)
-
-    def close_all(self, join_timeout_s: float) -> None:
-        with self.lock:
-            open_connections = list(self.connections.items())
-        for sock, _ in open_connections:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-        deadline = time.monotonic() + join_timeout_s
-        for _, state in open_connections:
-            if state.thread is not None:
-                state.thread.join(max(deadline - time.monotonic(), 0.0))
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.debug("OTLP connection from %s ended with an error", client_address, exc_info=True)
+    def __call__(self) -> _Connection:
+        return _Connection(self, **self.settings)
 
 
 class OtlpReceiver:
@@ -500,17 +347,21 @@ class OtlpReceiver:
         self.max_body_bytes = max_body_bytes
         self.read_timeout_s = read_timeout_s
         self.max_connections = max_connections
+        self._port: int | None = None
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._parser: concurrent.futures.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._stats = ReceiverStats()
         self._last_warning: dict[str, float] = {}
 
     @property
     def port(self) -> int:
-        if self._server is None:
+        if self._port is None:
             raise RuntimeError("the OTLP receiver is not started; call start() first")
-        return int(self._server.server_address[1])
+        return self._port
 
     @property
     def url(self) -> str:
@@ -520,41 +371,61 @@ class OtlpReceiver:
     @property
     def active_connections(self) -> int:
         server = self._server
-        if server is None:
-            return 0
-        with server.lock:
-            return len(server.connections)
+        return 0 if server is None else len(server.open)
 
     def start(self) -> OtlpReceiver:
-        if self._server is not None:
+        if self._thread is not None:
             return self
-        try:
-            self._server = _Server((self.host, self.requested_port), self)
-        except OSError as exc:
-            raise OSError(
-                f"cannot listen for OTLP on {self.host}:{self.requested_port}: {exc.strerror}; "
-                "pick another --otlp-port"
-            ) from None
+        started: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self._parser = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="otlp-parse")
         self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": min(0.2, self.read_timeout_s / 4)},
-            name="otlp-receiver",
-            daemon=True,
+            target=asyncio.run, args=(self._serve(started),), name="otlp-receiver", daemon=True
         )
         self._thread.start()
+        try:
+            self._port = started.result()
+        except Exception as exc:
+            self._thread.join()
+            self._thread = self._server = None
+            self._parser.shutdown()
+            if not isinstance(exc, OSError):
+                raise
+            # asyncio's bind error wraps the errno's text in a longer message
+            errno = exc.errno or 0
+            reason = os.strerror(errno) if errno > 0 else exc.strerror or str(exc)
+            raise OSError(
+                f"cannot listen for OTLP on {self.host}:{self.requested_port}: {reason}; "
+                "pick another --otlp-port"
+            ) from None
         log.info("OTLP receiver listening on %s", self.url)
         return self
 
+    async def _serve(self, started: concurrent.futures.Future[int]) -> None:
+        self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
+        self._server = _Server(self)
+        runner = web.ServerRunner(self._server, shutdown_timeout=_STOP_GRACE_S)
+        try:
+            await runner.setup()
+            await web.TCPSite(runner, self.host, self.requested_port, backlog=128).start()
+            started.set_result(int(runner.addresses[0][1]))
+            await self._stopping.wait()
+        except Exception as exc:
+            if started.done():
+                raise
+            started.set_exception(exc)
+        finally:
+            await runner.cleanup()
+
     def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is None:
+        thread, self._thread = self._thread, None
+        if thread is None:
             return
-        server.shutdown()
-        server.server_close()
-        server.close_all(join_timeout_s=5.0)
-        if self._thread is not None:
-            self._thread.join(5)
-            self._thread = None
+        assert self._loop is not None and self._stopping is not None
+        self._loop.call_soon_threadsafe(self._stopping.set)
+        thread.join(10 + _STOP_GRACE_S)
+        if self._parser is not None:
+            self._parser.shutdown(wait=True)  # a payload being parsed is still delivered
+        self._server = self._port = None
 
     def stats(self) -> ReceiverStats:
         active = self.active_connections
@@ -568,21 +439,109 @@ class OtlpReceiver:
                 active_connections=active,
             )
 
-    def _count_rejected(self, reason: str, message: str, peer: str) -> None:
-        now = time.monotonic()
-        with self._lock:
-            self._stats.rejected += 1
-            self._stats.rejected_by_reason[reason] = (
-                self._stats.rejected_by_reason.get(reason, 0) + 1
-            )
-            loud = now - self._last_warning.get(reason, -_LOG_INTERVAL_S) >= _LOG_INTERVAL_S
-            if loud:
-                self._last_warning[reason] = now
-        # a flood of bad payloads must not flood the log: one warning per reason and minute
-        level = logging.WARNING if loud else logging.DEBUG
-        log.log(level, "rejected OTLP request from %s (%s): %s", peer, reason, message[:300])
+    # ---------------------------------------------------------------- on the event loop
 
-    def _deliver(self, spans: list[OtlpSpan]) -> None:
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        connection = cast(_Connection, request.protocol)
+        connection.request = request
+        try:
+            response = await self._respond(request, connection.deadline)
+        except _Rejected as rejection:
+            response = await self._refuse(request, rejection, connection)
+        finally:
+            connection.request = None
+        if connection.eof:
+            response.force_close()  # the client shut its side: nothing more will come
+        connection.arm()
+        return response
+
+    async def _respond(self, request: web.BaseRequest, deadline: float) -> web.StreamResponse:
+        content_type = request.headers.get(hdrs.CONTENT_TYPE, "").split(";")[0].strip().lower()
+        as_protobuf = content_type == PROTOBUF_CONTENT_TYPE
+        body = await self._read_body(request, deadline, as_protobuf)
+        if request.path != TRACES_PATH:
+            raise _Rejected(404, "path", f"only {TRACES_PATH} is served", as_protobuf)
+        encoding = request.headers.get(hdrs.CONTENT_ENCODING, "identity").strip().lower()
+        if encoding not in ("", "identity", "gzip"):
+            message = f"Content-Encoding {encoding!r} is not supported (use gzip or none)"
+            raise _Rejected(415, "encoding", message, as_protobuf)
+        if content_type not in (JSON_CONTENT_TYPE, PROTOBUF_CONTENT_TYPE):
+            message = (
+                f"Content-Type {content_type!r} is not supported; use {JSON_CONTENT_TYPE} "
+                f"or {PROTOBUF_CONTENT_TYPE}"
+            )
+            raise _Rejected(415, "content_type", message, as_protobuf=False)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._parser, self._accept, body, encoding, as_protobuf)
+        if as_protobuf:  # an empty ExportTraceServiceResponse
+            return web.Response(body=b"", content_type=PROTOBUF_CONTENT_TYPE)
+        return web.Response(body=b"{}", content_type=JSON_CONTENT_TYPE)
+
+    async def _read_body(
+        self, request: web.BaseRequest, deadline: float, as_protobuf: bool
+    ) -> bytes:
+        if request.method != hdrs.METH_POST:
+            raise _Rejected(405, "method", f"use POST {TRACES_PATH}", as_protobuf=False)
+        length = request.content_length
+        if length is None:
+            message = "Content-Length is required"
+            raise _Rejected(411, "length", message, as_protobuf, close=True)
+        if length > self.max_body_bytes:
+            message = f"body of {length} bytes is over the limit of {self.max_body_bytes}"
+            raise _Rejected(413, "too_large", message, as_protobuf, close=True)
+        if request.headers.get(hdrs.EXPECT, "").lower() == "100-continue" and request.transport:
+            request.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await request.content.readexactly(length)
+        except TimeoutError:
+            message = f"the request did not arrive whole within {self.read_timeout_s} s"
+            raise _Rejected(408, "timeout", message, as_protobuf, close=True) from None
+        except asyncio.IncompleteReadError as exc:
+            message = f"the body ended after {len(exc.partial)} of {length} bytes"
+            raise _Rejected(400, "truncated", message, as_protobuf, close=True) from None
+        except OSError:  # reset by the client: counted, though there is nobody to answer
+            message = "connection reset during the body"
+            raise _Rejected(400, "truncated", message, as_protobuf, close=True) from None
+
+    async def _refuse(
+        self, request: web.BaseRequest, rejection: _Rejected, connection: _Connection
+    ) -> web.StreamResponse:
+        """Answer with the error. When the body is left unread, send the answer at once, then
+        drop what the client still sends until the deadline (a client that sends all of it
+        before reading would otherwise get a connection reset), then close."""
+        self._count_rejected(rejection.reason, rejection.message, connection.peer())
+        response = _error_response(rejection.status, rejection.message, rejection.as_protobuf)
+        if rejection.close:
+            response.force_close()
+        if request.content.is_eof():
+            return response
+        try:
+            await response.prepare(request)
+            await response.write_eof()
+            async with asyncio.timeout_at(connection.deadline):
+                while await request.content.readany():
+                    pass
+        except (TimeoutError, OSError):
+            pass
+        return response
+
+    # ---------------------------------------------------------------- on the parser thread
+
+    def _accept(self, body: bytes, encoding: str, as_protobuf: bool) -> None:
+        """Decode a payload and hand its spans to the callback; `_Rejected` if it is bad."""
+        if encoding == "gzip":
+            body = _gunzip(body, self.max_body_bytes, as_protobuf)
+        try:
+            spans = parse_otlp_protobuf(body) if as_protobuf else parse_otlp_json(body)
+        except ProtobufNotSupportedError as exc:
+            raise _Rejected(415, "protobuf", str(exc), as_protobuf=False) from None
+        except OtlpPayloadError as exc:
+            raise _Rejected(400, "malformed", str(exc), as_protobuf) from None
+        except Exception as exc:  # a bad payload the decoder did not foresee: still a 400
+            log.debug("unexpected error decoding an OTLP payload", exc_info=True)
+            message = f"body could not be decoded ({type(exc).__name__})"
+            raise _Rejected(400, "malformed", message, as_protobuf) from None
         with self._lock:
             self._stats.accepted += 1
             self._stats.spans += len(spans)
@@ -591,9 +550,33 @@ class OtlpReceiver:
         try:
             self.on_spans(spans)
         except Exception:  # telemetry never raises into the exporter's request
-            log.exception("the OTLP span callback failed; %d spans lost", len(spans))
             with self._lock:
                 self._stats.callback_errors += 1
+            if self._loud("callback"):
+                log.exception("the OTLP span callback failed; %d spans lost", len(spans))
+            else:
+                log.debug("the OTLP span callback failed; %d spans lost", len(spans))
+
+    # ---------------------------------------------------------------- from either thread
+
+    def _loud(self, key: str) -> bool:
+        """Whether to warn about `key` now: once per key and `_LOG_INTERVAL_S`."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last_warning.get(key, -_LOG_INTERVAL_S) < _LOG_INTERVAL_S:
+                return False
+            self._last_warning[key] = now
+            return True
+
+    def _count_rejected(self, reason: str, message: str, peer: str) -> None:
+        with self._lock:
+            self._stats.rejected += 1
+            self._stats.rejected_by_reason[reason] = (
+                self._stats.rejected_by_reason.get(reason, 0) + 1
+            )
+        # a flood of bad payloads must not flood the log: one warning per reason and minute
+        level = logging.WARNING if self._loud(reason) else logging.DEBUG
+        log.log(level, "rejected OTLP request from %s (%s): %s", peer, reason, message[:300])
 
     def __enter__(self) -> OtlpReceiver:
         return self.start()

@@ -418,7 +418,7 @@ def test_connections_over_the_cap_get_503_and_threads_return(sink: Sink) -> None
         refused = [_answer(_open(receiver, STALLED_HEADERS)) for _ in range(20)]
         assert all(a.startswith(b"HTTP/1.1 503 ") for a in refused)
         assert b"Retry-After: 1" in refused[0]
-        assert threading.active_count() == baseline + 3  # the cap holds the thread count
+        assert threading.active_count() == baseline  # no thread per connection
         assert rejected(registry, "overloaded") == 20
         for sock in stalled:  # the clients go away mid-body
             sock.shutdown(socket.SHUT_WR)
@@ -443,9 +443,9 @@ def test_stop_ends_stalled_connections(sink: Sink) -> None:
     ("sent", "status", "reason"),
     [
         (b"GARBAGE\r\n\r\n", 400, "bad_request"),
-        (b"PUT /v1/traces HTTP/1.1\r\nHost: otlp\r\n\r\n", 501, "method"),
+        (b"PUT /v1/traces HTTP/1.1\r\nHost: otlp\r\n\r\n", 405, "method"),
         (b"GET /v1/traces HTTP/1.1\r\nHost: otlp\r\n\r\n", 405, "method"),
-        (b"POST /v1/traces HTTP/1.1\r\nHost: otlp\r\nX: " + b"a" * 70_000 + b"\r\n\r\n", 431, ""),
+        (b"POST /v1/traces HTTP/1.1\r\nHost: otlp\r\nX: " + b"a" * 70_000 + b"\r\n\r\n", 400, ""),
     ],
 )
 def test_http_level_refusals_are_answered_and_counted(
@@ -453,7 +453,8 @@ def test_http_level_refusals_are_answered_and_counted(
 ) -> None:
     sock = _open(receiver, sent)
     sock.shutdown(socket.SHUT_WR)
-    assert _answer(sock).startswith(f"HTTP/1.1 {status} ".encode())
+    answer = _answer(sock)  # HTTP/1.0 when aiohttp could not parse the request
+    assert answer.startswith(b"HTTP/1.") and answer.split(b" ")[1] == str(status).encode()
     assert rejected(scraped, reason or "bad_request") == 1
 
 
