@@ -99,6 +99,7 @@ class Rig:
             "--admin-listen", f"127.0.0.1:{self.admin_port}",
             "--max-models", "6", "--sample-rate", "0.01", "--duty-cycle", "0.2",
             "--iterations", "3", "--warmup", "1", "--grace-period", "5",
+            "--retention-max-mb", "1",  # the store itself stays well inside the 3 MB tmpfs
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("XSP_")}
         with self.log_path.open("wb") as log:
@@ -195,6 +196,22 @@ def metric_sum(rig: Rig, name: str, **labels: str) -> float:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 total += sample.value
     return total
+
+
+def sampling_summary(rig: Rig) -> dict[str, float]:
+    """simple_cnn's sampling decisions, profile outcomes and drops (to explain a failure)."""
+    wanted = {
+        "xsp_sampling_decisions_total": "decision",
+        "xsp_profiles_total": "outcome",
+        "xsp_samples_dropped_total": "reason",
+    }
+    summary: dict[str, float] = {}
+    for family in metric_families(rig.metrics_port):
+        for sample in family.samples:  # type: ignore[attr-defined]
+            label = wanted.get(sample.name)
+            if label and sample.labels.get("model") == "simple_cnn":
+                summary[f"{sample.name}{{{sample.labels.get(label)}}}"] = sample.value
+    return summary
 
 
 # -- the well-formed client ----------------------------------------------------------------
@@ -527,6 +544,8 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(args.settle)
         end = usage(rig)
         profile_ok = forced_profile_stored(rig)
+        if not profile_ok:
+            print(f"  sampling after the attacks: {sampling_summary(rig)}")
         good.stopping.set()
         good.join(15)
         unexpected = good.unexpected_failures()

@@ -51,7 +51,8 @@ class SamplingHub:
 
     `submit` queues a job for the worker (never blocks); `store_spans` hands live spans to the
     trace writer; `model_label` bounds model names for metric labels; `remember` keeps the last
-    sampled request per model for the admin API.
+    sampled request per model for the admin API; a request for a model `known_model` rejects
+    (not in the model repository) is dropped before it is queued.
     """
 
     def __init__(
@@ -62,6 +63,7 @@ class SamplingHub:
         store_spans: Callable[[str, list[Span]], object],
         model_label: Callable[[str | None], str],
         remember: Callable[[str, str, bytes], object] | None = None,
+        known_model: Callable[[str], bool] | None = None,
     ) -> None:
         self.sampler = sampler
         self.metrics = metrics
@@ -69,6 +71,7 @@ class SamplingHub:
         self.store_spans = store_spans
         self.model_label = model_label
         self.remember = remember
+        self.known_model = known_model
         self.sampled_trace_ids: set[str] = set()
         self._lock = threading.Lock()
 
@@ -141,6 +144,10 @@ class SamplingObserver:
         if message is None or model is None:
             hub.sampler.duty.cancel()
             hub.metrics.dropped.labels(label, "unreadable_request").inc()
+            return
+        if hub.known_model is not None and not hub.known_model(model):
+            hub.sampler.duty.cancel()
+            hub.metrics.dropped.labels(label, "unknown_model").inc()
             return
         job = ProfileJob(
             trace_id=pending.trace_id,

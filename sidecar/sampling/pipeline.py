@@ -113,6 +113,7 @@ class SamplingPipeline:
             self._store_spans,
             model_label,
             remember=self.last_requests.remember,
+            known_model=self._known_model,
         )
         self.collector = TritonSpanCollector(self._on_backend_trace)
         self.receiver: OtlpReceiver | None = None

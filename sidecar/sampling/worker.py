@@ -42,6 +42,7 @@ class WorkerConfig:
     replay: str = "sidecar.sampling.replay:replay_job"
     options: dict[str, Any] = field(default_factory=dict)
     queue_size: int = 8
+    queue_bytes: int = 128 << 20  # request bytes the queue holds at most, all jobs together
     job_timeout_s: float = 120.0
     nice: int = 10
     idle_scheduling: bool = True
@@ -123,6 +124,7 @@ class ProfilingWorker:
         self._on_restart = on_restart or (lambda reason: None)
         self._skip = skip or (lambda job: False)
         self._queue: collections.deque[ProfileJob] = collections.deque()
+        self._queued_bytes = 0
         self._cond = threading.Condition()
         self._stopping = False
         self._ctx = multiprocessing.get_context("spawn")
@@ -138,12 +140,19 @@ class ProfilingWorker:
 
     # -- called from the proxy -------------------------------------------------------------
     def submit(self, job: ProfileJob) -> bool:
-        """Queue a job without waiting; False (and counted) when the queue is full."""
+        """Queue a job without waiting; False (and counted) when the queue is full (in jobs or
+        in request bytes)."""
+        size = len(job.request_message)
         with self._cond:
-            if self._stopping or len(self._queue) >= self.config.queue_size:
+            if (
+                self._stopping
+                or len(self._queue) >= self.config.queue_size
+                or (self._queue and self._queued_bytes + size > self.config.queue_bytes)
+            ):
                 self.dropped += 1
                 return False
             self._queue.append(job)
+            self._queued_bytes += size
             self._cond.notify()
         return True
 
@@ -209,7 +218,11 @@ class ProfilingWorker:
                 self._cond.wait(self.config.liveness_interval_s)
             if self._stopping:
                 return None
-            return self._queue.popleft() if self._queue else _IDLE
+            if not self._queue:
+                return _IDLE
+            job = self._queue.popleft()
+            self._queued_bytes -= len(job.request_message)
+            return job
 
     def _keep_alive(self) -> None:
         """Make sure a worker runs while no job waits: started now, not on the next sample,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import time
 
@@ -60,6 +61,17 @@ def test_crash_hang_and_error_are_recorded_and_the_worker_comes_back() -> None:
         assert outcomes[1].details["pid"] != outcomes[3].details["pid"]  # a new process
     finally:
         worker.stop()
+
+
+def test_queue_is_bounded_in_request_bytes_too() -> None:
+    worker = ProfilingWorker(WorkerConfig(queue_size=8, queue_bytes=100), lambda result: None)
+    big = dataclasses.replace(job("m", 1), request_message=b"x" * 60)
+    assert worker.submit(big)
+    assert not worker.submit(dataclasses.replace(big, trace_id=f"{2:032x}"))  # 120 > 100 bytes
+    assert worker.submit(job("m", 3))  # an empty request still fits
+    assert worker.dropped == 1 and worker.queue_depth() == 2
+    alone = ProfilingWorker(WorkerConfig(queue_bytes=100), lambda result: None)
+    assert alone.submit(dataclasses.replace(big, request_message=b"x" * 500))  # one always fits
 
 
 def test_full_queue_drops_and_counts_without_blocking() -> None:
