@@ -1,6 +1,6 @@
 """Findings: each rule fires where it should and stays silent where it should not, on the
 checked-in stores, on copies of them changed with real SQLite UPDATEs, and on the real H100
-recordings in ../shared/gpu-fixtures (kernel names and timelines a real GPU emitted)."""
+recordings in tests/data/gpu-fixtures (kernel names and timelines a real GPU emitted)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from analysis.common import AnalysisResult
 from analysis.trace_analysis import TraceAnalysis
 from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB, REPO, q
 
-FIXTURES = REPO.parent / "shared" / "gpu-fixtures"
+FIXTURES = REPO / "tests" / "data" / "gpu-fixtures"  # copies of the H100 recordings
 SCRIPT = REPO / "analysis" / "report.py"
 
 
@@ -154,10 +154,7 @@ def test_profiler_overhead_threshold(
 
 
 def _fixture(name: str) -> dict:
-    path = FIXTURES / name
-    if not path.exists():
-        pytest.skip(f"{path} not present")
-    with gzip.open(path) as f:
+    with gzip.open(FIXTURES / name) as f:
         return json.load(f)
 
 
