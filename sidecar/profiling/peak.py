@@ -136,7 +136,8 @@ def _read(path: Path, key: str) -> Peak | None:
     return peak if peak.machine == key else None
 
 
-def _write(path: Path, peak: Peak) -> None:
+def write_cache(path: Path, peak: Any) -> None:
+    """Store a measured peak (a dataclass) as JSON, atomically; a read-only home is no error."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -169,7 +170,7 @@ def get_peak(
         if not (cached.under_load and quieter):
             return cached
     peak = best_of(cached, measure_fn())
-    _write(path, peak)
+    write_cache(path, peak)
     return peak
 
 
@@ -187,5 +188,5 @@ def remeasure_if_beaten(
     path = path or cache_dir() / "peak.json"
     better = best_of(peak, measure_fn())
     if better.machine == machine_key():
-        _write(path, better)
+        write_cache(path, better)
     return better

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar.profiling.peak import Peak, cache_dir
+from sidecar.profiling.peak import Peak, cache_dir, write_cache
 
 TERA = 1e12
 
@@ -180,11 +180,5 @@ def get_gpu_peak(
             pass
     if peak is None:
         peak = measure_gpu_peak(device)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(asdict(peak), indent=2))
-            tmp.replace(path)
-        except OSError:
-            pass
+        write_cache(path, peak)
     return GpuPeak(peak, datasheet(name))
