@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from sidecar.proxy.relay import Endpoint
+from sidecar.endpoint import Endpoint
 
 BACKEND_PROTOCOLS = ("triton", "tfserving")
 

@@ -24,7 +24,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from sidecar.proxy.relay import Endpoint, PortInUseError
+from sidecar.endpoint import Endpoint, port_in_use
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,18 @@ def _grpc_target(endpoint: Endpoint) -> str:
         return f"unix:{endpoint.unix_path}"
     host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
     return f"{host}:{endpoint.port}"
+
+
+def add_port(server: grpc.Server, address: str, what: str, flag: str) -> int:
+    """Let `server` listen on `address`; `PortInUseError` if it cannot (gRPC does not say why,
+    and the address itself was checked with the config)."""
+    try:
+        port = int(server.add_insecure_port(address))
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise port_in_use(address, what, flag)
+    return port
 
 
 def tcp_accepts(endpoint: Endpoint, timeout: float) -> bool:
@@ -125,16 +137,7 @@ class HealthServer:
             reflection.SERVICE_NAME,
         )
         reflection.enable_server_reflection(names, self.server)
-        try:
-            self.port = self.server.add_insecure_port(f"{host}:{port}")
-        except RuntimeError:
-            self.port = 0
-        if self.port == 0:
-            raise PortInUseError(
-                98,
-                f"cannot listen on {host}:{port} for --grpc-port: the port is already in use "
-                "(choose another with --grpc-port)",
-            )
+        self.port = add_port(self.server, f"{host}:{port}", "health checks", "--grpc-port")
         self.serving: bool | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="xsp-health", daemon=True)

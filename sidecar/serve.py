@@ -9,7 +9,6 @@ seconds, close the remaining connections, stop the other servers.
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import signal
 import ssl
@@ -21,9 +20,10 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
 
 from sidecar.config import ConfigError, ServeConfig
-from sidecar.health import BackendChecker, HealthServer, tcp_accepts
+from sidecar.endpoint import Endpoint, PortInUseError, translate_bind_errors
+from sidecar.health import BackendChecker, HealthServer, add_port, tcp_accepts
 from sidecar.proxy.metrics import ProxyMetrics
-from sidecar.proxy.relay import Endpoint, PortInUseError, Relay
+from sidecar.proxy.relay import Relay
 from sidecar.proxy.streams import ObserverFactory
 from sidecar.sampling.pipeline import SamplingConfig, SamplingPipeline
 from sidecar.sampling.settings import SamplingSettings
@@ -85,15 +85,14 @@ class Sidecar:
         )  # fmt: skip
         self.listen = await self.relay.start(config.listen_endpoint)
         try:
-            self._metrics_server, _ = start_http_server(config.metrics_port, registry=self.registry)
-        except OSError as exc:
+            with translate_bind_errors(
+                f"0.0.0.0:{config.metrics_port}", "/metrics", "--metrics-port"
+            ):
+                self._metrics_server, _ = start_http_server(
+                    config.metrics_port, registry=self.registry
+                )
+        except OSError:
             self.relay.stop_accepting()
-            if exc.errno == errno.EADDRINUSE:
-                raise PortInUseError(
-                    exc.errno,
-                    f"cannot serve /metrics on port {config.metrics_port}: the port is already "
-                    "in use (choose another with --metrics-port)",
-                ) from None
             raise
         self.metrics_port = int(self._metrics_server.server_port)
         checker = BackendChecker(backend, config.backend_protocol)
@@ -186,15 +185,7 @@ def start_admin(listen: str, sampling: SamplingPipeline) -> tuple[grpc.Server, i
     )
     name = add_to_server(service, server)
     reflection.enable_server_reflection((name, reflection.SERVICE_NAME), server)
-    try:
-        port = server.add_insecure_port(listen)
-    except RuntimeError:
-        port = 0
-    if port == 0:
-        raise PortInUseError(
-            errno.EADDRINUSE,
-            f"cannot listen on {listen} for --admin-listen: the address is in use or invalid",
-        )
+    port = add_port(server, listen, "the admin API", "--admin-listen")
     server.start()
     log.info("admin API (xsp.v1.Profiler) on %s", listen)
     return server, port

@@ -8,7 +8,7 @@ import pytest
 
 from sidecar.cli import build_parser
 from sidecar.config import ConfigError, ServeConfig, load_serve_config, parse_endpoint
-from sidecar.proxy.relay import Endpoint
+from sidecar.endpoint import Endpoint
 
 
 def flags_from(argv: list[str]) -> dict[str, object]:

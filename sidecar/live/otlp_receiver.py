@@ -38,6 +38,7 @@ from typing import Any, cast
 
 from aiohttp import hdrs, web
 
+from sidecar.endpoint import PortInUseError, translate_bind_errors
 from sidecar.live.otlp_payload import (
     OtlpEvent,
     OtlpPayloadError,
@@ -382,20 +383,21 @@ class OtlpReceiver:
             target=asyncio.run, args=(self._serve(started),), name="otlp-receiver", daemon=True
         )
         self._thread.start()
+        address = f"{self.host}:{self.requested_port}"
         try:
-            self._port = started.result()
+            with translate_bind_errors(address, "OTLP", "--otlp-port"):
+                self._port = started.result()
         except Exception as exc:
             self._thread.join()
             self._thread = self._server = None
             self._parser.shutdown()
-            if not isinstance(exc, OSError):
+            if isinstance(exc, PortInUseError) or not isinstance(exc, OSError):
                 raise
             # asyncio's bind error wraps the errno's text in a longer message
             errno = exc.errno or 0
             reason = os.strerror(errno) if errno > 0 else exc.strerror or str(exc)
             raise OSError(
-                f"cannot listen for OTLP on {self.host}:{self.requested_port}: {reason}; "
-                "pick another --otlp-port"
+                f"cannot listen for OTLP on {address}: {reason}; pick another --otlp-port"
             ) from None
         log.info("OTLP receiver listening on %s", self.url)
         return self

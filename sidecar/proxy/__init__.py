@@ -8,7 +8,7 @@ exports what was seen; `streams.ConnectionObserver` is the hook for request samp
 from __future__ import annotations
 
 from sidecar.proxy.metrics import ProxyMetrics
-from sidecar.proxy.relay import Endpoint, PortInUseError, Relay
+from sidecar.proxy.relay import Relay
 from sidecar.proxy.streams import (
     ConnectionInfo,
     ConnectionObserver,
@@ -21,10 +21,8 @@ from sidecar.proxy.streams import (
 __all__ = [
     "ConnectionInfo",
     "ConnectionObserver",
-    "Endpoint",
     "HeaderDecision",
     "ObserverFactory",
-    "PortInUseError",
     "ProxyMetrics",
     "Relay",
     "RequestStart",

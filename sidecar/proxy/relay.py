@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import itertools
 import logging
 import socket
 import ssl
-from dataclasses import dataclass
 from typing import cast
 
+from sidecar.endpoint import Endpoint, translate_bind_errors
 from sidecar.proxy.frames import FrameScanner, goaway_frame
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.model_name import UNKNOWN_MODEL, method_info
@@ -42,22 +41,6 @@ CONNECT_TIMEOUT_S = 3.0
 IDLE_TIMEOUT_S = 300.0  # drain a connection with no call in flight for this long
 DRAIN_LINGER_S = 1.0  # after GOAWAY + FIN, wait this long for the client to close first
 SHUTDOWN_QUIET_S = 0.5  # at shutdown, an unobservable connection this quiet is closed
-
-
-class PortInUseError(OSError):
-    """A listening port is already taken by another process."""
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """A TCP `host:port` or a Unix socket path."""
-
-    host: str = ""
-    port: int = 0
-    unix_path: str | None = None
-
-    def __str__(self) -> str:
-        return f"unix:{self.unix_path}" if self.unix_path else f"{self.host}:{self.port}"
 
 
 def _nodelay(transport: asyncio.BaseTransport) -> None:
@@ -369,7 +352,7 @@ class Relay:
     async def start(self, listen: Endpoint) -> Endpoint:
         """Start listening; returns the bound address (useful with port 0)."""
         self.loop = asyncio.get_running_loop()
-        try:
+        with translate_bind_errors(str(listen), "gRPC clients", "--listen"):
             if listen.unix_path:
                 self._server = await self.loop.create_unix_server(
                     lambda: _ClientProtocol(self), listen.unix_path, ssl=self.ssl_context
@@ -382,14 +365,6 @@ class Relay:
                     ssl=self.ssl_context,
                     reuse_address=True,
                 )
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise PortInUseError(
-                    exc.errno,
-                    f"cannot listen on {listen}: the address is already in use "
-                    "(choose another with --listen, or stop the process using it)",
-                ) from None
-            raise
         self._schedule_sweep()
         if listen.unix_path:
             return listen

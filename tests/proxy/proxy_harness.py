@@ -13,8 +13,9 @@ import uvloop
 from prometheus_client import CollectorRegistry
 
 from sidecar.config import ServeConfig
+from sidecar.endpoint import Endpoint
 from sidecar.proxy.metrics import ProxyMetrics
-from sidecar.proxy.relay import Endpoint, Relay
+from sidecar.proxy.relay import Relay
 from sidecar.proxy.streams import ObserverFactory
 from sidecar.serve import Sidecar
 

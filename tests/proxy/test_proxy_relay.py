@@ -22,9 +22,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tritonclient.grpc import service_pb2
 
+from sidecar.endpoint import Endpoint
 from sidecar.health import BackendChecker
 from sidecar.localtriton.server import free_port
-from sidecar.proxy.relay import Endpoint
 from sidecar.proxy.streams import ConnectionInfo, HeaderDecision, RequestStart, StreamEnd
 from sidecar.serve import tls_context
 from tests.proxy.proxy_harness import (

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from sidecar.proxy import Endpoint, HeaderDecision, RequestStart, StreamEnd
+from sidecar.endpoint import Endpoint
+from sidecar.proxy import HeaderDecision, RequestStart, StreamEnd
 from tests.proxy.proxy_harness import RelayThread, SidecarThread
 
 pytestmark = pytest.mark.triton
