@@ -7,10 +7,8 @@ a bad one is answered INVALID_ARGUMENT with the reason, a failing trace store UN
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,8 +18,10 @@ import grpc
 from tritonclient.grpc import service_pb2
 
 from sidecar.admin._proto.xsp.v1 import profiler_pb2, profiler_pb2_grpc
-from sidecar.live.kserve_decode import NUMPY_DTYPES
+from sidecar.replay.kserve_decode import NUMPY_DTYPES
+from sidecar.replay.model_repository import model_in_repository
 from sidecar.sampling.jobs import ProfileJob
+from sidecar.sampling.last_requests import LastRequests
 from sidecar.sampling.sampler import Sampler
 from sidecar.sampling.settings import SamplingSettings, SamplingSettingsError, check_name
 from sidecar.trace.errors import TraceStoreError
@@ -33,63 +33,6 @@ DEFAULT_LIST_LIMIT = 20
 MAX_LIST_LIMIT = 1000
 MAX_INPUTS = 64
 MAX_DIMS = 16
-LAST_REQUESTS_MAX_BYTES = 64 << 20
-LAST_REQUEST_MAX_MESSAGE_BYTES = 16 << 20
-
-
-def model_in_repository(repository: Path, model: str) -> bool:
-    """True if `model` names a model folder of `repository` (never a path outside it)."""
-    if not model or model in (".", "..") or "/" in model or "\\" in model or "\0" in model:
-        return False
-    try:
-        return (repository / model).is_dir()
-    except (OSError, ValueError):
-        return False
-
-
-class LastRequests:
-    """The last sampled request message per known model, within a byte budget.
-
-    Only models `known` accepts are kept (those of the model repository), so a client cannot
-    fill memory by sending made-up model names; a message over `max_message_bytes` is not
-    kept, and the least recently stored are evicted to stay within `max_total_bytes`.
-    """
-
-    def __init__(
-        self,
-        known: Callable[[str], bool] = lambda model: True,
-        *,
-        max_total_bytes: int = LAST_REQUESTS_MAX_BYTES,
-        max_message_bytes: int = LAST_REQUEST_MAX_MESSAGE_BYTES,
-    ) -> None:
-        self._known = known
-        self.max_total_bytes = max_total_bytes
-        self.max_message_bytes = min(max_message_bytes, max_total_bytes)
-        self._lock = threading.Lock()
-        self._messages: collections.OrderedDict[str, tuple[str, bytes]] = collections.OrderedDict()
-        self.total_bytes = 0
-
-    def remember(self, model: str, method: str, message: bytes) -> bool:
-        """Keep `message` as the model's last request; False if it is not kept."""
-        if len(message) > self.max_message_bytes or not self._known(model):
-            return False
-        with self._lock:
-            old = self._messages.pop(model, None)
-            if old is not None:
-                self.total_bytes -= len(old[1])
-            while self._messages and self.total_bytes + len(message) > self.max_total_bytes:
-                _, (_, evicted) = self._messages.popitem(last=False)
-                self.total_bytes -= len(evicted)
-            self._messages[model] = (method, message)
-            self.total_bytes += len(message)
-        return True
-
-    def get(self, model: str) -> tuple[str, bytes] | None:
-        with self._lock:
-            return self._messages.get(model)
-
-    def __len__(self) -> int:
-        return len(self._messages)
 
 
 def build_infer_request(model: str, version: str, inputs: list[profiler_pb2.InputTensor]) -> bytes:

@@ -1,2 +1,1 @@
-"""Live-traffic building blocks: OTLP receiver, Triton span conversion, KServe request decoding,
-and model-repository lookup (used by the proxy and the profiling worker)."""
+"""The backend's own spans: OTLP receiver and Triton span conversion (used by sampling)."""

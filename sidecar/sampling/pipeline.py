@@ -19,11 +19,12 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from sidecar.admin.service import LastRequests, model_in_repository
 from sidecar.live.otlp_metrics import OtlpMetricsCollector
 from sidecar.live.otlp_receiver import OtlpReceiver
 from sidecar.live.triton_spans import TritonSpanCollector, TritonTrace
+from sidecar.replay.model_repository import model_in_repository
 from sidecar.sampling.jobs import ProfileJob, ProfileResult
+from sidecar.sampling.last_requests import LastRequests
 from sidecar.sampling.metrics import SamplingMetrics
 from sidecar.sampling.observer import SamplingHub
 from sidecar.sampling.ratelog import RateLimitedLog
@@ -55,7 +56,7 @@ class SamplingConfig:
     store_raw_inputs: bool = False
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     worker_threads: int = 1
-    replay: str = "sidecar.sampling.replay:replay_job"
+    replay: str = "sidecar.replay.job:replay_job"
 
 
 class SamplingPipeline:

@@ -39,7 +39,7 @@ class WorkerConfig:
     """How the worker process runs. `replay` names the function that profiles one job, as
     `module:function` (imported in the worker process); `options` are passed to it."""
 
-    replay: str = "sidecar.sampling.replay:replay_job"
+    replay: str = "sidecar.replay.job:replay_job"
     options: dict[str, Any] = field(default_factory=dict)
     queue_size: int = 8
     queue_bytes: int = 128 << 20  # request bytes the queue holds at most, all jobs together

@@ -13,53 +13,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sidecar.admin.service import LastRequests, model_in_repository
 from sidecar.localtriton.model_repo import build_model_repository
+from sidecar.replay.job import replay_job
 from sidecar.sampling.jobs import ProfileJob
 from sidecar.sampling.ratelog import RateLimitedLog
-from sidecar.sampling.replay import replay_job
 from sidecar.sampling.sampler import Decision, Sampler
 from sidecar.sampling.settings import SamplingSettings, SamplingSettingsError
 from sidecar.sampling.worker import ProfilingWorker, WorkerConfig
 from sidecar.trace.errors import StoreFullError
 from sidecar.trace.store import TraceStore
-from tests.sampling.test_replay import context, infer_request, job
+from tests.replay.test_job import context, infer_request, job
 from tests.sampling.test_sampler import ManualClock, decide
 from tests.trace.factory import make_trace
-
-MB = 1 << 20
-
-
-# --- the last sampled request per model ---------------------------------------------------
-
-
-def test_last_requests_keep_known_models_only() -> None:
-    last = LastRequests(lambda model: model == "real")
-    assert not last.remember("made-up", "ModelInfer", b"x" * 100)
-    assert last.remember("real", "ModelInfer", b"x" * 100)
-    assert last.get("made-up") is None and last.get("real") == ("ModelInfer", b"x" * 100)
-    assert last.total_bytes == 100
-
-
-def test_last_requests_stay_within_their_byte_budget() -> None:
-    last = LastRequests(max_total_bytes=10 * MB, max_message_bytes=4 * MB)
-    assert not last.remember("huge", "ModelInfer", bytes(5 * MB))  # over the per-message cap
-    for n in range(6):
-        assert last.remember(f"m{n}", "ModelInfer", bytes(3 * MB))
-        assert last.total_bytes <= 10 * MB
-    assert len(last) == 3 and last.get("m0") is None and last.get("m5") is not None
-    last.remember("m5", "ModelInfer", bytes(1))  # replacing frees the old message
-    assert last.total_bytes == 6 * MB + 1
-
-
-def test_model_in_repository_accepts_only_model_folders(tmp_path: Path) -> None:
-    (tmp_path / "repo" / "m").mkdir(parents=True)
-    (tmp_path / "outside").mkdir()
-    repo = tmp_path / "repo"
-    assert model_in_repository(repo, "m")
-    for name in ("", ".", "..", "../outside", "nope", "m\0", "a/b", "x" * 10_000):
-        assert not model_in_repository(repo, name), name
-
 
 # --- settings and the duty-cycle gate -----------------------------------------------------
 

@@ -12,22 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
+from sidecar.profiling.runners.select import ModelFormat, format_of
+
+if TYPE_CHECKING:  # loaded on first use: the relay's process asks only `model_in_repository`
+    from tritonclient.grpc import model_config_pb2
 
 CONFIG_FILE = "config.pbtxt"
-
-
-class ModelFormat(StrEnum):
-    """What runtime can replay a model file."""
-
-    ONNX = "onnx"
-    TORCHSCRIPT = "torchscript"
-    SAVEDMODEL = "savedmodel"
 
 
 DEFAULT_FILENAMES: dict[ModelFormat, str] = {
@@ -103,12 +96,17 @@ class ModelLocation:
 
 def datatype_name(data_type: int) -> str:
     """`TYPE_FP32` -> `FP32`; Triton's `TYPE_STRING` is KServe's `BYTES`."""
+    from tritonclient.grpc import model_config_pb2
+
     name: str = model_config_pb2.DataType.Name(data_type).removeprefix("TYPE_")
     return "BYTES" if name == "STRING" else name
 
 
 def read_config(path: Path) -> model_config_pb2.ModelConfig:
     """Parse a `config.pbtxt` (protobuf text format) into a `ModelConfig`."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
     try:
         text = path.read_text()
     except OSError as exc:
@@ -121,8 +119,23 @@ def read_config(path: Path) -> model_config_pb2.ModelConfig:
     return config
 
 
+def _valid_name(model: str) -> bool:
+    """A single path component: never the repository itself or a path outside it."""
+    return bool(model) and model not in (".", "..") and not any(c in model for c in "/\\\0")
+
+
+def model_in_repository(repository: Path, model: str) -> bool:
+    """True if `model` names a model folder of `repository` (never a path outside it)."""
+    if not _valid_name(model):
+        return False
+    try:
+        return (repository / model).is_dir()
+    except (OSError, ValueError):
+        return False
+
+
 def _check_model_name(repository: Path, model: str) -> Path:
-    if not model or model in (".", "..") or "/" in model or "\\" in model:
+    if not _valid_name(model):
         raise ModelNotFoundError(f"{model!r} is not a valid model name")
     model_dir = repository / model
     if not model_dir.is_dir():
@@ -174,16 +187,6 @@ def _version_dir(
     return str(int(text)), model_dir / str(int(text))
 
 
-def _format_of_file(path: Path) -> ModelFormat | None:
-    if path.suffix == ".onnx":
-        return ModelFormat.ONNX
-    if path.suffix in (".pt", ".pth", ".ts"):
-        return ModelFormat.TORCHSCRIPT
-    if path.suffix == ".savedmodel" or (path.is_dir() and (path / "saved_model.pb").is_file()):
-        return ModelFormat.SAVEDMODEL
-    return None
-
-
 def _resolve_file(
     model: str, version_dir: Path, config: model_config_pb2.ModelConfig | None
 ) -> tuple[Path, ModelFormat]:
@@ -195,7 +198,7 @@ def _resolve_file(
         )
     if config is not None and config.default_model_filename:
         path = version_dir / config.default_model_filename
-        fmt = _FORMATS.get(kind) or _format_of_file(path)
+        fmt = _FORMATS.get(kind) or format_of(path)
         if not path.exists():
             raise UnsupportedModelFormatError(
                 f"model {model!r}: default_model_filename {config.default_model_filename!r} "

@@ -19,15 +19,16 @@ from typing import Any
 
 import numpy as np
 
+import sidecar.profiling.runners.onnxruntime  # noqa: F401  ONNX Runtime loads at worker start
 from sidecar import __version__
-from sidecar.live.kserve_decode import decode_model_infer_request
-from sidecar.live.model_repository import ModelFormat, ModelLocation, TensorSpec, find_model
 from sidecar.profiling.experiment import ProfileResult as Profile
 from sidecar.profiling.experiment import describe_inputs, run_experiment
 from sidecar.profiling.inputs import InputSpec, random_inputs
 from sidecar.profiling.peak import get_peak
 from sidecar.profiling.runners.base import ProfilingError, Runner
-from sidecar.profiling.runners.onnxruntime import OnnxRuntimeRunner  # imported at worker start
+from sidecar.profiling.runners.select import runner_for
+from sidecar.replay.kserve_decode import decode_model_infer_request
+from sidecar.replay.model_repository import ModelLocation, TensorSpec, find_model
 from sidecar.sampling.jobs import ProfileJob, ProfileResult
 from sidecar.trace.errors import TraceStoreError
 from sidecar.trace.spans import LEVEL_CODES, Level, LevelStats, Span, Trace
@@ -56,21 +57,12 @@ def _runner(location: ModelLocation, context: dict[str, Any]) -> Runner:
     if key in cache:
         cache.move_to_end(key)
         return cache[key]
-    runner: Runner
-    if location.format is ModelFormat.ONNX:
-        runner = OnnxRuntimeRunner(location.path, intra_op_threads=int(context.get("threads", 1)))
-    elif location.format is ModelFormat.TORCHSCRIPT:
-        import torch
-
-        from sidecar.profiling.runners.pytorch import PyTorchRunner
-
-        torch.set_num_threads(int(context.get("threads", 1)))
-        runner = PyTorchRunner(location.path, name=location.name)
-    else:
-        raise ReplayError(
-            f"replaying {location.format.value} models is not supported "
-            "(supported: ONNX through ONNX Runtime, TorchScript through PyTorch)"
-        )
+    runner = runner_for(
+        location.path,
+        location.format,
+        threads=int(context.get("threads", 1)),
+        name=location.name,
+    )
     cache[key] = runner
     while len(cache) > RUNNER_CACHE_SIZE:
         cache.popitem(last=False)

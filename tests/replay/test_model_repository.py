@@ -6,17 +6,18 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.live.model_repository import (
+from sidecar.localtriton.model_repo import build_model_repository
+from sidecar.profiling.runners.select import ModelFormat
+from sidecar.replay.model_repository import (
     ModelConfigError,
-    ModelFormat,
     ModelNotFoundError,
     ModelVersionNotFoundError,
     TensorSpec,
     UnsupportedModelFormatError,
     datatype_name,
     find_model,
+    model_in_repository,
 )
-from sidecar.localtriton.model_repo import build_model_repository
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +147,14 @@ def test_datatype_names() -> None:
     assert datatype_name(mc.TYPE_FP32) == "FP32"
     assert datatype_name(mc.TYPE_STRING) == "BYTES"
     assert datatype_name(mc.TYPE_BF16) == "BF16"
+
+
+def test_model_in_repository_accepts_only_model_folders(tmp_path: Path) -> None:
+    (tmp_path / "repo" / "m").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    repo = tmp_path / "repo"
+    assert model_in_repository(repo, "m")
+    for name in ("", ".", "..", "../outside", "nope", "m\0", "a/b", "x" * 10_000):
+        assert not model_in_repository(repo, name), name
+    with pytest.raises(ModelNotFoundError, match="not a valid model name"):
+        find_model(repo, "m\0")

@@ -1,0 +1,110 @@
+"""Which runner profiles a model file: the one place that maps model formats to runtimes.
+
+`runner_for(path)` infers the format from the file's extension (`xsp-sidecar profile`); replay
+passes the format it resolved from the model repository. Runtimes are imported on first use.
+"""
+
+from __future__ import annotations
+
+import logging
+from enum import StrEnum
+from pathlib import Path
+
+from sidecar.profiling.runners.base import ProfilingError, Runner
+
+log = logging.getLogger(__name__)
+
+
+class ModelFormat(StrEnum):
+    """What kind of model file a path holds."""
+
+    ONNX = "onnx"
+    TORCHSCRIPT = "torchscript"
+    SAVEDMODEL = "savedmodel"
+
+
+SUFFIXES: dict[ModelFormat, tuple[str, ...]] = {
+    ModelFormat.ONNX: (".onnx",),
+    ModelFormat.TORCHSCRIPT: (".pt", ".pth", ".torchscript", ".ts"),
+    ModelFormat.SAVEDMODEL: (".savedmodel",),
+}
+SUPPORTED = "ONNX through ONNX Runtime, TorchScript through PyTorch"
+
+
+class UnsupportedFormatError(ProfilingError):
+    """No runner here profiles this kind of model."""
+
+
+def format_of(path: Path) -> ModelFormat | None:
+    """The format a file's extension (or a SavedModel folder's layout) says, else None."""
+    suffix = path.suffix.lower()
+    for fmt, suffixes in SUFFIXES.items():
+        if suffix in suffixes:
+            return fmt
+    if path.is_dir() and (path / "saved_model.pb").is_file():
+        return ModelFormat.SAVEDMODEL
+    return None
+
+
+def runner_for(
+    path: Path | str,
+    format: ModelFormat | None = None,
+    *,
+    device: str = "cpu",
+    optimizations: bool = True,
+    threads: int | None = None,
+    name: str | None = None,
+) -> Runner:
+    """A loaded runner for the model at `path`.
+
+    `format` defaults to what the extension says; `threads` caps the runtime's intra-op
+    threads (None: the runtime's default); `name` is the model's name in PyTorch traces.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ProfilingError(f"model file not found: {path}")
+    fmt = format or format_of(path)
+    if fmt is None:
+        raise UnsupportedFormatError(
+            f"unknown model extension {path.suffix!r} for {path}: use .onnx (ONNX Runtime) or "
+            ".pt / .pth (TorchScript)"
+        )
+    if fmt is ModelFormat.ONNX:
+        return _onnx_runner(path, device, optimizations, threads)
+    if fmt is ModelFormat.TORCHSCRIPT:
+        return _torchscript_runner(path, device, optimizations, threads, name)
+    raise UnsupportedFormatError(
+        f"profiling {fmt.value} models is not supported (supported: {SUPPORTED})"
+    )
+
+
+def _onnx_runner(path: Path, device: str, optimizations: bool, threads: int | None) -> Runner:
+    from google.protobuf.message import DecodeError
+
+    from sidecar.profiling.runners.onnxruntime import OnnxRuntimeRunner
+
+    if device != "cpu":
+        raise ProfilingError(
+            f"--device {device} is not supported for ONNX models yet (ONNX Runtime runs "
+            "on the CPU here); --device applies to PyTorch models"
+        )
+    try:
+        return OnnxRuntimeRunner(path, optimizations=optimizations, intra_op_threads=threads or 0)
+    except DecodeError:
+        raise ProfilingError(
+            f"{path} is not an ONNX model (its bytes do not parse as an ONNX protobuf)"
+        ) from None
+
+
+def _torchscript_runner(
+    path: Path, device: str, optimizations: bool, threads: int | None, name: str | None
+) -> Runner:
+    from sidecar.profiling.runners.pytorch import PyTorchRunner
+
+    if not optimizations:
+        log.info("--no-optimizations has no effect on TorchScript models")
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    return PyTorchRunner(path, device=device, name=name)
