@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -208,9 +209,16 @@ class ProfilerService(profiler_pb2_grpc.ProfilerServicer):
             return profiler_pb2.ListTracesResponse()
         try:
             summaries = self._summaries(request.model or None, limit)
-        except TraceStoreError as exc:
+        except (TraceStoreError, sqlite3.Error) as exc:
             log.warning("ListTraces: %s", exc)
             _abort(context, grpc.StatusCode.UNAVAILABLE, f"the trace store failed: {exc}")
+        except ValueError as exc:  # a row that does not decode (bad JSON, unknown level)
+            log.warning("ListTraces: a stored trace cannot be read: %s", exc)
+            _abort(
+                context,
+                grpc.StatusCode.UNAVAILABLE,
+                f"the trace store failed: a stored trace cannot be read ({exc})",
+            )
         return profiler_pb2.ListTracesResponse(traces=summaries)
 
     def _summaries(self, model: str | None, limit: int) -> list[profiler_pb2.TraceSummary]:
