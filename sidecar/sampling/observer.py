@@ -206,4 +206,5 @@ class SamplingObserver:
         try:
             hub.store_spans(pending.trace_id, [span])
         except Exception:
+            hub.metrics.store_write_failures.inc()
             log.exception("could not hand the request span to the trace writer")
