@@ -180,7 +180,10 @@ class SamplingObserver:
             hub.metrics.record_decision(label, hub.sampler.at_body(label, pending.tentative))
             return
         if pending.decision is None:  # picked, but its body never arrived whole
-            hub.metrics.dropped.labels(hub.model_label(end.model), "body_unavailable").inc()
+            # counted as sampled, like every other sample dropped before profiling
+            label = hub.model_label(end.model)
+            hub.metrics.record_decision(label, Decision.SAMPLED)
+            hub.metrics.dropped.labels(label, "body_unavailable").inc()
             return
         if not pending.queued:
             return
