@@ -102,8 +102,8 @@ class _CallCollector(Collector):
             response_bytes.add_metric(pair_labels, st.response_bytes)
         observer = CounterMetricFamily(
             "xsp_observer_errors",
-            "Calls of the sampling observer's hooks that raised (the call was relayed as if "
-            "not sampled), by hook.",
+            "Calls of the sampling observer's hooks that failed (the call itself is still "
+            "relayed), by hook.",
             labels=["hook"],
         )
         for hook in OBSERVER_HOOKS:

@@ -9,7 +9,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.trace.metrics import WRITE_OUTCOMES, TraceWriterCollector
@@ -21,17 +21,20 @@ from tests.trace.factory import make_trace
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def scrape(registry: CollectorRegistry) -> Samples:
-    """/metrics of `registry` served over real HTTP, parsed as Prometheus text."""
-    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
-    try:
-        url = f"http://127.0.0.1:{server.server_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            text = response.read().decode()
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+def scrape(registry: CollectorRegistry, *, over_http: bool = False) -> Samples:
+    """The exposition of `registry` (served over real HTTP when asked), parsed."""
+    if over_http:
+        server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+        try:
+            url = f"http://127.0.0.1:{server.server_port}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as response:
+                text = response.read().decode()
+        finally:
+            server.shutdown()
+            server.server_close()
+            thread.join(5)
+    else:
+        text = generate_latest(registry).decode()
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
@@ -68,7 +71,7 @@ def test_written_failed_dropped_and_callback_errors(tmp_path: Path) -> None:
     assert writer.flush(timeout=10)
     writer.close()
     assert not writer.submit(*make_trace(layers=1))  # closed: refused
-    samples = scrape(registry)
+    samples = scrape(registry, over_http=True)
     assert items(samples) == {"written": 1, "failed": 1, "dropped": 1}
     assert samples[("xsp_trace_writer_callback_errors_total", ())] == 1
     assert samples[("xsp_trace_retention_errors_total", ())] == 0
@@ -101,7 +104,7 @@ def test_retention_deletions_and_failures(tmp_path: Path) -> None:
     assert failing.flush(timeout=10)
     wait_until(lambda: failing.retention_errors >= 1)
     failing.close()
-    samples = scrape(registry)
+    samples = scrape(registry, over_http=True)
     assert samples[("xsp_trace_retention_errors_total", ())] == failing.retention_errors >= 1
     assert samples[("xsp_trace_retention_deleted_total", ())] == 0
 
