@@ -7,7 +7,7 @@ nothing on the receiving path touches prometheus_client. Every label value of `r
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -15,6 +15,16 @@ from prometheus_client.registry import Collector
 
 from sidecar.live.otlp_receiver import REJECT_REASONS, OtlpReceiver
 from sidecar.live.triton_spans import DROP_REASONS, TRACE_OUTCOMES, TritonSpanCollector
+
+
+def _labelled(
+    name: str, documentation: str, label: str, values: Sequence[str], counts: Mapping[str, int]
+) -> CounterMetricFamily:
+    """A counter with one sample per label value of the fixed set `values`."""
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for value in values:
+        family.add_metric([value], counts.get(value, 0))
+    return family
 
 
 class OtlpMetricsCollector(Collector):
@@ -39,28 +49,26 @@ class OtlpMetricsCollector(Collector):
         if self.receiver is None:
             return
         stats = self.receiver.stats()
-        yield CounterMetricFamily(
-            "xsp_otlp_accepted_payloads",
-            "OTLP export requests accepted (HTTP 200)",
-            value=stats.accepted,
-        )
-        yield CounterMetricFamily(
-            "xsp_otlp_accepted_spans",
-            "Spans in the accepted OTLP export requests",
-            value=stats.spans,
-        )
-        rejected = CounterMetricFamily(
+        for name, documentation, value in (
+            (
+                "xsp_otlp_accepted_payloads",
+                "OTLP export requests accepted (HTTP 200)",
+                stats.accepted,
+            ),
+            ("xsp_otlp_accepted_spans", "Spans in the accepted OTLP export requests", stats.spans),
+            (
+                "xsp_otlp_callback_errors",
+                "Accepted OTLP payloads whose spans the sidecar failed to process",
+                stats.callback_errors,
+            ),
+        ):
+            yield CounterMetricFamily(name, documentation, value=value)
+        yield _labelled(
             "xsp_otlp_rejected",
             "OTLP requests answered with an error (4xx/503), by reason",
-            labels=["reason"],
-        )
-        for reason in REJECT_REASONS:
-            rejected.add_metric([reason], stats.rejected_by_reason.get(reason, 0))
-        yield rejected
-        yield CounterMetricFamily(
-            "xsp_otlp_callback_errors",
-            "Accepted OTLP payloads whose spans the sidecar failed to process",
-            value=stats.callback_errors,
+            "reason",
+            REJECT_REASONS,
+            stats.rejected_by_reason,
         )
         yield GaugeMetricFamily(
             "xsp_otlp_connections_active",
@@ -70,37 +78,38 @@ class OtlpMetricsCollector(Collector):
 
     def _collector_metrics(self) -> Iterable[Metric]:
         stats = self.spans.stats()
-        yield GaugeMetricFamily(
-            "xsp_otlp_pending_traces",
-            "Backend traces waiting for their InferRequest span",
-            value=stats.pending_traces,
-        )
-        yield GaugeMetricFamily(
-            "xsp_otlp_pending_spans",
-            "Spans held for pending backend traces",
-            value=stats.pending_spans,
-        )
-        yield GaugeMetricFamily(
-            "xsp_otlp_pending_bytes",
-            "Approximate memory held by pending backend spans",
-            value=stats.pending_bytes,
-        )
-        dropped = CounterMetricFamily(
+        for name, documentation, value in (
+            (
+                "xsp_otlp_pending_traces",
+                "Backend traces waiting for their InferRequest span",
+                stats.pending_traces,
+            ),
+            (
+                "xsp_otlp_pending_spans",
+                "Spans held for pending backend traces",
+                stats.pending_spans,
+            ),
+            (
+                "xsp_otlp_pending_bytes",
+                "Approximate memory held by pending backend spans",
+                stats.pending_bytes,
+            ),
+        ):
+            yield GaugeMetricFamily(name, documentation, value=value)
+        yield _labelled(
             "xsp_otlp_spans_dropped",
             "Backend spans not kept because a pending-span bound was reached, by bound",
-            labels=["reason"],
+            "reason",
+            DROP_REASONS,
+            stats.dropped_by_reason,
         )
-        for reason in DROP_REASONS:
-            dropped.add_metric([reason], stats.dropped_by_reason.get(reason, 0))
-        yield dropped
-        traces = CounterMetricFamily(
+        yield _labelled(
             "xsp_otlp_traces",
             "Backend traces emitted, by how they left the collector",
-            labels=["outcome"],
+            "outcome",
+            TRACE_OUTCOMES,
+            stats.traces_by_outcome,
         )
-        for outcome in TRACE_OUTCOMES:
-            traces.add_metric([outcome], stats.traces_by_outcome.get(outcome, 0))
-        yield traces
         yield CounterMetricFamily(
             "xsp_otlp_trace_callback_errors",
             "Backend traces the sidecar failed to store or measure",

@@ -176,10 +176,11 @@ class BlockSkimmer:
         while i < n:
             if self._stage == 0:
                 first = buf[i]
-                if first & 0x80:  # indexed field: no change to the table
+                if first & 0x80:  # indexed field: no change to the table, but it must exist
                     got = _decode_int(buf, i, 7)
                     if got is None:
                         break
+                    self._table.get_by_index(got[0])
                     i = got[1]
                     continue
                 if first & 0xE0 == 0x20:  # dynamic table size update

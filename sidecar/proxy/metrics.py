@@ -31,6 +31,9 @@ DURATION_BUCKETS = (
     1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 
+# Observer hooks whose failures are counted: the label set of `xsp_observer_errors_total{hook}`.
+OBSERVER_HOOKS = ("request_headers", "request_body", "stream_end")
+
 _LE = [floatToGoString(b) for b in DURATION_BUCKETS] + ["+Inf"]
 _KNOWN_METHODS = frozenset(info.name for info in METHODS.values())
 
@@ -55,16 +58,19 @@ class _CallCollector(Collector):
         self.metrics = metrics
 
     def describe(self) -> list[Metric]:
-        return self._families([], [])
+        return self._families([], [], {})
 
     def collect(self) -> list[Metric]:
         m = self.metrics
-        return self._families(list(m._codes.items()), list(m._stats.items()))
+        return self._families(
+            list(m._codes.items()), list(m._stats.items()), dict(m.observer_errors)
+        )
 
     @staticmethod
     def _families(
         codes: list[tuple[tuple[str, str, str], int]],
         stats: list[tuple[tuple[str, str], _CallStats]],
+        observer_errors: dict[str, int],
     ) -> list[Metric]:
         requests = CounterMetricFamily(
             "xsp_requests",
@@ -94,7 +100,15 @@ class _CallCollector(Collector):
             duration.add_metric(pair_labels, buckets, sum_value=st.sum)
             request_bytes.add_metric(pair_labels, st.request_bytes)
             response_bytes.add_metric(pair_labels, st.response_bytes)
-        return [requests, duration, request_bytes, response_bytes]
+        observer = CounterMetricFamily(
+            "xsp_observer_errors",
+            "Calls of the sampling observer's hooks that failed (the call itself is still "
+            "relayed), by hook.",
+            labels=["hook"],
+        )
+        for hook in OBSERVER_HOOKS:
+            observer.add_metric([hook], observer_errors.get(hook, 0))
+        return [requests, duration, request_bytes, response_bytes, observer]
 
 
 class ProxyMetrics:
@@ -113,6 +127,8 @@ class ProxyMetrics:
         self.max_models = max_models
         self.max_methods = max_methods
         self.open_streams = 0  # calls started and not yet ended (the in-flight gauge)
+        # failures of the observer's hooks, by hook (written by the event-loop thread only)
+        self.observer_errors = dict.fromkeys(OBSERVER_HOOKS, 0)
         self._codes: dict[tuple[str, str, str], int] = {}
         self._stats: dict[tuple[str, str], _CallStats] = {}
         registry.register(_CallCollector(self))

@@ -517,6 +517,7 @@ class ConnectionTracker:
             try:
                 self.observer.on_stream_end(end)
             except Exception:
+                metrics.observer_errors["stream_end"] += 1
                 log.exception("observer.on_stream_end failed")
 
     # -- observer -------------------------------------------------------------------------
@@ -529,6 +530,7 @@ class ConnectionTracker:
         try:
             decision = self.observer.on_request_headers(start)
         except Exception:
+            self.metrics.observer_errors["request_headers"] += 1
             log.exception("observer.on_request_headers failed")
             return None
         if decision is None:
@@ -542,6 +544,7 @@ class ConnectionTracker:
         try:
             return encode_literal_without_indexing(decision.extra_headers)
         except ValueError:
+            self.metrics.observer_errors["request_headers"] += 1
             log.exception("observer returned an invalid header field")
             return None
 
@@ -551,4 +554,5 @@ class ConnectionTracker:
         try:
             self.observer.on_request_body(st.sid, st.model, body)
         except Exception:
+            self.metrics.observer_errors["request_body"] += 1
             log.exception("observer.on_request_body failed")

@@ -180,7 +180,10 @@ class SamplingObserver:
             hub.metrics.record_decision(label, hub.sampler.at_body(label, pending.tentative))
             return
         if pending.decision is None:  # picked, but its body never arrived whole
-            hub.metrics.dropped.labels(hub.model_label(end.model), "body_unavailable").inc()
+            # counted as sampled, like every other sample dropped before profiling
+            label = hub.model_label(end.model)
+            hub.metrics.record_decision(label, Decision.SAMPLED)
+            hub.metrics.dropped.labels(label, "body_unavailable").inc()
             return
         if not pending.queued:
             return
@@ -206,4 +209,5 @@ class SamplingObserver:
         try:
             hub.store_spans(pending.trace_id, [span])
         except Exception:
+            hub.metrics.store_write_failures.inc()
             log.exception("could not hand the request span to the trace writer")

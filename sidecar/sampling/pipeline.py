@@ -32,6 +32,7 @@ from sidecar.sampling.sampler import Sampler
 from sidecar.sampling.settings import SamplingSettings
 from sidecar.sampling.worker import ProfilingWorker, WorkerConfig
 from sidecar.trace.errors import TraceStoreError
+from sidecar.trace.metrics import TraceWriterCollector
 from sidecar.trace.retention import RetentionPolicy
 from sidecar.trace.spans import Span
 from sidecar.trace.writer import TraceWriter
@@ -123,6 +124,7 @@ class SamplingPipeline:
                 self.collector.add, host=config.otlp_host, port=config.otlp_port
             )
         OtlpMetricsCollector(self.receiver, self.collector, registry)
+        TraceWriterCollector(self.writer, registry)
 
     @property
     def enabled(self) -> bool:

@@ -47,9 +47,12 @@ class TraceWriter:
     """Owns one store (opened here, so a bad path fails at start-up) and one writer thread.
 
     `path` may also be a store object (`TraceStore`, `InMemoryTraceStore`); the writer then
-    owns it and closes it on `close()`. Counters: `written` and `failed` count submitted items
+    owns it and closes it on `close()`. Counters (plain ints, exported on /metrics by
+    `sidecar.trace.metrics.TraceWriterCollector`): `written` and `failed` count submitted items
     (a trace, or one `submit_spans` batch), `dropped` those refused because the queue was full
-    or the writer closed; `retention_deleted` / `retention_errors` count retention passes.
+    or the writer closed; `retention_deleted` counts traces deleted by retention passes,
+    `retention_errors` passes that failed; `callback_errors` calls of `on_error` /
+    `on_written` that raised.
     """
 
     def __init__(
@@ -83,6 +86,7 @@ class TraceWriter:
         self.failed = 0
         self.retention_deleted = 0
         self.retention_errors = 0
+        self.callback_errors = 0
         self.last_error: Exception | None = None
         self._queue: queue.Queue[object] = queue.Queue(maxsize=queue_size)
         self._cond = threading.Condition()
@@ -220,6 +224,7 @@ class TraceWriter:
             try:
                 self.on_written(written)
             except Exception:
+                self.callback_errors += 1
                 log.exception("trace writer on_written callback raised")
 
     def _maybe_apply_retention(self) -> None:
@@ -253,6 +258,7 @@ class TraceWriter:
             try:
                 self.on_error(exc)
             except Exception:
+                self.callback_errors += 1
                 log.exception("trace writer on_error callback raised")
 
 

@@ -20,6 +20,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from prometheus_client import start_http_server
+from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2
 
 from sidecar.endpoint import Endpoint
@@ -220,6 +222,56 @@ def test_observer_injects_traceparent_that_backend_sees() -> None:
     finally:
         server.stop(0)
         relay.close()
+
+
+class FailingObserver(Tracing):
+    """Every hook raises; the first header decision asks for a header that cannot be sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def on_request_headers(self, start: RequestStart) -> HeaderDecision:
+        self.calls += 1
+        if self.calls == 1:
+            return HeaderDecision(extra_headers=[("Not-Lowercase", "x")], capture_body=True)
+        raise RuntimeError("observer broken at the headers")
+
+    def on_request_body(self, stream_id: int, model: str | None, body: bytes) -> None:
+        raise RuntimeError("observer broken at the body")
+
+    def on_stream_end(self, end: StreamEnd) -> None:
+        raise RuntimeError("observer broken at the end")
+
+
+def test_observer_failures_are_counted_and_calls_still_relayed(
+    backend: tuple[grpc.Server, int],
+) -> None:
+    _, port = backend
+    relay = RelayThread(Endpoint("127.0.0.1", port), observer_factory=lambda _: FailingObserver())
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=relay.registry)
+    try:
+        with grpc.insecure_channel(relay.address) as channel:
+            call = channel.unary_unary(INFER, None, None)
+            for _ in range(3):
+                reply = service_pb2.ModelInferResponse.FromString(call(infer_bytes("m")))
+                assert reply.model_name == "m"
+        text = scrape(f"http://127.0.0.1:{server.server_port}/metrics")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+        relay.close()
+    errors = {
+        s.labels["hook"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "xsp_observer_errors_total"
+    }
+    # 1 invalid header field + 2 raising header hooks; only the first call captured its body
+    assert errors == {"request_headers": 3, "request_body": 1, "stream_end": 3}
+    ok = 'xsp_requests_total{grpc_code="OK",method="ModelInfer",model="m"}'
+    assert metric_value(text, ok) == 3
 
 
 def test_unix_socket_backend_and_streaming() -> None:

@@ -1,0 +1,335 @@
+"""The relay's sampling hook on its own: a real `Sampler` on a manual clock and real
+`SamplingMetrics` on a fresh registry; the worker queue, the trace writer and the admin API's
+request memory are in-memory fakes handed to `SamplingHub` as callables."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar.proxy.streams import ConnectionInfo, RequestStart, StreamEnd
+from sidecar.sampling.jobs import ProfileJob
+from sidecar.sampling.metrics import SamplingMetrics
+from sidecar.sampling.observer import (
+    MAX_SAMPLED_BODY,
+    SamplingHub,
+    SamplingObserver,
+    first_message,
+)
+from sidecar.sampling.sampler import Decision, Sampler
+from sidecar.sampling.settings import DEFAULT_FORCE_HEADER, SamplingSettings
+from sidecar.trace.spans import Level, Source, Span
+
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+CONNECTION = ConnectionInfo(1, "127.0.0.1:5")
+TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-01")
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class FakeWorkerQueue:
+    """Stands in for `ProfilingWorker.submit`: keeps jobs, or refuses them when `full`."""
+
+    full: bool = False
+    jobs: list[ProfileJob] = field(default_factory=list)
+
+    def submit(self, job: ProfileJob) -> bool:
+        if self.full:
+            return False
+        self.jobs.append(job)
+        return True
+
+
+@dataclass
+class FakeSpanStore:
+    """Stands in for the trace writer's `submit_spans`; raises when `broken`."""
+
+    broken: bool = False
+    spans: list[tuple[str, list[Span]]] = field(default_factory=list)
+
+    def store(self, trace_id: str, spans: list[Span]) -> bool:
+        if self.broken:
+            raise RuntimeError("the writer is gone")
+        self.spans.append((trace_id, spans))
+        return True
+
+
+@dataclass
+class FakeLastRequests:
+    """Stands in for the admin API's memory of the last sampled request per model."""
+
+    remembered: list[tuple[str, str, bytes]] = field(default_factory=list)
+
+    def remember(self, model: str, method: str, message: bytes) -> None:
+        self.remembered.append((model, method, message))
+
+
+class Setup:
+    """A hub over fakes, one connection's observer, and a way to send whole calls through it."""
+
+    def __init__(
+        self,
+        known: set[str] | None = None,
+        *,
+        rate: float = 1.0,
+        budget_per_minute: float = 1000.0,
+        duty_cycle: float = 1.0,
+        force_header: str | None = DEFAULT_FORCE_HEADER,
+    ) -> None:
+        settings = SamplingSettings(
+            rate=rate,
+            budget_per_minute=budget_per_minute,
+            duty_cycle=duty_cycle,
+            force_header=force_header,
+        )
+        self.clock = ManualClock()
+        self.sampler = Sampler(settings, clock=self.clock)
+        self.registry = CollectorRegistry()
+        self.queue = FakeWorkerQueue()
+        self.store = FakeSpanStore()
+        self.last = FakeLastRequests()
+        self.hub = SamplingHub(
+            self.sampler,
+            SamplingMetrics(self.registry),
+            self.queue.submit,
+            self.store.store,
+            lambda name: name or "_unknown",
+            remember=self.last.remember,
+            known_model=None if known is None else known.__contains__,
+        )
+        self.observer = self.hub.observer_factory(CONNECTION)
+        self._next_stream = 1
+
+    def request(
+        self,
+        model: str | None = "m",
+        *,
+        method: str = "ModelInfer",
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+        body: bytes | None = None,
+        send_body: bool = True,
+    ) -> str | None:
+        """One whole call through the hook, as the relay makes it; the traceparent added."""
+        sid, self._next_stream = self._next_stream, self._next_stream + 2
+        start = RequestStart(1, sid, INFER, method, [(b":path", INFER.encode()), *headers])
+        decision = self.observer.on_request_headers(start)
+        traceparent = None
+        if decision is not None:
+            assert decision.capture_body and decision.capture_limit == MAX_SAMPLED_BODY
+            (name, traceparent), *_ = decision.extra_headers
+            assert name == "traceparent" and TRACEPARENT.fullmatch(traceparent)
+            if send_body:
+                message = model.encode() if model else b""
+                self.observer.on_request_body(sid, model, framed(message) if body is None else body)
+        self.observer.on_stream_end(_end(sid, method, model))
+        return traceparent
+
+    def decisions(self) -> dict[str, float]:
+        return {
+            d.value: value
+            for d in Decision
+            if (value := self.sample("xsp_sampling_decisions_total", decision=d.value))
+        }
+
+    def dropped(self, reason: str, model: str = "m") -> float:
+        return self.sample("xsp_samples_dropped_total", model=model, reason=reason)
+
+    def sample(self, name: str, model: str = "m", **labels: str) -> float:
+        return self.registry.get_sample_value(name, {"model": model, **labels}) or 0.0
+
+
+def framed(message: bytes, compressed: bool = False) -> bytes:
+    return bytes([int(compressed)]) + len(message).to_bytes(4, "big") + message
+
+
+def _end(sid: int, method: str, model: str | None) -> StreamEnd:
+    return StreamEnd(1, sid, INFER, method, model, "OK", "", 1_700_000_000_000_000_000,
+                     0.002, 20, 30)  # fmt: skip
+
+
+def test_a_sampled_request_is_marked_copied_queued_remembered_and_spanned() -> None:
+    s = Setup()
+    traceparent = s.request("resnet")
+    assert traceparent is not None
+    trace_id, span_id = TRACEPARENT.fullmatch(traceparent).groups()  # type: ignore[union-attr]
+    (job,) = s.queue.jobs
+    assert (job.trace_id, job.parent_span_id, job.model) == (trace_id, span_id, "resnet")
+    assert (job.request_message, job.reason, job.method) == (b"resnet", "random", "ModelInfer")
+    assert s.last.remembered == [("resnet", "ModelInfer", b"resnet")]
+    assert s.hub.is_sampled_trace(trace_id)
+    ((stored_id, (span,)),) = s.store.spans
+    assert stored_id == trace_id and (span.trace_id, span.span_id) == (trace_id, span_id)
+    assert (span.level, span.source, span.kind, span.parent_id) == (
+        Level.REQUEST, Source.PROXY, "ModelInfer", None,
+    )  # fmt: skip
+    assert span.end_ns - span.start_ns == 2_000_000
+    assert span.attributes["grpc_code"] == "OK" and span.attributes["model"] == "resnet"
+    assert (
+        s.registry.get_sample_value(
+            "xsp_sampling_decisions_total", {"model": "resnet", "decision": "sampled"}
+        )
+        == 1
+    )
+
+
+def test_each_sampled_request_gets_its_own_trace() -> None:
+    s = Setup()
+    first, second = s.request(), s.request()
+    assert first is not None and second is not None and first != second
+    assert len({job.trace_id for job in s.queue.jobs}) == 2
+
+
+def test_unpicked_requests_get_no_traceparent_and_count_as_skipped_rate() -> None:
+    s = Setup(rate=0.0)
+    assert [s.request() for _ in range(3)] == [None] * 3
+    assert s.queue.jobs == [] and s.store.spans == [] and s.last.remembered == []
+    assert s.decisions() == {"skipped_rate": 3}
+
+
+def test_the_force_header_samples_at_rate_zero() -> None:
+    s = Setup(rate=0.0)
+    assert s.request(headers=((b"x-xsp-profile", b"1"),)) is not None
+    assert s.request(headers=((b"x-xsp-profile", b"0"),)) is None
+    assert s.request(headers=((b"x-other", b"1"),)) is None
+    assert [job.reason for job in s.queue.jobs] == ["forced"]
+    assert s.decisions() == {"sampled": 1, "skipped_rate": 2}
+
+
+def test_a_custom_force_header_or_none() -> None:
+    custom = Setup(rate=0.0, force_header="x-profile-me")
+    assert custom.request(headers=((b"x-profile-me", b"yes"),)) is not None
+    assert custom.request(headers=((b"x-xsp-profile", b"1"),)) is None
+    off = Setup(rate=0.0, force_header=None)
+    assert off.request(headers=((b"x-xsp-profile", b"1"),)) is None
+    assert off.queue.jobs == []
+
+
+def test_methods_that_cannot_be_replayed_are_neither_sampled_nor_counted() -> None:
+    s = Setup(rate=1.0)
+    assert s.request(method="ModelMetadata") is None
+    assert s.request(method="Predict") is None
+    assert s.decisions() == {} and s.queue.jobs == []
+
+
+def test_every_replayable_request_counts_under_exactly_one_decision() -> None:
+    s = Setup(budget_per_minute=2, duty_cycle=1.0)
+    for _ in range(5):
+        s.request()
+    s.request(method="ModelStreamInfer")
+    assert s.decisions() == {"sampled": 2, "skipped_budget": 4}
+    s.sampler.update(s.sampler.settings.updated(rate=0.0))
+    s.request()
+    s.request(headers=((b"x-xsp-profile", b"1"),))  # forced: the budget still applies
+    assert s.decisions() == {"sampled": 3, "skipped_budget": 4, "skipped_rate": 1}
+    assert len(s.queue.jobs) == 3
+
+
+def test_a_closed_duty_cycle_gate_skips_before_the_body_is_copied() -> None:
+    s = Setup(duty_cycle=0.5)
+    assert s.request() is not None  # sampled: the worker is busy with it
+    assert s.request() is None  # gated at the headers: no traceparent, no body
+    assert s.decisions() == {"sampled": 1, "skipped_duty_cycle": 1}
+    s.sampler.duty.record_busy(1.0)  # done after 1 s: closed for another second
+    s.clock.now += 1.0
+    assert s.request() is not None
+
+
+def test_a_failing_store_skips_new_samples() -> None:
+    s = Setup()
+    s.sampler.store.failed()
+    assert s.request() is None
+    assert s.decisions() == {"skipped_store_failing": 1}
+    s.clock.now += 1.0  # the back-off is over
+    assert s.request() is not None
+
+
+def test_a_full_queue_drops_the_sample_and_frees_the_worker_slot() -> None:
+    s = Setup(duty_cycle=0.5)
+    s.queue.full = True
+    traceparent = s.request()
+    assert traceparent is not None
+    assert s.dropped("queue_full") == 1 and s.decisions() == {"sampled": 1}
+    trace_id = TRACEPARENT.fullmatch(traceparent).group(1)  # type: ignore[union-attr]
+    assert not s.hub.is_sampled_trace(trace_id)
+    assert s.last.remembered == [] and s.store.spans == []  # nothing to hang a span under
+    s.queue.full = False
+    assert s.request() is not None and len(s.queue.jobs) == 1  # the gate was not left closed
+
+
+@pytest.mark.parametrize(
+    ("model", "body"),
+    [
+        ("m", framed(b"m", compressed=True)),
+        ("m", framed(b"mmmm")[:-1]),  # truncated
+        ("m", b"\x00\x00"),
+        (None, framed(b"")),  # the relay could not read a model name
+    ],
+)
+def test_unreadable_requests_are_dropped(model: str | None, body: bytes) -> None:
+    s = Setup(duty_cycle=0.5)
+    assert s.request(model, body=body) is not None
+    label = model or "_unknown"
+    assert s.dropped("unreadable_request", label) == 1
+    assert s.sample("xsp_sampling_decisions_total", label, decision="sampled") == 1
+    assert s.queue.jobs == [] and s.store.spans == []
+    assert s.request() is not None  # the worker slot was given back
+
+
+def test_models_the_repository_does_not_have_are_dropped() -> None:
+    s = Setup(known={"resnet"}, duty_cycle=0.5)
+    assert s.request("typo") is not None
+    assert s.dropped("unknown_model", "typo") == 1
+    assert s.queue.jobs == [] and s.last.remembered == []
+    s.request("resnet")
+    assert [job.model for job in s.queue.jobs] == ["resnet"]
+
+
+def test_a_body_that_never_arrives_is_dropped_and_counted_once() -> None:
+    s = Setup()
+    assert s.request(send_body=False) is not None  # e.g. cancelled, or over the capture limit
+    assert s.dropped("body_unavailable") == 1
+    assert s.decisions() == {"sampled": 1}
+    assert s.queue.jobs == [] and s.store.spans == []
+
+
+def test_a_failing_span_store_is_counted_not_raised() -> None:
+    s = Setup()
+    s.store.broken = True
+    assert s.request() is not None  # on_stream_end did not raise into the relay
+    assert len(s.queue.jobs) == 1
+    assert s.registry.get_sample_value("xsp_trace_store_write_failures_total") == 1
+
+
+def test_the_set_of_sampled_traces_is_bounded_and_forgettable() -> None:
+    s = Setup()
+    for i in range(10_002):
+        s.hub.mark_sampled(f"{i:032x}")
+    assert len(s.hub.sampled_trace_ids) <= 10_001
+    s.hub.forget_trace(f"{10_001:032x}")
+    assert not s.hub.is_sampled_trace(f"{10_001:032x}")
+
+
+def test_observers_of_different_connections_share_the_hub() -> None:
+    s = Setup()
+    other = s.hub.observer_factory(ConnectionInfo(2, "127.0.0.1:6"))
+    assert isinstance(other, SamplingObserver) and other is not s.observer
+    s.request()
+    assert len(s.queue.jobs) == 1 and s.hub.is_sampled_trace(s.queue.jobs[0].trace_id)
+
+
+def test_first_message() -> None:
+    assert first_message(framed(b"abc") + framed(b"second")) == b"abc"
+    assert first_message(framed(b"")) == b""
+    assert first_message(framed(b"abc", compressed=True)) is None
+    assert first_message(framed(b"abc")[:-1]) is None
+    assert first_message(b"") is None
