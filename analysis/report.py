@@ -308,28 +308,35 @@ def _warn_skipped(ta: TraceAnalysis, limit: int = 10) -> None:
         print(f"  ... and {len(rows) - limit} more (listed in the report)", file=sys.stderr)
 
 
-def _no_match(ta: TraceAnalysis, args: argparse.Namespace, flt: TraceFilter) -> str:
+def _no_match(ta: TraceAnalysis, args: argparse.Namespace) -> str:
     text = f"report.py: no trace in {', '.join(args.dbs)} matches the filters"
     if ta.data.skipped_errors:
         text += f" ({ta.data.skipped_errors} failed profiles skipped; see --include-errors)"
-    if flt.models:
-        counts = model_counts(args.dbs)
-        missing = [m for m in flt.models if m not in counts]
-        if missing:
-            have = ", ".join(f"{m} ({n} traces)" for m, n in sorted(counts.items()))
-            text += (
-                f"\nreport.py: no model named {', '.join(missing)}; the stores hold: "
-                f"{have or 'no traces at all'}"
-            )
     return text
+
+
+def _check_models(dbs: Sequence[str], models: Sequence[str]) -> None:
+    """A --model that names no model of the stores is a usage error, said in one line with
+    the models that exist."""
+    if not models:
+        return
+    counts = model_counts(dbs)
+    missing = [m for m in models if m not in counts]
+    if missing:
+        have = ", ".join(f"{m} ({n} traces)" for m, n in sorted(counts.items()))
+        raise UsageError(
+            f"no model named {', '.join(missing)} in {', '.join(dbs)}; "
+            f"the stores hold: {have or 'no traces at all'}"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
     flt = make_filter(args)
     ta = TraceAnalysis.from_paths(args.dbs, flt)
+    _check_models(args.dbs, flt.models)
     _warn_skipped(ta)
     if ta.data.empty:
-        print(_no_match(ta, args, flt), file=sys.stderr)
+        print(_no_match(ta, args), file=sys.stderr)
         return 1
     if args.command == "timeline":
         doc = ta.timeline(args.trace_id)

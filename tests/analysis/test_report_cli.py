@@ -68,12 +68,20 @@ def test_filters(tmp_path: Path) -> None:
     tid = q(GPU_DB, "SELECT trace_id FROM traces ORDER BY trace_id LIMIT 1")[0][0]
     doc = json.loads(run(str(GPU_DB), "--format", "json", "--trace", tid[:10]).stdout)
     assert doc["meta"]["traces"] == 1
-    out = run(str(GPU_DB), "--model", "no_such_model")
-    assert out.returncode == 1 and "no trace" in out.stderr
+    # a model no store holds: one line naming the models that exist, exit 2
     (n,) = q(GPU_DB, "SELECT COUNT(*) FROM traces WHERE model = 'tiny_resnet'")[0]
-    assert f"no model named no_such_model; the stores hold: tiny_resnet ({n} traces)" in (
-        out.stderr
-    )
+    (m,) = q(CPU_DB, "SELECT COUNT(*) FROM traces WHERE model = 'small_cnn'")[0]
+    for args in (["--model", "doesnotexist"], ["--model", "small_cnn,doesnotexist"]):
+        out = run(str(GPU_DB), str(CPU_DB), *args)
+        assert out.returncode == 2 and out.stdout == ""
+        assert out.stderr == (
+            f"report.py: no model named doesnotexist in {GPU_DB}, {CPU_DB}; the stores "
+            f"hold: small_cnn ({m} traces), tiny_resnet ({n} traces)\n"
+        )
+    assert run("timeline", "abc", str(GPU_DB), "--model", "doesnotexist").returncode == 2
+    # a model that exists, but no trace of it matches the other filters: exit 1
+    out = run(str(GPU_DB), "--model", "tiny_resnet", "--batch-size", "3")
+    assert out.returncode == 1 and "no trace" in out.stderr
     out = run(str(GPU_DB), "--since", "last tuesday")
     assert out.returncode == 2 and "--since" in out.stderr
 
