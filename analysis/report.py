@@ -232,11 +232,32 @@ def _meta(ta: TraceAnalysis, args: argparse.Namespace) -> dict[str, Any]:
         meta["filters"] = "; ".join(
             f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in filters.items()
         )
+    peaks = sorted({peak_line(a) for a in t["attributes"] if a.get("peak_flops_per_s")})
+    if peaks:
+        meta["peaks"] = " | ".join(peaks)
     synthetic = sorted({str(a["synthetic"]) for a in t["attributes"] if a.get("synthetic")})
     if synthetic:
         meta["synthetic_data"] = " | ".join(synthetic)
     meta["generated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return meta
+
+
+def peak_line(attrs: dict[str, Any]) -> str:
+    """The roofline peak a trace recorded, and how it was measured: `cpu-microbenchmark
+    182.3 GFLOP/s, 12.1 GB/s, best of 5 rounds, 2026-11-20 10:02 UTC, load 0.05/CPU`."""
+    parts = [
+        f"{attrs.get('peak_source', '?')} {float(attrs['peak_flops_per_s']) / 1e9:.4g} GFLOP/s"
+    ]
+    if attrs.get("peak_dram_bytes_per_s"):
+        parts.append(f"{float(attrs['peak_dram_bytes_per_s']) / 1e9:.4g} GB/s")
+    if attrs.get("peak_rounds"):
+        parts.append(f"best of {attrs['peak_rounds']} rounds")
+    if attrs.get("peak_measured_ns"):
+        when = time.gmtime(int(attrs["peak_measured_ns"]) / 1e9)
+        parts.append(time.strftime("measured %Y-%m-%d %H:%M UTC", when))
+    if attrs.get("peak_load_per_cpu") is not None:
+        parts.append(f"load {float(attrs['peak_load_per_cpu']):.2f}/CPU")
+    return ", ".join(parts)
 
 
 def _comparison(ta: TraceAnalysis, args: argparse.Namespace) -> AnalysisResult:

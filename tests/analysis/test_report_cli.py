@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from analysis.trace_analysis import TraceAnalysis
-from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB, REPO, q
+from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB, REPO, q, trace_attr
 
 SCRIPT = REPO / "analysis" / "report.py"
 XSP_KEYS = [f"A{i}" for i in range(1, 16)]
@@ -164,3 +164,17 @@ def test_write_to_out_dir(tmp_path: Path, fmt: str) -> None:
     assert out.returncode == 0
     ext = {"text": "txt", "html": "html"}[fmt]
     assert (tmp_path / f"report.{ext}").stat().st_size > 1000
+
+
+def test_meta_says_how_the_peak_was_measured() -> None:
+    from analysis.report import peak_line
+    from sidecar.profiling.peak import Peak
+
+    peak = Peak(182.4e9, 12.1e9, measured_ns=1_763_000_000 * 10**9, load_per_cpu=0.046, rounds=5)
+    assert peak_line(peak.trace_attributes()) == (
+        "cpu-microbenchmark 182.4 GFLOP/s, 12.1 GB/s, best of 5 rounds, "
+        "measured 2025-11-13 02:13 UTC, load 0.05/CPU"
+    )
+    doc = json.loads(run(str(CPU_DB), "--format", "json", "--only", "A15").stdout)
+    (flops,) = trace_attr(CPU_DB, "peak_flops_per_s")  # older traces: the value and source
+    assert doc["meta"]["peaks"].startswith(f"cpu-microbenchmark {flops / 1e9:.4g} GFLOP/s, ")
