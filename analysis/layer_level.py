@@ -41,13 +41,26 @@ def layer_frame(fr: Frames) -> pd.DataFrame:
     return fr.memo("layer_frame", lambda: _layer_frame(fr)).copy()
 
 
+def original_nodes(name: str, nodes: object) -> str:
+    """The graph nodes a layer computes, comma-separated; empty where the layer is the one
+    node of its name (or a node the runtime inserted, which computes none)."""
+    if not isinstance(nodes, list | tuple) or list(nodes) in ([], [name]):
+        return ""
+    return ", ".join(str(n) for n in nodes)
+
+
 def _layer_frame(fr: Frames) -> pd.DataFrame:
     ly = fr.layers
+    ly = ly.assign(
+        original_nodes=[
+            original_nodes(n, o) for n, o in zip(ly["name"], ly["original_nodes"], strict=True)
+        ]
+    )
     agg = across_traces(
         ly,
         [*GROUP, "name"],
         ["duration_ns", "allocated_bytes"],
-        ["idx", "type", "fused", "input_shapes", "output_shapes"],
+        ["idx", "type", "original_nodes", "input_shapes", "output_shapes"],
     )
     agg["latency_ms"] = agg["duration_ns"] / 1e6
     total = agg.groupby(GROUP, dropna=False)["duration_ns"].transform("sum")
@@ -56,7 +69,8 @@ def _layer_frame(fr: Frames) -> pd.DataFrame:
 
 
 def layer_table(fr: Frames) -> AnalysisResult:
-    """A2: index, name, type, shapes, latency and allocated memory of every layer."""
+    """A2: index, full name, type, original graph nodes, shapes, latency and allocated
+    memory of every layer."""
     if (miss := _missing("A2", fr)) is not None:
         return miss
     agg = layer_frame(fr)
@@ -65,7 +79,7 @@ def layer_table(fr: Frames) -> AnalysisResult:
         "idx",
         "name",
         "type",
-        "fused",
+        "original_nodes",
         "input_shapes",
         "output_shapes",
         "latency_ms",
@@ -74,10 +88,10 @@ def layer_table(fr: Frames) -> AnalysisResult:
         "n_traces",
     ]
     res = AnalysisResult("A2", TITLES["A2"], agg[cols])
-    if agg["fused"].astype(bool).any():
+    if agg["original_nodes"].astype(bool).any():
         res.notes.append(
-            "fused: the original graph nodes a layer computes (the runtime fused them and "
-            "named the result after one of them or its output)"
+            "original_nodes: the graph nodes a layer computes where the runtime fused or "
+            "renamed them (type names what it fused, e.g. Conv+Relu)"
         )
     if agg["allocated_bytes"].isna().all():
         res.notes.append("layer memory not recorded (no allocated_bytes attribute)")
@@ -92,7 +106,7 @@ def layer_latency(fr: Frames) -> AnalysisResult:
     return AnalysisResult(
         "A3",
         TITLES["A3"],
-        agg[[*GROUP, "idx", "name", "type", "fused", "latency_ms", "latency_share"]],
+        agg[[*GROUP, "idx", "name", "type", "original_nodes", "latency_ms", "latency_share"]],
     )
 
 

@@ -18,20 +18,21 @@ import pandas as pd
 
 from analysis import damage
 from analysis.common import AnalysisResult
-from analysis.render_text import Front, fmt_value, headline, status_lines
+from analysis.render_text import Front, fmt_value, headline, label, same_for, status_lines
 
 MAX_HTML_ROWS = 200
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;
-max-width:1200px}
+max-width:1600px}
 h1{font-size:1.5em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:12px;margin:8px 0}
 th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:left}
-td.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f4f4f4}
+td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+th{background:#f4f4f4}
 .status{background:#fff4e0;border-left:4px solid #f0a020;padding:6px 10px}
 .note{color:#666;font-size:12px}.est{color:#b35c00;font-weight:bold}
 img{max-width:100%;display:block;margin:8px 0}nav a{margin-right:10px;font-size:13px}
-.tw{max-width:100%;overflow-x:auto}td{max-width:28em;overflow-wrap:anywhere}
+.tw{max-width:100%;overflow-x:auto}td{max-width:28em;overflow-wrap:break-word}
 ol.findings li{margin:6px 0}ol.findings .ev,ol.findings .act{font-size:13px;color:#444}
 ol.findings .act{color:#14532d}
 """
@@ -88,39 +89,52 @@ def plot_batch_curve(res: AnalysisResult) -> list[str]:
     return [_png(fig)]
 
 
-MAX_BATCHES_PLOTTED = 8  # A3: batch sizes per model chart (the table lists all)
+MAX_BARS = 160  # A3: above this many bars (layers x batch sizes), lines over the layer index
 
 
 def plot_layer_latency(res: AnalysisResult) -> list[str]:
-    """A3: per model, each layer's latency in execution order, one bar per batch size."""
+    """A3: per model, each layer's latency in execution order for every batch size: one bar
+    per batch size and layer, or for a large model one line per batch size."""
     out = []
     for model, g in res.table.groupby("model", dropna=False, sort=True):
-        batches = sorted(g["batch_size"].dropna().unique())[:MAX_BATCHES_PLOTTED]
-        g = g[g["batch_size"].isin(batches)] if batches else g
+        batches = sorted(g["batch_size"].dropna().unique())
         order = g.sort_values(["idx"]).drop_duplicates("name")
         names = list(order["name"])
         pos = {n: i for i, n in enumerate(names)}
         n_b = max(1, len(batches))
-        fig, ax = _fig(7.5, max(2.5, (0.12 * n_b + 0.1) * len(names) + 1))
-        height = 0.8 / n_b
         cmap = _type_colors(pd.Series([str(b) for b in batches] or ["-"]))
-        for j, b in enumerate(batches or [None]):
-            part = g if b is None else g[g["batch_size"] == b]
-            y = np.array([pos[n] for n in part["name"]]) + (j - (n_b - 1) / 2) * height
-            label = f"batch {fmt_value(b)}" if b is not None else "-"
-            ax.barh(y, part["latency_ms"], height=height, label=label,
-                    color=cmap[str(b) if b is not None else "-"])  # fmt: skip
-        ax.set_yticks(
-            range(len(names)),
-            [f"{i} {_short(n)}" for i, n in zip(order["idx"], names, strict=True)],
-            fontsize=7,
-        )
-        ax.invert_yaxis()
-        ax.set_xlabel("latency (ms)")
+        parts = [(b, g[g["batch_size"] == b]) for b in batches] or [(None, g)]
+        if len(names) * n_b > MAX_BARS:
+            fig, ax = _fig(9.0, 4.2)
+            for b, part in parts:
+                part = part.assign(pos=part["name"].map(pos)).sort_values("pos")
+                color = cmap[str(b) if b is not None else "-"]
+                ax.plot(part["pos"], part["latency_ms"], ".-", lw=1, ms=3,
+                        label=_batch_label(b), color=color)  # fmt: skip
+            ax.set_xlabel("layer index (execution order; the table names each layer)")
+            ax.set_ylabel("latency (ms)")
+        else:
+            fig, ax = _fig(7.5, max(2.5, (0.12 * n_b + 0.1) * len(names) + 1))
+            height = 0.8 / n_b
+            for j, (b, part) in enumerate(parts):
+                y = np.array([pos[n] for n in part["name"]]) + (j - (n_b - 1) / 2) * height
+                color = cmap[str(b) if b is not None else "-"]
+                ax.barh(y, part["latency_ms"], height=height, label=_batch_label(b), color=color)
+            ax.set_yticks(
+                range(len(names)),
+                [f"{i} {_short(n)}" for i, n in zip(order["idx"], names, strict=True)],
+                fontsize=7,
+            )
+            ax.invert_yaxis()
+            ax.set_xlabel("latency (ms)")
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         ax.set_title(f"A3: layer latency, {model}")
         out.append(_png(fig))
     return out
+
+
+def _batch_label(batch: object) -> str:
+    return f"batch {fmt_value(batch)}" if batch is not None else "-"
 
 
 def _short(name: str, width: int = 40) -> str:
@@ -266,7 +280,7 @@ def html_table(df: pd.DataFrame) -> str:
         pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c])
         for c in df.columns
     ]
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+    head = "".join(f"<th>{_breakable(str(c))}</th>" for c in df.columns)
     body = []
     for row in shown.itertuples(index=False):
         cells = "".join(
@@ -277,6 +291,12 @@ def html_table(df: pd.DataFrame) -> str:
     more = len(df) - len(shown)
     tail = f"<p class=note>... {more} more rows (CSV/JSON carry all)</p>" if more else ""
     return f"<div class=tw><table><tr>{head}</tr>{''.join(body)}</table></div>{tail}"
+
+
+def _breakable(header: str) -> str:
+    """A column name that may wrap after its underscores (`arithmetic_<wbr>intensity`), so
+    that a wide table (A15) fits the page instead of running off it."""
+    return html.escape(header).replace("_", "_<wbr>")
 
 
 def front_html(front: Front) -> list[str]:
@@ -342,11 +362,17 @@ def render_html(
             title = title.replace("(estimated)", "<span class=est>(estimated)</span>")
         parts.append(f"<section id='{html.escape(key)}'><h2>{title}</h2>")
         if not res.ok:
-            line, same_as = statuses[key]
-            text = html.escape(line)
-            if same_as is not None:
-                ref = html.escape(same_as)
+            st = statuses[key]
+            text = html.escape(st.line)
+            if st.same_as is not None:
+                ref = html.escape(st.same_as)
                 text = text.replace(ref, f"<a href='#{ref}'>{ref}</a>")
+            if st.also:  # the analyses the same reason holds for, as links
+                links = ", ".join(
+                    f"<a href='#{html.escape(k)}'>{html.escape(label(k))}</a>" for k in st.also
+                )
+                text = text.removesuffix(html.escape(same_for(st.also)))
+                text += f" (the same for {links})"
             parts.append(f"<p class=status>{text}</p></section>")
             continue
         if plots and key in PLOTS and not res.table.empty:

@@ -100,8 +100,7 @@ def markdown_table(df: pd.DataFrame, max_rows: int = MAX_ROWS) -> str:
 
 
 def headline(res: AnalysisResult) -> str:
-    label = res.key if res.key.startswith("A") else res.key.replace("_", " ")
-    title = f"{label}: {res.title}"
+    title = f"{label(res.key)}: {res.title}"
     if res.estimated:
         title += " (estimated)"
     return title
@@ -116,11 +115,30 @@ def _status_line(res: AnalysisResult) -> str:
     return f"{word}: {res.reason}"
 
 
-def status_lines(results: Mapping[str, AnalysisResult]) -> dict[str, tuple[str, str | None]]:
+def label(key: str) -> str:
+    """How a report names an analysis: `A8`, `time breakdown`."""
+    return key if key.startswith("A") else key.replace("_", " ")
+
+
+@dataclass(frozen=True)
+class Status:
+    """What a report says for an analysis without data."""
+
+    line: str  # the whole line, e.g. `NOT CAPTURED: same reason as A8`
+    same_as: str | None = None  # the analysis that gave this reason in full
+    also: tuple[str, ...] = ()  # the later analyses without data for the same reason
+
+
+def same_for(keys: Sequence[str]) -> str:
+    return f" (the same for {', '.join(label(k) for k in keys)})" if keys else ""
+
+
+def status_lines(results: Mapping[str, AnalysisResult]) -> dict[str, Status]:
     """Per analysis without data: its status line, or (when an earlier analysis gave the
-    same reason) a short line and the key of that earlier analysis."""
+    same reason) a short line naming that earlier analysis. A reason is said once, in full,
+    where it first appears, with the list of the other analyses it holds for."""
     first: dict[str, str] = {}
-    out: dict[str, tuple[str, str | None]] = {}
+    out: dict[str, Status] = {}
     for key, res in results.items():
         if res.ok:
             continue
@@ -129,10 +147,14 @@ def status_lines(results: Mapping[str, AnalysisResult]) -> dict[str, tuple[str, 
         if earlier is not None:  # the same reason, perhaps with a remark added
             word, rest = line.split(":", 1)[0], line[len(earlier) :].strip()
             short = f"{word}: same reason as {first[earlier]}" + (f" {rest}" if rest else "")
-            out[key] = (short, first[earlier])
+            out[key] = Status(short, first[earlier])
         else:
             first[line] = key
-            out[key] = (line, None)
+            out[key] = Status(line)
+    for key, status in out.items():
+        also = tuple(k for k, st in out.items() if st.same_as == key)
+        if also:
+            out[key] = Status(status.line + same_for(also), None, also)
     return out
 
 
@@ -197,7 +219,7 @@ def render_text(
             out.append(headline(res))
             out.append("-" * len(headline(res)))
         if not res.ok:
-            line = statuses[key][0]
+            line = statuses[key].line
             out.append(f"**{line}**" if markdown else "  " + line)
             continue
         if "summary" in res.tables:

@@ -232,11 +232,32 @@ def _meta(ta: TraceAnalysis, args: argparse.Namespace) -> dict[str, Any]:
         meta["filters"] = "; ".join(
             f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in filters.items()
         )
+    peaks = sorted({peak_line(a) for a in t["attributes"] if a.get("peak_flops_per_s")})
+    if peaks:
+        meta["peaks"] = " | ".join(peaks)
     synthetic = sorted({str(a["synthetic"]) for a in t["attributes"] if a.get("synthetic")})
     if synthetic:
         meta["synthetic_data"] = " | ".join(synthetic)
     meta["generated"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return meta
+
+
+def peak_line(attrs: dict[str, Any]) -> str:
+    """The roofline peak a trace recorded, and how it was measured: `cpu-microbenchmark
+    182.3 GFLOP/s, 12.1 GB/s, best of 5 rounds, 2026-11-20 10:02 UTC, load 0.05/CPU`."""
+    parts = [
+        f"{attrs.get('peak_source', '?')} {float(attrs['peak_flops_per_s']) / 1e9:.4g} GFLOP/s"
+    ]
+    if attrs.get("peak_dram_bytes_per_s"):
+        parts.append(f"{float(attrs['peak_dram_bytes_per_s']) / 1e9:.4g} GB/s")
+    if attrs.get("peak_rounds"):
+        parts.append(f"best of {attrs['peak_rounds']} rounds")
+    if attrs.get("peak_measured_ns"):
+        when = time.gmtime(int(attrs["peak_measured_ns"]) / 1e9)
+        parts.append(time.strftime("measured %Y-%m-%d %H:%M UTC", when))
+    if attrs.get("peak_load_per_cpu") is not None:
+        parts.append(f"load {float(attrs['peak_load_per_cpu']):.2f}/CPU")
+    return ", ".join(parts)
 
 
 def _comparison(ta: TraceAnalysis, args: argparse.Namespace) -> AnalysisResult:
@@ -308,28 +329,35 @@ def _warn_skipped(ta: TraceAnalysis, limit: int = 10) -> None:
         print(f"  ... and {len(rows) - limit} more (listed in the report)", file=sys.stderr)
 
 
-def _no_match(ta: TraceAnalysis, args: argparse.Namespace, flt: TraceFilter) -> str:
+def _no_match(ta: TraceAnalysis, args: argparse.Namespace) -> str:
     text = f"report.py: no trace in {', '.join(args.dbs)} matches the filters"
     if ta.data.skipped_errors:
         text += f" ({ta.data.skipped_errors} failed profiles skipped; see --include-errors)"
-    if flt.models:
-        counts = model_counts(args.dbs)
-        missing = [m for m in flt.models if m not in counts]
-        if missing:
-            have = ", ".join(f"{m} ({n} traces)" for m, n in sorted(counts.items()))
-            text += (
-                f"\nreport.py: no model named {', '.join(missing)}; the stores hold: "
-                f"{have or 'no traces at all'}"
-            )
     return text
+
+
+def _check_models(dbs: Sequence[str], models: Sequence[str]) -> None:
+    """A --model that names no model of the stores is a usage error, said in one line with
+    the models that exist."""
+    if not models:
+        return
+    counts = model_counts(dbs)
+    missing = [m for m in models if m not in counts]
+    if missing:
+        have = ", ".join(f"{m} ({n} traces)" for m, n in sorted(counts.items()))
+        raise UsageError(
+            f"no model named {', '.join(missing)} in {', '.join(dbs)}; "
+            f"the stores hold: {have or 'no traces at all'}"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
     flt = make_filter(args)
     ta = TraceAnalysis.from_paths(args.dbs, flt)
+    _check_models(args.dbs, flt.models)
     _warn_skipped(ta)
     if ta.data.empty:
-        print(_no_match(ta, args, flt), file=sys.stderr)
+        print(_no_match(ta, args), file=sys.stderr)
         return 1
     if args.command == "timeline":
         doc = ta.timeline(args.trace_id)

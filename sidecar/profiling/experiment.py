@@ -199,9 +199,8 @@ def _timeline(
             if found is None:
                 attrs["duration_source"] = "timeline"
         if raw.level is Level.LAYER:
-            flops.annotate(
-                attrs, str(attrs.get("op_type", raw.kind)), flops.dtype_size(attrs.get("dtype"))
-            )
+            op = attrs.get("runtime_op_type", attrs.get("op_type", raw.kind))  # not Conv+Relu
+            flops.annotate(attrs, str(op), flops.dtype_size(attrs.get("dtype")))
         spans.append(
             Span(
                 trace_id=trace_id,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from analysis.trace_analysis import TraceAnalysis
-from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB, REPO, q
+from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB, REPO, q, trace_attr
 
 SCRIPT = REPO / "analysis" / "report.py"
 XSP_KEYS = [f"A{i}" for i in range(1, 16)]
@@ -68,12 +68,20 @@ def test_filters(tmp_path: Path) -> None:
     tid = q(GPU_DB, "SELECT trace_id FROM traces ORDER BY trace_id LIMIT 1")[0][0]
     doc = json.loads(run(str(GPU_DB), "--format", "json", "--trace", tid[:10]).stdout)
     assert doc["meta"]["traces"] == 1
-    out = run(str(GPU_DB), "--model", "no_such_model")
-    assert out.returncode == 1 and "no trace" in out.stderr
+    # a model no store holds: one line naming the models that exist, exit 2
     (n,) = q(GPU_DB, "SELECT COUNT(*) FROM traces WHERE model = 'tiny_resnet'")[0]
-    assert f"no model named no_such_model; the stores hold: tiny_resnet ({n} traces)" in (
-        out.stderr
-    )
+    (m,) = q(CPU_DB, "SELECT COUNT(*) FROM traces WHERE model = 'small_cnn'")[0]
+    for args in (["--model", "doesnotexist"], ["--model", "small_cnn,doesnotexist"]):
+        out = run(str(GPU_DB), str(CPU_DB), *args)
+        assert out.returncode == 2 and out.stdout == ""
+        assert out.stderr == (
+            f"report.py: no model named doesnotexist in {GPU_DB}, {CPU_DB}; the stores "
+            f"hold: small_cnn ({m} traces), tiny_resnet ({n} traces)\n"
+        )
+    assert run("timeline", "abc", str(GPU_DB), "--model", "doesnotexist").returncode == 2
+    # a model that exists, but no trace of it matches the other filters: exit 1
+    out = run(str(GPU_DB), "--model", "tiny_resnet", "--batch-size", "3")
+    assert out.returncode == 1 and "no trace" in out.stderr
     out = run(str(GPU_DB), "--since", "last tuesday")
     assert out.returncode == 2 and "--since" in out.stderr
 
@@ -156,3 +164,17 @@ def test_write_to_out_dir(tmp_path: Path, fmt: str) -> None:
     assert out.returncode == 0
     ext = {"text": "txt", "html": "html"}[fmt]
     assert (tmp_path / f"report.{ext}").stat().st_size > 1000
+
+
+def test_meta_says_how_the_peak_was_measured() -> None:
+    from analysis.report import peak_line
+    from sidecar.profiling.peak import Peak
+
+    peak = Peak(182.4e9, 12.1e9, measured_ns=1_763_000_000 * 10**9, load_per_cpu=0.046, rounds=5)
+    assert peak_line(peak.trace_attributes()) == (
+        "cpu-microbenchmark 182.4 GFLOP/s, 12.1 GB/s, best of 5 rounds, "
+        "measured 2025-11-13 02:13 UTC, load 0.05/CPU"
+    )
+    doc = json.loads(run(str(CPU_DB), "--format", "json", "--only", "A15").stdout)
+    (flops,) = trace_attr(CPU_DB, "peak_flops_per_s")  # older traces: the value and source
+    assert doc["meta"]["peaks"].startswith(f"cpu-microbenchmark {flops / 1e9:.4g} GFLOP/s, ")

@@ -12,11 +12,14 @@ import subprocess
 import sys
 from html import escape
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 from PIL import Image
 
+from analysis.common import AnalysisResult
 from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB, REPO, q, trace_attr
 
 SCRIPT = REPO / "analysis" / "report.py"
@@ -90,42 +93,57 @@ def test_renders_in_headless_chromium(report: Path, tmp_path: Path) -> None:
     assert _colours(img) > 200
 
 
-# The page measures itself: the widest element against the window, and any image or table
-# cell that sticks out of the viewport (tables may scroll inside their own box, not the page).
+# The page measures itself: every element that sticks out of the viewport (a table may
+# scroll inside its own `.tw` box, so what is inside one is left out), and every element
+# whose content is wider than its box (scrolls or is clipped), with its section.
 OVERFLOW_PROBE = """<script>
 window.addEventListener('load', () => {
   const w = window.innerWidth;
-  const out = [];
-  for (const el of document.querySelectorAll('img, h2, p, nav, .tw, ol')) {
-    const r = el.getBoundingClientRect();
-    if (r.right > w + 1) out.push(el.tagName + ':' + (el.id || el.className || el.alt || ''));
+  const outside = [], wider = [];
+  const where = (el) => el.tagName + ':' + ((el.closest('section') || {}).id || 'top');
+  for (const el of document.querySelectorAll('body *')) {
+    const boxed = el.parentElement.closest('.tw') !== null;
+    if (!boxed && el.getBoundingClientRect().right > w + 1) outside.push(where(el));
+    if (!boxed && el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 1) {
+      wider.push({at: where(el), box: el.className, scroll: el.scrollWidth,
+                  client: el.clientWidth});
+    }
   }
   const pre = document.createElement('pre');
   pre.id = 'probe';
   pre.textContent = JSON.stringify({scrollWidth: document.documentElement.scrollWidth,
-                                    innerWidth: w, outside: out});
+                                    innerWidth: w, outside: outside, wider: wider});
   document.body.appendChild(pre);
 });
 </script>"""
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
-@pytest.mark.parametrize("width", [1400, 1024])
-def test_page_does_not_overflow(report: Path, tmp_path: Path, width: int) -> None:
-    page = tmp_path / "probe.html"
-    page.write_text(report.read_text().replace("</body>", OVERFLOW_PROBE + "</body>"))
+def _probe(page: Path, tmp_path: Path, width: int) -> dict[str, Any]:
+    probed = tmp_path / "probe.html"
+    probed.write_text(page.read_text().replace("</body>", OVERFLOW_PROBE + "</body>"))
     cmd = [
         str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu",
         f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={width},900",
-        "--virtual-time-budget=5000", "--dump-dom", page.as_uri(),
+        "--virtual-time-budget=5000", "--dump-dom", probed.as_uri(),
     ]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     found = re.search(r"<pre id=\"probe\">(.*?)</pre>", res.stdout, re.S)
     assert found, res.stderr[-2000:]
-    probe = json.loads(html_lib.unescape(found.group(1)))
+    probe: dict[str, Any] = json.loads(html_lib.unescape(found.group(1)))
     assert probe["innerWidth"] == width
+    return probe
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
+@pytest.mark.parametrize("width", [1400, 1024])
+def test_page_does_not_overflow(report: Path, tmp_path: Path, width: int) -> None:
+    probe = _probe(report, tmp_path, width)
     assert probe["scrollWidth"] <= width, probe  # no horizontal scroll of the page
-    assert probe["outside"] == []
+    assert probe["outside"] == [], probe  # nothing runs off it
+    # only a table's own box may be narrower than what it holds (it scrolls)
+    assert {w["box"] for w in probe["wider"]} <= {"tw"}, probe["wider"]
+    if width == 1400:  # the widest summary table fits a 1400 px page whole
+        assert not [w for w in probe["wider"] if w["at"] in ("DIV:A15", "DIV:A1")], probe
 
 
 def test_not_captured_reason_is_said_once(tmp_path: Path) -> None:
@@ -136,7 +154,11 @@ def test_not_captured_reason_is_said_once(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     (reason,) = trace_attr(CPU_DB, "kernel_level")
     assert res.stdout.count(escape(reason)) == 1  # A8 says it; A9-A13 and the rest refer
-    assert res.stdout.count("same reason as <a href='#A8'>A8</a>") >= 5
+    assert res.stdout.count("same reason as <a href='#A8'>A8</a>") == 6
+    # ...and A8 lists them, each a link
+    others = ["A9", "A10", "A11", "A12", "A13", "time_breakdown"]
+    links = ", ".join(f"<a href='#{k}'>{k.replace('_', ' ')}</a>" for k in others)
+    assert f"{escape(reason)}&quot; (the same for {links})</p>" in res.stdout
 
 
 def _figures(monkeypatch: pytest.MonkeyPatch) -> list[object]:
@@ -159,6 +181,34 @@ def test_a3_plots_every_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]  # type: ignore[attr-defined]
     batches = sorted({int(b) for (b,) in q(GPU_DB, "SELECT batch_size FROM traces")})
     assert labels == [f"batch {b}" for b in batches] and len(batches) > 3
+
+
+def _fake_a3(batches: list[int], layers: int) -> AnalysisResult:
+    """An in-memory A3 result (a fake: the plot is the stage under test)."""
+    rows = [
+        {"model": "m", "batch_size": b, "idx": i, "name": f"/blocks.{i}/conv/Conv",
+         "type": "Conv", "original_nodes": "", "latency_ms": 0.01 * b * (1 + i % 3),
+         "latency_share": 1 / layers}
+        for b in batches
+        for i in range(layers)
+    ]  # fmt: skip
+    return AnalysisResult("A3", "Layer latency in execution order", pd.DataFrame(rows))
+
+
+@pytest.mark.parametrize("layers", [8, 120])  # bars for a small model, lines for a large one
+def test_a3_plots_all_of_many_batch_sizes(monkeypatch: pytest.MonkeyPatch, layers: int) -> None:
+    from analysis import render_html
+
+    figs = _figures(monkeypatch)
+    batches = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    render_html.plot_layer_latency(_fake_a3(batches, layers))
+    (fig,) = figs
+    ax = fig.axes[0]  # type: ignore[attr-defined]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == [f"batch {b}" for b in batches]
+    drawn = len(ax.patches) if layers == 8 else sum(len(line.get_xdata()) for line in ax.lines)
+    assert drawn == len(batches) * layers  # every layer at every batch size
+    assert fig.get_size_inches()[1] < 20  # type: ignore[attr-defined]
 
 
 def test_live_legend_does_not_cover_the_bars(monkeypatch: pytest.MonkeyPatch) -> None:

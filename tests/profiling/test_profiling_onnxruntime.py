@@ -75,8 +75,15 @@ def test_optimized_profile_attributes_fused_nodes_to_originals(
             "Softmax_0",
         ]
     )
-    fused = [s for s in layers if s.attributes["original_nodes"] == ["Conv_0", "Relu_0"]]
-    assert len(fused) == 1 and fused[0].attributes["op_type"] == "Conv"
+    (fused,) = [s for s in layers if s.attributes["original_nodes"] == ["Conv_0", "Relu_0"]]
+    # typed by what it fused; ORT's own op kept, and the FLOPs estimated from it
+    assert fused.kind == fused.attributes["op_type"] == "Conv+Relu"
+    assert fused.attributes["runtime_op_type"] == "Conv"
+    assert fused.attributes["original_op_types"] == ["Conv", "Relu"]
+    assert fused.attributes["flops"] > 0 and fused.attributes["flops_estimated"] is True
+    for s in layers:  # a layer that is one node (or none: a reorder ORT inserted) keeps ORT's op
+        if len(s.attributes["original_nodes"]) < 2:
+            assert s.attributes["op_type"] == s.attributes["runtime_op_type"]
     assert res.trace.attributes["graph_optimizations"] == "enabled"
     assert res.trace.attributes["layer_names"] == "optimized"
 

@@ -61,7 +61,7 @@ def test_replay_stores_a_leveled_trace_under_the_proxy_span(repo: Path, tmp_path
     assert set(result.level_latency_s) == {"model", "layer"}
     assert result.overhead_ratio["model"] == pytest.approx(1.0)
     assert sum(result.layer_type_share.values()) == pytest.approx(1.0)
-    assert "Conv" in result.layer_type_share
+    assert "Conv+Relu" in result.layer_type_share  # ORT fused each Conv with its Relu
 
     store = TraceStore(tmp_path / "t.db")
     trace = store.get_trace(the_job.trace_id)

@@ -2,7 +2,9 @@
 
 The L run uses a second session with `enable_profiling`; its node events (`cat == "Node"`,
 name `<node>_kernel_time`) become layer spans with op type, shapes, provider and the
-activation / parameter / output sizes ORT reports. ORT's profiler clock is mapped onto ours
+activation / parameter / output sizes ORT reports. A node ORT fused from several graph nodes
+is typed by what it fused (`Conv+Relu`), with ORT's own op in `runtime_op_type` and the
+graph nodes in `original_nodes`. ORT's profiler clock is mapped onto ours
 with one offset per run, matched on its `model_run` events. On CPU ORT exposes no sub-node
 events, so K is not captured (the trace says why); with the CUDA execution provider K comes
 from the CUPTI tracer (code path present, untested here: no GPU).
@@ -250,8 +252,10 @@ class OnnxRuntimeRunner:
         ]
         dtypes = [d for e in args.get("output_type_shape", []) for d in e]
         orig = mapping.get(name, []) if mapping is not None else [name] if name in originals else []
+        orig_types = [originals[n] for n in orig if n in originals]
         attrs: dict[str, Any] = {
-            "op_type": op_type,
+            "op_type": fused_type(op_type, orig_types),
+            "runtime_op_type": op_type,
             "input_shapes": in_shapes,
             "output_shapes": out_shapes,
             "provider": args.get("provider", ""),
@@ -260,10 +264,16 @@ class OnnxRuntimeRunner:
             "output_bytes": int(args.get("output_size", 0)),
             "allocated_bytes": int(args.get("output_size", 0)),
             "original_nodes": orig,
-            "original_op_types": [originals[n] for n in orig if n in originals],
+            "original_op_types": orig_types,
         }
         if dtypes:
             attrs["dtype"] = dtypes[0]
         start = int(event["ts"]) * 1000 + offset
         end = (int(event["ts"]) + int(event["dur"])) * 1000 + offset
-        return RawSpan(Level.LAYER, name, op_type, start, end, key=key, attributes=attrs)
+        return RawSpan(Level.LAYER, name, attrs["op_type"], start, end, key=key, attributes=attrs)
+
+
+def fused_type(runtime_op: str, original_types: Sequence[str]) -> str:
+    """A layer's type as it is: `Conv+Relu` for a node ORT fused from a Conv and a Relu (the
+    original nodes' types in graph order), else the op ORT ran."""
+    return "+".join(original_types) if len(original_types) > 1 else runtime_op
