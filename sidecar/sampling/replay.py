@@ -14,7 +14,6 @@ import base64
 import collections
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,9 +27,10 @@ from sidecar.profiling.inputs import InputSpec, random_inputs
 from sidecar.profiling.peak import get_peak
 from sidecar.profiling.runners.base import ProfilingError, Runner
 from sidecar.profiling.runners.onnxruntime import OnnxRuntimeRunner  # imported at worker start
+from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.jobs import ProfileJob, ProfileResult
 from sidecar.trace.errors import TraceStoreError
-from sidecar.trace.spans import LEVEL_CODES, Level, LevelStats, Span, Trace
+from sidecar.trace.spans import Level, LevelStats, Span, Trace
 from sidecar.trace.store import TraceStore
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ def _raw_inputs(inputs: dict[str, np.ndarray]) -> dict[str, Any]:
 def _store(context: dict[str, Any]) -> TraceStore:
     store: TraceStore | None = context.get("store")
     if store is None:
-        store = TraceStore(Path(context["options"]["db_path"]))
+        store = TraceStore(context["options"].db_path)
         context["store"] = store
     return store
 
@@ -146,13 +146,9 @@ def _write(
     return None
 
 
-def _levels(codes: str) -> list[Level]:
-    return [LEVEL_CODES[c.strip().upper()] for c in codes.split(",") if c.strip()]
-
-
 def replay_job(job: ProfileJob, context: dict[str, Any]) -> ProfileResult:
     """Profile one sampled request; the worker's `ReplayFunction`."""
-    options = context["options"]
+    options: ReplayOptions = context["options"]
     started = time.perf_counter()
     trace = Trace(
         trace_id=job.trace_id,
@@ -163,19 +159,16 @@ def replay_job(job: ProfileJob, context: dict[str, Any]) -> ProfileResult:
         sidecar_version=__version__,
     )
     try:
-        repository = options.get("model_repository")
-        if not repository:
-            raise ReplayError("no --model-repository was given, so requests cannot be replayed")
-        location = find_model(Path(repository), job.model, job.model_version or None)
+        location = find_model(options.model_repository, job.model, job.model_version or None)
         runner = _runner(location, context)
         inputs, input_source = _inputs(job, location)
         profile = run_experiment(
             runner,
             inputs,
             model=job.model,
-            levels=_levels(options.get("levels", "M,L")),
-            iterations=int(options.get("iterations", 10)),
-            warmup=int(options.get("warmup", 2)),
+            levels=options.levels,
+            iterations=options.iterations,
+            warmup=options.warmup,
             batch_size=_batch_size(inputs, location),
             peak=get_peak(),
             trace_id=job.trace_id,
@@ -189,7 +182,7 @@ def replay_job(job: ProfileJob, context: dict[str, Any]) -> ProfileResult:
             job.trace_id, job.model, outcome, time.perf_counter() - started, error=error
         )
     _link(profile, job, location, input_source)
-    if options.get("store_raw_inputs"):
+    if options.store_raw_inputs:
         profile.trace.attributes["raw_inputs"] = _raw_inputs(inputs)
     store_error = _write(context, profile.trace, profile.spans, profile.level_stats)
     if store_error is not None:

@@ -1,0 +1,1 @@
+"""Replaying a sampled request with leveled profiling (runs in the profiling worker)."""
