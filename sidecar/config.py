@@ -32,17 +32,16 @@ SAMPLING = "sampling and profiling"
 
 @dataclass(frozen=True)
 class Setting:
-    """One row of the settings table: how a `ServeConfig` field is read and shown."""
+    """One row of the settings table: how a `ServeConfig` field is read and shown. A bool
+    setting is a flag without a value (`--admin`); env and TOML take true/false."""
 
     parse: Callable[[Any, str], Any]  # (value, where it came from) -> value, or ConfigError
     help: str
     metavar: str | None = None
     group: str = GENERAL
     choices: tuple[str, ...] = ()
-    switch: bool = False  # a flag without a value (`--admin`); env and TOML take true/false
     empty_env: bool = False  # an empty XSP_* value is a value, not "unset"
     in_file: bool = True  # a key of the TOML file
-    shown: Callable[[Any], str] | None = None  # how `--help` writes the default
 
 
 def row(
@@ -156,8 +155,8 @@ class ServeConfig:
         metadata=sampling(
             parsers.path,
             "PATH",
-            "the backend's model repository (Triton layout), mounted read-only",
-            shown=lambda value: "none: sampling off",
+            "the backend's model repository (Triton layout), mounted read-only; "
+            "sampling is off without it",
         ),
     )
     db: Path = field(
@@ -217,7 +216,6 @@ class ServeConfig:
             parsers.levels,
             "M,L,K",
             "replay levels: M model, L layer, K kernel",
-            shown=format_levels,
         ),
     )
     iterations: int = field(
@@ -253,7 +251,6 @@ class ServeConfig:
             parsers.boolean,
             None,
             "keep raw input tensors in traces; otherwise only shapes, dtypes and a digest",
-            switch=True,
         ),
     )
     admin: bool = field(
@@ -262,7 +259,6 @@ class ServeConfig:
             parsers.boolean,
             None,
             "serve the xsp.v1.Profiler admin API: trigger profiles, list traces, change sampling",
-            switch=True,
         ),
     )
     admin_listen: str = field(
@@ -286,16 +282,16 @@ def settings() -> Iterator[tuple[str, Any, Setting]]:
 
 
 def default_text(key: str) -> str:
-    """How `--help` and the docs write a setting's default."""
-    [(default, setting)] = [(d, s) for k, d, s in settings() if k == key]
-    if setting.shown is not None:
-        return setting.shown(default)
+    """How `--help` writes a setting's default."""
+    default = next(d for k, d, _ in settings() if k == key)
     if default is None:
         return "none"
     if isinstance(default, bool):
         return "on" if default else "off"
     if isinstance(default, float):
         return f"{default:g}"
+    if isinstance(default, tuple):  # levels
+        return format_levels(default)
     return str(default)
 
 
@@ -367,6 +363,3 @@ def load_serve_config(
         if path is not None and not path.is_file():
             raise ConfigError(f"{flag_name(name)}: {path} is not a readable file")
     return config
-
-
-__all__ = ["BACKEND_PROTOCOLS", "ConfigError", "ServeConfig", "load_serve_config"]

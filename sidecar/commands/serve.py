@@ -40,10 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     file > default); the help line states the default once, from the table.
     """
     groups = {GENERAL: parser, SAMPLING: parser.add_argument_group(SAMPLING, SAMPLING_DESCRIPTION)}
-    for key, _, setting in settings():
-        help = f"{setting.help} (env {env_name(key)}, default {default_text(key)})"
-        options: dict[str, Any] = {"help": help.replace("%", "%%")}
-        if setting.switch:
+    for key, default, setting in settings():
+        line = f"{setting.help} (env {env_name(key)}, default {default_text(key)})"
+        options: dict[str, Any] = {"help": line.replace("%", "%%")}
+        if isinstance(default, bool):
             options.update(action="store_true", default=None)
         elif setting.choices:
             options.update(choices=setting.choices, type=str.lower)
