@@ -1,5 +1,11 @@
 """`xsp-sidecar serve` configuration: one frozen object from flags, environment and TOML.
 
+`ServeConfig` is the one table of settings: each field holds its default and, as a `Setting`,
+its parser, help text and place in `--help`. The flag (`--metrics-port`), the environment
+variable (`XSP_METRICS_PORT`), the TOML key (`metrics_port`) and the help line (ending in
+"(env XSP_METRICS_PORT, default 8012)") are all derived from it, so a new setting is one entry
+here plus its use (and the Helm chart).
+
 Precedence: command-line flag > `XSP_*` environment variable > TOML file (`--config`) >
 default (docs/contracts.md). Every bad value is reported as a `ConfigError` that says which
 setting, where it came from and what is expected.
@@ -9,63 +15,47 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from sidecar import config_parsers as parsers
+from sidecar.config_parsers import BACKEND_PROTOCOLS, ConfigError
 from sidecar.endpoint import Endpoint
+from sidecar.profiling.levels import format_levels
+from sidecar.trace.spans import Level
 
-BACKEND_PROTOCOLS = ("triton", "tfserving")
-
-
-class ConfigError(ValueError):
-    """A configuration value is missing, malformed or inconsistent."""
+GENERAL = "options"  # the groups of `serve --help`
+SAMPLING = "sampling and profiling"
 
 
 @dataclass(frozen=True)
-class ServeConfig:
-    """Settings of `xsp-sidecar serve` (see docs/contracts.md)."""
+class Setting:
+    """One row of the settings table: how a `ServeConfig` field is read and shown. A bool
+    setting is a flag without a value (`--admin`); env and TOML take true/false."""
 
-    backend: str = "localhost:8001"
-    listen: str = "0.0.0.0:8011"
-    metrics_port: int = 8012
-    grpc_port: int = 8013
-    config: Path | None = None
-    grace_period: float = 10.0
-    idle_timeout: float = 300.0  # 0 = never close idle client connections
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    max_models: int = 100
-    backend_protocol: str = "triton"
-    # sampling and profiling
-    model_repository: Path | None = None
-    db: Path = Path("xsp-traces.db")
-    otlp_port: int = 4318
-    otlp_host: str = "127.0.0.1"
-    sample_rate: float = 0.001
-    sample_budget: float = 6.0
-    sample_force_header: str = "x-xsp-profile"
-    duty_cycle: float = 0.05
-    queue_size: int = 8
-    levels: str = "M,L"
-    iterations: int = 10
-    warmup: int = 2
-    profile_timeout: float = 120.0
-    retention_max_traces: int = 1000
-    retention_max_mb: float = 512.0
-    retention_max_age_hours: float = 168.0
-    store_raw_inputs: bool = False
-    admin: bool = False
-    admin_listen: str = "127.0.0.1:8014"
+    parse: Callable[[Any, str], Any]  # (value, where it came from) -> value, or ConfigError
+    help: str
+    metavar: str | None = None
+    group: str = GENERAL
+    choices: tuple[str, ...] = ()
+    empty_env: bool = False  # an empty XSP_* value is a value, not "unset"
+    in_file: bool = True  # a key of the TOML file
 
-    @property
-    def backend_endpoint(self) -> Endpoint:
-        return parse_endpoint(self.backend, "backend")
 
-    @property
-    def listen_endpoint(self) -> Endpoint:
-        return parse_endpoint(self.listen, "listen")
+def row(
+    parse: Callable[[Any, str], Any], metavar: str | None, help: str, **options: Any
+) -> dict[str, Setting]:
+    """The `field(metadata=...)` of a general setting."""
+    return {"setting": Setting(parse, help, metavar, **options)}
+
+
+def sampling(
+    parse: Callable[[Any, str], Any], metavar: str | None, help: str, **options: Any
+) -> dict[str, Setting]:
+    """The `field(metadata=...)` of a sampling and profiling setting."""
+    return row(parse, metavar, help, group=SAMPLING, **options)
 
 
 def parse_endpoint(text: str, setting: str = "address") -> Endpoint:
@@ -83,38 +73,7 @@ def parse_endpoint(text: str, setting: str = "address") -> Endpoint:
         raise ConfigError(f"{setting}: expected HOST:PORT or unix:PATH, got {text!r}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    return Endpoint(host, _port(port_text, setting, allow_zero=True))
-
-
-def _port(value: Any, setting: str, allow_zero: bool = False) -> int:
-    try:
-        port = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{setting}: expected a port number, got {value!r}") from None
-    low = 0 if allow_zero else 1
-    if not low <= port <= 65535:
-        raise ConfigError(f"{setting}: port {port} is outside {low}..65535")
-    return port
-
-
-def _positive_int(value: Any, setting: str) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{setting}: expected a whole number, got {value!r}") from None
-    if number < 1:
-        raise ConfigError(f"{setting}: must be at least 1, got {number}")
-    return number
-
-
-def _seconds(value: Any, setting: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{setting}: expected a number of seconds, got {value!r}") from None
-    if not number >= 0:
-        raise ConfigError(f"{setting}: must be zero or more seconds, got {value!r}")
-    return number
+    return Endpoint(host, parsers.port(port_text, setting, allow_zero=True))
 
 
 def _address(value: Any, setting: str) -> str:
@@ -123,119 +82,217 @@ def _address(value: Any, setting: str) -> str:
     return text
 
 
-def _protocol(value: Any, setting: str) -> str:
-    text = str(value).lower()
-    if text not in BACKEND_PROTOCOLS:
-        raise ConfigError(
-            f"{setting}: expected one of {', '.join(BACKEND_PROTOCOLS)}, got {value!r}"
-        )
-    return text
+@dataclass(frozen=True)
+class ServeConfig:
+    """Settings of `xsp-sidecar serve` (see docs/contracts.md), one field each."""
+
+    backend: str = field(
+        default="localhost:8001",
+        metadata=row(_address, "HOST:PORT|unix:PATH", "the model server's gRPC endpoint"),
+    )
+    listen: str = field(
+        default="0.0.0.0:8011", metadata=row(_address, "HOST:PORT", "relay address clients call")
+    )
+    metrics_port: int = field(
+        default=8012, metadata=row(parsers.any_port, "N", "Prometheus /metrics HTTP port")
+    )
+    grpc_port: int = field(
+        default=8013,
+        metadata=row(
+            parsers.any_port, "N", "port of the sidecar's health + reflection gRPC services"
+        ),
+    )
+    config: Path | None = field(
+        default=None,
+        metadata=row(
+            parsers.path,
+            "FILE",
+            "TOML file with keys named like the flags, e.g. metrics_port = 9000",
+            in_file=False,
+        ),
+    )
+    grace_period: float = field(
+        default=10.0,
+        metadata=row(
+            parsers.seconds, "S", "seconds in-flight calls may take to finish after SIGTERM"
+        ),
+    )
+    idle_timeout: float = field(
+        default=300.0,
+        metadata=row(
+            parsers.seconds,
+            "S",
+            "close a client connection with no call in flight for this long, with a GOAWAY; "
+            "0 = never",
+        ),
+    )
+    tls_cert: Path | None = field(
+        default=None,
+        metadata=row(parsers.path, "PEM", "terminate TLS on the client side with this certificate"),
+    )
+    tls_key: Path | None = field(
+        default=None, metadata=row(parsers.path, "PEM", "private key for --tls-cert")
+    )
+    max_models: int = field(
+        default=100,
+        metadata=row(
+            parsers.positive_int,
+            "N",
+            "distinct model label values tracked; the rest count as _other",
+        ),
+    )
+    backend_protocol: str = field(
+        default="triton",
+        metadata=row(
+            parsers.protocol,
+            None,
+            "backend kind, for the readiness check",
+            choices=BACKEND_PROTOCOLS,
+        ),
+    )
+    model_repository: Path | None = field(
+        default=None,
+        metadata=sampling(
+            parsers.path,
+            "PATH",
+            "the backend's model repository (Triton layout), mounted read-only; "
+            "sampling is off without it",
+        ),
+    )
+    db: Path = field(
+        default=Path("xsp-traces.db"),
+        metadata=sampling(parsers.path, "PATH", "SQLite trace database"),
+    )
+    otlp_port: int = field(
+        default=4318,
+        metadata=sampling(
+            parsers.any_port, "N", "OTLP/HTTP port receiving the backend's spans; 0 turns it off"
+        ),
+    )
+    otlp_host: str = field(
+        default="127.0.0.1",
+        metadata=sampling(
+            parsers.text, "HOST", "address the OTLP receiver binds; the backend is in the pod"
+        ),
+    )
+    sample_rate: float = field(
+        default=0.001,
+        metadata=sampling(parsers.fraction, "P", "probability that a request is profiled"),
+    )
+    sample_budget: float = field(
+        default=6.0,
+        metadata=sampling(
+            parsers.finite_non_negative,
+            "N",
+            "at most N profiles per minute per model, a token bucket",
+        ),
+    )
+    sample_force_header: str = field(
+        default="x-xsp-profile",
+        metadata=sampling(
+            parsers.header,
+            "NAME",
+            "metadata key whose value 1 forces a sample; '' disables",
+            empty_env=True,
+        ),
+    )
+    duty_cycle: float = field(
+        default=0.05,
+        metadata=sampling(
+            parsers.duty_cycle, "F", "max fraction of wall time the profiling worker may be busy"
+        ),
+    )
+    queue_size: int = field(
+        default=8,
+        metadata=sampling(
+            parsers.positive_int,
+            "N",
+            "sampled requests that may wait for the worker; more are dropped",
+        ),
+    )
+    levels: tuple[Level, ...] = field(
+        default=(Level.MODEL, Level.LAYER),
+        metadata=sampling(
+            parsers.levels,
+            "M,L,K",
+            "replay levels: M model, L layer, K kernel",
+        ),
+    )
+    iterations: int = field(
+        default=10,
+        metadata=sampling(parsers.positive_int, "N", "timed iterations per leveled run"),
+    )
+    warmup: int = field(
+        default=2, metadata=sampling(parsers.whole, "N", "warm-up iterations per leveled run")
+    )
+    profile_timeout: float = field(
+        default=120.0,
+        metadata=sampling(
+            parsers.seconds, "S", "a profile running longer is killed and counted as a timeout"
+        ),
+    )
+    retention_max_traces: int = field(
+        default=1000,
+        metadata=sampling(parsers.whole, "N", "keep at most N traces; 0 = no limit"),
+    )
+    retention_max_mb: float = field(
+        default=512.0,
+        metadata=sampling(parsers.non_negative, "MB", "keep the database under MB; 0 = no limit"),
+    )
+    retention_max_age_hours: float = field(
+        default=168.0,
+        metadata=sampling(
+            parsers.non_negative, "H", "delete traces older than H hours; 0 = no limit"
+        ),
+    )
+    store_raw_inputs: bool = field(
+        default=False,
+        metadata=sampling(
+            parsers.boolean,
+            None,
+            "keep raw input tensors in traces; otherwise only shapes, dtypes and a digest",
+        ),
+    )
+    admin: bool = field(
+        default=False,
+        metadata=sampling(
+            parsers.boolean,
+            None,
+            "serve the xsp.v1.Profiler admin API: trigger profiles, list traces, change sampling",
+        ),
+    )
+    admin_listen: str = field(
+        default="127.0.0.1:8014",
+        metadata=sampling(_address, "HOST:PORT", "admin API address; localhost only by default"),
+    )
+
+    @property
+    def backend_endpoint(self) -> Endpoint:
+        return parse_endpoint(self.backend, "backend")
+
+    @property
+    def listen_endpoint(self) -> Endpoint:
+        return parse_endpoint(self.listen, "listen")
 
 
-def _path(value: Any, setting: str) -> Path:
-    return Path(str(value)).expanduser()
+def settings() -> Iterator[tuple[str, Any, Setting]]:
+    """The table: (key, default, setting) of every `ServeConfig` field, in order."""
+    for item in fields(ServeConfig):
+        yield item.name, item.default, item.metadata["setting"]
 
 
-def _fraction(value: Any, setting: str, allow_zero: bool = True) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{setting}: expected a number between 0 and 1, got {value!r}") from None
-    if not (0.0 <= number <= 1.0) or (number == 0.0 and not allow_zero):
-        low = "0" if allow_zero else "more than 0"
-        raise ConfigError(f"{setting}: must be from {low} to 1, got {value!r}")
-    return number
-
-
-def _non_negative(value: Any, setting: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{setting}: expected a number, got {value!r}") from None
-    if not number >= 0:
-        raise ConfigError(f"{setting}: must be zero or more, got {value!r}")
-    return number
-
-
-def _finite(number: float, setting: str) -> float:
-    if number == float("inf"):
-        raise ConfigError(f"{setting}: must be a finite number, got {number}")
-    return number
-
-
-def _at_least(number: float, low: float, setting: str) -> float:
-    if number < low:
-        raise ConfigError(f"{setting}: must be at least {low:g}, got {number:g}")
-    return number
-
-
-def _whole(value: Any, setting: str) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{setting}: expected a whole number, got {value!r}") from None
-    if number < 0:
-        raise ConfigError(f"{setting}: must be zero or more, got {number}")
-    return number
-
-
-def _bool(value: Any, setting: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off", ""):
-        return False
-    raise ConfigError(f"{setting}: expected true or false, got {value!r}")
-
-
-def _levels(value: Any, setting: str) -> str:
-    codes = [c.strip().upper() for c in str(value).split(",") if c.strip()]
-    bad = [c for c in codes if c not in ("M", "L", "K")]
-    if not codes or bad:
-        raise ConfigError(f"{setting}: expected levels from M, L, K such as M,L; got {value!r}")
-    return ",".join(dict.fromkeys(codes))
-
-
-def _header(value: Any, setting: str) -> str:
-    text = str(value).strip().lower()
-    if text and not all(c.isalnum() or c in "-_." for c in text):
-        raise ConfigError(f"{setting}: {value!r} is not a valid gRPC metadata key")
-    return text
-
-
-_PARSERS: dict[str, Callable[[Any, str], Any]] = {
-    "backend": _address,
-    "listen": _address,
-    "metrics_port": lambda v, s: _port(v, s, allow_zero=True),
-    "grpc_port": lambda v, s: _port(v, s, allow_zero=True),
-    "grace_period": _seconds,
-    "idle_timeout": _seconds,
-    "tls_cert": _path,
-    "tls_key": _path,
-    "max_models": _positive_int,
-    "backend_protocol": _protocol,
-    "model_repository": _path,
-    "db": _path,
-    "otlp_port": lambda v, s: _port(v, s, allow_zero=True),
-    "otlp_host": lambda v, s: str(v),
-    "sample_rate": _fraction,
-    "sample_budget": lambda v, s: _finite(_non_negative(v, s), s),
-    "sample_force_header": _header,
-    "duty_cycle": lambda v, s: _at_least(_fraction(v, s, allow_zero=False), 0.001, s),
-    "queue_size": _positive_int,
-    "levels": _levels,
-    "iterations": _positive_int,
-    "warmup": _whole,
-    "profile_timeout": _seconds,
-    "retention_max_traces": _whole,
-    "retention_max_mb": _non_negative,
-    "retention_max_age_hours": _non_negative,
-    "store_raw_inputs": _bool,
-    "admin": _bool,
-    "admin_listen": _address,
-}
+def default_text(key: str) -> str:
+    """How `--help` writes a setting's default."""
+    default = next(d for k, d, _ in settings() if k == key)
+    if default is None:
+        return "none"
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    if isinstance(default, float):
+        return f"{default:g}"
+    if isinstance(default, tuple):  # levels
+        return format_levels(default)
+    return str(default)
 
 
 def env_name(key: str) -> str:
@@ -244,6 +301,10 @@ def env_name(key: str) -> str:
 
 def flag_name(key: str) -> str:
     return "--" + key.replace("_", "-")
+
+
+CONFIG_KEYS = tuple(key for key, _, _ in settings())
+FILE_KEYS = tuple(key for key, _, setting in settings() if setting.in_file)
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -257,11 +318,11 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
-    unknown = sorted(set(data) - set(_PARSERS))
+    unknown = sorted(set(data) - set(FILE_KEYS))
     if unknown:
         raise ConfigError(
             f"config file {path}: unknown key(s) {', '.join(unknown)}; "
-            f"known keys: {', '.join(sorted(_PARSERS))}"
+            f"known keys: {', '.join(sorted(FILE_KEYS))}"
         )
     return data
 
@@ -276,18 +337,19 @@ def load_serve_config(
     config_path = Path(config_value).expanduser() if config_value else None
     file_values = read_toml(config_path) if config_path is not None else {}
     values: dict[str, Any] = {"config": config_path}
-    for key, parse in _PARSERS.items():
+    for key, _, setting in settings():
+        if not setting.in_file:
+            continue  # --config itself, read above
+        env_value = env.get(env_name(key))
         if flags.get(key) is not None and flags.get(key) is not False:
             raw, where = flags[key], f"{flag_name(key)}"
-        elif env.get(env_name(key)) is not None and (
-            env[env_name(key)] != "" or key == "sample_force_header"
-        ):
-            raw, where = env[env_name(key)], f"{env_name(key)} (environment)"
+        elif env_value is not None and (env_value != "" or setting.empty_env):
+            raw, where = env_value, f"{env_name(key)} (environment)"
         elif key in file_values:
             raw, where = file_values[key], f"{key} in {config_path}"
         else:
             continue
-        values[key] = parse(raw, where)
+        values[key] = setting.parse(raw, where)
     config = ServeConfig(**values)
     if (config.tls_cert is None) != (config.tls_key is None):
         raise ConfigError("TLS needs both --tls-cert and --tls-key (or neither)")
@@ -301,6 +363,3 @@ def load_serve_config(
         if path is not None and not path.is_file():
             raise ConfigError(f"{flag_name(name)}: {path} is not a readable file")
     return config
-
-
-CONFIG_KEYS = tuple(f.name for f in fields(ServeConfig))

@@ -25,6 +25,7 @@ from sidecar.health import BackendChecker, HealthServer, add_port, tcp_accepts
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.relay import Relay
 from sidecar.proxy.streams import ObserverFactory
+from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.pipeline import SamplingConfig, SamplingPipeline
 from sidecar.sampling.settings import SamplingSettings
 from sidecar.trace.errors import TraceStoreError
@@ -142,7 +143,9 @@ class Sidecar:
 
 
 def sampling_config(config: ServeConfig) -> SamplingConfig:
-    """The sampling pipeline's part of the serve config."""
+    """The sampling pipeline's part of the serve config (sampling needs --model-repository)."""
+    if config.model_repository is None:
+        raise ConfigError("sampling needs --model-repository (profiles replay its models)")
     settings = SamplingSettings(
         rate=config.sample_rate,
         budget_per_minute=config.sample_budget,
@@ -154,18 +157,21 @@ def sampling_config(config: ServeConfig) -> SamplingConfig:
         max_bytes=int(config.retention_max_mb * 1024 * 1024) or None,
         max_age_s=config.retention_max_age_hours * 3600 or None,
     )
-    return SamplingConfig(
-        settings=settings,
-        db_path=config.db,
+    replay_options = ReplayOptions(
         model_repository=config.model_repository,
-        otlp_host=config.otlp_host,
-        otlp_port=config.otlp_port or None,
+        db_path=config.db,
         levels=config.levels,
         iterations=config.iterations,
         warmup=config.warmup,
+        store_raw_inputs=config.store_raw_inputs,
+    )
+    return SamplingConfig(
+        settings=settings,
+        replay_options=replay_options,
+        otlp_host=config.otlp_host,
+        otlp_port=config.otlp_port or None,
         queue_size=config.queue_size,
         profile_timeout_s=config.profile_timeout,
-        store_raw_inputs=config.store_raw_inputs,
         retention=retention,
     )
 

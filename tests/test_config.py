@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import argparse
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
 
 from sidecar.cli import build_parser
-from sidecar.config import ConfigError, ServeConfig, load_serve_config, parse_endpoint
+from sidecar.config import (
+    ConfigError,
+    ServeConfig,
+    default_text,
+    env_name,
+    flag_name,
+    load_serve_config,
+    parse_endpoint,
+    settings,
+)
 from sidecar.endpoint import Endpoint
+from sidecar.trace.spans import REPLAY_LEVELS, Level
 
 
 def flags_from(argv: list[str]) -> dict[str, object]:
@@ -107,3 +119,105 @@ def test_serve_command_reports_config_errors(capsys: pytest.CaptureFixture[str])
         "xsp-sidecar serve: error: --metrics-port: expected a port number"
         in capsys.readouterr().err
     )
+
+
+def test_levels_accept_codes_and_names_in_any_case(tmp_path: Path) -> None:
+    for text in ("M,L,K", "model, layer, kernel", "k,Layer,MODEL", "M,K,L,M"):
+        assert load_serve_config({"levels": text}, env={}).levels == REPLAY_LEVELS
+    assert load_serve_config({}, env={"XSP_LEVELS": "kernel"}).levels == (Level.KERNEL,)
+    with pytest.raises(ConfigError, match=r"--levels: unknown level 'X'.*got 'M,X'"):
+        load_serve_config({"levels": "M,X"}, env={})
+    toml = tmp_path / "levels.toml"
+    toml.write_text('levels = ","\n')
+    with pytest.raises(ConfigError, match=r"levels in .*levels.toml: no levels given"):
+        load_serve_config({"config": str(toml)}, env={})
+
+
+# One value per setting that differs from its default; the test below checks that each is
+# read from a flag, an XSP_* variable and the TOML file alike.
+SAMPLES: dict[str, str] = {
+    "backend": "unix:/run/triton.sock",
+    "listen": "127.0.0.1:9011",
+    "metrics_port": "9012",
+    "grpc_port": "9013",
+    "grace_period": "3.5",
+    "idle_timeout": "0",
+    "tls_cert": "cert.pem",  # made in the test's folder
+    "tls_key": "key.pem",
+    "max_models": "7",
+    "backend_protocol": "tfserving",
+    "model_repository": "models",
+    "db": "other.db",
+    "otlp_port": "0",
+    "otlp_host": "0.0.0.0",
+    "sample_rate": "0.5",
+    "sample_budget": "60",
+    "sample_force_header": "x-force",
+    "duty_cycle": "0.5",
+    "queue_size": "3",
+    "levels": "M,L,K",
+    "iterations": "4",
+    "warmup": "0",
+    "profile_timeout": "30",
+    "retention_max_traces": "0",
+    "retention_max_mb": "1.5",
+    "retention_max_age_hours": "2",
+    "store_raw_inputs": "true",
+    "admin": "true",
+    "admin_listen": "127.0.0.1:9014",
+}
+
+
+def test_every_setting_is_a_flag_an_env_variable_a_toml_key_and_a_help_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = list(settings())
+    assert [key for key, _, _ in table] == [f.name for f in fields(ServeConfig)]
+    assert set(SAMPLES) == {key for key, _, setting in table if setting.in_file}
+    monkeypatch.chdir(tmp_path)
+    for name in ("cert.pem", "key.pem"):
+        (tmp_path / name).write_text("pem")
+    (tmp_path / "models").mkdir()
+
+    argv: list[str] = []
+    for key, default, _ in table:
+        if key in SAMPLES:
+            switch = isinstance(default, bool)
+            argv += [flag_name(key)] if switch else [flag_name(key), SAMPLES[key]]
+    from_flags = load_serve_config(flags_from(argv), env={})
+    from_env = load_serve_config({}, env={env_name(key): v for key, v in SAMPLES.items()})
+    toml = tmp_path / "xsp.toml"
+    toml.write_text("".join(f"{key} = {value!r}\n" for key, value in SAMPLES.items()))
+    from_file = load_serve_config({"config": str(toml)}, env={})
+    assert from_flags == from_env == replace(from_file, config=None)
+    for key, default, _ in table:
+        if key != "config":
+            assert getattr(from_flags, key) != default, key
+
+    monkeypatch.setenv("COLUMNS", "1000")  # no line breaks inside a help line
+    parser, _ = build_parser()
+    [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    serve = commands.choices["serve"]
+    flags = {action.dest: action.option_strings for action in serve._actions}
+    help_text = " ".join(serve.format_help().split())
+    for key, _, setting in table:
+        assert flags[key] == [flag_name(key)], key
+        assert f"{setting.help} (env {env_name(key)}, default {default_text(key)})" in help_text
+    assert "replay levels: M model, L layer, K kernel (env XSP_LEVELS, default M,L)" in help_text
+    assert "(env XSP_SAMPLE_RATE, default 0.001)" in help_text
+    assert "(env XSP_STORE_RAW_INPUTS, default off)" in help_text
+    assert "(env XSP_GRACE_PERIOD, default 10)" in help_text
+
+
+def test_every_setting_is_in_the_contracts_table() -> None:
+    contracts = (Path(__file__).parents[1] / "docs" / "contracts.md").read_text()
+    serve_section = contracts.split("## Ports and defaults", 1)[1].split("\n## ", 1)[0]
+    for key, _, _ in settings():
+        assert f"`{flag_name(key)}" in serve_section, key
+        assert f"`{env_name(key)}`" in serve_section, key
+
+
+def test_an_empty_variable_is_unset_except_for_the_force_header() -> None:
+    config = load_serve_config({}, env={"XSP_DB": "", "XSP_SAMPLE_FORCE_HEADER": ""})
+    assert config.db == ServeConfig().db
+    assert config.sample_force_header == ""  # '' switches forcing off

@@ -1,4 +1,7 @@
-"""Parsing level names: `M,L,K` or `model,layer,kernel` -> `Level`s in depth order."""
+"""Level names: `M,L,K` or `model,layer,kernel` (any case) <-> `Level`s in depth order.
+
+The one parser of level lists: `serve --levels`, `profile --levels` and the replay all use it.
+"""
 
 from __future__ import annotations
 
@@ -23,3 +26,9 @@ def parse_levels(text: str) -> tuple[Level, ...]:
     if not out:
         raise ValueError("no levels given: use e.g. M,L,K")
     return tuple(lv for lv in REPLAY_LEVELS if lv in out)
+
+
+def format_levels(levels: tuple[Level, ...]) -> str:
+    """(Level.MODEL, Level.LAYER) -> `"M,L"`, the form `parse_levels` reads back."""
+    codes = {level: code for code, level in LEVEL_CODES.items()}
+    return ",".join(codes[level] for level in levels)

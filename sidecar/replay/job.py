@@ -14,7 +14,6 @@ import base64
 import collections
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,9 +28,10 @@ from sidecar.profiling.runners.base import ProfilingError, Runner
 from sidecar.profiling.runners.select import runner_for
 from sidecar.replay.kserve_decode import decode_model_infer_request
 from sidecar.replay.model_repository import ModelLocation, TensorSpec, find_model
+from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.jobs import ProfileJob, ProfileResult
 from sidecar.trace.errors import TraceStoreError
-from sidecar.trace.spans import LEVEL_CODES, Level, LevelStats, Span, Trace
+from sidecar.trace.spans import Level, LevelStats, Span, Trace
 from sidecar.trace.store import TraceStore
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def _runner(location: ModelLocation, context: dict[str, Any]) -> Runner:
     runner = runner_for(
         location.path,
         location.format,
-        threads=int(context.get("threads", 1)),
+        threads=context["options"].threads,
         name=location.name,
     )
     cache[key] = runner
@@ -119,7 +119,7 @@ def _raw_inputs(inputs: dict[str, np.ndarray]) -> dict[str, Any]:
 def _store(context: dict[str, Any]) -> TraceStore:
     store: TraceStore | None = context.get("store")
     if store is None:
-        store = TraceStore(Path(context["options"]["db_path"]))
+        store = TraceStore(context["options"].db_path)
         context["store"] = store
     return store
 
@@ -138,13 +138,9 @@ def _write(
     return None
 
 
-def _levels(codes: str) -> list[Level]:
-    return [LEVEL_CODES[c.strip().upper()] for c in codes.split(",") if c.strip()]
-
-
 def replay_job(job: ProfileJob, context: dict[str, Any]) -> ProfileResult:
     """Profile one sampled request; the worker's `ReplayFunction`."""
-    options = context["options"]
+    options: ReplayOptions = context["options"]
     started = time.perf_counter()
     trace = Trace(
         trace_id=job.trace_id,
@@ -155,19 +151,16 @@ def replay_job(job: ProfileJob, context: dict[str, Any]) -> ProfileResult:
         sidecar_version=__version__,
     )
     try:
-        repository = options.get("model_repository")
-        if not repository:
-            raise ReplayError("no --model-repository was given, so requests cannot be replayed")
-        location = find_model(Path(repository), job.model, job.model_version or None)
+        location = find_model(options.model_repository, job.model, job.model_version or None)
         runner = _runner(location, context)
         inputs, input_source = _inputs(job, location)
         profile = run_experiment(
             runner,
             inputs,
             model=job.model,
-            levels=_levels(options.get("levels", "M,L")),
-            iterations=int(options.get("iterations", 10)),
-            warmup=int(options.get("warmup", 2)),
+            levels=options.levels,
+            iterations=options.iterations,
+            warmup=options.warmup,
             batch_size=_batch_size(inputs, location),
             peak=get_peak(),
             trace_id=job.trace_id,
@@ -181,7 +174,7 @@ def replay_job(job: ProfileJob, context: dict[str, Any]) -> ProfileResult:
             job.trace_id, job.model, outcome, time.perf_counter() - started, error=error
         )
     _link(profile, job, location, input_source)
-    if options.get("store_raw_inputs"):
+    if options.store_raw_inputs:
         profile.trace.attributes["raw_inputs"] = _raw_inputs(inputs)
     store_error = _write(context, profile.trace, profile.spans, profile.level_stats)
     if store_error is not None:

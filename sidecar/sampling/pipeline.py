@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -23,6 +23,7 @@ from sidecar.live.otlp_metrics import OtlpMetricsCollector
 from sidecar.live.otlp_receiver import OtlpReceiver
 from sidecar.live.triton_spans import TritonSpanCollector, TritonTrace
 from sidecar.replay.model_repository import model_in_repository
+from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.jobs import ProfileJob, ProfileResult
 from sidecar.sampling.last_requests import LastRequests
 from sidecar.sampling.metrics import SamplingMetrics
@@ -42,22 +43,23 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """What the pipeline needs; built by `serve` from its frozen config."""
+    """What the pipeline needs; built by `serve` from its frozen config (no defaults here)."""
 
     settings: SamplingSettings
-    db_path: Path
-    model_repository: Path | None = None
-    otlp_host: str = "127.0.0.1"
-    otlp_port: int | None = 4318  # None: no receiver
-    levels: str = "M,L"
-    iterations: int = 10
-    warmup: int = 2
-    queue_size: int = 8
-    profile_timeout_s: float = 120.0
-    store_raw_inputs: bool = False
-    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
-    worker_threads: int = 1
-    replay: str = "sidecar.replay.job:replay_job"
+    replay_options: ReplayOptions  # passed unchanged to the worker and the replay
+    otlp_host: str
+    otlp_port: int | None  # None: no receiver
+    queue_size: int
+    profile_timeout_s: float
+    retention: RetentionPolicy
+
+    @property
+    def db_path(self) -> Path:
+        return self.replay_options.db_path
+
+    @property
+    def model_repository(self) -> Path:
+        return self.replay_options.model_repository
 
 
 class SamplingPipeline:
@@ -89,18 +91,9 @@ class SamplingPipeline:
             log.error("sampling is off (requests are still relayed): %s", exc)
         self.worker = ProfilingWorker(
             WorkerConfig(
-                replay=config.replay,
-                options={
-                    "model_repository": str(config.model_repository or ""),
-                    "db_path": str(config.db_path),
-                    "levels": config.levels,
-                    "iterations": config.iterations,
-                    "warmup": config.warmup,
-                    "store_raw_inputs": config.store_raw_inputs,
-                },
+                options=config.replay_options,
                 queue_size=config.queue_size,
                 job_timeout_s=config.profile_timeout_s,
-                threads=config.worker_threads,
             ),
             on_result=self._on_result,
             on_restart=lambda reason: self.metrics.worker_restarts.inc(),
@@ -165,10 +158,7 @@ class SamplingPipeline:
 
     # -- callbacks (other threads) ---------------------------------------------------------
     def _known_model(self, model: str) -> bool:
-        repository = self.config.model_repository
-        if repository is not None:
-            return model_in_repository(repository, model)
-        return self._model_label(model) == model
+        return model_in_repository(self.config.model_repository, model)
 
     def _skip_job(self, job: ProfileJob) -> bool:
         """Drop queued live samples while the store fails (admin requests still run)."""

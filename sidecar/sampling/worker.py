@@ -21,10 +21,11 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.jobs import ProfileJob, ProfileResult
 from sidecar.sampling.ratelog import RateLimitedLog
 
@@ -34,19 +35,19 @@ _IDLE = object()  # `_next_job` found no job within the liveness interval
 ReplayFunction = Callable[[ProfileJob, dict[str, Any]], ProfileResult]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkerConfig:
     """How the worker process runs. `replay` names the function that profiles one job, as
-    `module:function` (imported in the worker process); `options` are passed to it."""
+    `module:function` (imported in the worker process); `options` are passed to it unchanged.
+    `options`, `queue_size` and `job_timeout_s` come from the serve config (no defaults here)."""
 
     replay: str = "sidecar.replay.job:replay_job"
-    options: dict[str, Any] = field(default_factory=dict)
-    queue_size: int = 8
+    options: ReplayOptions
+    queue_size: int
     queue_bytes: int = 128 << 20  # request bytes the queue holds at most, all jobs together
-    job_timeout_s: float = 120.0
+    job_timeout_s: float
     nice: int = 10
     idle_scheduling: bool = True
-    threads: int = 1
     start_timeout_s: float = 60.0
     liveness_interval_s: float = 0.5  # how often an idle supervisor checks its worker
     min_uptime_s: float = 30.0  # a worker dying sooner counts towards the restart back-off
@@ -72,9 +73,10 @@ def _lower_priority(config: WorkerConfig) -> None:
 def _worker_main(config: WorkerConfig, conn: Connection) -> None:
     """Entry point of the worker process: receive a job, profile it, send the result."""
     _lower_priority(config)
+    threads = config.options.threads
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(config.threads)
-    context: dict[str, Any] = {"options": config.options, "threads": config.threads}
+        os.environ[var] = str(threads)
+    context: dict[str, Any] = {"options": config.options}  # the replay's state between jobs
     replay = _resolve(config.replay)
     failures = RateLimitedLog(log, interval_s=30.0)
     conn.send(("ready", os.getpid()))

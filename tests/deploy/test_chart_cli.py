@@ -9,6 +9,7 @@ import pytest
 
 from sidecar.cli import build_parser
 from sidecar.config import CONFIG_KEYS, load_serve_config
+from sidecar.profiling.levels import format_levels
 from tests.deploy.helpers import (
     contract_flags,
     flag_values,
@@ -63,7 +64,7 @@ def test_the_real_cli_parses_the_chart_arguments(
     flags["model_repository"] = str(tmp_path)  # the pod's mount, a directory here
     config = load_serve_config(flags, env={})
     chart_flags = flag_values(argv[argv.index("serve") + 1 :])
-    assert config.levels == chart_flags["--levels"]
+    assert format_levels(config.levels) == chart_flags["--levels"]
     assert config.admin == ("--admin" in chart_flags)
     assert config.store_raw_inputs == ("--store-raw-inputs" in chart_flags)
     if values is FULL:

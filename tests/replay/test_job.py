@@ -11,6 +11,7 @@ from tritonclient.grpc import service_pb2
 
 from sidecar.localtriton.model_repo import build_model_repository
 from sidecar.replay.job import replay_job
+from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.jobs import ProfileJob
 from sidecar.trace.spans import Level, new_span_id, new_trace_id
 from sidecar.trace.store import TraceStore
@@ -30,15 +31,17 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_model_repository(tmp_path_factory.mktemp("repo") / "models")
 
 
-def context(repo: Path, db: Path, **options: Any) -> dict[str, Any]:
-    base = {
-        "model_repository": str(repo),
-        "db_path": str(db),
-        "levels": "M,L",
-        "iterations": 3,
-        "warmup": 1,
-    }
-    return {"options": {**base, **options}, "threads": 1}
+def context(repo: Path, db: Path, store_raw_inputs: bool = False) -> dict[str, Any]:
+    """What the worker hands the replay: the options and, across jobs, its caches."""
+    options = ReplayOptions(
+        model_repository=repo,
+        db_path=db,
+        levels=(Level.MODEL, Level.LAYER),
+        iterations=3,
+        warmup=1,
+        store_raw_inputs=store_raw_inputs,
+    )
+    return {"options": options}
 
 
 def job(model: str, message: bytes, reason: str = "forced") -> ProfileJob:

@@ -19,11 +19,12 @@ from sidecar.sampling.jobs import ProfileJob
 from sidecar.sampling.ratelog import RateLimitedLog
 from sidecar.sampling.sampler import Decision, Sampler
 from sidecar.sampling.settings import SamplingSettings, SamplingSettingsError
-from sidecar.sampling.worker import ProfilingWorker, WorkerConfig
+from sidecar.sampling.worker import ProfilingWorker
 from sidecar.trace.errors import StoreFullError
 from sidecar.trace.store import TraceStore
 from tests.replay.test_job import context, infer_request, job
 from tests.sampling.test_sampler import ManualClock, decide
+from tests.sampling.worker_replays import worker_config
 from tests.trace.factory import make_trace
 
 # --- settings and the duty-cycle gate -----------------------------------------------------
@@ -147,7 +148,7 @@ def test_replay_into_a_full_store_is_an_outcome_not_an_exception(
 def test_a_killed_idle_worker_is_restarted_without_waiting_for_a_job() -> None:
     restarts: list[str] = []
     worker = ProfilingWorker(
-        WorkerConfig(replay="tests.sampling.worker_replays:echo_pid", liveness_interval_s=0.1),
+        worker_config("echo_pid", liveness_interval_s=0.1),
         on_result=lambda result: None,
         on_restart=restarts.append,
     )
@@ -166,7 +167,7 @@ def test_a_killed_idle_worker_is_restarted_without_waiting_for_a_job() -> None:
 def test_a_worker_that_keeps_dying_is_restarted_after_a_growing_pause() -> None:
     restarts: list[str] = []
     worker = ProfilingWorker(
-        WorkerConfig(replay="tests.sampling.worker_replays:echo_pid", liveness_interval_s=0.05),
+        worker_config("echo_pid", liveness_interval_s=0.05),
         on_result=lambda result: None,
         on_restart=restarts.append,
     )

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import queue
 import time
+from typing import Any
 
 from sidecar.sampling.jobs import ProfileJob, ProfileResult
-from sidecar.sampling.worker import ProfilingWorker, WorkerConfig
+from sidecar.sampling.worker import ProfilingWorker
+from tests.sampling.worker_replays import worker_config
 
 
 def job(model: str, n: int = 0) -> ProfileJob:
@@ -22,10 +24,10 @@ def job(model: str, n: int = 0) -> ProfileJob:
     )
 
 
-def start(replay: str, **config: object) -> tuple[ProfilingWorker, queue.Queue[ProfileResult]]:
+def start(replay: str, **config: Any) -> tuple[ProfilingWorker, queue.Queue[ProfileResult]]:
     results: queue.Queue[ProfileResult] = queue.Queue()
     worker = ProfilingWorker(
-        WorkerConfig(replay=f"tests.sampling.worker_replays:{replay}", **config),  # type: ignore[arg-type]
+        worker_config(replay, **config),
         results.put,
     )
     worker.start()
@@ -64,13 +66,13 @@ def test_crash_hang_and_error_are_recorded_and_the_worker_comes_back() -> None:
 
 
 def test_queue_is_bounded_in_request_bytes_too() -> None:
-    worker = ProfilingWorker(WorkerConfig(queue_size=8, queue_bytes=100), lambda result: None)
+    worker = ProfilingWorker(worker_config("echo_pid", queue_bytes=100), lambda result: None)
     big = dataclasses.replace(job("m", 1), request_message=b"x" * 60)
     assert worker.submit(big)
     assert not worker.submit(dataclasses.replace(big, trace_id=f"{2:032x}"))  # 120 > 100 bytes
     assert worker.submit(job("m", 3))  # an empty request still fits
     assert worker.dropped == 1 and worker.queue_depth() == 2
-    alone = ProfilingWorker(WorkerConfig(queue_bytes=100), lambda result: None)
+    alone = ProfilingWorker(worker_config("echo_pid", queue_bytes=100), lambda result: None)
     assert alone.submit(dataclasses.replace(big, request_message=b"x" * 500))  # one always fits
 
 

@@ -8,9 +8,28 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
+from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.jobs import ProfileJob, ProfileResult
+from sidecar.sampling.worker import WorkerConfig
+from sidecar.trace.spans import Level
+
+
+def worker_config(replay: str, threads: int = 1, **config: Any) -> WorkerConfig:
+    """A worker running one of the replays below (which read no options but `threads`)."""
+    options = ReplayOptions(
+        model_repository=Path("unused-repository"),
+        db_path=Path("unused.db"),
+        levels=(Level.MODEL,),
+        iterations=1,
+        warmup=0,
+        store_raw_inputs=False,
+        threads=threads,
+    )
+    config = {"queue_size": 8, "job_timeout_s": 120.0, **config}
+    return WorkerConfig(replay=f"tests.sampling.worker_replays:{replay}", options=options, **config)
 
 
 def echo_pid(job: ProfileJob, context: dict[str, Any]) -> ProfileResult:
@@ -22,7 +41,7 @@ def echo_pid(job: ProfileJob, context: dict[str, Any]) -> ProfileResult:
         details={
             "pid": os.getpid(),
             "nice": os.nice(0),
-            "threads": context["threads"],
+            "threads": context["options"].threads,
             "policy": os.sched_getscheduler(0),
         },
     )

@@ -1,0 +1,144 @@
+"""Parsers of `serve` settings: `parse(value, where) -> typed value`, or a `ConfigError`.
+
+`value` comes from a flag, an `XSP_*` variable (text) or the TOML file (text, number or bool);
+`where` names the setting and its source for the message, e.g. `--metrics-port`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sidecar.profiling.levels import parse_levels
+from sidecar.trace.spans import Level
+
+BACKEND_PROTOCOLS = ("triton", "tfserving")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, malformed or inconsistent."""
+
+
+def port(value: Any, setting: str, allow_zero: bool = False) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{setting}: expected a port number, got {value!r}") from None
+    low = 0 if allow_zero else 1
+    if not low <= number <= 65535:
+        raise ConfigError(f"{setting}: port {number} is outside {low}..65535")
+    return number
+
+
+def any_port(value: Any, setting: str) -> int:
+    """A port number; 0 lets the system choose one (or, for some settings, turns it off)."""
+    return port(value, setting, allow_zero=True)
+
+
+def positive_int(value: Any, setting: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{setting}: expected a whole number, got {value!r}") from None
+    if number < 1:
+        raise ConfigError(f"{setting}: must be at least 1, got {number}")
+    return number
+
+
+def whole(value: Any, setting: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{setting}: expected a whole number, got {value!r}") from None
+    if number < 0:
+        raise ConfigError(f"{setting}: must be zero or more, got {number}")
+    return number
+
+
+def seconds(value: Any, setting: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{setting}: expected a number of seconds, got {value!r}") from None
+    if not number >= 0:
+        raise ConfigError(f"{setting}: must be zero or more seconds, got {value!r}")
+    return number
+
+
+def non_negative(value: Any, setting: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{setting}: expected a number, got {value!r}") from None
+    if not number >= 0:
+        raise ConfigError(f"{setting}: must be zero or more, got {value!r}")
+    return number
+
+
+def finite_non_negative(value: Any, setting: str) -> float:
+    number = non_negative(value, setting)
+    if number == float("inf"):
+        raise ConfigError(f"{setting}: must be a finite number, got {number}")
+    return number
+
+
+def fraction(value: Any, setting: str, allow_zero: bool = True) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{setting}: expected a number between 0 and 1, got {value!r}") from None
+    if not (0.0 <= number <= 1.0) or (number == 0.0 and not allow_zero):
+        low = "0" if allow_zero else "more than 0"
+        raise ConfigError(f"{setting}: must be from {low} to 1, got {value!r}")
+    return number
+
+
+def duty_cycle(value: Any, setting: str) -> float:
+    """A fraction above 0 and at least 0.001 (a smaller one closes the gate for days)."""
+    number = fraction(value, setting, allow_zero=False)
+    if number < 0.001:
+        raise ConfigError(f"{setting}: must be at least 0.001, got {number:g}")
+    return number
+
+
+def text(value: Any, setting: str) -> str:
+    return str(value)
+
+
+def path(value: Any, setting: str) -> Path:
+    return Path(str(value)).expanduser()
+
+
+def protocol(value: Any, setting: str) -> str:
+    name = str(value).lower()
+    if name not in BACKEND_PROTOCOLS:
+        raise ConfigError(
+            f"{setting}: expected one of {', '.join(BACKEND_PROTOCOLS)}, got {value!r}"
+        )
+    return name
+
+
+def boolean(value: Any, setting: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{setting}: expected true or false, got {value!r}")
+
+
+def levels(value: Any, setting: str) -> tuple[Level, ...]:
+    """`M,L,K` or `model,layer,kernel` in any case, through the one level parser."""
+    try:
+        return parse_levels(str(value))
+    except ValueError as exc:
+        raise ConfigError(f"{setting}: {exc}; got {value!r}") from None
+
+
+def header(value: Any, setting: str) -> str:
+    key = str(value).strip().lower()
+    if key and not all(c.isalnum() or c in "-_." for c in key):
+        raise ConfigError(f"{setting}: {value!r} is not a valid gRPC metadata key")
+    return key
