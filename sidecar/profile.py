@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from sidecar.profiling.experiment import ProfileResult, run_experiment
+from sidecar.profiling.experiment import LeveledProfile, run_experiment
 from sidecar.profiling.inputs import (
     InputError,
     InputSpec,
@@ -134,7 +134,7 @@ def _run(options: ProfileOptions) -> int:
 
         peak = get_peak(refresh=options.refresh_peak)
     store = _open_store(options.db)
-    results: list[ProfileResult] = []
+    results: list[LeveledProfile] = []
     try:
         from tqdm import tqdm
 
@@ -170,7 +170,7 @@ def _run(options: ProfileOptions) -> int:
     return 0
 
 
-def _check_peak(peak: Peak, result: ProfileResult) -> Peak:
+def _check_peak(peak: Peak, result: LeveledProfile) -> Peak:
     """Record the CPU peak with the trace; measure it again first if a layer beat it."""
     achieved = max(
         (
@@ -204,7 +204,7 @@ def _open_store(db: str | None) -> Any:
     return TraceStore(db)
 
 
-def sweep_decision(results: list[ProfileResult]) -> BatchDecision | None:
+def sweep_decision(results: list[LeveledProfile]) -> BatchDecision | None:
     """XSP A1's optimal batch over a batch sweep (the rule the report uses too)."""
     if len(results) < 2:
         return None
@@ -215,7 +215,7 @@ def sweep_decision(results: list[ProfileResult]) -> BatchDecision | None:
     )
 
 
-def _report(options: ProfileOptions, results: list[ProfileResult]) -> None:
+def _report(options: ProfileOptions, results: list[LeveledProfile]) -> None:
     sweep = [(r.trace.batch_size or 1, r.stats(Level.MODEL).trimmed_mean_ns / 1e6) for r in results]
     decision = sweep_decision(results)
     if options.json:

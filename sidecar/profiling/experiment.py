@@ -44,7 +44,7 @@ Progress = Callable[[Level], None]
 
 
 @dataclass
-class ProfileResult:
+class LeveledProfile:
     """A finished leveled profile: what the store writes."""
 
     trace: Trace
@@ -103,7 +103,7 @@ def run_experiment(
     peak: Peak | None = None,
     progress: Progress | None = None,
     trace_id: str | None = None,
-) -> ProfileResult:
+) -> LeveledProfile:
     """Run the leveled experiment and assemble the trace."""
     plan, notes = plan_levels(runner, levels)
     info = runner.describe()
@@ -151,7 +151,7 @@ def run_experiment(
         sidecar_version=__version__,
         attributes=attributes,
     )
-    return ProfileResult(trace, spans, level_stats, runs)
+    return LeveledProfile(trace, spans, level_stats, runs)
 
 
 def _level_stats(trace_id: str, run: LevelRun, base_ns: float) -> LevelStats:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sidecar.profiling.experiment import ProfileResult
+from sidecar.profiling.experiment import LeveledProfile
 from sidecar.profiling.stats import BatchDecision
 from sidecar.trace.spans import Level
 
@@ -24,7 +24,7 @@ def fused_ops(attributes: dict[str, Any]) -> str:
     return "+".join(str(k) for k in kinds) if len(kinds) > 1 else ""
 
 
-def layer_type_shares(result: ProfileResult) -> list[tuple[str, float]]:
+def layer_type_shares(result: LeveledProfile) -> list[tuple[str, float]]:
     """(op type, share of summed layer time), largest first."""
     totals: dict[str, int] = {}
     for span in result.spans_at(Level.LAYER):
@@ -34,7 +34,7 @@ def layer_type_shares(result: ProfileResult) -> list[tuple[str, float]]:
     return sorted(((k, v / whole) for k, v in totals.items()), key=lambda kv: -kv[1])
 
 
-def as_dict(result: ProfileResult, top: int = 10) -> dict[str, Any]:
+def as_dict(result: LeveledProfile, top: int = 10) -> dict[str, Any]:
     """JSON-safe summary of one profile."""
     layers = sorted(result.spans_at(Level.LAYER), key=lambda s: -int(s.duration_ns or 0))
     model_ns = result.stats(Level.MODEL).trimmed_mean_ns
@@ -72,7 +72,7 @@ def as_dict(result: ProfileResult, top: int = 10) -> dict[str, Any]:
     }
 
 
-def render(result: ProfileResult, top: int = 10) -> str:
+def render(result: LeveledProfile, top: int = 10) -> str:
     """A few readable lines about one profile."""
     d = as_dict(result, top)
     lines = [

@@ -20,16 +20,15 @@ import numpy as np
 
 import sidecar.profiling.runners.onnxruntime  # noqa: F401  ONNX Runtime loads at worker start
 from sidecar import __version__
-from sidecar.profiling.experiment import ProfileResult as Profile
-from sidecar.profiling.experiment import describe_inputs, run_experiment
+from sidecar.profiling.experiment import LeveledProfile, describe_inputs, run_experiment
 from sidecar.profiling.inputs import InputSpec, random_inputs
 from sidecar.profiling.peak import get_peak
 from sidecar.profiling.runners.base import ProfilingError, Runner
 from sidecar.profiling.runners.select import runner_for
+from sidecar.replay.jobs import JobResult, ProfileJob
 from sidecar.replay.kserve_decode import decode_model_infer_request
 from sidecar.replay.model_repository import ModelLocation, TensorSpec, find_model
 from sidecar.replay.options import ReplayOptions
-from sidecar.sampling.jobs import ProfileJob, ProfileResult
 from sidecar.trace.errors import TraceStoreError
 from sidecar.trace.spans import Level, LevelStats, Span, Trace
 from sidecar.trace.store import TraceStore
@@ -138,7 +137,7 @@ def _write(
     return None
 
 
-def replay_job(job: ProfileJob, context: dict[str, Any]) -> ProfileResult:
+def replay_job(job: ProfileJob, context: dict[str, Any]) -> JobResult:
     """Profile one sampled request; the worker's `ReplayFunction`."""
     options: ReplayOptions = context["options"]
     started = time.perf_counter()
@@ -170,7 +169,7 @@ def replay_job(job: ProfileJob, context: dict[str, Any]) -> ProfileResult:
         outcome, error = "error", trace.error
         if (store_error := _write(context, trace, [])) is not None:
             outcome, error = "store_error", f"{store_error} (the profile failed: {trace.error})"
-        return ProfileResult(
+        return JobResult(
             job.trace_id, job.model, outcome, time.perf_counter() - started, error=error
         )
     _link(profile, job, location, input_source)
@@ -178,13 +177,13 @@ def replay_job(job: ProfileJob, context: dict[str, Any]) -> ProfileResult:
         profile.trace.attributes["raw_inputs"] = _raw_inputs(inputs)
     store_error = _write(context, profile.trace, profile.spans, profile.level_stats)
     if store_error is not None:
-        return ProfileResult(
+        return JobResult(
             job.trace_id, job.model, "store_error", time.perf_counter() - started, store_error
         )
     return _summary(profile, job, time.perf_counter() - started)
 
 
-def _link(profile: Profile, job: ProfileJob, location: ModelLocation, source: str) -> None:
+def _link(profile: LeveledProfile, job: ProfileJob, location: ModelLocation, source: str) -> None:
     """Hang the replay under the proxy's span and fill the trace's metadata."""
     trace = profile.trace
     trace.sample_reason = job.reason
@@ -204,7 +203,7 @@ def _link(profile: Profile, job: ProfileJob, location: ModelLocation, source: st
             span.parent_id = job.parent_span_id
 
 
-def _summary(profile: Profile, job: ProfileJob, busy_s: float) -> ProfileResult:
+def _summary(profile: LeveledProfile, job: ProfileJob, busy_s: float) -> JobResult:
     latency = {s.level.value: s.trimmed_mean_ns / 1e9 for s in profile.level_stats}
     overhead = {s.level.value: s.overhead_ratio for s in profile.level_stats}
     by_type: dict[str, int] = collections.defaultdict(int)
@@ -213,7 +212,7 @@ def _summary(profile: Profile, job: ProfileJob, busy_s: float) -> ProfileResult:
             by_type[span.kind] += span.duration_ns or 0
     total = sum(by_type.values())
     share = {kind: ns / total for kind, ns in by_type.items()} if total else {}
-    return ProfileResult(
+    return JobResult(
         job.trace_id,
         job.model,
         "ok",

@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from sidecar.sampling.jobs import ProfileResult
+from sidecar.replay.jobs import JobResult
 from sidecar.sampling.sampler import Decision
 
 # Why sampling is off (`xsp_sampling_disabled{reason}`).
@@ -140,7 +140,7 @@ class SamplingMetrics:
             child = self._decision_children[key] = self.decisions.labels(model, decision.value)
         child.inc()
 
-    def record_result(self, result: ProfileResult, model: str) -> None:
+    def record_result(self, result: JobResult, model: str) -> None:
         """Count a profile under `model`, the bounded label of `result.model`."""
         self.profiles.labels(model, result.outcome).inc()
         for level, seconds in result.level_latency_s.items():

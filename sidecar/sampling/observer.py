@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.proxy.streams import ConnectionInfo, HeaderDecision, RequestStart, StreamEnd
-from sidecar.sampling.jobs import ProfileJob
+from sidecar.replay.jobs import ProfileJob
 from sidecar.sampling.metrics import SamplingMetrics
 from sidecar.sampling.sampler import Decision, Sampler, Tentative
 from sidecar.trace.spans import Level, Source, Span, new_span_id, new_trace_id

@@ -22,9 +22,9 @@ from prometheus_client import CollectorRegistry
 from sidecar.live.otlp_metrics import OtlpMetricsCollector
 from sidecar.live.otlp_receiver import OtlpReceiver
 from sidecar.live.triton_spans import TritonSpanCollector, TritonTrace
+from sidecar.replay.jobs import JobResult, ProfileJob
 from sidecar.replay.model_repository import model_in_repository
 from sidecar.replay.options import ReplayOptions
-from sidecar.sampling.jobs import ProfileJob, ProfileResult
 from sidecar.sampling.last_requests import LastRequests
 from sidecar.sampling.metrics import SamplingMetrics
 from sidecar.sampling.observer import SamplingHub
@@ -185,7 +185,7 @@ class SamplingPipeline:
             log.info("trace store writes work again; sampling resumes")
         self.sampler.store.succeeded()
 
-    def _on_result(self, result: ProfileResult) -> None:
+    def _on_result(self, result: JobResult) -> None:
         self.sampler.duty.record_busy(result.busy_s)
         label = self._model_label(result.model)
         self.metrics.record_result(result, label)

@@ -25,14 +25,14 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from sidecar.replay.jobs import JobResult, ProfileJob
 from sidecar.replay.options import ReplayOptions
-from sidecar.sampling.jobs import ProfileJob, ProfileResult
 from sidecar.sampling.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 _IDLE = object()  # `_next_job` found no job within the liveness interval
 
-ReplayFunction = Callable[[ProfileJob, dict[str, Any]], ProfileResult]
+ReplayFunction = Callable[[ProfileJob, dict[str, Any]], JobResult]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,7 +95,7 @@ def _worker_main(config: WorkerConfig, conn: Connection) -> None:
             failures.log(
                 type(exc).__name__, logging.ERROR, "profiling %r failed", job.model, exc_info=True
             )
-            result = ProfileResult(
+            result = JobResult(
                 trace_id=job.trace_id,
                 model=job.model,
                 outcome="error",
@@ -115,7 +115,7 @@ class ProfilingWorker:
     def __init__(
         self,
         config: WorkerConfig,
-        on_result: Callable[[ProfileResult], None],
+        on_result: Callable[[JobResult], None],
         on_restart: Callable[[str], None] | None = None,
         skip: Callable[[ProfileJob], bool] | None = None,
     ) -> None:
@@ -274,14 +274,14 @@ class ProfilingWorker:
                 result = self._run_one(job)
             except Exception as exc:  # never let the supervisor die
                 log.exception("profiling worker supervisor error")
-                result = ProfileResult(job.trace_id, job.model, "error", 0.0, error=str(exc))
+                result = JobResult(job.trace_id, job.model, "error", 0.0, error=str(exc))
             self.current = None
             try:
                 self._on_result(result)
             except Exception:
                 log.exception("profile result handler failed")
 
-    def _run_one(self, job: ProfileJob) -> ProfileResult:
+    def _run_one(self, job: ProfileJob) -> JobResult:
         started = time.perf_counter()
         self.current = job
         # A worker that died while idle is only noticed when the next job goes out; such a
@@ -305,7 +305,7 @@ class ProfilingWorker:
             return False
         return True
 
-    def _attempt(self, job: ProfileJob, started: float) -> ProfileResult | None:
+    def _attempt(self, job: ProfileJob, started: float) -> JobResult | None:
         """Run `job` on the worker; None if the worker died before it started the job."""
         if not self._ensure_process():
             return None
@@ -329,14 +329,14 @@ class ProfilingWorker:
                 if kind == "started":
                     began = True
                 elif kind == "result":
-                    result: ProfileResult = payload
+                    result: JobResult = payload
                     return result
                 continue
             if not self._process.is_alive():
                 return self._crashed(job, started) if began else None
             if time.perf_counter() >= deadline:
                 self._restart(f"overran the {self.config.job_timeout_s:.0f} s job timeout")
-                return ProfileResult(
+                return JobResult(
                     job.trace_id,
                     job.model,
                     "timeout",
@@ -344,13 +344,13 @@ class ProfilingWorker:
                     error=f"profile did not finish in {self.config.job_timeout_s:.0f} s",
                 )
 
-    def _crashed(self, job: ProfileJob, started: float) -> ProfileResult:
+    def _crashed(self, job: ProfileJob, started: float) -> JobResult:
         code = None
         if self._process is not None:
             self._process.join(2.0)  # the pipe closes a moment before the exit is reaped
             code = self._process.exitcode
         self._restart(f"died (exit code {code})")
-        return ProfileResult(
+        return JobResult(
             job.trace_id,
             job.model,
             "crash",

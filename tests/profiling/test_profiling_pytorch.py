@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sidecar.profiling import testmodels
-from sidecar.profiling.experiment import ProfileResult, run_experiment
+from sidecar.profiling.experiment import LeveledProfile, run_experiment
 from sidecar.profiling.runners.base import LevelNotSupportedError, ProfilingError
 from sidecar.profiling.runners.pytorch import PyTorchRunner
 from sidecar.trace.spans import Level
@@ -27,7 +27,7 @@ CLASSES = [
 ]
 
 
-def check_tree(res: ProfileResult) -> None:
+def check_tree(res: LeveledProfile) -> None:
     (model,) = res.spans_at(Level.MODEL)
     layers = sorted(res.spans_at(Level.LAYER), key=lambda s: s.start_ns)
     assert [s.name for s in layers] == MODULES

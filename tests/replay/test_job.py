@@ -11,8 +11,8 @@ from tritonclient.grpc import service_pb2
 
 from sidecar.localtriton.model_repo import build_model_repository
 from sidecar.replay.job import replay_job
+from sidecar.replay.jobs import ProfileJob
 from sidecar.replay.options import ReplayOptions
-from sidecar.sampling.jobs import ProfileJob
 from sidecar.trace.spans import Level, new_span_id, new_trace_id
 from sidecar.trace.store import TraceStore
 

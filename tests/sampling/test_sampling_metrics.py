@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.sampling.jobs import ProfileResult
+from sidecar.replay.jobs import JobResult
 from sidecar.sampling.metrics import DISABLED_REASONS, PHASE_BUCKETS, SamplingMetrics
 from sidecar.sampling.sampler import Decision
 
@@ -42,7 +42,7 @@ def test_decisions_count_per_model_and_decision(
 def test_a_result_counts_a_profile_and_sets_the_latest_numbers(
     registry: CollectorRegistry, metrics: SamplingMetrics
 ) -> None:
-    result = ProfileResult(
+    result = JobResult(
         trace_id="t",
         model="resnet-long-name",
         outcome="ok",
@@ -75,12 +75,12 @@ def test_layer_types_absent_from_the_latest_profile_drop_to_zero(
             "xsp_layer_type_time_share", {"model": "m", "layer_type": layer_type}
         )
 
-    first = ProfileResult("t1", "m", "ok", 1.0, layer_type_share={"Conv": 0.6, "Gemm": 0.4})
+    first = JobResult("t1", "m", "ok", 1.0, layer_type_share={"Conv": 0.6, "Gemm": 0.4})
     metrics.record_result(first, "m")
-    second = ProfileResult("t2", "m", "ok", 1.0, layer_type_share={"Conv": 0.9, "Relu": 0.1})
+    second = JobResult("t2", "m", "ok", 1.0, layer_type_share={"Conv": 0.9, "Relu": 0.1})
     metrics.record_result(second, "m")
     assert (share("Conv"), share("Gemm"), share("Relu")) == (0.9, 0.0, 0.1)
-    failed = ProfileResult("t3", "m", "timeout", 1.0, error="took too long")
+    failed = JobResult("t3", "m", "timeout", 1.0, error="took too long")
     metrics.record_result(failed, "m")  # no numbers: the latest shares stay
     assert share("Conv") == 0.9
     assert registry.get_sample_value("xsp_profiles_total", {"model": "m", "outcome": "timeout"})

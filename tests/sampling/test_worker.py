@@ -7,7 +7,7 @@ import queue
 import time
 from typing import Any
 
-from sidecar.sampling.jobs import ProfileJob, ProfileResult
+from sidecar.replay.jobs import JobResult, ProfileJob
 from sidecar.sampling.worker import ProfilingWorker
 from tests.sampling.worker_replays import worker_config
 
@@ -24,8 +24,8 @@ def job(model: str, n: int = 0) -> ProfileJob:
     )
 
 
-def start(replay: str, **config: Any) -> tuple[ProfilingWorker, queue.Queue[ProfileResult]]:
-    results: queue.Queue[ProfileResult] = queue.Queue()
+def start(replay: str, **config: Any) -> tuple[ProfilingWorker, queue.Queue[JobResult]]:
+    results: queue.Queue[JobResult] = queue.Queue()
     worker = ProfilingWorker(
         worker_config(replay, **config),
         results.put,

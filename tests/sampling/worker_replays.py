@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sidecar.replay.jobs import JobResult, ProfileJob
 from sidecar.replay.options import ReplayOptions
-from sidecar.sampling.jobs import ProfileJob, ProfileResult
 from sidecar.sampling.worker import WorkerConfig
 from sidecar.trace.spans import Level
 
@@ -32,8 +32,8 @@ def worker_config(replay: str, threads: int = 1, **config: Any) -> WorkerConfig:
     return WorkerConfig(replay=f"tests.sampling.worker_replays:{replay}", options=options, **config)
 
 
-def echo_pid(job: ProfileJob, context: dict[str, Any]) -> ProfileResult:
-    return ProfileResult(
+def echo_pid(job: ProfileJob, context: dict[str, Any]) -> JobResult:
+    return JobResult(
         job.trace_id,
         job.model,
         "ok",
@@ -47,7 +47,7 @@ def echo_pid(job: ProfileJob, context: dict[str, Any]) -> ProfileResult:
     )
 
 
-def by_model(job: ProfileJob, context: dict[str, Any]) -> ProfileResult:
+def by_model(job: ProfileJob, context: dict[str, Any]) -> JobResult:
     """`crash` exits the process, `hang` sleeps forever, `raise` raises, anything else is ok."""
     if job.model == "crash":
         os._exit(3)

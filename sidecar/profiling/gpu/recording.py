@@ -27,7 +27,7 @@ from sidecar.profiling.cupti_tracer import (
     split_records,
     split_spans,
 )
-from sidecar.profiling.experiment import ProfileResult, run_experiment
+from sidecar.profiling.experiment import LeveledProfile, run_experiment
 from sidecar.profiling.gpu.attribution import (
     attribute_raw,
     group_graph_replays,
@@ -224,7 +224,7 @@ def profile_recording(
     batch_size: int,
     ncu_csv: str | Path | None = None,
     peak: GpuPeak | None = None,
-) -> ProfileResult:
+) -> LeveledProfile:
     """The leveled profile of a recording, as `xsp-sidecar profile` would store it; the
     roofs default to the recorded device's data sheet (the TF32 tensor roof when Nsight
     Compute saw tensor-pipe work)."""

@@ -26,7 +26,7 @@ class ProfileJob:
 
 
 @dataclass
-class ProfileResult:
+class JobResult:
     """Outcome of one job; `outcome` is the `xsp_profiles_total` label (`ok`, `error`,
     `timeout`, `crash`, `store_error`). The numbers feed the Prometheus aggregates."""
 
