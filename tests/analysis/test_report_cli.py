@@ -158,8 +158,12 @@ def test_unreadable_databases_raise_trace_database_error(tmp_path: Path) -> None
     bad.write_text("hello")
     empty = tmp_path / "empty.db"
     sqlite3.connect(empty).close()
-    cases = [([], "no trace database"), ([bad], "not a readable SQLite database"),
-             ([empty], "not an xsp-sidecar trace store"), ([tmp_path / "none.db"], "no such file")]  # fmt: skip
+    cases = [
+        ([], "no trace database"),
+        ([bad], "not a readable SQLite database"),
+        ([empty], "not an xsp-sidecar trace store"),
+        ([tmp_path / "none.db"], "no such file"),
+    ]
     for paths, message in cases:
         with pytest.raises(TraceDatabaseError, match=message):
             load_traces(paths)
