@@ -23,9 +23,9 @@ from sidecar.sampling.settings import SamplingSettings, SamplingSettingsError
 from sidecar.sampling.worker import ProfilingWorker, WorkerConfig
 from sidecar.trace.errors import StoreFullError
 from sidecar.trace.store import TraceStore
+from sidecar.trace.synthetic import make_trace
 from tests.sampling.test_replay import context, infer_request, job
 from tests.sampling.test_sampler import ManualClock, decide
-from tests.trace.factory import make_trace
 
 MB = 1 << 20
 
