@@ -14,15 +14,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from sidecar.trace.spans import (
-    Level,
-    LevelStats,
-    Source,
-    Span,
-    Trace,
-    new_span_id,
-    new_trace_id,
-)
+from sidecar.trace.spans import Level, LevelStats, Source, Span, Trace, new_span_id, new_trace_id
 
 TraceParts = tuple[Trace, list[Span], list[LevelStats]]
 

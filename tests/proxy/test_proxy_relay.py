@@ -12,7 +12,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from tritonclient.grpc import service_pb2
 
 from sidecar.health import BackendChecker
 from sidecar.localtriton.server import free_port
+from sidecar.metrics_text import sample_value, samples, scrape
 from sidecar.proxy.relay import Endpoint
 from sidecar.proxy.streams import ConnectionInfo, HeaderDecision, RequestStart, StreamEnd
 from sidecar.serve import tls_context
@@ -52,18 +52,6 @@ def echo(req: bytes, ctx: grpc.ServicerContext) -> bytes:
     ).SerializeToString()
 
 
-def scrape(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return str(response.read().decode())
-
-
-def metric_value(text: str, line_prefix: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(line_prefix + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 @pytest.fixture
 def backend() -> Iterator[tuple[grpc.Server, int]]:
     server, port = grpc_backend({"ModelInfer": unary(echo), **server_ready_handler()})
@@ -86,18 +74,17 @@ def test_unary_errors_and_metrics_scraped_over_http(backend: tuple[grpc.Server, 
             assert info.value.details() == "Request for unknown model: 'missing' is not found"
             call(b"")  # no model name at all
         text = scrape(side.metrics_url)
-        ok = 'xsp_requests_total{grpc_code="OK",method="ModelInfer",model="add_sub"}'
-        nf = 'xsp_requests_total{grpc_code="NOT_FOUND",method="ModelInfer",model="missing"}'
-        unk = 'xsp_requests_total{grpc_code="OK",method="ModelInfer",model="_unknown"}'
-        assert metric_value(text, ok) == 3
-        assert metric_value(text, nf) == 1
-        assert metric_value(text, unk) == 1
-        assert metric_value(text, "xsp_requests_in_flight") == 0
-        assert metric_value(text, "xsp_connections_total") >= 1
-        bucket = 'xsp_request_duration_seconds_count{method="ModelInfer",model="add_sub"}'
-        assert metric_value(text, bucket) == 3
-        req_bytes = 'xsp_request_bytes_total{method="ModelInfer",model="add_sub"}'
-        assert metric_value(text, req_bytes) == 3 * (5 + len(infer_bytes("add_sub")))
+        calls = {"method": "ModelInfer"}
+        requests = "xsp_requests_total"
+        assert sample_value(text, requests, grpc_code="OK", model="add_sub", **calls) == 3
+        assert sample_value(text, requests, grpc_code="NOT_FOUND", model="missing", **calls) == 1
+        assert sample_value(text, requests, grpc_code="OK", model="_unknown", **calls) == 1
+        assert sample_value(text, "xsp_requests_in_flight") == 0
+        assert (sample_value(text, "xsp_connections_total") or 0) >= 1
+        count = "xsp_request_duration_seconds_count"
+        assert sample_value(text, count, model="add_sub", **calls) == 3
+        req_bytes = sample_value(text, "xsp_request_bytes_total", model="add_sub", **calls)
+        assert req_bytes == 3 * (5 + len(infer_bytes("add_sub")))
     finally:
         side.close()
 
@@ -145,10 +132,11 @@ def test_health_follows_backend_and_reflection_lists_services() -> None:
                 raise AssertionError(f"health never became {status}")
 
             wait_for(health_pb2.HealthCheckResponse.SERVING)
-            assert scrape(side.metrics_url).count("xsp_backend_up 1.0") == 1
+            up = [x.value for x in samples(scrape(side.metrics_url)) if x.name == "xsp_backend_up"]
+            assert up == [1.0]
             server.stop(0)
             wait_for(health_pb2.HealthCheckResponse.NOT_SERVING)
-            assert "xsp_backend_up 0.0" in scrape(side.metrics_url)
+            assert sample_value(scrape(side.metrics_url), "xsp_backend_up") == 0
             server, _ = grpc_backend(server_ready_handler(), f"127.0.0.1:{port}")
             wait_for(health_pb2.HealthCheckResponse.SERVING)
 
