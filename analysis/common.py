@@ -8,7 +8,7 @@ from each end (`floor(0.2 * n)` values from the bottom and as many from the top)
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.tracedb import TraceData
+from sidecar.profiling.stats import TRIM
 
-TRIM = 0.2
 GROUP = ["model", "batch_size"]
 DEVICE_KINDS = ("kernel", "memcpy", "memset")  # work that runs on the accelerator
 KERNEL_TABLE_KINDS = (*DEVICE_KINDS, "cpu_op")  # rows of the kernel table (A8)
@@ -98,16 +98,6 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def trimmed_mean(values: Iterable[float], proportion: float = TRIM) -> float:
-    """Mean after dropping floor(proportion * n) values from each end; NaNs are ignored."""
-    arr = np.sort(np.asarray([v for v in values if v is not None], dtype="float64"))
-    arr = arr[~np.isnan(arr)]
-    if arr.size == 0:
-        return math.nan
-    k = math.floor(proportion * arr.size)
-    return float(arr[k : arr.size - k].mean())
-
-
 def across_traces(
     df: pd.DataFrame,
     keys: Sequence[str],
@@ -138,7 +128,8 @@ def across_traces(
 
 
 def _trimmed_means(gid: np.ndarray, v: np.ndarray, n_groups: int, proportion: float) -> np.ndarray:
-    """Per group id: the trimmed mean of its non-NaN values (NaN for a group without any)."""
+    """Per group id: the trimmed mean of its non-NaN values (NaN for a group without any),
+    by the rule of `sidecar.profiling.stats.trimmed_mean`, vectorised."""
     ok = ~np.isnan(v)
     g, v = gid[ok], v[ok]
     order = np.lexsort((v, g))

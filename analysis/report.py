@@ -33,7 +33,7 @@ from analysis.common import AnalysisResult
 from analysis.render_text import Front
 from analysis.timeline import TraceNotFoundError
 from analysis.trace_analysis import ANALYSES, TraceAnalysis
-from analysis.tracedb import TraceFilter, TraceStoreError, model_counts, parse_since
+from analysis.tracedb import TraceDatabaseError, TraceFilter, model_counts, parse_since
 
 
 class UsageError(Exception):
@@ -404,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return run(args)
-    except (TraceStoreError, TraceNotFoundError) as exc:
+    except (TraceDatabaseError, TraceNotFoundError) as exc:
         print(f"report.py: {exc}", file=sys.stderr)
         return 1
     except (UsageError, ValueError) as exc:  # bad option, --since or selector

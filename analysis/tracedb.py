@@ -59,7 +59,7 @@ TRACE_ATTRIBUTE_COLUMNS: tuple[str, ...] = (
 _REQUIRED_TABLES = ("traces", "spans", "level_stats")
 
 
-class TraceStoreError(Exception):
+class TraceDatabaseError(Exception):
     """A database could not be read as an xsp-sidecar trace store."""
 
 
@@ -129,7 +129,7 @@ def parse_since(text: str, now_ns: int | None = None) -> int:
 
 def _connect_ro(path: Path) -> sqlite3.Connection:
     if not path.is_file():
-        raise TraceStoreError(f"{path}: no such file (expected an xsp-sidecar trace database)")
+        raise TraceDatabaseError(f"{path}: no such file (expected an xsp-sidecar trace database)")
     uri = path.resolve().as_uri()
     try:
         try:
@@ -145,11 +145,11 @@ def _connect_ro(path: Path) -> sqlite3.Connection:
                 r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
             }
     except sqlite3.DatabaseError as exc:
-        raise TraceStoreError(f"{path}: not a readable SQLite database ({exc})") from None
+        raise TraceDatabaseError(f"{path}: not a readable SQLite database ({exc})") from None
     missing = [t for t in _REQUIRED_TABLES if t not in names]
     if missing:
         conn.close()
-        raise TraceStoreError(
+        raise TraceDatabaseError(
             f"{path}: not an xsp-sidecar trace store (missing tables: {', '.join(missing)}); "
             "produce one with `xsp-sidecar profile --db FILE` or `xsp-sidecar serve --db FILE`"
         )
@@ -308,7 +308,7 @@ def _load_one(path: Path, flt: TraceFilter, guard_json: bool = False) -> Loaded:
             conn.close()
             return _load_one(path, flt, guard_json=True)
         cause = exc.__cause__ if isinstance(exc, pd.errors.DatabaseError) else None
-        raise TraceStoreError(f"{path}: cannot read the trace store ({cause or exc})") from None
+        raise TraceDatabaseError(f"{path}: cannot read the trace store ({cause or exc})") from None
     finally:
         conn.close()
     return traces, spans, stats, skipped, failed
@@ -488,7 +488,7 @@ def load_traces(paths: Sequence[str | Path], flt: TraceFilter | None = None) -> 
     """Read the selected traces of every database in `paths` (opened read-only)."""
     flt = flt or TraceFilter()
     if not paths:
-        raise TraceStoreError("no trace database given")
+        raise TraceDatabaseError("no trace database given")
     all_traces, all_spans, all_stats = [], [], []
     skipped = 0
     bad_rows: list[BadRow] = []
@@ -528,7 +528,7 @@ def model_counts(paths: Sequence[str | Path]) -> dict[str, int]:
     for raw in paths:
         try:
             conn = _connect_ro(Path(raw))
-        except TraceStoreError:
+        except TraceDatabaseError:
             continue
         try:
             for model, n in conn.execute("SELECT model, COUNT(*) FROM traces GROUP BY model"):

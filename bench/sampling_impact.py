@@ -16,16 +16,16 @@ levels). Prints throughput, p50 and p99 for both and the on/off ratios (goal: th
 from __future__ import annotations
 
 import argparse
-import re
 import signal
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from proxy_overhead import Result, cpu_seconds, run_load, start_relay, tree_cpu_seconds
+
+from sidecar.metrics_text import sample_sum, scrape
 
 
 def metrics_port(proc_args: list[str]) -> int:
@@ -33,20 +33,7 @@ def metrics_port(proc_args: list[str]) -> int:
 
 
 def scrape_sum(port: int, name: str, **labels: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name):
-            continue
-        match = re.match(r"^(\w+)(\{[^}]*\})?\s+(\S+)$", line)
-        if (
-            match
-            and match.group(1) == name
-            and all(f'{k}="{v}"' in (match.group(2) or "") for k, v in labels.items())
-        ):
-            total += float(match.group(3))
-    return total
+    return sample_sum(scrape(f"http://127.0.0.1:{port}/metrics"), name, **labels)
 
 
 def report(concurrency: int, off: Result, on: Result, profiles: float, worker_share: float) -> None:

@@ -53,13 +53,14 @@ from pathlib import Path
 import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.metrics_core import Metric
 
 from sidecar.admin._proto.xsp.v1 import profiler_pb2, profiler_pb2_grpc
 from sidecar.localtriton.model_repo import build_model_repository
 from sidecar.localtriton.server import TritonServer, free_port
+from sidecar.localtriton.sidecar_process import SidecarProcess, SidecarStartError
 from sidecar.localtriton.tracing import traced_server
+from sidecar.metrics_text import families, sample_sum, scrape
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 FORCE = {"x-xsp-profile": "1"}
@@ -81,7 +82,7 @@ class Rig:
     grpc_port: int = field(default_factory=free_port)
     admin_port: int = field(default_factory=free_port)
     otlp_port: int = 0
-    sidecar: subprocess.Popen[bytes] | None = None
+    sidecar: SidecarProcess | None = None
     backend_down: list[tuple[float, float]] = field(default_factory=list)
 
     @property
@@ -93,10 +94,7 @@ class Rig:
         return self.root / "sidecar.log"
 
     def start_sidecar(self) -> None:
-        cmd = [
-            sys.executable, "-m", "sidecar", "serve",
-            "--backend", self.triton.grpc_address, "--listen", self.address,
-            "--metrics-port", str(self.metrics_port), "--grpc-port", str(self.grpc_port),
+        args = [
             "--model-repository", str(self.repo), "--db", str(self.db_dir / "traces.db"),
             "--otlp-port", str(self.otlp_port), "--admin",
             "--admin-listen", f"127.0.0.1:{self.admin_port}",
@@ -104,31 +102,21 @@ class Rig:
             "--iterations", "3", "--warmup", "1", "--grace-period", "5",
             "--retention-max-mb", "1",  # the store itself stays well inside the 3 MB tmpfs
         ]  # fmt: skip
-        env = {k: v for k, v in os.environ.items() if not k.startswith("XSP_")}
-        with self.log_path.open("wb") as log:
-            self.sidecar = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        wait_serving(self.grpc_port, self.sidecar)
+        self.sidecar = SidecarProcess(
+            self.triton.grpc_address, self.log_path, args, listen_port=self.listen,
+            metrics_port=self.metrics_port, grpc_port=self.grpc_port,
+        )  # fmt: skip
+        try:
+            self.sidecar.start()
+        except SidecarStartError as exc:
+            raise SystemExit(str(exc)) from None
 
     def pid(self) -> int:
         assert self.sidecar is not None
         return self.sidecar.pid
 
     def alive(self) -> bool:
-        return self.sidecar is not None and self.sidecar.poll() is None
-
-
-def wait_serving(grpc_port: int, process: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise SystemExit("the sidecar exited during start-up (see its log)")
-            with contextlib.suppress(grpc.RpcError):
-                if stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5).status == 1:
-                    return
-            time.sleep(0.1)
-    raise SystemExit(f"the sidecar was not SERVING after {timeout} s")
+        return self.sidecar is not None and self.sidecar.alive()
 
 
 @contextlib.contextmanager
@@ -167,9 +155,8 @@ class Usage:
         ]  # fmt: skip
 
 
-def metric_families(port: int) -> list[object]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return list(text_string_to_metric_families(response.read().decode()))
+def metric_families(port: int) -> list[Metric]:
+    return families(scrape(f"http://127.0.0.1:{port}/metrics"))
 
 
 def usage(rig: Rig) -> Usage:
@@ -178,7 +165,7 @@ def usage(rig: Rig) -> Usage:
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     series, models = 0, set()
     for family in metric_families(rig.metrics_port):
-        for sample in family.samples:  # type: ignore[attr-defined]
+        for sample in family.samples:
             series += 1
             if "model" in sample.labels:
                 models.add(sample.labels["model"])
@@ -193,12 +180,7 @@ def usage(rig: Rig) -> Usage:
 
 
 def metric_sum(rig: Rig, name: str, **labels: str) -> float:
-    total = 0.0
-    for family in metric_families(rig.metrics_port):
-        for sample in family.samples:  # type: ignore[attr-defined]
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
+    return sample_sum(scrape(f"http://127.0.0.1:{rig.metrics_port}/metrics"), name, **labels)
 
 
 def sampling_summary(rig: Rig) -> dict[str, float]:
@@ -210,7 +192,7 @@ def sampling_summary(rig: Rig) -> dict[str, float]:
     }
     summary: dict[str, float] = {}
     for family in metric_families(rig.metrics_port):
-        for sample in family.samples:  # type: ignore[attr-defined]
+        for sample in family.samples:
             label = wanted.get(sample.name)
             if label and sample.labels.get("model") == "simple_cnn":
                 summary[f"{sample.name}{{{sample.labels.get(label)}}}"] = sample.value
@@ -563,9 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         log_bytes = rig.log_path.stat().st_size
         tracebacks = rig.log_path.read_text(errors="replace").count("Traceback")
         if rig.sidecar is not None:
-            rig.sidecar.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                rig.sidecar.wait(20)
+            rig.sidecar.stop()
 
     header = ["", "fds", "threads", "RSS MB", "series", "models"]
     print("\n" + "".join(f"{h:>10}" for h in header))

@@ -11,23 +11,22 @@ import logging
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tqdm import tqdm
 
 from sidecar.localtriton.model_repo import build_model_repository
 from sidecar.localtriton.server import free_port
+from sidecar.localtriton.sidecar_process import SidecarProcess
 from sidecar.localtriton.tracing import traced_server
+from sidecar.metrics_text import sample_sum, scrape, sums_by
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[1]
+DECISIONS = "xsp_sampling_decisions_total"
 
 
 @dataclass(frozen=True)
@@ -41,45 +40,6 @@ class DemoOptions:
 
 def say(message: str) -> None:
     print(f"==> {message}", flush=True)
-
-
-@contextlib.contextmanager
-def sidecar_process(args: list[str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """`xsp-sidecar serve ...` as a child process, stopped with SIGTERM at the end."""
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "sidecar", "serve", *args],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        yield process
-    finally:
-        process.terminate()
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-
-
-def wait_serving(address: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
-    deadline = time.monotonic() + 60
-    with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(
-                    f"the sidecar exited with code {process.returncode}; see {log_path}:\n"
-                    + log_path.read_text(errors="replace")[-2000:]
-                )
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.2)
-    raise RuntimeError(f"the sidecar did not report SERVING within 60 s; see {log_path}")
 
 
 def _cnn_input(batch: int, rng: np.random.Generator) -> grpcclient.InferInput:
@@ -113,26 +73,6 @@ def send_traffic(address: str, options: DemoOptions) -> dict[str, int]:
     return counts
 
 
-def metric_totals(text: str, name: str, label: str | None = None) -> dict[str, float]:
-    """Sum of a counter's samples in a /metrics scrape, by the value of `label` (or under
-    the key "" for all of them)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name != f"{name}_total":
-                continue
-            key = sample.labels.get(label, "") if label else ""
-            totals[key] = totals.get(key, 0.0) + sample.value
-    return totals
-
-
-def sampled_count(metrics_port: int) -> float:
-    decisions = metric_totals(scrape(metrics_port), "xsp_sampling_decisions", "decision")
-    return decisions.get("sampled", 0.0)
-
-
 @dataclass
 class ForcedResult:
     """What the forced requests took: `attempts` calls for `profiles` profiles."""
@@ -142,7 +82,7 @@ class ForcedResult:
     turned_away: dict[str, int] = field(default_factory=dict)  # decision -> calls
 
 
-def send_forced(address: str, metrics_port: int, db: Path, count: int) -> ForcedResult:
+def send_forced(address: str, metrics_url: str, db: Path, count: int) -> ForcedResult:
     """`count` simple_cnn calls with `x-xsp-profile: 1`, one profile at a time: a forced call
     still respects the budget and the worker's duty cycle, so a call that was turned away
     (counted, with the decision that turned it away) is sent again until one is sampled."""
@@ -153,10 +93,10 @@ def send_forced(address: str, metrics_port: int, db: Path, count: int) -> Forced
         before = count_traces(db)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            decisions = metric_totals(scrape(metrics_port), "xsp_sampling_decisions", "decision")
+            decisions = sums_by(scrape(metrics_url), DECISIONS, "decision")
             client.infer("simple_cnn", [_cnn_input(1 + k % 4, rng)], headers={"x-xsp-profile": "1"})
             result.attempts += 1
-            after = metric_totals(scrape(metrics_port), "xsp_sampling_decisions", "decision")
+            after = sums_by(scrape(metrics_url), DECISIONS, "decision")
             if after.get("sampled", 0.0) > decisions.get("sampled", 0.0):
                 result.profiles += 1
                 break
@@ -223,7 +163,7 @@ def account(
     """Console lines that add up: what was sent, what the sidecar counted, what it sampled,
     skipped and profiled, and why profiles failed."""
     sent = options.requests + forced.attempts
-    counted = sum(metric_totals(metrics_text, "xsp_requests").values())
+    counted = sample_sum(metrics_text, "xsp_requests_total")
     lines = [
         f"requests: {options.requests} traffic + {forced.attempts} forced calls "
         f"(for {forced.profiles} forced profile(s)) = {sent} sent; xsp_requests_total "
@@ -232,12 +172,12 @@ def account(
     if forced.turned_away:
         why = ", ".join(f"{n} by {d}" for d, n in sorted(forced.turned_away.items()))
         lines.append(f"forced calls turned away and sent again: {why}")
-    decisions = metric_totals(metrics_text, "xsp_sampling_decisions", "decision")
+    decisions = sums_by(metrics_text, DECISIONS, "decision")
     lines.append(
         "sampling decisions: "
         + ", ".join(f"{d} {n:.0f}" for d, n in sorted(decisions.items(), key=lambda kv: -kv[1]))
     )
-    outcomes = metric_totals(metrics_text, "xsp_profiles", "outcome")
+    outcomes = sums_by(metrics_text, "xsp_profiles_total", "outcome")
     lines.append(
         "profiles: " + (", ".join(f"{o} {n:.0f}" for o, n in sorted(outcomes.items())) or "none")
     )
@@ -246,11 +186,6 @@ def account(
     if counts["error"]:
         lines.append(f"traffic errors (the client saw them): {counts['error']}")
     return lines
-
-
-def scrape(metrics_port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
-        return str(r.read().decode())
 
 
 def interesting_metrics(text: str) -> list[str]:
@@ -272,35 +207,32 @@ def run_demo(options: DemoOptions) -> int:
     db = out / "traces.db"
     for stale in (db, db.with_name("traces.db-wal"), db.with_name("traces.db-shm")):
         stale.unlink(missing_ok=True)
-    ports = {name: free_port() for name in ("listen", "metrics", "grpc", "otlp", "admin")}
+    otlp_port, admin_port = free_port(), free_port()
 
     say("building the sample model repository (add_sub, simple_cnn, sleep)")
     repo = build_model_repository(out / "models")
     say("starting Triton (OpenTelemetry tracing to the sidecar's OTLP receiver)")
-    otlp_url = f"http://127.0.0.1:{ports['otlp']}/v1/traces"
+    otlp_url = f"http://127.0.0.1:{otlp_port}/v1/traces"
     triton = traced_server(repo, out / "tritonserver.log", otlp_url, 200)
     with triton:
         say(f"Triton ready on {triton.grpc_address}; starting the sidecar in front of it")
         args = [
-            "--backend", triton.grpc_address, "--listen", f"127.0.0.1:{ports['listen']}",
-            "--metrics-port", str(ports["metrics"]), "--grpc-port", str(ports["grpc"]),
             "--model-repository", str(repo), "--db", str(db),
-            "--otlp-port", str(ports["otlp"]), "--sample-rate", str(options.sample_rate),
+            "--otlp-port", str(otlp_port), "--sample-rate", str(options.sample_rate),
             "--sample-budget", "60", "--duty-cycle", "0.5", "--levels", "M,L",
-            "--admin", "--admin-listen", f"127.0.0.1:{ports['admin']}",
+            "--admin", "--admin-listen", f"127.0.0.1:{admin_port}",
         ]  # fmt: skip
-        sidecar_log = out / "sidecar.log"
-        with sidecar_process(args, sidecar_log) as process:
-            wait_serving(f"127.0.0.1:{ports['grpc']}", process, sidecar_log)
-            relay = f"127.0.0.1:{ports['listen']}"
-            say(f"sidecar relaying on {relay}; metrics on :{ports['metrics']}/metrics")
+        sidecar = SidecarProcess(triton.grpc_address, out / "sidecar.log", args, keep_xsp_env=True)
+        with sidecar:
+            relay = sidecar.address
+            say(f"sidecar relaying on {relay}; metrics on :{sidecar.metrics_port}/metrics")
             counts = send_traffic(relay, options)
             say(f"sent {options.requests} requests: {counts['ok']} ok, {counts['error']} errors")
             say(f"sending {options.forced} requests with x-xsp-profile: 1 (forced samples)")
-            forced = send_forced(relay, ports["metrics"], db, options.forced)
+            forced = send_forced(relay, sidecar.metrics_url, db, options.forced)
             time.sleep(1.5)  # let Triton's span export and the writer catch up
             stored = count_traces(db)
-            metrics_text = scrape(ports["metrics"])
+            metrics_text = sidecar.metrics()
             (out / "metrics.txt").write_text(metrics_text)
             say("what the sidecar recorded (selected /metrics lines):")
             for line in interesting_metrics(metrics_text):

@@ -1,4 +1,5 @@
-"""Shared fixtures: a real Triton server (from `nvidia-pytriton`) with the sample models."""
+"""Shared fixtures: a real Triton server (from `nvidia-pytriton`) with the sample models, plain
+or in OpenTelemetry trace mode."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from sidecar.localtriton.model_repo import build_model_repository
-from sidecar.localtriton.server import TritonServer
+from sidecar.localtriton.server import TritonServer, free_port
+from sidecar.localtriton.tracing import traced_server
 
 
 @pytest.fixture(scope="session")
@@ -17,4 +19,23 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     repo = build_model_repository(root / "models")
     server = TritonServer(model_repository=repo, log_path=root / "tritonserver.log")
     with server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def otlp_port() -> int:
+    """The port a module's sidecars listen on for `traced_triton`'s spans (OTLP/HTTP)."""
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def traced_triton(
+    tmp_path_factory: pytest.TempPathFactory, otlp_port: int
+) -> Iterator[TritonServer]:
+    """A running `tritonserver` with the sample models that exports the spans of requests
+    carrying a `traceparent` to `http://127.0.0.1:<otlp_port>/v1/traces` every 100 ms."""
+    root = tmp_path_factory.mktemp("traced-triton")
+    repo = build_model_repository(root / "models")
+    otlp_url = f"http://127.0.0.1:{otlp_port}/v1/traces"
+    with traced_server(repo, root / "tritonserver.log", otlp_url, 100) as server:
         yield server

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import onnx
 
-from sidecar.localtriton.sample_models import simple_cnn
+from sidecar.profiling.testmodels import small_cnn_onnx
 
 ADD_SUB_CONFIG = """\
 name: "add_sub"
@@ -50,6 +50,12 @@ instance_group [ { kind: KIND_CPU count: 2 } ]
 """
 
 SAMPLE_MODELS = ("add_sub", "simple_cnn", "sleep")
+
+
+def simple_cnn(seed: int = 0) -> onnx.ModelProto:
+    """The `simple_cnn` sample model: the project's small CNN without its Softmax, input
+    `input` [N, 3, 32, 32] -> logits `output` [N, 10]."""
+    return small_cnn_onnx(seed, softmax=False, output="output", name="simple_cnn")
 
 
 def _template(name: str) -> str:

@@ -1,7 +1,8 @@
 """Builders for the test and benchmark models: built locally with random weights, no downloads.
 
-- `small_cnn_onnx()` / `SmallCNN` / `small_cnn_torchscript()`: a 9-layer CNN for tests
-  (input `input` [N, 3, 32, 32] float32, output `probs` [N, 10]).
+- `small_cnn_onnx()` / `small_cnn_torch()` / `small_cnn_torchscript()`: a 9-layer CNN for tests
+  (input `input` [N, 3, 32, 32] float32, output `probs` [N, 10]); without its Softmax it is
+  also the `simple_cnn` sample model the local Triton serves.
 - `resnet50_onnx()`: a ResNet-50 v1.5-shaped graph (stride in the 3x3 conv of each
   bottleneck, BatchNormalization nodes kept so graph optimizations have something to fuse).
 - `transformer_encoder_onnx()`: a BERT-style encoder (attention-sized MatMuls, Softmax,
@@ -85,8 +86,14 @@ class _GraphBuilder:
         return model
 
 
-def small_cnn_onnx(seed: int = 0) -> onnx.ModelProto:
-    """Conv-Relu-MaxPool-Conv-Relu-GlobalAveragePool-Flatten-Gemm-Softmax, 10 classes."""
+def small_cnn_onnx(
+    seed: int = 0, *, softmax: bool = True, output: str = "probs", name: str = "small_cnn"
+) -> onnx.ModelProto:
+    """Conv-Relu-MaxPool-Conv-Relu-GlobalAveragePool-Flatten-Gemm-Softmax, 10 classes.
+
+    Input `input` [N, 3, 32, 32], output tensor named `output` [N, 10]. `softmax=False` ends
+    at the Gemm's logits (the `simple_cnn` the local Triton serves: `localtriton.model_repo`).
+    """
     g = _GraphBuilder(seed)
     x = g.conv("input", 3, 8, 3)
     x = g.one("Relu", [x])
@@ -97,11 +104,14 @@ def small_cnn_onnx(seed: int = 0) -> onnx.ModelProto:
     x = g.one("Flatten", [x], axis=1)
     w = g.weight("fc_w", (10, 16))
     b = g.const("fc_b", np.zeros(10, np.float32))
-    x = g.one("Gemm", [x, w, b], transB=1)
-    g.nodes.append(helper.make_node("Softmax", [x], ["probs"], name="Softmax_0", axis=1))
+    if softmax:
+        x = g.one("Gemm", [x, w, b], transB=1)
+        g.nodes.append(helper.make_node("Softmax", [x], [output], name="Softmax_0", axis=1))
+    else:
+        g.nodes.append(helper.make_node("Gemm", [x, w, b], [output], name="Gemm_0", transB=1))
     inp = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 32, 32])
-    out = helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 10])
-    return g.model([inp], [out], "small_cnn")
+    out = helper.make_tensor_value_info(output, TensorProto.FLOAT, ["N", 10])
+    return g.model([inp], [out], name)
 
 
 def resnet50_onnx(seed: int = 0, image_size: int = 224, classes: int = 1000) -> onnx.ModelProto:

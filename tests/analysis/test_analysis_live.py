@@ -3,15 +3,18 @@ live requests: proxy request span, backend server spans, M/L replay; synthetic t
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from analysis.common import trimmed_mean
+from analysis.common import across_traces
 from analysis.time_breakdown import union_ns
 from analysis.trace_analysis import TraceAnalysis
 from analysis.tracedb import parse_since
+from sidecar.profiling.stats import trimmed_mean
 from tests.analysis.helpers import LIVE_DB, close, layer_rows, q, tmean
 
 PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
@@ -113,6 +116,21 @@ def test_bad_selector_is_explained(ta: TraceAnalysis) -> None:
 def test_trimmed_mean_rule() -> None:
     assert trimmed_mean([1, 2, 3, 4, 100]) == 3.0  # floor(0.2*5)=1 dropped at each end
     assert trimmed_mean([1, 2, 3]) == 2.0  # floor(0.6)=0: plain mean
+
+
+def test_across_traces_follows_the_trimmed_mean_rule() -> None:
+    """The analyses' vectorised per-group means are the profiler's `trimmed_mean` of each
+    group (NaN values, i.e. traces without the value, left out)."""
+    groups = {
+        "a": [1.0, 2.0, 3.0, 4.0, 100.0, math.nan],
+        "b": [1.0, 2.0, 3.0],
+        "c": [5.0, 1.0, 9.0, 2.0, 8.0, 7.0, 3.0, 6.0, 4.0, 10.0, 50.0],
+    }
+    rows = [(m, i, v) for m, vs in groups.items() for i, v in enumerate(vs)]
+    out = across_traces(pd.DataFrame(rows, columns=["model", "tkey", "v"]), ["model"], ["v"])
+    got = dict(zip(out["model"], out["v"], strict=True))
+    expected = {m: trimmed_mean([v for v in vs if not math.isnan(v)]) for m, vs in groups.items()}
+    assert got == pytest.approx(expected)
 
 
 def test_live_batch_one_only_asks_for_batch_two(ta: TraceAnalysis) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from analysis.trace_analysis import TraceAnalysis
+from analysis.tracedb import TraceDatabaseError, load_traces
 from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB, REPO, q, trace_attr
 
 SCRIPT = REPO / "analysis" / "report.py"
@@ -156,6 +158,23 @@ def test_not_a_trace_store(tmp_path: Path) -> None:
     assert out.returncode == 1 and "not" in out.stderr and "bad.db" in out.stderr
     out = run(str(tmp_path / "missing.db"))
     assert out.returncode == 1 and "no such file" in out.stderr
+
+
+def test_unreadable_databases_raise_trace_database_error(tmp_path: Path) -> None:
+    """The reader's own error, distinct from the store's `TraceStoreError`."""
+    bad = tmp_path / "bad.db"
+    bad.write_text("hello")
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    cases = [
+        ([], "no trace database"),
+        ([bad], "not a readable SQLite database"),
+        ([empty], "not an xsp-sidecar trace store"),
+        ([tmp_path / "none.db"], "no such file"),
+    ]
+    for paths, message in cases:
+        with pytest.raises(TraceDatabaseError, match=message):
+            load_traces(paths)
 
 
 @pytest.mark.parametrize("fmt", ["text", "html"])

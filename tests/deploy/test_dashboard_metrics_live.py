@@ -17,56 +17,59 @@ from dataclasses import dataclass, field
 import pytest
 import tritonclient.grpc as grpcclient
 
-from sidecar.localtriton.model_repo import build_model_repository
 from sidecar.localtriton.server import TritonServer, free_port
-from sidecar.localtriton.tracing import traced_server
+from sidecar.localtriton.sidecar_process import SidecarProcess
+from sidecar.metrics_text import families
 from tests.deploy.helpers import dashboard, dashboard_exprs, render
-from tests.e2e.sidecar_process import SidecarProcess, cnn_infer, wait_until
+from tests.e2e.helpers import cnn_infer, wait_until
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
 METRIC = re.compile(r"\b(xsp_[a-z0-9_]+)\b")
 SELECTOR = re.compile(r"\b(xsp_[a-z0-9_]+)\{([^}]*)\}")
 MATCHER = re.compile(r'([a-zA-Z_]\w*)\s*(=~|!~|!=|=)\s*"([^"]*)"')
-SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)")
-LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum")
+# Sample-name suffixes of a family of each type (prometheus_client names a counter's family
+# without `_total`, its samples with it).
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
 # Labels Prometheus adds when it scrapes (target labels), not exported by the sidecar.
 TARGET_LABELS = {"instance", "job", "namespace", "pod"}
-# Families that only get samples when something fails (a failed observation); their
-# `# TYPE` line is still required.
+# Series that only get samples when something fails (a failed observation); their family
+# must still be declared.
 FAILURE_ONLY = {"xsp_observation_failures_total"}
 
 
 @dataclass
 class Exposition:
-    """A Prometheus text exposition: family types and the samples of each family."""
+    """A Prometheus text exposition: family types, and the label sets of each sample name."""
 
     types: dict[str, str] = field(default_factory=dict)
     samples: dict[str, list[dict[str, str]]] = field(default_factory=lambda: defaultdict(list))
+    names: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
 
     @classmethod
     def parse(cls, text: str) -> Exposition:
         out = cls()
-        for line in text.splitlines():
-            if line.startswith("# TYPE "):
-                _, _, name, mtype = line.split(maxsplit=3)
-                out.types[name] = mtype.strip()
-            elif line and not line.startswith("#"):
-                match = SAMPLE.match(line)
-                assert match, f"unparsable exposition line: {line!r}"
-                out.samples[match.group(1)].append(dict(LABEL.findall(match.group(2) or "")))
+        for family in families(text):
+            out.types[family.name] = family.type
+            for sample in family.samples:
+                out.samples[sample.name].append(dict(sample.labels))
+                out.names[family.name].add(sample.name)
         return out
 
     def family(self, series: str) -> str | None:
         """The exported family a referenced series belongs to, None when none is exported."""
-        if series in self.types:
+        if self.types.get(series) not in (None, "counter"):
             return series
-        for suffix in HISTOGRAM_SUFFIXES:
-            base = series.removesuffix(suffix)
-            if base != series and self.types.get(base) == "histogram":
-                return base
+        for mtype, suffixes in SUFFIXES.items():
+            for suffix in suffixes:
+                base = series.removesuffix(suffix)
+                if base != series and self.types.get(base) == mtype:
+                    return base
         return None
+
+    def series(self, family: str) -> str:
+        """The series that has a sample for every label set of `family`."""
+        return family + {"counter": "_total", "histogram": "_count"}.get(self.types[family], "")
 
 
 def referenced_metrics() -> dict[str, set[str]]:
@@ -83,22 +86,6 @@ def referenced_metrics() -> dict[str, set[str]]:
             for name in METRIC.findall(text):
                 where[name].add(path)
     return where
-
-
-@pytest.fixture(scope="module")
-def otlp_port() -> int:
-    return free_port()
-
-
-@pytest.fixture(scope="module")
-def traced_triton(
-    tmp_path_factory: pytest.TempPathFactory, otlp_port: int
-) -> Iterator[TritonServer]:
-    root = tmp_path_factory.mktemp("dashboard-triton")
-    repo = build_model_repository(root / "models")
-    otlp_url = f"http://127.0.0.1:{otlp_port}/v1/traces"
-    with traced_server(repo, root / "tritonserver.log", otlp_url, 100) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")
@@ -152,9 +139,9 @@ def test_referenced_metrics_have_samples(exposition: Exposition) -> None:
     for name in referenced_metrics():
         family = exposition.family(name)
         assert family is not None
-        series = [family] if exposition.types[family] != "histogram" else [family + "_count"]
-        if family not in FAILURE_ONLY and not any(exposition.samples.get(s) for s in series):
-            empty.append(family)
+        series = exposition.series(family)
+        if series not in FAILURE_ONLY and not exposition.samples.get(series):
+            empty.append(series)
     assert not empty, f"exported without any series after sampled traffic: {sorted(empty)}"
 
 
@@ -190,7 +177,7 @@ def test_histograms_and_counters_have_their_standard_series(exposition: Expositi
         if not family.startswith("xsp_"):
             continue
         if mtype == "counter":
-            assert family.endswith("_total"), family
+            assert exposition.names[family] <= {family + "_total", family + "_created"}, family
         if mtype == "histogram" and exposition.samples.get(family + "_count"):
-            for suffix in HISTOGRAM_SUFFIXES:
+            for suffix in SUFFIXES["histogram"]:
                 assert exposition.samples.get(family + suffix), family + suffix

@@ -11,7 +11,8 @@ import tritonclient.grpc as grpcclient
 
 from sidecar.admin._proto.xsp.v1 import profiler_pb2, profiler_pb2_grpc
 from sidecar.localtriton.server import TritonServer, free_port
-from tests.e2e.sidecar_process import SidecarProcess, cnn_infer, wait_until
+from sidecar.localtriton.sidecar_process import SidecarProcess
+from tests.e2e.helpers import cnn_infer, wait_until
 
 pytestmark = [pytest.mark.triton]
 

@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from sidecar.localtriton.server import TritonServer
-from tests.e2e.sidecar_process import SidecarProcess, cnn_infer, wait_until
+from sidecar.localtriton.sidecar_process import SidecarProcess
+from sidecar.metrics_text import families
+from tests.e2e.helpers import cnn_infer, wait_until
 
 pytestmark = [pytest.mark.triton]
 
@@ -45,7 +46,7 @@ def sidecar(triton: TritonServer, tmp_path: Path, db: Path, *args: str) -> Sidec
 
 def model_labels(proc: SidecarProcess, names: tuple[str, ...]) -> set[str]:
     labels: set[str] = set()
-    for family in text_string_to_metric_families(proc.metrics()):
+    for family in families(proc.metrics()):
         if family.name in names:
             labels.update(s.labels["model"] for s in family.samples if "model" in s.labels)
     return labels

@@ -10,41 +10,18 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import tritonclient.grpc as grpcclient
 
-from sidecar.localtriton.model_repo import build_model_repository
-from sidecar.localtriton.server import TritonServer, free_port
-from sidecar.localtriton.tracing import traced_server
+from sidecar.localtriton.server import TritonServer
+from sidecar.localtriton.sidecar_process import SidecarProcess
 from sidecar.trace.spans import Level, Source
 from sidecar.trace.store import TraceStore
-from tests.e2e.sidecar_process import (
-    SidecarProcess,
-    cnn_infer,
-    count_traces,
-    wait_until,
-)
+from tests.e2e.helpers import cnn_infer, count_traces, wait_until
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def otlp_port() -> int:
-    return free_port()
-
-
-@pytest.fixture(scope="module")
-def traced_triton(
-    tmp_path_factory: pytest.TempPathFactory, otlp_port: int
-) -> Iterator[TritonServer]:
-    root = tmp_path_factory.mktemp("traced-triton")
-    repo = build_model_repository(root / "models")
-    otlp_url = f"http://127.0.0.1:{otlp_port}/v1/traces"
-    with traced_server(repo, root / "tritonserver.log", otlp_url, 100) as server:
-        yield server
 
 
 def sidecar(triton: TritonServer, tmp_path: Path, otlp_port: int, *args: str) -> SidecarProcess:

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client import CollectorRegistry
 
 from sidecar.live.otlp_metrics import OtlpMetricsCollector
 from sidecar.live.otlp_receiver import (
@@ -30,6 +29,7 @@ from sidecar.live.otlp_receiver import (
     parse_otlp_protobuf,
 )
 from sidecar.live.triton_spans import TritonSpanCollector
+from sidecar.metrics_text import sample_map, scrape_registry
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "otlp" / "triton-2.51-two-requests.json"
 
@@ -467,20 +467,8 @@ def test_metrics_over_a_real_http_scrape(sink: Sink) -> None:
         OtlpMetricsCollector(receiver, TritonSpanCollector(lambda trace: None), registry)
         assert post(receiver, FIXTURE.read_bytes())[0] == 200
         assert post(receiver, b"{", "application/json")[0] == 400
-        server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
-        try:
-            url = f"http://127.0.0.1:{server.server_port}/metrics"
-            with urllib.request.urlopen(url, timeout=10) as response:
-                text = response.read().decode()
-        finally:
-            server.shutdown()
-            server.server_close()
-            thread.join(5)
-    samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+        text = scrape_registry(registry, timeout=10)
+    samples = sample_map(text)
     assert samples[("xsp_otlp_accepted_payloads_total", ())] == 1
     assert samples[("xsp_otlp_accepted_spans_total", ())] == 6
     assert samples[("xsp_otlp_callback_errors_total", ())] == 1

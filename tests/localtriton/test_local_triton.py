@@ -7,8 +7,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from sidecar.localtriton.environment import TritonSetupError
-from sidecar.localtriton.model_repo import SAMPLE_MODELS, build_model_repository
-from sidecar.localtriton.sample_models import simple_cnn
+from sidecar.localtriton.model_repo import SAMPLE_MODELS, build_model_repository, simple_cnn
 from sidecar.localtriton.server import TritonServer
 
 

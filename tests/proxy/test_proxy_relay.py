@@ -12,7 +12,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,12 +20,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import start_http_server
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2
 
 from sidecar.endpoint import Endpoint
 from sidecar.health import BackendChecker
 from sidecar.localtriton.server import free_port
+from sidecar.metrics_text import sample_value, samples, scrape
 from sidecar.proxy.streams import ConnectionInfo, HeaderDecision, RequestStart, StreamEnd
 from sidecar.serve import tls_context
 from tests.proxy.proxy_harness import (
@@ -54,18 +53,6 @@ def echo(req: bytes, ctx: grpc.ServicerContext) -> bytes:
     ).SerializeToString()
 
 
-def scrape(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return str(response.read().decode())
-
-
-def metric_value(text: str, line_prefix: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(line_prefix + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 @pytest.fixture
 def backend() -> Iterator[tuple[grpc.Server, int]]:
     server, port = grpc_backend({"ModelInfer": unary(echo), **server_ready_handler()})
@@ -88,18 +75,17 @@ def test_unary_errors_and_metrics_scraped_over_http(backend: tuple[grpc.Server, 
             assert info.value.details() == "Request for unknown model: 'missing' is not found"
             call(b"")  # no model name at all
         text = scrape(side.metrics_url)
-        ok = 'xsp_requests_total{grpc_code="OK",method="ModelInfer",model="add_sub"}'
-        nf = 'xsp_requests_total{grpc_code="NOT_FOUND",method="ModelInfer",model="missing"}'
-        unk = 'xsp_requests_total{grpc_code="OK",method="ModelInfer",model="_unknown"}'
-        assert metric_value(text, ok) == 3
-        assert metric_value(text, nf) == 1
-        assert metric_value(text, unk) == 1
-        assert metric_value(text, "xsp_requests_in_flight") == 0
-        assert metric_value(text, "xsp_connections_total") >= 1
-        bucket = 'xsp_request_duration_seconds_count{method="ModelInfer",model="add_sub"}'
-        assert metric_value(text, bucket) == 3
-        req_bytes = 'xsp_request_bytes_total{method="ModelInfer",model="add_sub"}'
-        assert metric_value(text, req_bytes) == 3 * (5 + len(infer_bytes("add_sub")))
+        calls = {"method": "ModelInfer"}
+        requests = "xsp_requests_total"
+        assert sample_value(text, requests, grpc_code="OK", model="add_sub", **calls) == 3
+        assert sample_value(text, requests, grpc_code="NOT_FOUND", model="missing", **calls) == 1
+        assert sample_value(text, requests, grpc_code="OK", model="_unknown", **calls) == 1
+        assert sample_value(text, "xsp_requests_in_flight") == 0
+        assert (sample_value(text, "xsp_connections_total") or 0) >= 1
+        count = "xsp_request_duration_seconds_count"
+        assert sample_value(text, count, model="add_sub", **calls) == 3
+        req_bytes = sample_value(text, "xsp_request_bytes_total", model="add_sub", **calls)
+        assert req_bytes == 3 * (5 + len(infer_bytes("add_sub")))
     finally:
         side.close()
 
@@ -147,10 +133,11 @@ def test_health_follows_backend_and_reflection_lists_services() -> None:
                 raise AssertionError(f"health never became {status}")
 
             wait_for(health_pb2.HealthCheckResponse.SERVING)
-            assert scrape(side.metrics_url).count("xsp_backend_up 1.0") == 1
+            up = [x.value for x in samples(scrape(side.metrics_url)) if x.name == "xsp_backend_up"]
+            assert up == [1.0]
             server.stop(0)
             wait_for(health_pb2.HealthCheckResponse.NOT_SERVING)
-            assert "xsp_backend_up 0.0" in scrape(side.metrics_url)
+            assert sample_value(scrape(side.metrics_url), "xsp_backend_up") == 0
             server, _ = grpc_backend(server_ready_handler(), f"127.0.0.1:{port}")
             wait_for(health_pb2.HealthCheckResponse.SERVING)
 
@@ -263,15 +250,12 @@ def test_observer_failures_are_counted_and_calls_still_relayed(
         thread.join(5)
         relay.close()
     errors = {
-        s.labels["hook"]: s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "xsp_observer_errors_total"
+        s.labels["hook"]: s.value for s in samples(text) if s.name == "xsp_observer_errors_total"
     }
     # 1 invalid header field + 2 raising header hooks; only the first call captured its body
     assert errors == {"request_headers": 3, "request_body": 1, "stream_end": 3}
-    ok = 'xsp_requests_total{grpc_code="OK",method="ModelInfer",model="m"}'
-    assert metric_value(text, ok) == 3
+    ok = {"grpc_code": "OK", "method": "ModelInfer", "model": "m"}
+    assert sample_value(text, "xsp_requests_total", **ok) == 3
 
 
 def test_unix_socket_backend_and_streaming() -> None:

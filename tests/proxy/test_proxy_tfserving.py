@@ -10,11 +10,10 @@ unchanged, calls counted per method and model.
 
 from __future__ import annotations
 
-import urllib.request
-
 import grpc
 import pytest
 
+from sidecar.metrics_text import sample_value, scrape
 from tests.proxy.proxy_harness import SidecarThread
 
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
@@ -77,15 +76,13 @@ def test_predict_and_model_status_pass_through_and_are_counted_per_model() -> No
             assert info.value.details() == "Servable not found for request: missing"
             status = channel.unary_unary(STATUS, None, None)
             assert status(_field(1, model_spec("resnet"))) == b"\x0a\x00"
-        with urllib.request.urlopen(side.metrics_url, timeout=5) as response:
-            text = response.read().decode()
-        assert 'xsp_requests_total{grpc_code="OK",method="Predict",model="resnet"} 2.0' in text
-        assert (
-            'xsp_requests_total{grpc_code="NOT_FOUND",method="Predict",model="missing"} 1.0' in text
-        )
-        assert (
-            'xsp_requests_total{grpc_code="OK",method="GetModelStatus",model="resnet"} 1.0' in text
-        )
+        text = scrape(side.metrics_url)
+        requests = "xsp_requests_total"
+        assert sample_value(text, requests, grpc_code="OK", method="Predict", model="resnet") == 2
+        nf = dict(grpc_code="NOT_FOUND", method="Predict", model="missing")
+        assert sample_value(text, requests, **nf) == 1
+        status_ok = dict(grpc_code="OK", method="GetModelStatus", model="resnet")
+        assert sample_value(text, requests, **status_ok) == 1
     finally:
         side.close()
         server.stop(0)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +12,7 @@ import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from sidecar.endpoint import Endpoint
+from sidecar.metrics_text import sample_value, scrape
 from sidecar.proxy import HeaderDecision, RequestStart, StreamEnd
 from tests.proxy.proxy_harness import RelayThread, SidecarThread
 
@@ -153,19 +153,12 @@ def test_64mb_request(stubs: dict[str, Any]) -> None:
 
 
 def test_metrics_scraped_over_http(sidecar: SidecarThread, stubs: dict[str, Any]) -> None:
-    def scrape() -> dict[str, float]:
-        with urllib.request.urlopen(sidecar.metrics_url, timeout=5) as response:
-            text = response.read().decode()
-        return {
-            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("xsp_")
-        }
+    def grew(name: str, **labels: str) -> float:
+        return (sample_value(after, name, **labels) or 0) - (
+            sample_value(before, name, **labels) or 0
+        )
 
-    ok = 'xsp_requests_total{grpc_code="OK",method="ModelInfer",model="add_sub"}'
-    nf = 'xsp_requests_total{grpc_code="NOT_FOUND",method="ModelInfer",model="nope"}'
-    meta = 'xsp_requests_total{grpc_code="OK",method="ModelMetadata",model="simple_cnn"}'
-    before = scrape()
+    before = scrape(sidecar.metrics_url)
     for seed in range(4):
         stubs["relay"].ModelInfer(add_sub_request(4, seed))
     stubs["relay"].ModelMetadata(service_pb2.ModelMetadataRequest(name="simple_cnn"))
@@ -173,14 +166,15 @@ def test_metrics_scraped_over_http(sidecar: SidecarThread, stubs: dict[str, Any]
     bad.model_name = "nope"
     with pytest.raises(grpc.RpcError):
         stubs["relay"].ModelInfer(bad)
-    after = scrape()
-    assert after[ok] - before.get(ok, 0) == 4
-    assert after[nf] - before.get(nf, 0) == 1
-    assert after[meta] - before.get(meta, 0) == 1
-    assert after["xsp_requests_in_flight"] == 0
-    count = 'xsp_request_duration_seconds_count{method="ModelInfer",model="add_sub"}'
-    assert after[count] - before.get(count, 0) == 4
-    assert after["xsp_backend_up"] == 1
+    after = scrape(sidecar.metrics_url)
+    requests = "xsp_requests_total"
+    assert grew(requests, grpc_code="OK", method="ModelInfer", model="add_sub") == 4
+    assert grew(requests, grpc_code="NOT_FOUND", method="ModelInfer", model="nope") == 1
+    assert grew(requests, grpc_code="OK", method="ModelMetadata", model="simple_cnn") == 1
+    assert sample_value(after, "xsp_requests_in_flight") == 0
+    count = "xsp_request_duration_seconds_count"
+    assert grew(count, method="ModelInfer", model="add_sub") == 4
+    assert sample_value(after, "xsp_backend_up") == 1
 
 
 class _Traceparent:

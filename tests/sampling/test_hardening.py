@@ -22,10 +22,10 @@ from sidecar.sampling.settings import SamplingSettings, SamplingSettingsError
 from sidecar.sampling.worker import ProfilingWorker
 from sidecar.trace.errors import StoreFullError
 from sidecar.trace.store import TraceStore
+from sidecar.trace.synthetic import make_trace
 from tests.replay.test_job import context, infer_request, job
 from tests.sampling.test_sampler import ManualClock, decide
 from tests.sampling.worker_replays import worker_config
-from tests.trace.factory import make_trace
 
 # --- settings and the duty-cycle gate -----------------------------------------------------
 

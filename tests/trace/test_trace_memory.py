@@ -13,7 +13,7 @@ from sidecar.trace.memory import InMemoryTraceStore
 from sidecar.trace.retention import RetentionPolicy
 from sidecar.trace.spans import Level, Source, Span, new_span_id
 from sidecar.trace.store import TraceStore, TraceStoreLike
-from tests.trace.factory import make_trace
+from sidecar.trace.synthetic import make_trace
 
 
 @pytest.fixture(params=["sqlite", "memory"])

@@ -5,41 +5,25 @@ from __future__ import annotations
 
 import sqlite3
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, generate_latest, start_http_server
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client import CollectorRegistry, generate_latest
 
+from sidecar.metrics_text import SampleKey, sample_map, scrape_registry
 from sidecar.trace.metrics import WRITE_OUTCOMES, TraceWriterCollector
 from sidecar.trace.retention import RetentionPolicy
 from sidecar.trace.store import TraceStore
+from sidecar.trace.synthetic import make_trace
 from sidecar.trace.writer import TraceWriter
-from tests.trace.factory import make_trace
 
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+Samples = dict[SampleKey, float]
 
 
 def scrape(registry: CollectorRegistry, *, over_http: bool = False) -> Samples:
     """The exposition of `registry` (served over real HTTP when asked), parsed."""
-    if over_http:
-        server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
-        try:
-            url = f"http://127.0.0.1:{server.server_port}/metrics"
-            with urllib.request.urlopen(url, timeout=5) as response:
-                text = response.read().decode()
-        finally:
-            server.shutdown()
-            server.server_close()
-            thread.join(5)
-    else:
-        text = generate_latest(registry).decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    text = scrape_registry(registry) if over_http else generate_latest(registry).decode()
+    return sample_map(text)
 
 
 def items(samples: Samples) -> dict[str, float]:
