@@ -133,6 +133,7 @@ class _ClientProtocol(asyncio.Protocol):
             try:
                 observer = relay.observer_factory(info)
             except Exception:
+                relay.metrics.observer_errors["connection"] += 1
                 log.exception("observer factory failed; connection relayed without observer")
         self.tracker = ConnectionTracker(
             relay.metrics, observer=observer, connection_id=self.connection_id

@@ -25,7 +25,7 @@ from tritonclient.grpc import service_pb2
 from sidecar.endpoint import Endpoint
 from sidecar.health import BackendChecker
 from sidecar.localtriton.server import free_port
-from sidecar.metrics_text import sample_value, samples, scrape
+from sidecar.metrics_text import sample_value, samples, scrape, scrape_registry
 from sidecar.proxy.streams import ConnectionInfo, HeaderDecision, RequestStart, StreamEnd
 from sidecar.serve import tls_context
 from tests.proxy.proxy_harness import (
@@ -253,9 +253,32 @@ def test_observer_failures_are_counted_and_calls_still_relayed(
         s.labels["hook"]: s.value for s in samples(text) if s.name == "xsp_observer_errors_total"
     }
     # 1 invalid header field + 2 raising header hooks; only the first call captured its body
-    assert errors == {"request_headers": 3, "request_body": 1, "stream_end": 3}
+    assert errors == {"connection": 0, "request_headers": 3, "request_body": 1, "stream_end": 3}
     ok = {"grpc_code": "OK", "method": "ModelInfer", "model": "m"}
     assert sample_value(text, "xsp_requests_total", **ok) == 3
+
+
+def test_a_failing_observer_factory_is_counted_and_the_connection_relayed(
+    backend: tuple[grpc.Server, int],
+) -> None:
+    _, port = backend
+
+    def broken_factory(info: ConnectionInfo) -> Tracing:
+        raise RuntimeError("no observer today")
+
+    relay = RelayThread(Endpoint("127.0.0.1", port), observer_factory=broken_factory)
+    try:
+        with grpc.insecure_channel(relay.address) as channel:
+            call = channel.unary_unary(INFER, None, None)
+            reply = service_pb2.ModelInferResponse.FromString(call(infer_bytes("m")))
+            assert reply.model_name == "m"
+        text = scrape_registry(relay.registry)
+    finally:
+        relay.close()
+    assert sample_value(text, "xsp_observer_errors_total", hook="connection") == 1
+    assert sample_value(text, "xsp_observer_errors_total", hook="request_headers") == 0
+    ok = {"grpc_code": "OK", "method": "ModelInfer", "model": "m"}
+    assert sample_value(text, "xsp_requests_total", **ok) == 1
 
 
 def test_unix_socket_backend_and_streaming() -> None:
