@@ -29,7 +29,8 @@ import argparse
 import sqlite3
 from pathlib import Path
 
-from sidecar.trace.synthetic import TraceParts, cpu_records, gpu_records, live_records
+from sidecar.trace.report_scenarios import cpu_records, gpu_records, live_records
+from sidecar.trace.synthetic import TraceParts
 
 
 def write_db(path: Path, records: list[TraceParts]) -> None:
