@@ -19,11 +19,16 @@ class ConfigError(ValueError):
     """A configuration value is missing, malformed or inconsistent."""
 
 
-def port(value: Any, setting: str, allow_zero: bool = False) -> int:
+def _convert(value: Any, setting: str, kind: type[int] | type[float], expected: str) -> Any:
+    """`kind(value)`, or a `ConfigError` saying what was `expected`."""
     try:
-        number = int(value)
+        return kind(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{setting}: expected a port number, got {value!r}") from None
+        raise ConfigError(f"{setting}: expected {expected}, got {value!r}") from None
+
+
+def port(value: Any, setting: str, allow_zero: bool = False) -> int:
+    number: int = _convert(value, setting, int, "a port number")
     low = 0 if allow_zero else 1
     if not low <= number <= 65535:
         raise ConfigError(f"{setting}: port {number} is outside {low}..65535")
@@ -35,44 +40,34 @@ def any_port(value: Any, setting: str) -> int:
     return port(value, setting, allow_zero=True)
 
 
-def positive_int(value: Any, setting: str) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{setting}: expected a whole number, got {value!r}") from None
-    if number < 1:
-        raise ConfigError(f"{setting}: must be at least 1, got {number}")
+def _at_least(value: Any, setting: str, low: int, bound: str) -> int:
+    number: int = _convert(value, setting, int, "a whole number")
+    if number < low:
+        raise ConfigError(f"{setting}: must be {bound}, got {number}")
     return number
 
 
+def positive_int(value: Any, setting: str) -> int:
+    return _at_least(value, setting, 1, "at least 1")
+
+
 def whole(value: Any, setting: str) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{setting}: expected a whole number, got {value!r}") from None
-    if number < 0:
-        raise ConfigError(f"{setting}: must be zero or more, got {number}")
+    return _at_least(value, setting, 0, "zero or more")
+
+
+def _not_negative(value: Any, setting: str, expected: str, bound: str) -> float:
+    number: float = _convert(value, setting, float, expected)
+    if not number >= 0:
+        raise ConfigError(f"{setting}: must be {bound}, got {value!r}")
     return number
 
 
 def seconds(value: Any, setting: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{setting}: expected a number of seconds, got {value!r}") from None
-    if not number >= 0:
-        raise ConfigError(f"{setting}: must be zero or more seconds, got {value!r}")
-    return number
+    return _not_negative(value, setting, "a number of seconds", "zero or more seconds")
 
 
 def non_negative(value: Any, setting: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{setting}: expected a number, got {value!r}") from None
-    if not number >= 0:
-        raise ConfigError(f"{setting}: must be zero or more, got {value!r}")
-    return number
+    return _not_negative(value, setting, "a number", "zero or more")
 
 
 def finite_non_negative(value: Any, setting: str) -> float:
@@ -83,10 +78,7 @@ def finite_non_negative(value: Any, setting: str) -> float:
 
 
 def fraction(value: Any, setting: str, allow_zero: bool = True) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{setting}: expected a number between 0 and 1, got {value!r}") from None
+    number: float = _convert(value, setting, float, "a number between 0 and 1")
     if not (0.0 <= number <= 1.0) or (number == 0.0 and not allow_zero):
         low = "0" if allow_zero else "more than 0"
         raise ConfigError(f"{setting}: must be from {low} to 1, got {value!r}")
