@@ -1,15 +1,18 @@
 """A standalone leveled (model -> layer -> kernel) profile of one model file.
 
 `run_profile(options)` is `xsp-sidecar profile`: pick the runner for the file, measure the
-peak, run the leveled experiment for each batch size, store the traces and print the summary
-(text or JSON). Bad input is one line on stderr and exit code 2.
+peak, run the leveled experiment for each batch size, measure again the batch sizes an
+uncertain optimal-batch decision names (`profiling.sweep.settle`), store the traces and print
+the summary (text or JSON). Bad input is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +32,8 @@ from sidecar.profiling.levels import parse_levels
 from sidecar.profiling.peak import Peak, remeasure_if_beaten
 from sidecar.profiling.runners.base import ProfilingError
 from sidecar.profiling.runners.select import ModelFormat, format_of, runner_for
-from sidecar.profiling.stats import BatchDecision, decide_batch, trimmed_mean_rse
 from sidecar.profiling.summary import as_dict, render, render_sweep
+from sidecar.profiling.sweep import Settled, batch_of, settle
 from sidecar.trace.spans import Level
 
 log = logging.getLogger(__name__)
@@ -54,6 +57,7 @@ class ProfileOptions:
     json: bool = False
     device: str = "cpu"
     model_name: str | None = None
+    max_rounds: int = 2  # repeats of the batch sizes an uncertain sweep decision names
 
 
 def model_name(path: Path, given: str | None) -> str:
@@ -120,6 +124,8 @@ def _run(options: ProfileOptions) -> int:
     path = options.model_path
     levels = parse_levels(options.levels)
     batches = _batches(options.batch_sizes)
+    if options.max_rounds < 0:
+        raise InputError(f"bad --max-rounds {options.max_rounds}: must be 0 or more")
     device = options.device
     runner = runner_for(path, device=device, optimizations=options.optimizations)
     peak = None
@@ -135,6 +141,7 @@ def _run(options: ProfileOptions) -> int:
         peak = get_peak(refresh=options.refresh_peak)
     store = _open_store(options.db)
     results: list[LeveledProfile] = []
+    inputs_by_batch: dict[int, dict[str, np.ndarray]] = {}
     try:
         from tqdm import tqdm
 
@@ -163,10 +170,25 @@ def _run(options: ProfileOptions) -> int:
                 if store is not None:
                     store.write_trace(result.trace, result.spans, result.level_stats)
                 results.append(result)
+                if batch is not None:
+                    inputs_by_batch[batch] = inputs
+        settled = settle(
+            results,
+            runner,
+            inputs_by_batch.__getitem__,
+            iterations=options.iterations,
+            warmup=options.warmup,
+            max_rounds=options.max_rounds,
+            on_round=lambda r: print(r.describe(options.max_rounds), file=sys.stderr),
+        )
+        if store is not None and settled is not None:  # the pooled samples, for the report
+            for r in results:
+                if batch_of(r) in settled.remeasured:
+                    store.write_trace(r.trace, r.spans_at(Level.MODEL), r.level_stats)
     finally:
         if store is not None:
             store.close()
-    _report(options, results)
+    _report(options, results, settled)
     return 0
 
 
@@ -204,25 +226,52 @@ def _open_store(db: str | None) -> Any:
     return TraceStore(db)
 
 
-def sweep_decision(results: list[LeveledProfile]) -> BatchDecision | None:
-    """XSP A1's optimal batch over a batch sweep (the rule the report uses too)."""
-    if len(results) < 2:
-        return None
-    stats = {r.trace.batch_size or 1: r.stats(Level.MODEL) for r in results}
-    return decide_batch(
-        {b: s.trimmed_mean_ns for b, s in stats.items()},
-        {b: trimmed_mean_rse(s.samples_ns) for b, s in stats.items()},
+def suggested_command(options: ProfileOptions, add: Sequence[int]) -> str:
+    """The same `xsp-sidecar profile` command line with the batch sizes in `add` swept too."""
+    sizes = sorted({b for b in _batches(options.batch_sizes) if b is not None} | set(add))
+    args = ["xsp-sidecar", "profile", str(options.model_path)]
+    args += ["--batch-size", ",".join(map(str, sizes))]
+    args += ["--levels", options.levels, "--iterations", str(options.iterations)]
+    args += ["--warmup", str(options.warmup), "--max-rounds", str(options.max_rounds)]
+    for spec in options.input_specs:
+        args += ["--input", spec]
+    for flag, value in (
+        ("--db", options.db),
+        ("--device", None if options.device == "cpu" else options.device),
+        ("--model-name", options.model_name),
+    ):
+        if value:
+            args += [flag, value]
+    for flag, on in (
+        ("--no-optimizations", not options.optimizations),
+        ("--no-peak", not options.measure_peak),
+        ("--json", options.json),
+    ):
+        if on:
+            args.append(flag)
+    return shlex.join(args)
+
+
+def _report(
+    options: ProfileOptions, results: list[LeveledProfile], settled: Settled | None
+) -> None:
+    sweep = [(batch_of(r), r.stats(Level.MODEL).trimmed_mean_ns / 1e6) for r in results]
+    decision = settled.decision if settled is not None else None
+    command = (
+        suggested_command(options, decision.measure_next)
+        if decision is not None and decision.status == "not_yet_known"
+        else None
     )
-
-
-def _report(options: ProfileOptions, results: list[LeveledProfile]) -> None:
-    sweep = [(r.trace.batch_size or 1, r.stats(Level.MODEL).trimmed_mean_ns / 1e6) for r in results]
-    decision = sweep_decision(results)
     if options.json:
         doc: dict[str, Any] = {"profiles": [as_dict(r) for r in results]}
-        if decision is not None:
-            doc["optimal_batch"] = decision.optimal if decision.status == "decided" else None
-            doc["batch_decision"] = decision.to_dict()
+        if settled is not None:
+            doc["optimal_batch"] = (
+                settled.decision.optimal if settled.decision.status == "decided" else None
+            )
+            doc["batch_decision"] = settled.decision.to_dict()
+            doc["batch_rounds"] = settled.to_dict()
+            if command is not None:
+                doc["suggested_command"] = command
         if options.db:
             doc["db"] = options.db
         print(json.dumps(doc, indent=2))
@@ -230,8 +279,11 @@ def _report(options: ProfileOptions, results: list[LeveledProfile]) -> None:
     for r in results:
         print(render(r))
         print()
-    if decision is not None:
-        print(render_sweep(sweep, decision))
+    if settled is not None:
+        notes = [settled.summary()]
+        if command is not None:
+            notes.append(f"to decide, run: {command}")
+        print(render_sweep(sweep, settled.decision, notes))
     print(
         f"stored {len(results)} trace(s) in {options.db}"
         if options.db

@@ -39,6 +39,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--warmup", type=int, default=5, help="untimed runs per level first (default: 5)"
     )
     parser.add_argument(
+        "--max-rounds",
+        type=int,
+        default=2,
+        metavar="N",
+        help="with a batch sweep: when the optimal batch size is uncertain, measure the batch "
+        "sizes it names again (model level, pooled with the earlier iterations) up to N times; "
+        "0 never repeats (default: 2)",
+    )
+    parser.add_argument(
         "--db", default=None, metavar="traces.db", help="write traces to this SQLite trace store"
     )
     parser.add_argument(
@@ -91,5 +100,6 @@ def run(args: argparse.Namespace) -> int:
             json=args.json,
             device=args.device,
             model_name=args.model_name,
+            max_rounds=args.max_rounds,
         )
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ from sidecar.profiling.containment import assign_parents, number_siblings
 from sidecar.profiling.cupti_tracer import attach_gpu_activity
 from sidecar.profiling.gpu.attribution import retime_layers
 from sidecar.profiling.peak import Peak
-from sidecar.profiling.runners.base import LevelRun, ProfilingError, Runner
+from sidecar.profiling.runners.base import Iteration, LevelRun, ProfilingError, Runner
 from sidecar.profiling.stats import median, representative_index, trimmed_mean
 from sidecar.trace.spans import (
     REPLAY_LEVELS,
@@ -60,6 +60,27 @@ class LeveledProfile:
 
     def spans_at(self, level: Level) -> list[Span]:
         return [s for s in self.spans if s.level is level]
+
+    def pool_model_run(self, run: LevelRun) -> None:
+        """Add a further M run's timed iterations to the model-level statistics (a repeat of
+        a noisy batch size): the M `LevelStats` holds the pooled samples, the model spans
+        and every level's overhead ratio follow its trimmed mean, and the trace attribute
+        `model_runs` counts the M runs pooled."""
+        if run.level is not Level.MODEL:
+            raise ValueError(f"only M runs can be pooled, not {run.level.value}")
+        old = self.stats(Level.MODEL)
+        pooled = LevelRun(Level.MODEL, [Iteration(v) for v in old.samples_ns], old.warmup)
+        pooled.iterations += run.iterations
+        base = trimmed_mean(pooled.latencies_ns)
+        self.level_stats = [
+            _level_stats(self.trace.trace_id, pooled, base)
+            if s.level is Level.MODEL
+            else replace(s, overhead_ratio=trimmed_mean(s.samples_ns or [s.trimmed_mean_ns]) / base)
+            for s in self.level_stats
+        ]
+        for span in self.spans_at(Level.MODEL):
+            span.duration_ns = round(base)
+        self.trace.attributes["model_runs"] = int(self.trace.attributes.get("model_runs", 1)) + 1
 
 
 def describe_inputs(inputs: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:

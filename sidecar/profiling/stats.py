@@ -96,7 +96,8 @@ class BatchDecision:
         }
 
 
-def _pct(x: float) -> str:
+def pct(x: float) -> str:
+    """A relative change as `+3.4%`."""
     return f"{x * 100:+.1f}%"
 
 
@@ -126,7 +127,7 @@ def decide_batch(
     b = sizes[0]
     while True:
         if 2 * b not in thr:
-            done = ", ".join(f"{d.small}->{2 * d.small}: {_pct(d.gain)}" for d in walked)
+            done = ", ".join(f"{d.small}->{2 * d.small}: {pct(d.gain)}" for d in walked)
             why = (
                 f"every measured doubling raised throughput by more than {gain:.0%} ({done})"
                 if walked
@@ -153,8 +154,8 @@ def decide_batch(
             return BatchDecision(
                 "uncertain",
                 None,
-                f"doubling {b}->{2 * b} adds {_pct(step.gain)} (95% interval "
-                f"{_pct(low)} to {_pct(high)}), too noisy to tell from the {gain:.0%} threshold; "
+                f"doubling {b}->{2 * b} adds {pct(step.gain)} (95% interval "
+                f"{pct(low)} to {pct(high)}), too noisy to tell from the {gain:.0%} threshold; "
                 "repeat these batch sizes",
                 (b, 2 * b),
                 tuple(walked),
@@ -168,8 +169,9 @@ def decide_batch(
             return BatchDecision(
                 "uncertain",
                 None,
-                f"doubling {b}->{2 * b} adds only {_pct(walked[-1].gain)}, but batch {big} "
-                f"gives {_pct(thr[big] / thr[b] - 1)} over batch {b}: a noisy dip at "
+                f"doubling {b}->{2 * b} adds only {pct(walked[-1].gain)} (95% interval "
+                f"{pct(walked[-1].low)} to {pct(walked[-1].high)}), but batch {big} "
+                f"gives {pct(thr[big] / thr[b] - 1)} over batch {b}: a noisy dip at "
                 f"{2 * b}? repeat batch sizes {b} and {2 * b}",
                 (b, 2 * b),
                 tuple(walked),
@@ -178,7 +180,7 @@ def decide_batch(
         return BatchDecision(
             "uncertain",
             b,
-            f"doubling {b}->{2 * b} adds {_pct(walked[-1].gain)}, but batch sizes "
+            f"doubling {b}->{2 * b} adds {pct(walked[-1].gain)}, but batch sizes "
             f"{', '.join(map(str, noisy))} have a single measurement (no noise estimate); "
             "repeat them before relying on it",
             tuple(noisy),
@@ -187,8 +189,8 @@ def decide_batch(
     return BatchDecision(
         "decided",
         b,
-        f"doubling {b}->{2 * b} adds {_pct(walked[-1].gain)} throughput (95% interval "
-        f"{_pct(walked[-1].low)} to {_pct(walked[-1].high)}), at most {gain:.0%}",
+        f"doubling {b}->{2 * b} adds {pct(walked[-1].gain)} throughput (95% interval "
+        f"{pct(walked[-1].low)} to {pct(walked[-1].high)}), at most {gain:.0%}",
         (),
         tuple(walked),
     )

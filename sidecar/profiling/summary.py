@@ -115,8 +115,11 @@ def render(result: LeveledProfile, top: int = 10) -> str:
     return "\n".join(lines)
 
 
-def render_sweep(latency_ms: Sequence[tuple[int, float]], decision: BatchDecision) -> str:
-    """Batch sweep table (XSP A1) with the optimal batch decision (`stats.decide_batch`)."""
+def render_sweep(
+    latency_ms: Sequence[tuple[int, float]], decision: BatchDecision, notes: Sequence[str] = ()
+) -> str:
+    """Batch sweep table (XSP A1) with the optimal batch decision (`stats.decide_batch`) and
+    `notes` below it (how many rounds it took, what to run next)."""
     lines = ["", f"  {'batch':>6}{'latency ms':>12}{'inputs/s':>12}"]
     for batch, ms in latency_ms:
         lines.append(f"  {batch:>6}{ms:>12.3f}{batch / (ms / 1e3):>12.1f}")
@@ -125,4 +128,5 @@ def render_sweep(latency_ms: Sequence[tuple[int, float]], decision: BatchDecisio
     else:
         word = "not yet known" if decision.status == "not_yet_known" else "uncertain"
         lines.append(f"  optimal batch size: {word}: {decision.reason}")
+    lines += [f"  {note}" for note in notes]
     return "\n".join(lines)

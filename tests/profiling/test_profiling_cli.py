@@ -146,6 +146,7 @@ def test_help_shows_defaults_and_the_report(capsys: pytest.CaptureFixture[str]) 
         main(["profile", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: 20)" in text and "(default: 5)" in text and "--refresh-peak" in text
+    assert "--max-rounds N" in text and "0 never repeats (default: 2)" in text
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "analysis/report.py" in capsys.readouterr().out
@@ -162,6 +163,45 @@ def test_sweep_without_the_double_names_what_to_measure(
     assert doc["optimal_batch"] is None
     assert doc["batch_decision"]["status"] == "not_yet_known"
     assert doc["batch_decision"]["measure_next"] == [2, 8]
+    # named, never measured: the command to run, not a silent extra batch size
+    assert [p["batch_size"] for p in doc["profiles"]] == [1, 4]
+    assert doc["batch_rounds"]["rounds"] == 0
+    command = doc["suggested_command"]
+    assert command.startswith("xsp-sidecar profile ") and "--batch-size 1,2,4,8 " in command
+    assert "--levels M --iterations 4 --warmup 1" in command and "--no-peak" in command
+
+
+def test_console_and_report_decide_the_same_from_the_pooled_rounds(
+    cnn_onnx: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from analysis.trace_analysis import TraceAnalysis
+
+    db = tmp_path / "sweep.db"
+    # 3 iterations per run: noisy enough that the first decision is often uncertain
+    rc = main(["profile", str(cnn_onnx), "--batch-size", "1,2,4", "--levels", "M", "--iterations",
+               "3", "--warmup", "1", "--no-peak", "--max-rounds", "2", "--db", str(db),
+               "--json"])  # fmt: skip
+    assert rc == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    decision, rounds = doc["batch_decision"], doc["batch_rounds"]
+    assert rounds["rounds"] <= 2 and len(rounds["remeasured"]) == rounds["rounds"]
+    if rounds["rounds"] < 2:  # stopped early: only once the decision was no longer uncertain
+        assert decision["status"] != "uncertain"
+    assert captured.err.count("re-measuring batch") == rounds["rounds"]
+    # the report reaches the console's decision from the database alone
+    assert TraceAnalysis.from_paths([db]).get_batch_decision() == {"small_cnn": decision}
+    store = TraceStore(db)
+    try:
+        traces = {t.batch_size: t for t in store.list_traces()}
+        assert sorted(traces) == [1, 2, 4]  # repeats pool into the sweep's traces
+        for batch, trace in traces.items():
+            runs = 1 + sum(batch in r for r in rounds["remeasured"])
+            (stats,) = store.level_stats(trace.trace_id)
+            assert len(stats.samples_ns) == 3 * runs
+            assert trace.attributes.get("model_runs", 1) == runs
+    finally:
+        store.close()
 
 
 def test_a_layer_faster_than_the_cached_peak_measures_it_again(
