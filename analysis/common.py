@@ -156,13 +156,18 @@ def ns_to_ms(col: pd.Series) -> pd.Series:
     return col.astype("float64") / 1e6
 
 
-def fused_label(nodes: object, types: object) -> str:
-    """`Conv+Relu (Conv_0, Relu_0)` for a layer that computes several original graph nodes
-    (lists from the span's attributes); empty for a layer that is one node."""
-    if not isinstance(nodes, list) or len(nodes) < 2:
-        return ""
-    kinds = "+".join(str(t) for t in types) if isinstance(types, list) and types else "fused"
-    return f"{kinds} ({', '.join(str(n) for n in nodes)})"
+def layer_type(layers: pd.DataFrame) -> pd.Series:
+    """A layer's type as it is: what it fused where it computes two or more graph nodes
+    (`Conv+Relu` from `original_op_types`, as the runner records for new traces and older
+    stores lack), else its `op_type`, else the span's kind."""
+    runtime = layers["op_type"].fillna(layers["kind"]).astype(str)
+    if "original_op_types" not in layers.columns:
+        return runtime
+    fused = [
+        "+".join(str(t) for t in types) if isinstance(types, list) and len(types) > 1 else None
+        for types in layers["original_op_types"]
+    ]
+    return pd.Series(fused, index=layers.index, dtype=object).fillna(runtime).astype(str)
 
 
 class Frames:
@@ -241,13 +246,7 @@ class Frames:
         has_l = set(ly.loc[ly["run_level"] == "layer", "tkey"].unique())
         ly = ly[(ly["run_level"] == "layer") | ~ly["tkey"].isin(has_l)]
         ly = ly.sort_values(["tkey", "idx", "start_ns"]).drop_duplicates(["tkey", "name"])
-        ly = ly.assign(
-            type=ly["op_type"].fillna(ly["kind"]).astype(str),
-            fused=[
-                fused_label(n, t)
-                for n, t in zip(ly["original_nodes"], ly["original_op_types"], strict=True)
-            ],
-        )
+        ly = ly.assign(type=layer_type(ly))
         return self.with_meta(ly.reset_index(drop=True))
 
     @cached_property
@@ -255,14 +254,9 @@ class Frames:
         """Kernel-level spans with the name and type of the layer they ran under (the
         `layer` column is resolved by the loader: the parent, or the launch's parent)."""
         kn = self.at("kernel")
-        types = self.at("layer")[["tkey", "name", "op_type", "kind"]]
-        types = types.drop_duplicates(["tkey", "name"])
+        types = self.at("layer").drop_duplicates(["tkey", "name"])
         types = pd.DataFrame(
-            {
-                "tkey": types["tkey"],
-                "layer": types["name"],
-                "layer_type": types["op_type"].fillna(types["kind"]),
-            }
+            {"tkey": types["tkey"], "layer": types["name"], "layer_type": layer_type(types)}
         )
         kn = kn.merge(types, on=["tkey", "layer"], how="left")
         return self.with_meta(kn)

@@ -6,7 +6,6 @@ output folder (trace database, report, metrics, logs).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import subprocess
 import sys
@@ -23,10 +22,16 @@ from sidecar.localtriton.server import free_port
 from sidecar.localtriton.sidecar_process import SidecarProcess
 from sidecar.localtriton.tracing import traced_server
 from sidecar.metrics_text import sample_sum, scrape, sums_by
+from sidecar.trace.store import count_traces, failed_traces
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DECISIONS = "xsp_sampling_decisions_total"
+PROFILES = "xsp_profiles_total"
+DROPPED = "xsp_samples_dropped_total"
+BUDGET_PER_MINUTE = 60
+DUTY_CYCLE = 0.5
+FORCEABLE = ("simple_cnn", "add_sub")
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class DemoOptions:
     requests: int = 300
     sample_rate: float = 0.02
     forced: int = 3
+    forced_models: tuple[str, ...] = ("simple_cnn",)
     report_format: str = "text"
 
 
@@ -42,10 +48,21 @@ def say(message: str) -> None:
     print(f"==> {message}", flush=True)
 
 
-def _cnn_input(batch: int, rng: np.random.Generator) -> grpcclient.InferInput:
+def _inputs(model: str, i: int, rng: np.random.Generator) -> list[grpcclient.InferInput]:
+    """One request's inputs: `simple_cnn` at batch 1-4 (by `i`) or `add_sub` of 16 floats."""
+    if model == "add_sub":
+        a = rng.random(16, dtype=np.float32)
+        inputs = [
+            grpcclient.InferInput("INPUT0", [16], "FP32"),
+            grpcclient.InferInput("INPUT1", [16], "FP32"),
+        ]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(a)
+        return inputs
+    batch = 1 + i % 4
     x = grpcclient.InferInput("input", [batch, 3, 32, 32], "FP32")
     x.set_data_from_numpy(rng.random((batch, 3, 32, 32), dtype=np.float32))
-    return x
+    return [x]
 
 
 def send_traffic(address: str, options: DemoOptions) -> dict[str, int]:
@@ -54,23 +71,38 @@ def send_traffic(address: str, options: DemoOptions) -> dict[str, int]:
     rng = np.random.default_rng(0)
     counts = {"ok": 0, "error": 0}
     for i in tqdm(range(options.requests), desc="requests through the sidecar", unit="req"):
+        model = "add_sub" if i % 3 == 2 else "simple_cnn"
         try:
-            if i % 3 == 2:
-                a = rng.random(16, dtype=np.float32)
-                inputs = [
-                    grpcclient.InferInput("INPUT0", [16], "FP32"),
-                    grpcclient.InferInput("INPUT1", [16], "FP32"),
-                ]
-                inputs[0].set_data_from_numpy(a)
-                inputs[1].set_data_from_numpy(a)
-                client.infer("add_sub", inputs)
-            else:
-                client.infer("simple_cnn", [_cnn_input(1 + i % 4, rng)])
+            client.infer(model, _inputs(model, i, rng))
             counts["ok"] += 1
         except grpcclient.InferenceServerException:
             counts["error"] += 1
     client.close()
     return counts
+
+
+def finished(metrics_text: str) -> int:
+    """Sampled requests the sidecar is done with: profiled (any outcome) or dropped."""
+    return round(sample_sum(metrics_text, PROFILES) + sample_sum(metrics_text, DROPPED))
+
+
+def wait_for_profiles(
+    metrics_url: str, before: int, want: int, desc: str, timeout: float = 120.0
+) -> int:
+    """Poll /metrics until `want` sampled requests more than `before` are finished (or time
+    runs out); the bar counts this wait's profiles only."""
+    deadline = time.monotonic() + timeout
+    new = 0
+    fmt = "{desc}: {n_fmt}/{total_fmt} profile(s) finished [{elapsed}]"
+    with tqdm(total=want, desc=desc, bar_format=fmt) as bar:
+        while time.monotonic() < deadline:
+            new = finished(scrape(metrics_url)) - before
+            bar.n = min(new, want)
+            bar.refresh()
+            if new >= want:
+                break
+            time.sleep(0.3)
+    return new
 
 
 @dataclass
@@ -80,109 +112,148 @@ class ForcedResult:
     profiles: int = 0
     attempts: int = 0
     turned_away: dict[str, int] = field(default_factory=dict)  # decision -> calls
+    outcomes: list[str] = field(default_factory=list)  # one line per forced profile
 
 
-def send_forced(address: str, metrics_url: str, db: Path, count: int) -> ForcedResult:
-    """`count` simple_cnn calls with `x-xsp-profile: 1`, one profile at a time: a forced call
-    still respects the budget and the worker's duty cycle, so a call that was turned away
-    (counted, with the decision that turned it away) is sent again until one is sampled."""
+def _decision_of_one_call(metrics_url: str, before: dict[str, float]) -> str:
+    """The decision the sidecar took on the call just made: the decision counter that grew
+    (a skip is counted when the call's stream ends, so wait a moment for it)."""
+    deadline = time.monotonic() + 5
+    while True:
+        after = sums_by(scrape(metrics_url), DECISIONS, "decision")
+        grown = [d for d in after if after[d] > before.get(d, 0.0)]
+        if grown or time.monotonic() > deadline:
+            return grown[0] if grown else "unknown"
+        time.sleep(0.05)
+
+
+def send_forced(address: str, metrics_url: str, db: Path, options: DemoOptions) -> ForcedResult:
+    """`options.forced` calls with `x-xsp-profile: 1`, one profile at a time, to the models of
+    `options.forced_models` in turn. A forced call still respects the budget and the worker's
+    duty cycle, so a call that was turned away (counted, with the decision that turned it
+    away) is sent again until one is sampled; then its profile is awaited and its outcome
+    printed (a failed profile with the error stored in its trace)."""
     client = grpcclient.InferenceServerClient(address)
     rng = np.random.default_rng(1)
     result = ForcedResult()
+    count = options.forced
     for k in range(count):
-        before = count_traces(db)
+        model = options.forced_models[k % len(options.forced_models)]
+        label = f"forced profile {k + 1}/{count} ({model})"
+        text = scrape(metrics_url)
+        done_before = finished(text)
+        outcomes_before = sums_by(text, PROFILES, "outcome")
+        sampled = False
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        while not sampled and time.monotonic() < deadline:
             decisions = sums_by(scrape(metrics_url), DECISIONS, "decision")
-            client.infer("simple_cnn", [_cnn_input(1 + k % 4, rng)], headers={"x-xsp-profile": "1"})
+            client.infer(model, _inputs(model, k, rng), headers={"x-xsp-profile": "1"})
             result.attempts += 1
-            after = sums_by(scrape(metrics_url), DECISIONS, "decision")
-            if after.get("sampled", 0.0) > decisions.get("sampled", 0.0):
-                result.profiles += 1
-                break
-            why = next((d for d in after if after[d] > decisions.get(d, 0.0)), "unknown")
-            result.turned_away[why] = result.turned_away.get(why, 0) + 1
-            time.sleep(0.5)  # the duty-cycle gate is closed; try again
-        wait_for_traces(db, before, 1, timeout=60, desc=f"forced profile {k + 1}/{count}")
+            why = _decision_of_one_call(metrics_url, decisions)
+            sampled = why == "sampled"
+            if not sampled:
+                result.turned_away[why] = result.turned_away.get(why, 0) + 1
+                time.sleep(0.5)  # the duty-cycle gate is closed; try again
+        if not sampled:
+            result.outcomes.append(f"{label}: not sampled within 60 s")
+            continue
+        result.profiles += 1
+        wait_for_profiles(metrics_url, done_before, 1, label, timeout=60)
+        after = sums_by(scrape(metrics_url), PROFILES, "outcome")
+        grown = [o for o in after if after[o] > outcomes_before.get(o, 0.0)]
+        outcome = grown[0] if grown else "not finished (still queued or running)"
+        line = f"{label}: {outcome}"
+        if outcome == "error":
+            failed = failed_traces(db, sample_reason="forced", model=model)
+            line += f": {failed[0][1]}" if failed else " (the trace store has no error text)"
+        result.outcomes.append(line)
+        print(f"    {line}", flush=True)
     client.close()
     return result
 
 
-def count_traces(db: Path) -> int:
-    import sqlite3
-
-    if not db.exists():
-        return 0
-    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
-        try:
-            row = con.execute("SELECT count(*) FROM traces WHERE sample_reason != 'cli'")
-            return int(row.fetchone()[0])
-        except sqlite3.Error:
-            return 0
+SKIP_REASONS = {
+    "skipped_rate": "not drawn at the {rate:g}% sample rate",
+    "skipped_budget": "over the budget of {budget} profiles per minute per model",
+    "skipped_duty_cycle": "the profiling worker was at its duty-cycle cap ({duty:g}% busy)",
+    "skipped_store_failing": "the trace store was failing",
+}
 
 
-def wait_for_traces(
-    db: Path, before: int, want: int, timeout: float = 120.0, desc: str = "profiles"
-) -> int:
-    """Poll the trace store until `want` traces more than `before` exist (or time runs out);
-    the bar counts this wait's traces, not the store's."""
-    deadline = time.monotonic() + timeout
-    new = 0
-    fmt = "{desc}: {n_fmt}/{total_fmt} trace(s) stored [{elapsed}]"
-    with tqdm(total=want, desc=desc, bar_format=fmt) as bar:
-        while time.monotonic() < deadline:
-            new = count_traces(db) - before
-            bar.n = min(new, want)
-            bar.refresh()
-            if new >= want:
-                break
-            time.sleep(0.3)
-    return new
+def _skip_reason(decision: str, options: DemoOptions) -> str:
+    template = SKIP_REASONS.get(decision, "see the sidecar's log")
+    return template.format(
+        rate=options.sample_rate * 100, budget=BUDGET_PER_MINUTE, duty=DUTY_CYCLE * 100
+    )
 
 
-def failed_profiles(db: Path) -> dict[str, int]:
-    """Error message -> number of profiles stored with status error."""
-    import sqlite3
-
-    if not db.exists():
-        return {}
-    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
-        try:
-            rows = con.execute(
-                "SELECT model || ': ' || COALESCE(error, status), COUNT(*) FROM traces "
-                "WHERE status != 'ok' GROUP BY 1"
-            ).fetchall()
-        except sqlite3.Error:
-            return {}
-    return {str(k): int(n) for k, n in rows}
+def _logged_failures(log_path: Path, outcome: str, limit: int = 3) -> list[str]:
+    """The sidecar's log lines about profiles that ended in `outcome` (not stored as traces)."""
+    if not log_path.exists():
+        return []
+    marker = f": {outcome} ("
+    lines = log_path.read_text(errors="replace").splitlines()
+    return [line.strip() for line in lines if "profile of" in line and marker in line][:limit]
 
 
 def account(
-    options: DemoOptions, counts: dict[str, int], forced: ForcedResult, metrics_text: str, db: Path
+    options: DemoOptions,
+    counts: dict[str, int],
+    forced: ForcedResult,
+    metrics_text: str,
+    db: Path,
+    log_path: Path,
 ) -> list[str]:
-    """Console lines that add up: what was sent, what the sidecar counted, what it sampled,
-    skipped and profiled, and why profiles failed."""
+    """Console lines that add up: every request /metrics counted (traffic, forced calls and
+    the forced calls sent again, with why), every sampling decision (skips with their
+    reasons), every sampled request (profiled or dropped), every profile by outcome (failed
+    ones with their errors) and the traces stored."""
     sent = options.requests + forced.attempts
-    counted = sample_sum(metrics_text, "xsp_requests_total")
+    counted = round(sample_sum(metrics_text, "xsp_requests_total"))
+    retries = forced.attempts - forced.profiles
     lines = [
-        f"requests: {options.requests} traffic + {forced.attempts} forced calls "
-        f"(for {forced.profiles} forced profile(s)) = {sent} sent; xsp_requests_total "
-        f"counted {counted:.0f}" + ("" if round(counted) == sent else " (they differ!)"),
+        f"requests: {options.requests} traffic + {forced.profiles} forced + {retries} forced "
+        f"sent again = {sent} sent; the sidecar counted {counted} (xsp_requests_total)"
+        + ("" if counted == sent else " (they differ!)"),
     ]
-    if forced.turned_away:
-        why = ", ".join(f"{n} by {d}" for d, n in sorted(forced.turned_away.items()))
-        lines.append(f"forced calls turned away and sent again: {why}")
-    decisions = sums_by(metrics_text, DECISIONS, "decision")
+    for decision, n in sorted(forced.turned_away.items()):
+        lines.append(
+            f"  {n} forced call(s) sent again: turned away by {decision} "
+            f"({_skip_reason(decision, options)})"
+        )
+    decisions = {d: round(n) for d, n in sums_by(metrics_text, DECISIONS, "decision").items()}
+    sampled = decisions.pop("sampled", 0)
+    skipped = sum(decisions.values())
+    lines.append(f"sampling decisions: {sampled + skipped} = {sampled} sampled + {skipped} skipped")
+    for decision, n in sorted(decisions.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  skipped {n}: {_skip_reason(decision, options)} ({decision})")
+    outcomes = {o: round(n) for o, n in sums_by(metrics_text, PROFILES, "outcome").items()}
+    dropped = {r: round(n) for r, n in sums_by(metrics_text, DROPPED, "reason").items()}
+    profiled, dropped_n = sum(outcomes.values()), sum(dropped.values())
+    line = f"sampled {sampled} = {profiled} profiled + {dropped_n} dropped"
+    if (pending := sampled - profiled - dropped_n) != 0:
+        line += f" + {pending} not finished"
+    lines.append(line)
+    for reason, n in sorted(dropped.items()):
+        lines.append(f"  dropped {n}: {reason}")
     lines.append(
-        "sampling decisions: "
-        + ", ".join(f"{d} {n:.0f}" for d, n in sorted(decisions.items(), key=lambda kv: -kv[1]))
+        f"profiles: {profiled}"
+        + (" = " + " + ".join(f"{n} {o}" for o, n in sorted(outcomes.items())) if outcomes else "")
     )
-    outcomes = sums_by(metrics_text, "xsp_profiles_total", "outcome")
+    failed: dict[tuple[str, str], int] = {}
+    for key in failed_traces(db):
+        failed[key] = failed.get(key, 0) + 1
+    for (model, error), n in sorted(failed.items()):
+        lines.append(f"  failed {n} ({model}): {error[:300]}")
+    for outcome in sorted(set(outcomes) - {"ok", "error"}):
+        logged = _logged_failures(log_path, outcome)
+        lines.append(f"  {outcome} {outcomes[outcome]}: not stored; from {log_path.name}:")
+        lines.extend(f"    {entry[:300]}" for entry in logged)
+    stored = count_traces(db)
     lines.append(
-        "profiles: " + (", ".join(f"{o} {n:.0f}" for o, n in sorted(outcomes.items())) or "none")
+        f"traces stored: {stored} ({count_traces(db, status='ok')} ok, "
+        f"{count_traces(db, status='error')} failed)"
     )
-    for reason, n in sorted(failed_profiles(db).items()):
-        lines.append(f"  failed ({n}x): {reason[:200]}")
     if counts["error"]:
         lines.append(f"traffic errors (the client saw them): {counts['error']}")
     return lines
@@ -219,17 +290,24 @@ def run_demo(options: DemoOptions) -> int:
         args = [
             "--model-repository", str(repo), "--db", str(db),
             "--otlp-port", str(otlp_port), "--sample-rate", str(options.sample_rate),
-            "--sample-budget", "60", "--duty-cycle", "0.5", "--levels", "M,L",
-            "--admin", "--admin-listen", f"127.0.0.1:{admin_port}",
+            "--sample-budget", str(BUDGET_PER_MINUTE), "--duty-cycle", str(DUTY_CYCLE),
+            "--levels", "M,L", "--admin", "--admin-listen", f"127.0.0.1:{admin_port}",
         ]  # fmt: skip
-        sidecar = SidecarProcess(triton.grpc_address, out / "sidecar.log", args, keep_xsp_env=True)
+        log_path = out / "sidecar.log"
+        sidecar = SidecarProcess(triton.grpc_address, log_path, args, keep_xsp_env=True)
         with sidecar:
             relay = sidecar.address
             say(f"sidecar relaying on {relay}; metrics on :{sidecar.metrics_port}/metrics")
             counts = send_traffic(relay, options)
             say(f"sent {options.requests} requests: {counts['ok']} ok, {counts['error']} errors")
-            say(f"sending {options.forced} requests with x-xsp-profile: 1 (forced samples)")
-            forced = send_forced(relay, sidecar.metrics_url, db, options.forced)
+            sampled = round(sample_sum(sidecar.metrics(), DECISIONS, decision="sampled"))
+            rate = f"{options.sample_rate * 100:g}%"
+            say(f"{sampled} of them sampled at {rate}" + ("; their profiles:" if sampled else ""))
+            if sampled:
+                wait_for_profiles(sidecar.metrics_url, 0, sampled, "profiles of sampled traffic")
+            models = ", ".join(options.forced_models)
+            say(f"sending {options.forced} request(s) with x-xsp-profile: 1 to {models}")
+            forced = send_forced(relay, sidecar.metrics_url, db, options)
             time.sleep(1.5)  # let Triton's span export and the writer catch up
             stored = count_traces(db)
             metrics_text = sidecar.metrics()
@@ -238,9 +316,9 @@ def run_demo(options: DemoOptions) -> int:
             for line in interesting_metrics(metrics_text):
                 print(f"    {line}")
             say("adding it up:")
-            for line in account(options, counts, forced, metrics_text, db):
+            for line in account(options, counts, forced, metrics_text, db, log_path):
                 print(f"    {line}")
-    say(f"{stored} sampled request(s) profiled and stored in {db}")
+    say(f"{stored} trace(s) of sampled requests stored in {db} (failed profiles included)")
     report = [sys.executable, str(REPO_ROOT / "analysis" / "report.py")]
     say("report on the sampled live requests (analysis/report.py):")
     subprocess.run([*report, str(db), "--format", options.report_format], check=True)

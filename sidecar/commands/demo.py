@@ -35,6 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--forced", type=int, default=3, help="requests sent with x-xsp-profile: 1 (default: 3)"
     )
     parser.add_argument(
+        "--forced-models",
+        default="simple_cnn",
+        help="comma-separated models the forced requests go to in turn, of "
+        "simple_cnn,add_sub; add_sub has no ONNX file, so its profiles fail and the console "
+        "says why (default: simple_cnn)",
+    )
+    parser.add_argument(
         "--format",
         default="text",
         choices=["text", "markdown"],
@@ -43,16 +50,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sidecar.demo import DemoOptions, run_demo
+    from sidecar.demo import FORCEABLE, DemoOptions, run_demo
 
     if args.requests < 1:
         raise SystemExit("error: --requests must be at least 1")
+    forced_models = tuple(m.strip() for m in args.forced_models.split(",") if m.strip())
+    unknown = sorted(set(forced_models) - set(FORCEABLE))
+    if unknown or not forced_models:
+        raise SystemExit(
+            f"error: --forced-models takes {', '.join(FORCEABLE)}; got {args.forced_models!r}"
+        )
     return run_demo(
         DemoOptions(
             out=args.out,
             requests=args.requests,
             sample_rate=args.sample_rate,
             forced=args.forced,
+            forced_models=forced_models,
             report_format=args.format,
         )
     )

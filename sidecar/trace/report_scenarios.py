@@ -75,6 +75,9 @@ def _stats(
 def _layer_attrs(spec: LayerSpec, batch: int, in_shape: list[int], estimated: bool) -> dict:
     return {
         "op_type": spec.op_type,
+        "runtime_op_type": spec.op_type,
+        "original_nodes": [spec.name],  # graph optimizations off: each layer is its node
+        "original_op_types": [spec.op_type],
         "input_shapes": [in_shape],
         "output_shapes": [[batch, *spec.out_shape]],
         "provider": "CPUExecutionProvider",
@@ -173,6 +176,9 @@ def cpu_trace(
             "peak_flops_per_s": 5.0e10,
             "peak_dram_bytes_per_s": 1.0e10,
             "peak_source": "cpu-microbenchmark",
+            "peak_measured_ns": BASE_NS - HOUR_NS,
+            "peak_rounds": 5,
+            "peak_load_per_cpu": 0.05,
             "graph_optimizations": "disabled",
             "layer_names": "original",
             "levels": ["model", "layer"],
@@ -310,6 +316,8 @@ def gpu_trace(
             "peak_flops_per_s": 19.5e12,
             "peak_dram_bytes_per_s": 1.555e12,
             "peak_source": "gpu-spec",
+            "peak_measured_ns": 0,  # a datasheet peak: not measured
+            "peak_rounds": 0,
             "graph_optimizations": "disabled",
             "layer_names": "original",
             "levels": ["model", "layer", "kernel"],

@@ -18,7 +18,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -413,6 +413,48 @@ def _check_ids(trace_id: str, records: Sequence[Any], what: str) -> None:
     for r in records:
         if r.trace_id != trace_id:
             raise ValueError(f"{what} belongs to trace {r.trace_id}, not to trace {trace_id}")
+
+
+# --- peeking at a store another process writes ---------------------------------------------
+
+
+def count_traces(path: str | Path, **equal: str) -> int:
+    """How many traces the database at `path` holds whose columns equal `equal` (e.g.
+    `sample_reason="forced"`); 0 while the file or its tables do not exist yet."""
+    where = " AND ".join(f"{_column(c)} = ?" for c in equal) or "1=1"
+    rows = _peek(path, f"SELECT count(*) FROM traces WHERE {where}", list(equal.values()))
+    return int(rows[0][0]) if rows else 0
+
+
+def failed_traces(path: str | Path, **equal: str) -> list[tuple[str, str]]:
+    """(model, error) of the traces stored with status `error` whose columns equal `equal`,
+    newest first; [] while the file or its tables do not exist yet."""
+    where = "".join(f" AND {_column(c)} = ?" for c in equal)
+    rows = _peek(
+        path,
+        "SELECT model, COALESCE(error, '') FROM traces WHERE status = 'error'"
+        f"{where} ORDER BY created_ns DESC, trace_id DESC",
+        list(equal.values()),
+    )
+    return [(str(model), str(error)) for model, error in rows]
+
+
+def _column(name: str) -> str:
+    if not name.isidentifier():
+        raise ValueError(f"not a column name: {name!r}")
+    return name
+
+
+def _peek(path: str | Path, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """Rows of one query on a read-only connection (a poller never takes the write lock);
+    [] when the database is missing or not ready yet."""
+    if not Path(path).exists():
+        return []
+    try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)) as con:
+            return list(con.execute(sql, args).fetchall())
+    except sqlite3.Error:
+        return []
 
 
 # --- errors -------------------------------------------------------------------------------

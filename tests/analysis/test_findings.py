@@ -52,7 +52,14 @@ def checked_in() -> dict[str, dict[str, list[findings.Finding]]]:
 def test_which_rules_fire_on_the_checked_in_stores(
     checked_in: dict[str, dict[str, list[findings.Finding]]],
 ) -> None:
-    assert set(checked_in["cpu"]) == {"optimal_batch", "memory_bound_layers", "profiler_overhead"}
+    # the CPU store was profiled on a 2-core machine busy with other work: its peak (best of 5
+    # rounds at load 0.83/CPU) is below what the fused convolutions achieved
+    assert set(checked_in["cpu"]) == {
+        "optimal_batch",
+        "memory_bound_layers",
+        "profiler_overhead",
+        "peak_below_achieved",
+    }
     assert set(checked_in["gpu"]) == {
         "optimal_batch",
         "launch_bound",
@@ -128,7 +135,21 @@ def test_failed_profiles_are_reported_with_their_reason(tmp_path: Path) -> None:
 def test_peak_below_achieved_hides_utilization_above_one(
     tmp_path: Path, checked_in: dict[str, dict[str, list[findings.Finding]]]
 ) -> None:
-    assert not any("peak_below_achieved" in r for r in checked_in.values())
+    assert "peak_below_achieved" not in checked_in["gpu"]
+    assert "peak_below_achieved" not in checked_in["live"]
+    (recorded,) = checked_in["cpu"]["peak_below_achieved"]  # measured under load (above)
+    assert "Conv+Relu" in recorded.evidence and "--refresh-peak" in recorded.action
+    # silent on the same real profiles once the peak is one they did not beat
+    raised = _changed(
+        CPU_DB,
+        tmp_path,
+        "UPDATE traces SET attributes = json_set(attributes, '$.peak_flops_per_s', 1e12)",
+    )
+    assert not [
+        x
+        for x in TraceAnalysis.from_paths([raised]).findings()
+        if x.rule == ("peak_below_achieved")
+    ]
     db = _changed(
         CPU_DB,
         tmp_path,

@@ -1,14 +1,12 @@
-"""Helpers of the end-to-end tests: traffic for the sample CNN, trace counts, polling.
+"""Helpers of the end-to-end tests: traffic for the sample CNN, polling.
 
-The sidecar itself runs as `sidecar.localtriton.sidecar_process.SidecarProcess`.
+The sidecar itself runs as `sidecar.localtriton.sidecar_process.SidecarProcess`; trace counts
+come from `sidecar.trace.store.count_traces`.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import time
-from contextlib import closing
-from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -22,16 +20,6 @@ def cnn_infer(
     result = client.infer("simple_cnn", [x], headers=headers)
     output: np.ndarray = result.as_numpy("output")
     return output
-
-
-def count_traces(db: Path, where: str = "1=1") -> int:
-    if not db.exists():
-        return 0
-    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
-        try:
-            return int(con.execute(f"SELECT count(*) FROM traces WHERE {where}").fetchone()[0])
-        except sqlite3.Error:
-            return 0
 
 
 def wait_until(predicate: object, timeout: float = 60.0, interval: float = 0.2) -> bool:

@@ -18,8 +18,8 @@ import tritonclient.grpc as grpcclient
 from sidecar.localtriton.server import TritonServer
 from sidecar.localtriton.sidecar_process import SidecarProcess
 from sidecar.trace.spans import Level, Source
-from sidecar.trace.store import TraceStore
-from tests.e2e.helpers import cnn_infer, count_traces, wait_until
+from sidecar.trace.store import TraceStore, count_traces
+from tests.e2e.helpers import cnn_infer, wait_until
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 

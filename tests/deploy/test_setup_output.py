@@ -1,0 +1,60 @@
+"""`scripts/setup.sh` run again with nothing changed says so in a few lines: no reinstall, no
+setuptools warnings, no pip banners.
+
+It runs the real script in a scratch copy of the checkout's set-up inputs (the script and
+pyproject.toml) whose `.venv` is the environment running the tests, so it reuses that
+environment's set-up stamp and never touches the checkout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV = Path(sys.prefix)
+
+
+def _installed_by_this_setup() -> bool:
+    """The running environment's stamp says this pyproject.toml and setup.sh installed it (if
+    not, the script would reinstall into it, which a test must not do)."""
+    stamp = VENV / ".xsp-setup-stamp"
+    if not stamp.is_file():
+        return False
+    inputs = (ROOT / "pyproject.toml").read_bytes() + (ROOT / "scripts" / "setup.sh").read_bytes()
+    want = f"{hashlib.sha256(inputs).hexdigest()} Python {platform.python_version()}"
+    return stamp.read_text().strip() == want
+
+
+@pytest.mark.skipif(
+    not _installed_by_this_setup(),
+    reason="the test environment was not set up by this checkout's scripts/setup.sh",
+)
+def test_second_setup_run_is_quiet(tmp_path: Path) -> None:
+    (tmp_path / "scripts").mkdir()
+    for name in ("pyproject.toml", "scripts/setup.sh"):
+        (tmp_path / name).write_bytes((ROOT / name).read_bytes())
+    (tmp_path / ".venv").symlink_to(VENV, target_is_directory=True)
+    run = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "setup.sh")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"},
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    lines = output.splitlines()
+    assert "==> .venv is up to date" in lines[0], output
+    assert len(lines) <= 4, output
+    for noise in ("WARNING", "warning: ", "Successfully installed", "Requirement already",
+                  "[notice]", "Obtaining file", "Building editable"):  # fmt: skip
+        assert noise not in output, output

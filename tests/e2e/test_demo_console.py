@@ -1,0 +1,126 @@
+"""The real demo (`xsp-sidecar demo`, small): its console adds up against the /metrics scrape
+it writes (demo-out/metrics.txt), names why profiles were skipped or failed, and its progress
+bars count each profile's own work."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sidecar.metrics_text import sample_sum, sums_by
+from sidecar.trace.store import count_traces
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+
+REQUESTS, FORCED = 30, 2
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, Path]:
+    """(console, metrics.txt, output folder) of one small demo run whose forced requests go to
+    simple_cnn and then add_sub (a Python model the profiler cannot replay: a failed profile)."""
+    out = tmp_path_factory.mktemp("demo") / "demo-out"
+    cmd = [
+        sys.executable, "-m", "sidecar", "demo", "--requests", str(REQUESTS),
+        "--forced", str(FORCED), "--forced-models", "simple_cnn,add_sub", "--out", str(out),
+    ]  # fmt: skip
+    run = subprocess.run(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240
+    )
+    assert run.returncode == 0, run.stdout[-4000:]
+    return run.stdout, (out / "metrics.txt").read_text(), out
+
+
+def _one(pattern: str, console: str) -> re.Match[str]:
+    found = re.search(pattern, console, re.MULTILINE)
+    assert found, f"no line matching {pattern!r} in:\n{console[-6000:]}"
+    return found
+
+
+def test_requests_add_up_to_what_metrics_counted(demo: tuple[str, str, Path]) -> None:
+    console, metrics, _ = demo
+    m = _one(
+        r"requests: (\d+) traffic \+ (\d+) forced \+ (\d+) forced sent again = (\d+) sent; "
+        r"the sidecar counted (\d+) \(xsp_requests_total\)$",
+        console,
+    )
+    traffic, forced, again, sent, counted = map(int, m.groups())
+    assert (traffic, forced) == (REQUESTS, FORCED)
+    assert traffic + forced + again == sent == counted
+    assert counted == round(sample_sum(metrics, "xsp_requests_total"))
+    # every forced call sent again is explained by the decision that turned it away
+    decisions = sums_by(metrics, "xsp_sampling_decisions_total", "decision")
+    retried = re.findall(r"(\d+) forced call\(s\) sent again: turned away by (\w+) \(.+\)", console)
+    assert sum(int(n) for n, _ in retried) == again
+    for n, decision in retried:
+        assert decision.startswith("skipped_") and int(n) <= decisions[decision]
+
+
+def test_decisions_and_skips_add_up_with_their_reasons(demo: tuple[str, str, Path]) -> None:
+    console, metrics, _ = demo
+    decisions = {
+        d: round(n) for d, n in sums_by(metrics, "xsp_sampling_decisions_total", "decision").items()
+    }
+    m = _one(r"sampling decisions: (\d+) = (\d+) sampled \+ (\d+) skipped$", console)
+    total, sampled, skipped = map(int, m.groups())
+    assert total == sum(decisions.values()) == round(sample_sum(metrics, "xsp_requests_total"))
+    assert sampled == decisions["sampled"] and sampled + skipped == total
+    shown = {d: int(n) for n, d in re.findall(r"^ +skipped (\d+): .+ \((\w+)\)$", console, re.M)}
+    assert shown == {d: n for d, n in decisions.items() if d != "sampled"}
+    # 30 requests at 2 %: some are not drawn, and the console says so in words
+    assert re.search(r"skipped \d+: not drawn at the 2% sample rate \(skipped_rate\)", console)
+
+
+def test_profiles_add_up_and_failures_show_their_error(demo: tuple[str, str, Path]) -> None:
+    console, metrics, out = demo
+    outcomes = {o: round(n) for o, n in sums_by(metrics, "xsp_profiles_total", "outcome").items()}
+    dropped = round(sample_sum(metrics, "xsp_samples_dropped_total"))
+    m = _one(r"^ +sampled (\d+) = (\d+) profiled \+ (\d+) dropped$", console)
+    sampled, profiled, shown_dropped = map(int, m.groups())
+    assert sampled == profiled + shown_dropped
+    assert (profiled, shown_dropped) == (sum(outcomes.values()), dropped)
+    m = _one(r"^ +profiles: (\d+) = (.+)$", console)
+    terms = dict(reversed(t.split(" ", 1)) for t in m.group(2).split(" + "))
+    assert {o: int(n) for o, n in terms.items()} == outcomes
+    assert outcomes.get("error", 0) >= 1  # the forced add_sub profile
+    # the reason is on the console, live and in the summary, not only in sidecar.log
+    _one(
+        rf"forced profile {FORCED}/{FORCED} \(add_sub\): error: UnsupportedModelFormatError",
+        console,
+    )
+    _one(r"^ +failed \d+ \(add_sub\): UnsupportedModelFormatError: model 'add_sub'", console)
+    _one(rf"forced profile 1/{FORCED} \(simple_cnn\): ok$", console)
+    m = _one(r"^ +traces stored: (\d+) \((\d+) ok, (\d+) failed\)$", console)
+    stored, ok, failed = map(int, m.groups())
+    db = out / "traces.db"
+    assert (stored, ok, failed) == (
+        count_traces(db),
+        count_traces(db, status="ok"),
+        count_traces(db, status="error"),
+    )
+    assert (ok, failed) == (outcomes.get("ok", 0), outcomes.get("error", 0))
+
+
+def test_progress_bars_count_each_profile_not_the_store(demo: tuple[str, str, Path]) -> None:
+    console, metrics, _ = demo
+    bars = re.findall(
+        r"^(forced profile \d+/\d+ \(\w+\)|profiles of sampled traffic): (\d+)/(\d+) profile",
+        console.replace("\r", "\n"),
+        re.MULTILINE,
+    )
+    forced = {desc for desc, _, _ in bars if desc.startswith("forced")}
+    assert forced == {
+        f"forced profile 1/{FORCED} (simple_cnn)",
+        f"forced profile 2/{FORCED} (add_sub)",
+    }
+    sampled_traffic = (
+        round(sample_sum(metrics, "xsp_sampling_decisions_total", decision="sampled")) - FORCED
+    )
+    for desc, n, total in bars:
+        want = 1 if desc.startswith("forced") else sampled_traffic
+        assert int(total) == want and int(n) <= want, (desc, n, total)
+    assert not re.search(r"trace/s|profile/s", console)  # counts, not a rate over the store
