@@ -18,7 +18,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 STAMP=.venv/.xsp-setup-stamp
 LOG=.venv/setup.log
 want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1) $(python -V 2>&1)"
-check() { python -c "import sidecar, torch, onnxruntime, grpc, tritonclient.grpc" 2>/dev/null; }
+check() { python -c "import sidecar, torch, onnxruntime, grpc, tritonclient.grpc, tensorflow_serving.apis.predict_pb2" 2>/dev/null; }
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && check; then
     echo "==> .venv is up to date (pyproject.toml unchanged; log of the last install: $LOG)"
@@ -28,7 +28,7 @@ else
         pip install --quiet --upgrade pip || echo "(pip not upgraded; going on)"
         # The CPU build of PyTorch first: an unpinned torch would pull a multi-GB CUDA build.
         pip install --quiet torch==2.13.0
-        pip install --quiet -e '.[dev,pytorch]'
+        pip install --quiet -e '.[dev,pytorch,tensorflow]'
     } >"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; echo "setup failed: see $LOG" >&2; exit 1; }
     check || { echo "setup failed: the sidecar's environment is incomplete (see $LOG)" >&2; exit 1; }
     echo "$want" >"$STAMP"
