@@ -18,9 +18,9 @@ Three scenarios, each a trace store written with `sidecar.trace.store.TraceStore
   backend's server spans (request, queue, compute, compute_input/infer/output) and the M/L
   replay of the same inputs. SYNTHETIC timings.
 
-The synthetic records are built by `sidecar.trace.synthetic` (the module the trace store's
-tests build their traces with). Generation is deterministic (fixed seeds), so the files only
-change when that module does.
+The synthetic records are built by `sidecar.trace.report_scenarios`, with the ids and
+conventions of `sidecar.trace.synthetic` (what the trace store's tests build traces with).
+Generation is deterministic (fixed seeds), so the files only change when those modules do.
 """
 
 from __future__ import annotations
