@@ -1,5 +1,6 @@
 """Shared fixtures: a real Triton server (from `nvidia-pytriton`) with the sample models, plain
-or in OpenTelemetry trace mode."""
+or in OpenTelemetry trace mode; the stand-in for `tensorflow_model_server` with the Keras sample
+models."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from sidecar.localtfserving.models import build_model_base
+from sidecar.localtfserving.process import TfServingServer
 from sidecar.localtriton.model_repo import build_model_repository
 from sidecar.localtriton.server import TritonServer, free_port
 from sidecar.localtriton.tracing import traced_server
@@ -38,4 +41,15 @@ def traced_triton(
     repo = build_model_repository(root / "models")
     otlp_url = f"http://127.0.0.1:{otlp_port}/v1/traces"
     with traced_server(repo, root / "tritonserver.log", otlp_url, 100) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def tfserving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TfServingServer]:
+    """The stand-in for `tensorflow_model_server` (real TensorFlow) serving `keras_cnn` and
+    `keras_transformer` from a model base path, with TensorFlow's profiler server on
+    `profiler_address`."""
+    root = tmp_path_factory.mktemp("tfserving")
+    base = build_model_base(root / "models")
+    with TfServingServer(base, root / "tfserving.log", profiler=True) as server:
         yield server

@@ -41,7 +41,7 @@ ALLOWED: dict[str, set[str]] = {
     ),
     "sidecar.profile": units("profiling", "trace"),
     "sidecar.localtriton": units("metrics_text", "profiling"),
-    "sidecar.localtfserving": units("metrics_text", "profiling", "replay"),
+    "sidecar.localtfserving": units("localtriton", "metrics_text", "profiling", "replay"),
     "sidecar.demo": units("localtriton", "metrics_text", "trace"),
     "sidecar.commands": units("config", "demo", "profile", "serve"),
     "sidecar.cli": units("commands"),

@@ -1,11 +1,12 @@
-"""TF-Serving traffic through the relay.
+"""TF-Serving traffic through the relay, against a fake backend.
 
-No `tensorflow_model_server` binary (nor the 2 GB `tensorflow` wheel its protos need) can be
-installed here, so the backend is a plain grpcio server that implements TF-Serving's
-`PredictionService/Predict` and `ModelService/GetModelStatus` on raw protobuf bytes — a
-stand-in for TF-Serving, named as such. The relay never parses past the model name, so what
-is checked is exactly what it does with TF-Serving: bytes unchanged both ways, errors
-unchanged, calls counted per method and model.
+The backend here is a plain grpcio server that implements TF-Serving's
+`PredictionService/Predict` and `ModelService/GetModelStatus` on raw protobuf bytes (a fake,
+named as such), so this stays a fast test of the relay alone. The relay never parses past the
+model name, so what is checked is exactly what it does with TF-Serving: bytes unchanged both
+ways, errors unchanged, calls counted per method and model. The same relay in front of real
+TensorFlow (the stand-in for `tensorflow_model_server`) is tested in
+`tests/e2e/test_tfserving_relay.py`.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def predict_request(model: str) -> bytes:
 
 
 def fake_tfserving() -> tuple[grpc.Server, int]:
-    """Stand-in for TF-Serving: answers Predict with the request's bytes reversed."""
+    """A fake TF-Serving: answers Predict with the request's bytes reversed."""
     from concurrent import futures
 
     def predict(request: bytes, context: grpc.ServicerContext) -> bytes:
