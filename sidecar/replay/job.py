@@ -1,6 +1,7 @@
 """Replay one sampled request with leveled profiling (runs inside the profiling worker).
 
-Decode the request's tensors, find the model in the mounted repository, run the leveled
+Decode the request's tensors (a KServe `ModelInferRequest` or a TF-Serving `PredictRequest`,
+by the job's method), find the model in the mounted repository, run the leveled
 experiment on a local runtime, hang the replay under the proxy's span, store the trace and
 return the numbers the Prometheus aggregates need. A failure is stored as a trace with
 `status=error` too, so an operator sees that a sample was taken and why it has no profile.
@@ -14,6 +15,7 @@ import base64
 import collections
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,11 +26,13 @@ from sidecar.profiling.experiment import LeveledProfile, describe_inputs, run_ex
 from sidecar.profiling.inputs import InputSpec, random_inputs
 from sidecar.profiling.peak import get_peak
 from sidecar.profiling.runners.base import ProfilingError, Runner
-from sidecar.profiling.runners.select import runner_for
+from sidecar.profiling.runners.select import ModelFormat, runner_for
 from sidecar.replay.jobs import JobResult, ProfileJob
 from sidecar.replay.kserve_decode import decode_model_infer_request
 from sidecar.replay.model_repository import ModelLocation, TensorSpec, find_model
 from sidecar.replay.options import ReplayOptions
+from sidecar.replay.savedmodel_signature import signature_input_specs
+from sidecar.replay.tf_decode import decode_predict_request
 from sidecar.trace.errors import TraceStoreError
 from sidecar.trace.spans import Level, LevelStats, Span, Trace
 from sidecar.trace.store import TraceStore
@@ -45,6 +49,47 @@ _KSERVE_TO_NUMPY = {
 
 class ReplayError(Exception):
     """The sampled request cannot be replayed; the message says why."""
+
+
+@dataclass(frozen=True)
+class DecodedInputs:
+    """A sampled request's tensors, whatever protocol carried them."""
+
+    inputs: dict[str, np.ndarray]
+    version: str = ""  # the model version the request asks for ("": as the job says)
+    attributes: dict[str, Any] | None = None  # protocol details for the trace
+
+
+def _decode_kserve(message: bytes) -> DecodedInputs:
+    return DecodedInputs(dict(decode_model_infer_request(message).inputs))
+
+
+def _decode_predict(message: bytes) -> DecodedInputs:
+    request = decode_predict_request(message)
+    attributes = {"signature_name": request.signature_name}
+    if request.version_label:
+        attributes["version_label"] = request.version_label
+    return DecodedInputs(request.inputs, request.model_version, attributes)
+
+
+# job.method -> the decoder of its request message
+DECODERS = {
+    "ModelInfer": _decode_kserve,
+    "ModelStreamInfer": _decode_kserve,
+    "Predict": _decode_predict,
+}
+
+
+def decode_request(job: ProfileJob) -> DecodedInputs | None:
+    """The job's request as arrays (None without a message: an admin profile)."""
+    if not job.request_message:
+        return None
+    decoder = DECODERS.get(job.method)
+    if decoder is None:
+        raise ReplayError(
+            f"cannot decode {job.method} requests (replayable: {', '.join(DECODERS)})"
+        )
+    return decoder(job.request_message)
 
 
 def _runner(location: ModelLocation, context: dict[str, Any]) -> Runner:
@@ -69,7 +114,10 @@ def _runner(location: ModelLocation, context: dict[str, Any]) -> Runner:
 
 
 def _random_inputs(location: ModelLocation) -> dict[str, np.ndarray]:
-    """Inputs shaped by the model config, batch 1, for admin profiles without a request."""
+    """Inputs shaped by the model config (or a SavedModel's serving signature), batch 1, for
+    admin profiles without a request."""
+    if not location.inputs and location.format is ModelFormat.SAVEDMODEL:
+        return random_inputs(signature_input_specs(location.path))
     specs = []
     for tensor in location.inputs:
         specs.append(_input_spec(tensor, batched=location.max_batch_size > 0))
@@ -89,14 +137,10 @@ def _input_spec(tensor: TensorSpec, batched: bool) -> InputSpec:
     return InputSpec(tensor.name, (1, *dims) if batched else dims, dtype)
 
 
-def _inputs(job: ProfileJob, location: ModelLocation) -> tuple[dict[str, np.ndarray], str]:
-    if not job.request_message:
-        return _random_inputs(location), "random"
-    decoded = decode_model_infer_request(job.request_message)
-    return dict(decoded.inputs), "request"
-
-
 def _batch_size(inputs: dict[str, np.ndarray], location: ModelLocation) -> int | None:
+    if location.format is ModelFormat.SAVEDMODEL and location.config is None:
+        leading = {a.shape[0] for a in inputs.values() if a.ndim > 0}  # TF-Serving: no config
+        return int(leading.pop()) if len(leading) == 1 else None
     if location.max_batch_size <= 0 or not inputs:
         return None
     first = next(iter(inputs.values()))
@@ -150,9 +194,14 @@ def replay_job(job: ProfileJob, context: dict[str, Any]) -> JobResult:
         sidecar_version=__version__,
     )
     try:
-        location = find_model(options.model_repository, job.model, job.model_version or None)
+        request = decode_request(job)
+        version = job.model_version or (request.version if request else "")
+        location = find_model(options.model_repository, job.model, version or None)
+        if request is None:
+            inputs, input_source = _random_inputs(location), "random"
+        else:
+            inputs, input_source = request.inputs, "request"
         runner = _runner(location, context)
-        inputs, input_source = _inputs(job, location)
         profile = run_experiment(
             runner,
             inputs,
@@ -173,6 +222,8 @@ def replay_job(job: ProfileJob, context: dict[str, Any]) -> JobResult:
             job.trace_id, job.model, outcome, time.perf_counter() - started, error=error
         )
     _link(profile, job, location, input_source)
+    if request is not None and request.attributes:
+        profile.trace.attributes.update(request.attributes)
     if options.store_raw_inputs:
         profile.trace.attributes["raw_inputs"] = _raw_inputs(inputs)
     store_error = _write(context, profile.trace, profile.spans, profile.level_stats)
@@ -223,4 +274,4 @@ def _summary(profile: LeveledProfile, job: ProfileJob, busy_s: float) -> JobResu
     )
 
 
-__all__ = ["ProfilingError", "ReplayError", "replay_job"]
+__all__ = ["DecodedInputs", "ProfilingError", "ReplayError", "decode_request", "replay_job"]

@@ -1,11 +1,13 @@
-"""Find a model in a Triton model repository, for the profiling worker to replay.
+"""Find a model in a Triton model repository or a TF-Serving model base path, for the
+profiling worker to replay.
 
-Layout (Triton's): `<repo>/<model>/config.pbtxt` and `<repo>/<model>/<version>/<file>`, where
+Triton's layout: `<repo>/<model>/config.pbtxt` and `<repo>/<model>/<version>/<file>`, where
 the file is `model.onnx` (ONNX Runtime), `model.pt` (PyTorch / TorchScript) or
 `model.savedmodel/` (TensorFlow), or the name in the config's `default_model_filename`.
-Without a requested version the highest numeric version folder is used. A Python-backend
-model whose version folder holds a `model.onnx` (or `model.pt`) counts as that format: it is
-how the sample `simple_cnn` is served.
+TF-Serving's layout: `<base>/<model>/<version>/saved_model.pb`, no config; the version folder
+itself is the SavedModel. Without a requested version the highest numeric version folder is
+used. A Python-backend model whose version folder holds a `model.onnx` (or `model.pt`)
+counts as that format: it is how the sample `simple_cnn` is served.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ if TYPE_CHECKING:  # loaded on first use: the relay's process asks only `model_i
     from tritonclient.grpc import model_config_pb2
 
 CONFIG_FILE = "config.pbtxt"
+SAVED_MODEL_FILE = "saved_model.pb"  # a version folder holding it is a SavedModel (TF-Serving)
 
 
 DEFAULT_FILENAMES: dict[ModelFormat, str] = {
@@ -210,6 +213,8 @@ def _resolve_file(
                 f"{kind or 'unknown'}); supported: .onnx, .pt, .savedmodel"
             )
         return path, fmt
+    if config is None and (version_dir / SAVED_MODEL_FILE).is_file():
+        return version_dir, ModelFormat.SAVEDMODEL  # TF-Serving's model base layout
     expected = _FORMATS.get(kind)
     candidates = [expected] if expected else list(DEFAULT_FILENAMES)  # python backend, no config
     for fmt in candidates:
@@ -217,6 +222,8 @@ def _resolve_file(
         if path.exists():
             return path, fmt
     wanted = " or ".join(DEFAULT_FILENAMES[f] for f in candidates)
+    if config is None:
+        wanted += f" (or a TF-Serving SavedModel, {SAVED_MODEL_FILE})"
     present = ", ".join(sorted(p.name for p in version_dir.iterdir())) or "nothing"
     raise UnsupportedModelFormatError(
         f"model {model!r} (backend {kind or 'unknown'}): no {wanted} in {version_dir} "

@@ -22,8 +22,10 @@ from sidecar.trace.spans import Level, Source, Span, new_span_id, new_trace_id
 
 log = logging.getLogger(__name__)
 
-# Methods whose request message can be replayed (KServe v2 inference).
-REPLAYABLE_METHODS = frozenset({"ModelInfer", "ModelStreamInfer"})
+# Methods whose request message can be replayed -> the job's method (the replay's decoder):
+# KServe v2 inference (a stream's first message is a ModelInferRequest) and TF-Serving Predict.
+REPLAYABLE_METHODS = {"ModelInfer": "ModelInfer", "ModelStreamInfer": "ModelInfer",
+                      "Predict": "Predict"}  # fmt: skip
 MAX_SAMPLED_BODY = 64 << 20
 
 
@@ -32,6 +34,7 @@ class _Pending:
     trace_id: str
     span_id: str
     tentative: Tentative
+    method: str = "ModelInfer"  # the job's method
     decision: Decision | None = None
     queued: bool = False
 
@@ -120,7 +123,9 @@ class SamplingObserver:
         if tentative is Tentative.GATED or tentative is Tentative.STORE_FAILING:
             self._pending[start.stream_id] = _Pending("", "", tentative)
             return None
-        pending = _Pending(new_trace_id(), new_span_id(), tentative)
+        pending = _Pending(
+            new_trace_id(), new_span_id(), tentative, REPLAYABLE_METHODS[start.method]
+        )
         self._pending[start.stream_id] = pending
         traceparent = f"00-{pending.trace_id}-{pending.span_id}-01"
         return HeaderDecision(
@@ -153,7 +158,7 @@ class SamplingObserver:
             trace_id=pending.trace_id,
             parent_span_id=pending.span_id,
             model=model,
-            method="ModelInfer",
+            method=pending.method,
             request_message=message,
             reason="forced" if pending.tentative is Tentative.FORCED else "random",
             received_ns=time.time_ns(),
@@ -162,7 +167,7 @@ class SamplingObserver:
             pending.queued = True
             hub.mark_sampled(pending.trace_id)
             if hub.remember is not None:
-                hub.remember(model, "ModelInfer", message)
+                hub.remember(model, pending.method, message)
         else:
             hub.sampler.duty.cancel()
             hub.metrics.dropped.labels(label, "queue_full").inc()

@@ -1,7 +1,9 @@
-"""Replaying a sampled KServe request: real ONNX Runtime, real SQLite, the sample repository."""
+"""Replaying a sampled KServe or TF-Serving request: real ONNX Runtime, real SQLite, the sample
+repository, and real Keras SavedModels in a TF-Serving model base path."""
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +12,9 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from sidecar.localtriton.model_repo import build_model_repository
-from sidecar.replay.job import replay_job
+from sidecar.replay.job import ReplayError, decode_request, replay_job
 from sidecar.replay.jobs import ProfileJob
+from sidecar.replay.kserve_decode import KServeDecodeError
 from sidecar.replay.options import ReplayOptions
 from sidecar.trace.spans import Level, new_span_id, new_trace_id
 from sidecar.trace.store import TraceStore
@@ -44,12 +47,27 @@ def context(repo: Path, db: Path, store_raw_inputs: bool = False) -> dict[str, A
     return {"options": options}
 
 
-def job(model: str, message: bytes, reason: str = "forced") -> ProfileJob:
+def predict_request(model: str, inputs: dict[str, np.ndarray], version: int | None = None) -> bytes:
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    if version is not None:
+        request.model_spec.version.value = version
+    for name, array in inputs.items():
+        request.inputs[name].CopyFrom(tf.make_tensor_proto(array))
+    return bytes(request.SerializeToString())
+
+
+def job(
+    model: str, message: bytes, reason: str = "forced", method: str = "ModelInfer"
+) -> ProfileJob:
     return ProfileJob(
         trace_id=new_trace_id(),
         parent_span_id=new_span_id(),
         model=model,
-        method="ModelInfer",
+        method=method,
         request_message=message,
         reason=reason,
         received_ns=0,
@@ -111,3 +129,95 @@ def test_unreplayable_models_are_stored_as_errors(
     assert result.outcome == "error" and error in result.error
     trace = TraceStore(tmp_path / "t.db").get_trace(the_job.trace_id)
     assert trace is not None and trace.status == "error" and error in trace.error
+
+
+def test_the_decoder_is_picked_by_the_jobs_method() -> None:
+    image = np.random.default_rng(1).random((2, 32, 32, 3), dtype=np.float32)
+    predict = predict_request("keras_cnn", {"image": image}, version=3)
+    decoded = decode_request(job("keras_cnn", predict, method="Predict"))
+    assert decoded is not None and list(decoded.inputs) == ["image"]
+    np.testing.assert_array_equal(decoded.inputs["image"], image)
+    assert decoded.version == "3" and decoded.attributes == {"signature_name": "serving_default"}
+
+    x = np.ones((1, 3, 32, 32), dtype=np.float32)
+    kserve = decode_request(job("simple_cnn", infer_request("simple_cnn", x)))
+    assert kserve is not None and kserve.version == "" and kserve.inputs["input"].shape == x.shape
+    with pytest.raises(KServeDecodeError):
+        decode_request(job("keras_cnn", predict))  # a Predict message is no ModelInferRequest
+    with pytest.raises(ReplayError, match="cannot decode Classify requests"):
+        decode_request(job("keras_cnn", predict, method="Classify"))
+    assert decode_request(job("keras_cnn", b"", method="Predict")) is None  # admin: random
+
+
+def test_a_predict_request_replays_with_its_own_inputs(repo: Path, tmp_path: Path) -> None:
+    x = np.random.default_rng(2).random((2, 3, 32, 32), dtype=np.float32)
+    the_job = job("simple_cnn", predict_request("simple_cnn", {"input": x}), method="Predict")
+    result = replay_job(the_job, context(repo, tmp_path / "t.db", store_raw_inputs=True))
+    assert result.outcome == "ok", result.error
+    trace = TraceStore(tmp_path / "t.db").get_trace(the_job.trace_id)
+    assert trace is not None and trace.status == "ok" and trace.batch_size == 2
+    assert trace.attributes["method"] == "Predict"
+    assert trace.attributes["input_source"] == "request"
+    assert trace.attributes["signature_name"] == "serving_default"
+    raw = trace.attributes["raw_inputs"]["input"]
+    assert raw["shape"] == [2, 3, 32, 32] and base64.b64decode(raw["data_base64"]) == x.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        (b"\xff\xfe not protobuf", "PredictDecodeError: bytes are not a PredictRequest"),
+        (b"\x0a\x0b\x0a\x09keras_cnn", "PredictDecodeError: the PredictRequest for"),
+        (None, "PredictDecodeError: input 'image': shape [1, 32, 32, 3] of DT_FLOAT needs"),
+    ],
+    ids=["not protobuf", "no inputs", "short tensor_content"],
+)
+def test_a_malformed_predict_request_is_stored_as_an_error(
+    tf_model_base: Path, tmp_path: Path, message: bytes | None, error: str
+) -> None:
+    if message is None:
+        import tensorflow as tf
+        from tensorflow_serving.apis import predict_pb2
+
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "keras_cnn"
+        request.inputs["image"].CopyFrom(tf.make_tensor_proto(np.ones((1, 32, 32, 3), "f4")))
+        request.inputs["image"].tensor_content = request.inputs["image"].tensor_content[:-4]
+        message = request.SerializeToString()
+    the_job = job("keras_cnn", message, method="Predict")
+    result = replay_job(the_job, context(tf_model_base, tmp_path / "t.db"))
+    assert result.outcome == "error" and error in result.error
+    trace = TraceStore(tmp_path / "t.db").get_trace(the_job.trace_id)
+    assert trace is not None and trace.status == "error" and error in trace.error
+    assert trace.model == "keras_cnn"
+
+
+def test_a_predict_request_for_a_missing_version_is_stored_as_an_error(
+    repo: Path, tmp_path: Path
+) -> None:
+    x = np.ones((1, 3, 32, 32), dtype=np.float32)
+    message = predict_request("simple_cnn", {"input": x}, version=7)
+    result = replay_job(
+        job("simple_cnn", message, method="Predict"), context(repo, tmp_path / "t.db")
+    )
+    assert result.outcome == "error" and "no version '7'" in result.error
+
+
+def test_an_admin_profile_of_a_savedmodel_feeds_its_signature(
+    tf_model_base: Path, tmp_path: Path
+) -> None:
+    """Random inputs come from `serving_default`; the profile then needs the TensorFlow runner
+    (`runner_for` on a SavedModel): until it is there, the replay fails at the runner, after
+    the model was found and its inputs were built, and says so."""
+    the_job = job("keras_cnn", b"", reason="admin", method="Predict")
+    result = replay_job(the_job, context(tf_model_base, tmp_path / "t.db"))
+    trace = TraceStore(tmp_path / "t.db").get_trace(the_job.trace_id)
+    assert trace is not None
+    if result.outcome == "error":
+        assert "UnsupportedFormatError: profiling savedmodel models" in result.error
+        assert trace.status == "error"
+    else:
+        assert result.outcome == "ok", result.error
+        assert trace.attributes["input_source"] == "random"
+        assert trace.attributes["inputs"][0]["shape"] == [1, 32, 32, 3]
+        assert trace.batch_size == 1

@@ -1,7 +1,9 @@
-"""Model lookup in Triton model repositories: the real sample repository and small ones."""
+"""Model lookup in Triton model repositories (the real sample repository and small ones) and in
+TF-Serving model base paths (real Keras SavedModels)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -158,3 +160,30 @@ def test_model_in_repository_accepts_only_model_folders(tmp_path: Path) -> None:
         assert not model_in_repository(repo, name), name
     with pytest.raises(ModelNotFoundError, match="not a valid model name"):
         find_model(repo, "m\0")
+
+
+def test_tf_serving_layout_resolves_the_version_folder_as_a_savedmodel(
+    tf_model_base: Path, tmp_path: Path
+) -> None:
+    found = find_model(tf_model_base, "keras_cnn")
+    assert (found.format, found.version, found.path) == (
+        ModelFormat.SAVEDMODEL, "1", tf_model_base / "keras_cnn" / "1",
+    )  # fmt: skip
+    assert (found.config, found.inputs, found.max_batch_size) == (None, (), 0)
+    assert find_model(tf_model_base, "keras_transformer").format is ModelFormat.SAVEDMODEL
+
+    base = tmp_path / "models"
+    shutil.copytree(tf_model_base / "keras_cnn", base / "keras_cnn")
+    shutil.copytree(base / "keras_cnn" / "1", base / "keras_cnn" / "10")
+    (base / "keras_cnn" / "2").mkdir()  # a version TF-Serving cannot load either
+    assert find_model(base, "keras_cnn").path == base / "keras_cnn" / "10"  # numeric, not text
+    assert find_model(base, "keras_cnn", "1").path == base / "keras_cnn" / "1"
+    with pytest.raises(UnsupportedModelFormatError, match=r"saved_model\.pb.*found: nothing"):
+        find_model(base, "keras_cnn", 2)
+    with pytest.raises(ModelVersionNotFoundError, match=r"no version '3'.*versions: 1, 2, 10"):
+        find_model(base, "keras_cnn", "3")
+    with pytest.raises(ModelNotFoundError, match=r"'keras_rnn'.*found: keras_cnn\)"):
+        find_model(base, "keras_rnn")
+    (base / "saved_model.pb").write_bytes(b"")  # a file, not a model folder
+    with pytest.raises(ModelNotFoundError, match=r"'saved_model\.pb' is not in the model"):
+        find_model(base, "saved_model.pb")

@@ -217,8 +217,26 @@ def test_a_custom_force_header_or_none() -> None:
 def test_methods_that_cannot_be_replayed_are_neither_sampled_nor_counted() -> None:
     s = Setup(rate=1.0)
     assert s.request(method="ModelMetadata") is None
-    assert s.request(method="Predict") is None
+    assert s.request(method="GetModelMetadata") is None
+    assert s.request(method="Classify") is None
     assert s.decisions() == {} and s.queue.jobs == []
+
+
+@pytest.mark.parametrize(
+    ("method", "job_method"),
+    [("Predict", "Predict"), ("ModelStreamInfer", "ModelInfer"), ("ModelInfer", "ModelInfer")],
+)
+def test_a_sampled_request_keeps_the_method_its_message_is_decoded_by(
+    method: str, job_method: str
+) -> None:
+    s = Setup()
+    assert s.request("keras_cnn", method=method) is not None
+    (job,) = s.queue.jobs
+    assert (job.method, job.model, job.request_message) == (job_method, "keras_cnn", b"keras_cnn")
+    assert s.last.remembered == [("keras_cnn", job_method, b"keras_cnn")]
+    ((_, (span,)),) = s.store.spans
+    assert span.kind == method  # the proxy span names the call as it was made
+    assert s.sample("xsp_sampling_decisions_total", "keras_cnn", decision="sampled") == 1
 
 
 def test_every_replayable_request_counts_under_exactly_one_decision() -> None:
