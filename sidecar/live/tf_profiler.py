@@ -240,7 +240,12 @@ class TfProfilerCapture:
             )
             return
         assert self._thread is not None
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:  # no thread to be had: the next sample tries again
+            with self._lock:
+                self._session = self._thread = None
+            raise
 
     def request_ended(self, trace_id: str, start_ns: int, end_ns: int) -> None:
         """The request's span as the proxy saw it: the window its op events are taken from."""

@@ -177,7 +177,7 @@ class SamplingPipeline:
             self.receiver.stop()
         self.collector.close()  # stops its sweeper, emits what is pending
         if self.tf_capture is not None:
-            self.tf_capture.close()  # the running capture still stores its spans
+            self.tf_capture.close(timeout_s=5.0)  # a running capture may still store its spans
         self.worker.stop()
         if self.writer is not None:
             self.writer.close()
