@@ -82,6 +82,15 @@ def _address(value: Any, setting: str) -> str:
     return text
 
 
+TF_PROFILER_AT_BACKEND = "backend"  # --tf-profiler-address: the backend's own gRPC port
+
+
+def _profiler_address(value: Any, setting: str) -> str:
+    """'' (off), 'backend' or an address."""
+    text = str(value).strip()
+    return text if text in ("", TF_PROFILER_AT_BACKEND) else _address(text, setting)
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """Settings of `xsp-sidecar serve` (see docs/contracts.md), one field each."""
@@ -264,6 +273,32 @@ class ServeConfig:
     admin_listen: str = field(
         default="127.0.0.1:8014",
         metadata=sampling(_address, "HOST:PORT", "admin API address; localhost only by default"),
+    )
+
+    tf_profiler_address: str = field(
+        default="",
+        metadata=sampling(
+            _profiler_address,
+            "HOST:PORT",
+            "TensorFlow ProfilerService that captures the server's side of sampled TF-Serving "
+            "requests; 'backend' = the backend's gRPC port (TF-Serving serves it); '' = off",
+            empty_env=True,
+        ),
+    )
+    tf_profiler_capture_ms: int = field(
+        default=200,
+        metadata=sampling(
+            parsers.positive_int, "MS", "length of the backend's capture around a sampled request"
+        ),
+    )
+    tf_profiler_dir: Path = field(
+        default=Path("/tmp/xsp-tf-profiler"),
+        metadata=sampling(
+            parsers.path,
+            "PATH",
+            "folder the backend writes its captures to and the sidecar reads them from "
+            "(shared by both containers)",
+        ),
     )
 
     @property

@@ -19,14 +19,14 @@ import grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
 
-from sidecar.config import ConfigError, ServeConfig
+from sidecar.config import TF_PROFILER_AT_BACKEND, ConfigError, ServeConfig
 from sidecar.endpoint import Endpoint, PortInUseError, translate_bind_errors
 from sidecar.health import BackendChecker, HealthServer, add_port, tcp_accepts
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.relay import Relay
 from sidecar.proxy.streams import ObserverFactory
 from sidecar.replay.options import ReplayOptions
-from sidecar.sampling.pipeline import SamplingConfig, SamplingPipeline
+from sidecar.sampling.pipeline import SamplingConfig, SamplingPipeline, TfProfilerSettings
 from sidecar.sampling.settings import SamplingSettings
 from sidecar.trace.errors import TraceStoreError
 from sidecar.trace.retention import RetentionPolicy
@@ -165,6 +165,16 @@ def sampling_config(config: ServeConfig) -> SamplingConfig:
         warmup=config.warmup,
         store_raw_inputs=config.store_raw_inputs,
     )
+    tf_profiler = None
+    if config.tf_profiler_address:
+        if config.backend_protocol != "tfserving":
+            raise ConfigError("--tf-profiler-address needs --backend-protocol tfserving")
+        address = config.tf_profiler_address
+        tf_profiler = TfProfilerSettings(
+            address=config.backend if address == TF_PROFILER_AT_BACKEND else address,
+            capture_ms=config.tf_profiler_capture_ms,
+            repository_root=config.tf_profiler_dir,
+        )
     return SamplingConfig(
         settings=settings,
         replay_options=replay_options,
@@ -173,6 +183,7 @@ def sampling_config(config: ServeConfig) -> SamplingConfig:
         queue_size=config.queue_size,
         profile_timeout_s=config.profile_timeout,
         retention=retention,
+        tf_profiler=tf_profiler,
     )
 
 

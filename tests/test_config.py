@@ -165,6 +165,9 @@ SAMPLES: dict[str, str] = {
     "store_raw_inputs": "true",
     "admin": "true",
     "admin_listen": "127.0.0.1:9014",
+    "tf_profiler_address": "backend",
+    "tf_profiler_capture_ms": "50",
+    "tf_profiler_dir": "/shared/tf-profiler",
 }
 
 

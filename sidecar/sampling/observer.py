@@ -55,7 +55,8 @@ class SamplingHub:
     `submit` queues a job for the worker (never blocks); `store_spans` hands live spans to the
     trace writer; `model_label` bounds model names for metric labels; `remember` keeps the last
     sampled request per model for the admin API; a request for a model `known_model` rejects
-    (not in the model repository) is dropped before it is queued.
+    (not in the model repository) is dropped before it is queued. `on_sampled(start, trace_id,
+    span_id)` hears of each request picked at header time (it must not block).
     """
 
     def __init__(
@@ -67,6 +68,7 @@ class SamplingHub:
         model_label: Callable[[str | None], str],
         remember: Callable[[str, str, bytes], object] | None = None,
         known_model: Callable[[str], bool] | None = None,
+        on_sampled: Callable[[RequestStart, str, str], object] | None = None,
     ) -> None:
         self.sampler = sampler
         self.metrics = metrics
@@ -75,6 +77,7 @@ class SamplingHub:
         self.model_label = model_label
         self.remember = remember
         self.known_model = known_model
+        self.on_sampled = on_sampled
         self.sampled_trace_ids: set[str] = set()
         self._lock = threading.Lock()
 
@@ -127,6 +130,8 @@ class SamplingObserver:
             new_trace_id(), new_span_id(), tentative, REPLAYABLE_METHODS[start.method]
         )
         self._pending[start.stream_id] = pending
+        if hub.on_sampled is not None:
+            hub.on_sampled(start, pending.trace_id, pending.span_id)
         traceparent = f"00-{pending.trace_id}-{pending.span_id}-01"
         return HeaderDecision(
             extra_headers=(("traceparent", traceparent),),

@@ -13,6 +13,7 @@ time make the sampler back off until a write succeeds again.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,14 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.live.otlp_metrics import OtlpMetricsCollector
 from sidecar.live.otlp_receiver import OtlpReceiver
+from sidecar.live.tf_profiler import (
+    SampledRequest,
+    TfCaptureMetricsCollector,
+    TfProfilerCapture,
+    TfProfilerSettings,
+)
 from sidecar.live.triton_spans import TritonSpanCollector, TritonTrace
+from sidecar.proxy.streams import RequestStart
 from sidecar.replay.jobs import JobResult, ProfileJob
 from sidecar.replay.model_repository import model_in_repository
 from sidecar.replay.options import ReplayOptions
@@ -35,10 +43,15 @@ from sidecar.sampling.worker import ProfilingWorker, WorkerConfig
 from sidecar.trace.errors import TraceStoreError
 from sidecar.trace.metrics import TraceWriterCollector
 from sidecar.trace.retention import RetentionPolicy
-from sidecar.trace.spans import Span
+from sidecar.trace.spans import Level, Source, Span
 from sidecar.trace.writer import TraceWriter
 
+__all__ = ["SamplingConfig", "SamplingPipeline", "TfProfilerSettings"]
+
 log = logging.getLogger(__name__)
+
+# TF-Serving's Predict: the requests whose server side the backend's profiler captures
+TF_PREDICT_PATH = "/tensorflow.serving.PredictionService/Predict"
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,7 @@ class SamplingConfig:
     queue_size: int
     profile_timeout_s: float
     retention: RetentionPolicy
+    tf_profiler: TfProfilerSettings | None = None  # None: no capture of the backend's side
 
     @property
     def db_path(self) -> Path:
@@ -101,6 +115,15 @@ class SamplingPipeline:
         )
         self.metrics.bind_queue_depth(self.worker.queue_depth)
         self.metrics.bind_state(self.state, lambda: self.last_requests.total_bytes)
+        self.tf_capture: TfProfilerCapture | None = None
+        if config.tf_profiler is not None and self.enabled:
+            self.tf_capture = TfProfilerCapture(
+                config.tf_profiler.address,
+                config.tf_profiler.capture_ms,
+                repository_root=config.tf_profiler.repository_root,
+                on_spans=self._on_backend_spans,
+            )
+            TfCaptureMetricsCollector(self.tf_capture, registry)
         self.hub = SamplingHub(
             self.sampler,
             self.metrics,
@@ -109,6 +132,7 @@ class SamplingPipeline:
             model_label,
             remember=self.last_requests.remember,
             known_model=self._known_model,
+            on_sampled=self._on_sampled if self.tf_capture is not None else None,
         )
         self.collector = TritonSpanCollector(self._on_backend_trace)
         self.receiver: OtlpReceiver | None = None
@@ -152,6 +176,8 @@ class SamplingPipeline:
         if self.receiver is not None:
             self.receiver.stop()
         self.collector.close()  # stops its sweeper, emits what is pending
+        if self.tf_capture is not None:
+            self.tf_capture.close(timeout_s=5.0)  # a running capture may still store its spans
         self.worker.stop()
         if self.writer is not None:
             self.writer.close()
@@ -168,7 +194,20 @@ class SamplingPipeline:
         self.metrics.dropped.labels(self._model_label(job.model), "store_failing").inc()
         return True
 
+    def _on_sampled(self, start: RequestStart, trace_id: str, span_id: str) -> None:
+        """A request picked at header time: a Predict gets a capture of the backend's side."""
+        if self.tf_capture is None or start.path != TF_PREDICT_PATH:
+            return
+        try:
+            self.tf_capture.request(SampledRequest(trace_id, span_id, time.time_ns()))
+        except Exception:  # e.g. no thread could be started: the request goes on regardless
+            self._log.log("tf_capture", logging.WARNING, "could not start a capture", exc_info=True)
+
     def _store_spans(self, trace_id: str, spans: list[Span]) -> bool:
+        if self.tf_capture is not None:
+            for span in spans:  # the proxy's span: the window of the backend's op events
+                if span.level is Level.REQUEST and span.source is Source.PROXY:
+                    self.tf_capture.request_ended(trace_id, span.start_ns, span.end_ns)
         accepted = self.writer is not None and self.writer.submit_spans(trace_id, spans)
         if not accepted:
             self.metrics.store_write_failures.inc()
@@ -203,11 +242,17 @@ class SamplingPipeline:
                 result.error[:1000],
             )
 
+    def _on_backend_spans(self, trace_id: str, spans: list[Span]) -> bool:
+        """Store the backend's spans of a trace the relay sampled (anything else is not ours:
+        a request picked at header time may still be dropped before it is profiled)."""
+        if not self.hub.is_sampled_trace(trace_id):
+            return False
+        self._store_spans(trace_id, spans)
+        return True
+
     def _on_backend_trace(self, trace: TritonTrace) -> None:
-        # Only traces the relay sampled; anything else the backend sends is not ours.
-        if not self.hub.is_sampled_trace(trace.trace_id):
+        if not self._on_backend_spans(trace.trace_id, trace.spans):
             return
-        self._store_spans(trace.trace_id, trace.spans)
         model = self._model_label(trace.model)
         phases: dict[str, float] = {}
         for phase in trace.phases:

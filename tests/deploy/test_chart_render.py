@@ -143,6 +143,29 @@ def test_tfserving_backend_serves_the_named_model() -> None:
     assert not any(a.startswith("--trace-config") for a in backend["args"])
 
 
+@pytest.mark.parametrize("backend", ["tfserving", "triton"])
+def test_the_tf_profiler_shares_a_folder_with_tfserving_only(backend: str) -> None:
+    values = {"backend": {"type": backend}, "sidecar": {"tfProfiler": {"enabled": True}}}
+    if backend == "tfserving":
+        values["backend"]["tfserving"] = {"modelName": "resnet"}
+    deployment = one(manifests(render(values)), "Deployment")
+    sidecar, server = container(deployment, "sidecar"), container(deployment, "backend")
+    args = sidecar["args"]
+    flags = flag_values(args[args.index("serve") + 1 :])
+    mounts = [
+        {m["mountPath"] for m in c["volumeMounts"] if m["name"] == "tf-profiler"}
+        for c in (sidecar, server)
+    ]
+    volumes = {v["name"] for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    if backend == "triton":  # TensorFlow's profiler is TF-Serving's
+        assert not any(f.startswith("--tf-profiler") for f in flags)
+        assert mounts == [set(), set()] and "tf-profiler" not in volumes
+        return
+    assert flags["--tf-profiler-address"] == "backend"
+    assert flags["--tf-profiler-capture-ms"] == "200"
+    assert mounts == [{flags["--tf-profiler-dir"]}] * 2 and "tf-profiler" in volumes
+
+
 def test_probes_use_the_grpc_health_service(scenario: tuple[str, list[dict[str, Any]]]) -> None:
     _, objects = scenario
     sidecar = container(one(objects, "Deployment"), "sidecar")
