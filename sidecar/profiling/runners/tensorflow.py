@@ -94,6 +94,11 @@ class TensorFlowRunner:
         self.function_name = _text(self.function.name)
         self.input_signature: dict[str, Any] = dict(self.function.structured_input_signature[1])
         self.node_attrs, scopes, self.data_nodes = _graph_nodes(self.function)
+        self.scope_types: dict[str, set[str]] = {}
+        for node_name, node in self.node_attrs.items():
+            scope = tf_ops.scope_of(node_name)
+            if scope is not None:
+                self.scope_types.setdefault(scope[1], set()).add(str(node["_op"]))
         owners = {_text(v.name).split("/")[0] for v in self.loaded.variables}
         self.names = tf_ops.LayerNames(scopes, owners)
         self.gpus = bool(tf.config.list_physical_devices("GPU"))
@@ -222,9 +227,15 @@ class TensorFlowRunner:
                 outside.append(op)
             else:
                 by_scope.setdefault(scope[1], []).append(op)
+        param_shapes = {
+            tuple(map(tuple, (d for _, d in tf_ops.parse_shapes(o.shapes))))
+            for o in ops
+            if self._in_graph(o) and not self._computes(o, set())
+        }
+        known = {shape for group in param_shapes for shape in group}
         layers: list[RawSpan] = []
         for layer_scope, members in by_scope.items():
-            compute = [o for o in members if self._computes(o)]
+            compute = [o for o in members if self._computes(o, known)]
             if not compute:
                 outside.extend(members)
                 continue
@@ -252,13 +263,23 @@ class TensorFlowRunner:
             spans.extend(self._op_span(op) for op in sorted(ops, key=lambda o: o.start_ns))
         return spans
 
-    def _computes(self, op: TFEvent) -> bool:
+    def _in_graph(self, op: TFEvent) -> bool:
+        return "/".join(tf_ops.node_path(op.name)) in self.node_attrs
+
+    def _computes(self, op: TFEvent, param_shapes: set[tuple[int, ...]]) -> bool:
         """Whether an op works on the model's inputs (not a variable read or an op that only
-        prepares parameters, which runs whenever it is ready, often before its layer)."""
+        prepares parameters, which runs whenever it is ready, often long before its layer).
+
+        Ops grappler created (`ArithmeticOptimizer/AddOpsRewrite_Leaf_0_Add`) are not in the
+        SavedModel's graph: they count as parameter work when every tensor they read has a
+        shape that only parameter work reads in this call (a heuristic)."""
         if op.op_type in tf_ops.PLUMBING:
             return False
         path = "/".join(tf_ops.node_path(op.name))
-        return path not in self.node_attrs or path in self.data_nodes  # renamed: assume so
+        if path in self.node_attrs:
+            return path in self.data_nodes
+        shapes = [tuple(d) for dtype, d in tf_ops.parse_shapes(op.shapes) if d]
+        return not shapes or any(s not in param_shapes for s in shapes)
 
     def _layer_span(
         self, scope: str, compute: list[TFEvent], members: list[TFEvent], start: int, end: int
@@ -267,7 +288,8 @@ class TensorFlowRunner:
         compute.sort(key=lambda o: o.start_ns)
         first = tf_ops.parse_shapes(compute[0].shapes)
         types = sorted({o.op_type for o in members})
-        cls = tf_ops.keras_class(types, len(first[0][1]) if first else None)
+        graph_types = self.scope_types.get(scope, set())
+        cls = tf_ops.keras_class([*types, *graph_types], len(first[0][1]) if first else None)
         dominant = max(compute, key=lambda o: o.end_ns - o.start_ns)
         attrs: dict[str, Any] = {
             "op_type": cls or "Layer",

@@ -137,7 +137,7 @@ def keras_class(op_types: Iterable[str], input_rank: int | None = None) -> str |
         return "DepthwiseConv2D"
     if "Conv3D" in types:
         return "Conv3D"
-    if "Conv2D" in types:
+    if any("Conv2D" in t for t in types):  # also grappler's PadWithFusedConv2D
         return "Conv1D" if "ExpandDims" in types else "Conv2D"
     if "Einsum" in types and "Softmax" in types:
         return "MultiHeadAttention"
@@ -161,10 +161,9 @@ def keras_class(op_types: Iterable[str], input_rank: int | None = None) -> str |
         return f"GlobalAveragePooling{rank}"
     if types <= {"Max", "Cast"}:
         return f"GlobalMaxPooling{rank}"
+    if types <= {"AddV2", "Add", "AddN"}:
+        return "Add"
     single = {
-        "AddV2": "Add",
-        "Add": "Add",
-        "AddN": "Add",
         "Mul": "Multiply",
         "Sub": "Subtract",
         "ConcatV2": "Concatenate",
