@@ -27,11 +27,18 @@ from sidecar.profiling.inputs import (
     onnx_input_specs,
     parse_input_spec,
     random_inputs,
+    savedmodel_input_specs,
 )
 from sidecar.profiling.levels import parse_levels
 from sidecar.profiling.peak import Peak, remeasure_if_beaten
 from sidecar.profiling.runners.base import ProfilingError
-from sidecar.profiling.runners.select import ModelFormat, format_of, runner_for
+from sidecar.profiling.runners.select import (
+    ModelFormat,
+    format_of,
+    runner_for,
+    savedmodel_dir,
+    savedmodel_name,
+)
 from sidecar.profiling.summary import as_dict, render, render_sweep
 from sidecar.profiling.sweep import Settled, batch_of, settle
 from sidecar.trace.spans import Level
@@ -61,9 +68,12 @@ class ProfileOptions:
 
 
 def model_name(path: Path, given: str | None) -> str:
-    """The name a profile is stored under: given, else Triton's folder name, else the stem."""
+    """The name a profile is stored under: given, else Triton's folder name (or a
+    TF-Serving model folder's), else the stem."""
     if given:
         return given
+    if format_of(path) is ModelFormat.SAVEDMODEL and savedmodel_dir(path) is not None:
+        return savedmodel_name(path)
     folder = path.resolve().parent
     if folder.name.isdigit() and (folder.parent / "config.pbtxt").is_file():
         return folder.parent.name
@@ -112,6 +122,8 @@ def _inputs(options: ProfileOptions, batch: int | None) -> dict[str, np.ndarray]
             specs = [s.with_batch(batch) for s in specs]
     elif format_of(path) is ModelFormat.ONNX:
         specs = onnx_input_specs(path, batch or 1)
+    elif format_of(path) is ModelFormat.SAVEDMODEL and savedmodel_dir(path) is not None:
+        specs = savedmodel_input_specs(savedmodel_dir(path) or path, batch or 1)
     else:
         raise InputError(
             f"{path.name} does not declare its inputs; pass --input NAME:SHAPE:DTYPE "

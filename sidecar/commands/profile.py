@@ -14,7 +14,10 @@ HELP = "profile one model locally at model, layer and kernel level (XSP leveled 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "model_path", metavar="MODEL_PATH", help="an ONNX model (.onnx) or a TorchScript file (.pt)"
+        "model_path",
+        metavar="MODEL_PATH",
+        help="an ONNX model (.onnx), a TorchScript file (.pt) or a TensorFlow SavedModel "
+        "folder (or a TF-Serving model folder <name>/ with numeric versions: the latest)",
     )
     parser.add_argument(
         "--input",

@@ -231,11 +231,11 @@ def estimate(
 def annotate(attributes: dict[str, Any], op_type: str, dtype_bytes: int = 4) -> bool:
     """Add estimated `flops` / `dram_read_bytes` / `dram_write_bytes` to span attributes.
 
-    Reads `input_shapes` / `output_shapes` from `attributes`; measured values already there
-    (`flops_estimated` False) are kept. Returns whether an estimate was added.
+    Reads `input_shapes` / `output_shapes` from `attributes`; values already there (measured,
+    or a runner's own estimate) are kept. Returns whether an estimate was added.
     """
-    if attributes.get("flops_estimated") is False:
-        return False
+    if attributes.get("flops_estimated") is False or "flops" in attributes:
+        return False  # measured, or estimated by the runner already (summed over ops)
     ins = attributes.get("input_shapes") or []
     outs = attributes.get("output_shapes") or []
     if not outs and not ins:

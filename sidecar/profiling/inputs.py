@@ -116,3 +116,42 @@ def onnx_input_specs(model_path: str | Path, batch_size: int) -> list[InputSpec]
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name
         specs.append(InputSpec(value.name, tuple(dims), dtype))
     return specs
+
+
+def savedmodel_input_specs(
+    saved_model_dir: str | Path, batch_size: int, signature: str = "serving_default"
+) -> list[InputSpec]:
+    """Specs from a SavedModel signature's inputs (the keyword names the signature takes);
+    a dynamic first dim becomes `batch_size`. `saved_model_dir` holds `saved_model.pb`."""
+    import tensorflow as tf
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    path = Path(saved_model_dir) / "saved_model.pb"
+    model = saved_model_pb2.SavedModel()
+    try:
+        model.ParseFromString(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read the SavedModel {path}: {exc}") from None
+    found = {k: v for mg in model.meta_graphs for k, v in mg.signature_def.items()}
+    if signature not in found:
+        raise InputError(f"{path.parent} has no signature {signature!r} (has: {sorted(found)})")
+    specs = []
+    for name, info in sorted(found[signature].inputs.items()):
+        if info.tensor_shape.unknown_rank:
+            raise InputError(
+                f"input {name!r} has an unknown rank; give its shape with --input {name}:SHAPE"
+            )
+        dims: list[int] = []
+        for i, dim in enumerate(info.tensor_shape.dim):
+            if dim.size > 0:
+                dims.append(int(dim.size))
+            elif i == 0:
+                dims.append(batch_size)
+            else:
+                raise InputError(
+                    f"input {name!r} has dynamic dimension {i} that is not the batch dimension;"
+                    f" give its shape with --input {name}:SHAPE:DTYPE"
+                )
+        dtype = np.dtype(tf.dtypes.as_dtype(info.dtype).as_numpy_dtype).name
+        specs.append(InputSpec(name, tuple(dims), dtype))
+    return specs

@@ -28,7 +28,7 @@ SUFFIXES: dict[ModelFormat, tuple[str, ...]] = {
     ModelFormat.TORCHSCRIPT: (".pt", ".pth", ".torchscript", ".ts"),
     ModelFormat.SAVEDMODEL: (".savedmodel",),
 }
-SUPPORTED = "ONNX through ONNX Runtime, TorchScript through PyTorch"
+SUPPORTED = "ONNX through ONNX Runtime, TorchScript through PyTorch, SavedModel through TensorFlow"
 
 
 class UnsupportedFormatError(ProfilingError):
@@ -36,14 +36,35 @@ class UnsupportedFormatError(ProfilingError):
 
 
 def format_of(path: Path) -> ModelFormat | None:
-    """The format a file's extension (or a SavedModel folder's layout) says, else None."""
+    """The format a file's extension (or a SavedModel folder's layout) says, else None.
+
+    A folder with `saved_model.pb` is a SavedModel, and so is a TF-Serving model folder
+    (`<name>/<version>/saved_model.pb`); its runner takes the highest version."""
     suffix = path.suffix.lower()
     for fmt, suffixes in SUFFIXES.items():
         if suffix in suffixes:
             return fmt
-    if path.is_dir() and (path / "saved_model.pb").is_file():
+    if savedmodel_dir(path) is not None:
         return ModelFormat.SAVEDMODEL
     return None
+
+
+def savedmodel_dir(path: Path) -> Path | None:
+    """The SavedModel folder `path` names: itself, or for a TF-Serving model folder
+    (`<name>/<version>/saved_model.pb`) its highest numeric version; else None."""
+    if (path / "saved_model.pb").is_file():
+        return path
+    if not path.is_dir():
+        return None
+    versions = [p for p in path.iterdir() if p.name.isdigit() and (p / "saved_model.pb").is_file()]
+    return max(versions, key=lambda p: int(p.name)) if versions else None
+
+
+def savedmodel_name(path: Path) -> str:
+    """A SavedModel's model name: its folder, or the model folder above a version folder."""
+    path = savedmodel_dir(path) or path
+    resolved = path.resolve()
+    return resolved.parent.name if resolved.name.isdigit() else resolved.name
 
 
 def runner_for(
@@ -58,7 +79,9 @@ def runner_for(
     """A loaded runner for the model at `path`.
 
     `format` defaults to what the extension says; `threads` caps the runtime's intra-op
-    threads (None: the runtime's default); `name` is the model's name in PyTorch traces.
+    threads (None: the runtime's default; TensorFlow: intra- and inter-op, settable only
+    before TensorFlow first runs in the process); `name` is the model's name in PyTorch
+    and TensorFlow traces.
     """
     path = Path(path)
     if not path.exists():
@@ -66,13 +89,15 @@ def runner_for(
     fmt = format or format_of(path)
     if fmt is None:
         raise UnsupportedFormatError(
-            f"unknown model extension {path.suffix!r} for {path}: use .onnx (ONNX Runtime) or "
-            ".pt / .pth (TorchScript)"
+            f"unknown model extension {path.suffix!r} for {path}: use .onnx (ONNX Runtime), "
+            ".pt / .pth (TorchScript) or a SavedModel folder (TensorFlow)"
         )
     if fmt is ModelFormat.ONNX:
         return _onnx_runner(path, device, optimizations, threads)
     if fmt is ModelFormat.TORCHSCRIPT:
         return _torchscript_runner(path, device, optimizations, threads, name)
+    if fmt is ModelFormat.SAVEDMODEL:
+        return _savedmodel_runner(path, device, optimizations, threads, name)
     raise UnsupportedFormatError(
         f"profiling {fmt.value} models is not supported (supported: {SUPPORTED})"
     )
@@ -108,3 +133,19 @@ def _torchscript_runner(
 
         torch.set_num_threads(threads)
     return PyTorchRunner(path, device=device, name=name)
+
+
+def _savedmodel_runner(
+    path: Path, device: str, optimizations: bool, threads: int | None, name: str | None
+) -> Runner:
+    from sidecar.profiling.runners.tensorflow import TensorFlowRunner
+
+    if device != "cpu":
+        raise ProfilingError(
+            f"--device {device} is not supported for SavedModels yet: TensorFlow's GPU kernels "
+            "would have to come from its own profiler (a CUPTI client), which is not wired up; "
+            "profile on the CPU (--device cpu)"
+        )
+    if not optimizations:
+        log.info("--no-optimizations has no effect on SavedModels (grappler stays on)")
+    return TensorFlowRunner(path, threads=threads, name=name)
