@@ -24,6 +24,7 @@ from sidecar import config_parsers as parsers
 from sidecar.config_parsers import BACKEND_PROTOCOLS, ConfigError
 from sidecar.endpoint import Endpoint
 from sidecar.profiling.levels import format_levels
+from sidecar.trace.otlp_target import OTLP_PROTOCOLS, OtlpExportError, parse_target
 from sidecar.trace.spans import Level
 
 GENERAL = "options"  # the groups of `serve --help`
@@ -89,6 +90,24 @@ def _profiler_address(value: Any, setting: str) -> str:
     """'' (off), 'backend' or an address."""
     text = str(value).strip()
     return text if text in ("", TF_PROFILER_AT_BACKEND) else _address(text, setting)
+
+
+def _otlp_url(value: Any, setting: str) -> str:
+    """'' (off) or an OTLP endpoint URL."""
+    text = str(value).strip()
+    if text:
+        try:
+            parse_target(text, "grpc" if text.startswith("grpc:") else "http")
+        except OtlpExportError as exc:
+            raise ConfigError(f"{setting}: {exc}") from None
+    return text
+
+
+def _otlp_protocol(value: Any, setting: str) -> str:
+    name = str(value).strip().lower()
+    if name not in OTLP_PROTOCOLS:
+        raise ConfigError(f"{setting}: expected one of {', '.join(OTLP_PROTOCOLS)}, got {value!r}")
+    return name
 
 
 @dataclass(frozen=True)
@@ -275,6 +294,26 @@ class ServeConfig:
         metadata=sampling(_address, "HOST:PORT", "admin API address; localhost only by default"),
     )
 
+    otlp_export: str = field(
+        default="",
+        metadata=sampling(
+            _otlp_url,
+            "URL",
+            "also export every stored trace to this OTLP endpoint (Collector, Jaeger, Tempo): "
+            "http://HOST:4318/v1/traces (OTLP/HTTP) or grpc://HOST:4317; '' = off",
+            empty_env=True,
+        ),
+    )
+    otlp_export_protocol: str = field(
+        default="auto",
+        metadata=sampling(
+            _otlp_protocol,
+            None,
+            "protocol of --otlp-export; auto: grpc:// is gRPC, http(s):// is OTLP/HTTP",
+            choices=OTLP_PROTOCOLS,
+        ),
+    )
+
     tf_profiler_address: str = field(
         default="",
         metadata=sampling(
@@ -393,6 +432,11 @@ def load_serve_config(
             f"--model-repository: {config.model_repository} is not a directory "
             "(mount the backend's model repository read-only and point here)"
         )
+    if config.otlp_export:
+        try:
+            parse_target(config.otlp_export, config.otlp_export_protocol)
+        except OtlpExportError as exc:
+            raise ConfigError(f"--otlp-export: {exc}") from None
     for name in ("tls_cert", "tls_key"):
         path = getattr(config, name)
         if path is not None and not path.is_file():

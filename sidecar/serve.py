@@ -184,6 +184,8 @@ def sampling_config(config: ServeConfig) -> SamplingConfig:
         profile_timeout_s=config.profile_timeout,
         retention=retention,
         tf_profiler=tf_profiler,
+        otlp_export=config.otlp_export,
+        otlp_export_protocol=config.otlp_export_protocol,
     )
 
 

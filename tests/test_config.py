@@ -82,6 +82,12 @@ def test_backend_forms() -> None:
             "--tls-cert: /no.pem is not a readable",
         ),
         ({"config": "/nonexistent.toml"}, {}, "config file /nonexistent.toml does not exist"),
+        ({"otlp_export": "collector:4318"}, {}, "--otlp-export: expected http://HOST:4318"),
+        (
+            {"otlp_export": "grpc://c:4317", "otlp_export_protocol": "http"},
+            {},
+            "cannot be exported to over OTLP/HTTP",
+        ),
     ],
 )
 def test_errors_are_clear(flags: dict[str, str], env: dict[str, str], message: str) -> None:
@@ -165,6 +171,8 @@ SAMPLES: dict[str, str] = {
     "store_raw_inputs": "true",
     "admin": "true",
     "admin_listen": "127.0.0.1:9014",
+    "otlp_export": "http://collector:4317",
+    "otlp_export_protocol": "grpc",
     "tf_profiler_address": "backend",
     "tf_profiler_capture_ms": "50",
     "tf_profiler_dir": "/shared/tf-profiler",

@@ -2,7 +2,9 @@
 
 sampler + relay hook -> bounded queue -> profiling worker (own process) -> SQLite;
 the proxy's request spans and the backend's OTLP spans go to the same traces through a
-background writer. Failures here are logged and counted, never raised into the relay.
+background writer. With `otlp_export` set, every span the store commits (and the replay part
+the worker stores) is also exported to the fleet's tracing backend over OTLP. Failures here
+are logged and counted, never raised into the relay.
 
 A trace store that cannot be opened at start-up switches sampling off (`disabled_reason`)
 instead of stopping the sidecar: the relay forwards as without sampling, and the reason is on
@@ -42,8 +44,10 @@ from sidecar.sampling.settings import SamplingSettings
 from sidecar.sampling.worker import ProfilingWorker, WorkerConfig
 from sidecar.trace.errors import TraceStoreError
 from sidecar.trace.metrics import TraceWriterCollector
+from sidecar.trace.otlp_export import OtlpExportCollector, OtlpTraceExport
 from sidecar.trace.retention import RetentionPolicy
 from sidecar.trace.spans import Level, Source, Span
+from sidecar.trace.store import PendingWrite
 from sidecar.trace.writer import TraceWriter
 
 __all__ = ["SamplingConfig", "SamplingPipeline", "TfProfilerSettings"]
@@ -66,6 +70,8 @@ class SamplingConfig:
     profile_timeout_s: float
     retention: RetentionPolicy
     tf_profiler: TfProfilerSettings | None = None  # None: no capture of the backend's side
+    otlp_export: str = ""  # OTLP endpoint every stored trace is also exported to; "" = off
+    otlp_export_protocol: str = "auto"
 
     @property
     def db_path(self) -> Path:
@@ -92,6 +98,9 @@ class SamplingPipeline:
         self.last_requests = LastRequests(self._known_model)
         self._log = RateLimitedLog(log, interval_s=30.0)
         self.disabled_reason: str | None = None
+        self.export: OtlpTraceExport | None = None
+        if config.otlp_export:
+            self.export = OtlpTraceExport.to(config.otlp_export, config.otlp_export_protocol)
         self.writer: TraceWriter | None = None
         try:
             self.writer = TraceWriter(
@@ -99,6 +108,7 @@ class SamplingPipeline:
                 retention=config.retention,
                 on_error=self._store_failed,
                 on_written=lambda n: self._store_ok(),
+                on_stored=self._on_stored if self.export is not None else None,
             )
         except (TraceStoreError, OSError) as exc:
             self.disabled_reason = f"the trace store cannot be used: {exc}"
@@ -142,6 +152,7 @@ class SamplingPipeline:
             )
         OtlpMetricsCollector(self.receiver, self.collector, registry)
         TraceWriterCollector(self.writer, registry)
+        OtlpExportCollector(self.export, registry)
 
     @property
     def enabled(self) -> bool:
@@ -181,6 +192,8 @@ class SamplingPipeline:
         self.worker.stop()
         if self.writer is not None:
             self.writer.close()
+        if self.export is not None:
+            self.export.close()
 
     # -- callbacks (other threads) ---------------------------------------------------------
     def _known_model(self, model: str) -> bool:
@@ -232,6 +245,8 @@ class SamplingPipeline:
             self._store_failed(TraceStoreError(result.error))
         elif result.outcome == "ok":
             self._store_ok()
+        if result.outcome in ("ok", "error") and self.export is not None:
+            self._export_replay(result.trace_id)
         if result.outcome != "ok":
             self._log.log(
                 f"profile:{result.outcome}",
@@ -241,6 +256,18 @@ class SamplingPipeline:
                 result.outcome,
                 result.error[:1000],
             )
+
+    def _on_stored(self, item: PendingWrite) -> None:
+        """The writer committed `item`: its spans go to the OTLP export too."""
+        if self.export is not None:
+            self.export.offer(item.spans, item.trace, item.level_stats)
+
+    def _export_replay(self, trace_id: str) -> None:
+        """The worker stored a trace: the writer reads its replay part back for the export."""
+        if self.export is not None and (
+            self.writer is None or not self.writer.submit_stored_elsewhere(trace_id)
+        ):
+            self.export.dropped += 1  # counted as one span: the trace's replay part is lost
 
     def _on_backend_spans(self, trace_id: str, spans: list[Span]) -> bool:
         """Store the backend's spans of a trace the relay sampled (anything else is not ours:

@@ -8,6 +8,10 @@ JSON) fails alone. Failures are counted in `failed`, logged (rate-limited) and p
 failures knows the store works again); the thread keeps going. Store-wide failures (disk
 full, lock timeout, I/O error) are not retried item by item.
 
+`on_stored` (optional, e.g. the OTLP export) sees every committed item on the writer thread,
+after its commit; `submit_stored_elsewhere` asks the thread to read back what another process
+(the profiling worker) stored for a trace and pass its replay part to `on_stored` too.
+
 Guarantee on `kill -9`: every committed trace is whole; what was still queued or in the batch
 being committed is lost (it only ever lived in this process's memory).
 """
@@ -20,17 +24,27 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from sidecar.trace.errors import StoreFullError
 from sidecar.trace.retention import RetentionPolicy
-from sidecar.trace.spans import LevelStats, Span, Trace
+from sidecar.trace.spans import LevelStats, Source, Span, Trace
 from sidecar.trace.store import DEFAULT_MIN_FREE_BYTES, PendingWrite, TraceStore, TraceStoreLike
 
 log = logging.getLogger(__name__)
 
 _STOP = object()
+
+
+@dataclass(frozen=True)
+class _StoredElsewhere:
+    """A queue item: read a trace another process stored back for `on_stored`."""
+
+    trace_id: str
+
+
 _IDLE_WAKE_S = 0.5
 _LOG_EVERY_S = 10.0
 _STORE_WIDE = {
@@ -52,7 +66,7 @@ class TraceWriter:
     (a trace, or one `submit_spans` batch), `dropped` those refused because the queue was full
     or the writer closed; `retention_deleted` counts traces deleted by retention passes,
     `retention_errors` passes that failed; `callback_errors` calls of `on_error` /
-    `on_written` that raised.
+    `on_written` / `on_stored` that raised.
     """
 
     def __init__(
@@ -64,6 +78,7 @@ class TraceWriter:
         retention: RetentionPolicy | None = None,
         on_error: Callable[[Exception], None] | None = None,
         on_written: Callable[[int], None] | None = None,
+        on_stored: Callable[[PendingWrite], None] | None = None,
         retention_interval_s: float = 60.0,
         busy_timeout_s: float = 5.0,
         min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
@@ -80,6 +95,7 @@ class TraceWriter:
         self.retention_interval_s = retention_interval_s
         self.on_error = on_error
         self.on_written = on_written
+        self.on_stored = on_stored
         self.batch_max = batch_max
         self.written = 0
         self.dropped = 0
@@ -114,6 +130,19 @@ class TraceWriter:
     def submit_spans(self, trace_id: str, spans: Sequence[Span]) -> bool:
         """Queue late spans for a trace (its row may not exist yet)."""
         return self._offer(PendingWrite(trace_id, None, tuple(spans)))
+
+    def submit_stored_elsewhere(self, trace_id: str) -> bool:
+        """Pass the replay part of a trace another process stored to `on_stored` (read back on
+        the writer thread); False when there is no `on_stored` or the queue is full."""
+        with self._cond:
+            if self.on_stored is None or self._closing:
+                return False
+            try:
+                self._queue.put_nowait(_StoredElsewhere(trace_id))
+            except queue.Full:
+                return False
+            self._accepted += 1
+            return True
 
     def _offer(self, item: PendingWrite) -> bool:
         with self._cond:
@@ -182,26 +211,33 @@ class TraceWriter:
                     return
                 continue
             batch: list[PendingWrite] = []
-            if isinstance(first, PendingWrite):
-                batch.append(first)
-            while len(batch) < self.batch_max:
+            item = first
+            while True:
+                if isinstance(item, PendingWrite):
+                    batch.append(item)
+                elif isinstance(item, _StoredElsewhere):
+                    self._read_back(item.trace_id)
+                    with self._cond:
+                        self._processed += 1
+                        self._cond.notify_all()
+                if len(batch) >= self.batch_max:
+                    break
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if isinstance(item, PendingWrite):
-                    batch.append(item)
             if batch:
                 self._write(batch)
             elif self._closing and self._queue.empty():
                 return
 
     def _write(self, batch: list[PendingWrite]) -> None:
-        written = failed = 0
+        stored: list[PendingWrite] = []
+        failed = 0
         try:
             try:
                 self.store.write_batch(batch)
-                written = len(batch)
+                stored = batch
             except Exception as exc:
                 if len(batch) == 1 or _store_wide(exc):
                     failed = len(batch)
@@ -210,11 +246,14 @@ class TraceWriter:
                     for item in batch:
                         try:
                             self.store.write_batch([item])
-                            written += 1
+                            stored.append(item)
                         except Exception as item_exc:
                             failed += 1
                             self._report(item_exc, "write of 1 item")
         finally:
+            for item in stored:  # before `flush` can return: it covers the hand-off too
+                self._stored(item)
+            written = len(stored)
             with self._cond:
                 self.written += written
                 self.failed += failed
@@ -226,6 +265,26 @@ class TraceWriter:
             except Exception:
                 self.callback_errors += 1
                 log.exception("trace writer on_written callback raised")
+
+    def _stored(self, item: PendingWrite) -> None:
+        if self.on_stored is None:
+            return
+        try:
+            self.on_stored(item)
+        except Exception:
+            self.callback_errors += 1
+            log.exception("trace writer on_stored callback raised")
+
+    def _read_back(self, trace_id: str) -> None:
+        try:
+            trace = self.store.get_trace(trace_id)
+            spans = replay_spans(self.store.spans(trace_id))
+            stats = self.store.level_stats(trace_id)
+        except Exception as exc:
+            self._report(exc, f"read-back of trace {trace_id}")
+            return
+        if trace is not None or spans:
+            self._stored(PendingWrite(trace_id, trace, spans, stats))
 
     def _maybe_apply_retention(self) -> None:
         if self.retention is None or self.retention.unlimited:
@@ -271,3 +330,8 @@ def _store_wide(exc: BaseException) -> bool:
         cause = cause.__cause__
     code = getattr(cause, "sqlite_errorcode", None)
     return code is not None and (code & 0xFF) in _STORE_WIDE
+
+
+def replay_spans(spans: Iterable[Span]) -> list[Span]:
+    """The spans the replay measured (what the profiling worker stores, not the live ones)."""
+    return [s for s in spans if s.source is Source.REPLAY]

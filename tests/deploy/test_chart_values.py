@@ -101,6 +101,8 @@ def test_defaults_and_tfserving_example_pass_the_schema() -> None:
         ({"sidecar": {"admin": {"host": ""}}}, "/sidecar/admin/host"),
         ({"sidecar": {"otlpHost": "http://localhost"}}, "/sidecar/otlpHost"),
         ({"sidecar": {"otlpPort": -1}}, "/sidecar/otlpPort"),
+        ({"sidecar": {"otlpExport": {"endpoint": "collector:4317"}}}, "/sidecar/otlpExport"),
+        ({"sidecar": {"otlpExport": {"protocol": "udp"}}}, "/sidecar/otlpExport/protocol"),
         ({"sidecar": {"traceStore": {"path": "traces.db"}}}, "/sidecar/traceStore/path"),
         ({"sidecar": {"sampleRate": 0.1}}, "sampleRate"),
         ({"serviceMonitor": {"interval": "often"}}, "/serviceMonitor/interval"),
@@ -259,3 +261,13 @@ def test_otlp_receiver_can_be_turned_off_with_triton_tracing() -> None:
     assert flag_values(sidecar["args"])["--otlp-port"] == "0"
     assert "otlp" not in {p["name"] for p in sidecar["ports"]}
     assert "--trace-config" not in container(deployment, "backend")["args"]
+
+
+def test_the_otlp_export_is_off_by_default_and_reaches_its_flags() -> None:
+    assert "--otlp-export" not in _sidecar_flags(None)
+    endpoint = "grpc://otel-collector.observability:4317"
+    flags = _sidecar_flags({"sidecar": {"otlpExport": {"endpoint": endpoint}}})
+    assert flags["--otlp-export"] == endpoint and flags["--otlp-export-protocol"] == "auto"
+    url = "http://tempo:4317"
+    flags = _sidecar_flags({"sidecar": {"otlpExport": {"endpoint": url, "protocol": "grpc"}}})
+    assert flags["--otlp-export"] == url and flags["--otlp-export-protocol"] == "grpc"
