@@ -3,6 +3,8 @@
     python analysis/report.py traces.db [more.db ...] [filters] [--format F] [--out DIR]
     python analysis/report.py compare traces.db [...] --base SEL --new SEL
     python analysis/report.py timeline TRACE_ID traces.db [...] -o trace.json
+    python analysis/report.py export-parquet pod-*.db --out fleet/
+    python analysis/report.py fleet fleet/ [--top N] [--format text|json] [--out DIR]
 
 A thin command line over `analysis.trace_analysis.TraceAnalysis`.
 """
@@ -29,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from analysis import damage
-from analysis.common import AnalysisResult
+from analysis.common import AnalysisResult, records
 from analysis.render_text import Front
 from analysis.timeline import TraceNotFoundError
 from analysis.trace_analysis import ANALYSES, TraceAnalysis
@@ -40,7 +42,7 @@ class UsageError(Exception):
     """The command line asks for something impossible; exit status 2."""
 
 
-COMMANDS = ("report", "compare", "timeline")
+COMMANDS = ("report", "compare", "timeline", "export-parquet", "fleet")
 FORMATS = ("text", "markdown", "html", "json", "csv")
 EXTENSIONS = {"text": "txt", "markdown": "md", "html": "html", "json": "json"}
 SELECTOR_HELP = (
@@ -54,6 +56,8 @@ commands:
                     with --base/--new or exactly two databases, comparison
   compare           only the comparison of two trace sets (HTA TraceDiff-style)
   timeline          one trace as Chrome/Perfetto trace-event JSON (open in ui.perfetto.dev)
+  export-parquet    many pods' stores as Parquet files (DuckDB, Spark, Trino read them)
+  fleet             per-model fleet analyses over such an export, in DuckDB
 
 examples:
   report.py traces.db
@@ -62,6 +66,7 @@ examples:
   report.py compare traces.db --base model=resnet50,batch_size=1 --new model=resnet50,batch_size=8
   report.py compare before.db after.db
   report.py timeline 4bf92f35 traces.db -o trace.json
+  report.py export-parquet pods/*.db --out fleet/ && report.py fleet fleet/
 
 Run 'report.py compare --help' or 'report.py timeline --help' for their options.
 """
@@ -184,7 +189,57 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     tl.add_argument(
         "-o", "--output", type=Path, metavar="FILE", help="output file (default: stdout)"
     )
+    exp = sub.add_parser(
+        "export-parquet",
+        help="write trace stores as Parquet for the fleet report",
+        description="Write each store's traces, spans and level statistics as Parquet under "
+        "DIR/{traces,spans,level_stats}/ (failed profiles included, with their status).",
+    )
+    exp.add_argument("dbs", nargs="+", metavar="DB", help="trace store(s)")
+    exp.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
+    fl = sub.add_parser(
+        "fleet",
+        help="fleet analyses over a Parquet export, in DuckDB",
+        description="Per model over every pod of an export: traces, model latency per batch "
+        "size, layer type shares, top layers by time, live request breakdown.",
+    )
+    fl.add_argument("fleet_dir", type=Path, metavar="DIR", help="folder of export-parquet")
+    fl.add_argument("--top", type=int, default=10, help="top layers per model (default: 10)")
+    fl.add_argument("--format", choices=("text", "json"), default="text")
+    fl.add_argument("--out", type=Path, metavar="DIR", help="write fleet.<ext> into DIR")
+    fl.add_argument("--threads", type=int, help="DuckDB threads (default: all cores)")
     return parser, rep
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    """`export-parquet` and `fleet`: the Parquet path (DuckDB), no pandas over all rows."""
+    from analysis import fleet
+
+    if args.command == "export-parquet":
+        for db in args.dbs:
+            if not Path(db).is_file():
+                raise TraceDatabaseError(f"{db}: no such file (expected a trace database)")
+        t0 = time.perf_counter()
+        n = fleet.export_parquet(args.dbs, args.out)
+        print(
+            f"wrote {n.traces} traces, {n.spans} spans, {n.level_stats} level statistics of "
+            f"{len(args.dbs)} stores to {args.out} in {time.perf_counter() - t0:.1f} s",
+            file=sys.stderr,
+        )
+        return 0
+    tables = fleet.fleet_tables(args.fleet_dir, top=args.top, threads=args.threads)
+    if args.format == "json":
+        text = json.dumps({k: records(df) for k, df in tables.items()}, indent=1, allow_nan=False)
+    else:
+        text = fleet.render_text(tables)
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"fleet.{'json' if args.format == 'json' else 'txt'}"
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
 
 
 def _split(values: Sequence[str]) -> tuple[str, ...]:
@@ -403,8 +458,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv.insert(0, "report")
     args = parser.parse_args(argv)
     try:
+        if args.command in ("export-parquet", "fleet"):
+            return run_fleet(args)
         return run(args)
-    except (TraceDatabaseError, TraceNotFoundError) as exc:
+    except (TraceDatabaseError, TraceNotFoundError, FileNotFoundError) as exc:
         print(f"report.py: {exc}", file=sys.stderr)
         return 1
     except (UsageError, ValueError) as exc:  # bad option, --since or selector

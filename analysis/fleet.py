@@ -1,0 +1,275 @@
+"""A fleet's traces as Parquet, and the fleet-level analyses over them in DuckDB SQL.
+
+One SQLite store per pod is right for a pod; a fleet of hundreds is analysed columnar:
+`export_parquet` writes each store's rows (as `analysis.tracedb` loads them, so damaged rows
+are left out the same way, layer types are resolved the same way, and the CUDA runtime/driver
+API records, which only place kernels under their layers, are not carried) to
+`DIR/{traces,spans,level_stats}/NNNN-<db>.parquet`, files that DuckDB, Spark or Trino read
+as they are. `fleet_tables` runs the per-model analyses over `DIR` with DuckDB in process:
+traces per model, model latency per batch size, layer type shares, top layers by time and the
+live request breakdown. The numbers follow the single-store report's rules (trimmed means over
+traces cutting `TRIM` at each end, the L run's layer spans where there is one, pandas' linear
+quantiles), which `tests/analysis/test_fleet.py` checks against it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+
+from analysis.common import layer_type
+from analysis.live import BACKEND_PHASES, PERCENTILES, PHASES
+from analysis.tracedb import TraceFilter, load_traces
+from sidecar.profiling.stats import TRIM
+
+TABLES = ("traces", "spans", "level_stats")
+TRACE_COLUMNS = (
+    "source_db",
+    "trace_id",
+    "model",
+    "model_version",
+    "batch_size",
+    "device",
+    "runtime",
+    "status",
+    "created_ns",
+)
+SPAN_COLUMNS = (
+    "source_db",
+    "trace_id",
+    "span_id",
+    "level",
+    "name",
+    "kind",
+    "run_level",
+    "start_ns",
+    "end_ns",
+    "duration_ns",
+    "idx",
+    "layer_type",
+    "flops",
+)
+STATS_COLUMNS = ("source_db", "trace_id", "level", "trimmed_mean_ns", "overhead_ratio")
+FLEET_ANALYSES = ("traces", "model_latency", "layer_types", "top_layers", "live_breakdown")
+
+
+@dataclass(frozen=True)
+class ExportCounts:
+    """Rows written per table (over all databases)."""
+
+    traces: int = 0
+    spans: int = 0
+    level_stats: int = 0
+
+
+def export_parquet(dbs: Sequence[str | Path], out: Path) -> ExportCounts:
+    """Write every trace of each store (failed profiles included, `status` says so) as
+    Parquet under `out`; returns the rows written."""
+    for table in TABLES:
+        (out / table).mkdir(parents=True, exist_ok=True)
+    counts = {t: 0 for t in TABLES}
+    con = duckdb.connect()
+    try:
+        for i, db in enumerate(dbs):
+            data = load_traces([Path(db)], TraceFilter(include_errors=True))
+            spans = data.spans.copy()
+            is_layer = spans["level"] == "layer"
+            spans["layer_type"] = None
+            spans.loc[is_layer, "layer_type"] = layer_type(spans[is_layer])
+            frames = {
+                "traces": data.traces[list(TRACE_COLUMNS)],
+                "spans": spans[list(SPAN_COLUMNS)],
+                "level_stats": data.level_stats[list(STATS_COLUMNS)],
+            }
+            for table, frame in frames.items():
+                target = out / table / f"{i:04d}-{Path(db).stem}.parquet"
+                con.register("frame", frame)
+                con.execute(f"COPY frame TO '{_quote(target)}' (FORMAT parquet)")
+                con.unregister("frame")
+                counts[table] += len(frame)
+    finally:
+        con.close()
+    return ExportCounts(**counts)
+
+
+def _quote(path: Path) -> str:
+    return str(path).replace("'", "''")
+
+
+def connect(fleet_dir: Path, threads: int | None = None) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with views `traces`, `spans`, `level_stats` over the Parquet files
+    of `fleet_dir`, the traces restricted to profiles that succeeded."""
+    con = duckdb.connect()
+    if threads:
+        con.execute(f"SET threads = {int(threads)}")
+    for table in TABLES:
+        files = sorted((fleet_dir / table).glob("*.parquet"))
+        if not files:
+            raise FileNotFoundError(f"{fleet_dir / table}: no Parquet files (export first)")
+        where = " WHERE status = 'ok'" if table == "traces" else ""
+        con.execute(
+            f"CREATE VIEW {table}_all AS SELECT * FROM read_parquet('{_quote(fleet_dir / table)}"
+            f"/*.parquet'){where}"
+        )
+    con.execute("CREATE VIEW traces AS SELECT * FROM traces_all")
+    for table in ("spans", "level_stats"):  # only rows of the selected traces
+        con.execute(
+            f"CREATE VIEW {table} AS SELECT x.* FROM {table}_all x "
+            "SEMI JOIN traces t USING (source_db, trace_id)"
+        )
+    return con
+
+
+def _trimmed(value: str, partition: str) -> str:
+    """SQL over a subquery: keep rows whose rank within `partition` (by `value`) survives the
+    trim of `TRIM` at each end (the rule of `sidecar.profiling.stats.trimmed_mean`)."""
+    return (
+        f"row_number() OVER (PARTITION BY {partition} ORDER BY {value}) - 1 AS _rank, "
+        f"count(*) OVER (PARTITION BY {partition}) AS _n"
+    )
+
+
+_KEEP = f"_rank >= floor({TRIM} * _n) AND _rank < _n - floor({TRIM} * _n)"
+
+_MODEL_LATENCY = f"""
+WITH from_stats AS (
+    SELECT source_db, trace_id, trimmed_mean_ns::DOUBLE AS latency_ns
+    FROM level_stats WHERE level = 'model'
+), from_spans AS (
+    SELECT source_db, trace_id, arg_min(duration_ns, (run_level IS DISTINCT FROM 'model',
+           start_ns))::DOUBLE AS latency_ns
+    FROM spans WHERE level = 'model' GROUP BY source_db, trace_id
+), per_trace AS (
+    SELECT * FROM from_stats
+    UNION ALL
+    SELECT * FROM from_spans s ANTI JOIN from_stats f USING (source_db, trace_id)
+), ranked AS (
+    SELECT t.model, t.batch_size, p.latency_ns,
+           {_trimmed("p.latency_ns", "t.model, t.batch_size")}
+    FROM per_trace p JOIN traces t USING (source_db, trace_id)
+)
+SELECT model, batch_size, avg(latency_ns) FILTER (WHERE {_KEEP}) / 1e6 AS latency_ms,
+       count(*) AS n_traces
+FROM ranked GROUP BY model, batch_size ORDER BY model, batch_size
+"""
+
+# Layer spans as the report takes them: the L run's where a trace has one, one per name.
+_LAYERS = """
+layer_spans AS (
+    SELECT s.*, bool_or(run_level = 'layer') OVER (PARTITION BY source_db, trace_id) AS has_l
+    FROM spans s WHERE level = 'layer'
+), layers AS (
+    SELECT source_db, trace_id, name,
+           arg_min(duration_ns, (idx, start_ns))::DOUBLE AS duration_ns,
+           arg_min(layer_type, (idx, start_ns)) AS type,
+           min(idx) AS idx
+    FROM layer_spans WHERE run_level = 'layer' OR NOT has_l
+    GROUP BY source_db, trace_id, name
+), ranked AS (
+    SELECT t.model, t.batch_size, l.name, l.type, l.idx, l.duration_ns,
+           {trimmed}
+    FROM layers l JOIN traces t USING (source_db, trace_id)
+), per_layer AS (
+    SELECT model, batch_size, name, arg_min(type, _rank) AS type,
+           avg(duration_ns) FILTER (WHERE {keep}) AS duration_ns,
+           count(*) AS n_traces
+    FROM ranked GROUP BY model, batch_size, name
+)
+""".format(trimmed=_trimmed("l.duration_ns", "t.model, t.batch_size, l.name"), keep=_KEEP)
+
+_LAYER_TYPES = f"""
+WITH {_LAYERS}
+SELECT model, batch_size, type, count(*) AS layers, sum(duration_ns) / 1e6 AS latency_ms,
+       sum(duration_ns) / sum(sum(duration_ns)) OVER (PARTITION BY model, batch_size) AS share
+FROM per_layer GROUP BY model, batch_size, type
+ORDER BY model, batch_size, latency_ms DESC, type
+"""
+
+_TOP_LAYERS = f"""
+WITH {_LAYERS}, shares AS (
+    SELECT *, duration_ns / sum(duration_ns) OVER (PARTITION BY model, batch_size) AS share,
+           row_number() OVER (PARTITION BY model, batch_size
+                              ORDER BY duration_ns DESC, name) AS rank
+    FROM per_layer
+)
+SELECT model, batch_size, rank, name, type, duration_ns / 1e6 AS latency_ms,
+       share AS latency_share, n_traces
+FROM shares WHERE rank <= $top ORDER BY model, batch_size, rank
+"""
+
+_PHASE_SUMS = ", ".join(
+    f"sum(duration_ns) FILTER (WHERE kind = '{k}')::DOUBLE AS {k}"
+    for k in ("request", *BACKEND_PHASES)
+)
+_PHASE_ANY = " OR ".join(f"{p} IS NOT NULL" for p in BACKEND_PHASES)
+_PHASE_TOTAL = " + ".join(f"coalesce({p}, 0)" for p in BACKEND_PHASES)
+_LIVE = f"""
+WITH requests AS (
+    SELECT source_db, trace_id, arg_min(duration_ns, start_ns)::DOUBLE AS client_total
+    FROM spans WHERE level = 'request' GROUP BY source_db, trace_id
+), server AS (
+    SELECT source_db, trace_id, {_PHASE_SUMS}
+    FROM spans WHERE level = 'server' GROUP BY source_db, trace_id
+), per AS (
+    SELECT t.model, r.client_total, s.*,
+           r.client_total - s.request AS network_proxy,
+           s.request - CASE WHEN {_PHASE_ANY} THEN {_PHASE_TOTAL} END AS server_other
+    FROM requests r JOIN traces t USING (source_db, trace_id)
+    LEFT JOIN server s USING (source_db, trace_id)
+), long AS (
+    UNPIVOT (SELECT model, {", ".join(PHASES)} FROM per)
+    ON {", ".join(PHASES)} INTO NAME phase VALUE ns
+)
+SELECT model, phase, count(*) AS requests, avg(ns) / 1e6 AS mean_ms,
+       {", ".join(f"quantile_cont(ns, {q}) / 1e6 AS p{round(q * 100)}_ms" for q in PERCENTILES)}
+FROM long WHERE ns IS NOT NULL AND NOT isnan(ns) GROUP BY model, phase
+"""
+
+_TRACES = """
+SELECT model, count(*) AS traces, count(DISTINCT source_db) AS databases,
+       min(created_ns) AS first_ns, max(created_ns) AS last_ns
+FROM traces GROUP BY model ORDER BY model
+"""
+
+
+def fleet_tables(
+    fleet_dir: Path, top: int = 10, threads: int | None = None
+) -> dict[str, pd.DataFrame]:
+    """Every fleet analysis over the Parquet files of `fleet_dir`, as DataFrames."""
+    con = connect(fleet_dir, threads)
+    try:
+        out = {
+            "traces": con.execute(_TRACES).df(),
+            "model_latency": con.execute(_MODEL_LATENCY).df(),
+            "layer_types": con.execute(_LAYER_TYPES).df(),
+            "top_layers": con.execute(_TOP_LAYERS, {"top": top}).df(),
+        }
+        live = con.execute(_LIVE).df()
+    finally:
+        con.close()
+    client = live[live["phase"] == "client_total"].set_index("model")["mean_ms"]
+    live["share_of_client"] = live["mean_ms"] / live["model"].map(client)
+    live["phase"] = pd.Categorical(live["phase"], categories=list(PHASES), ordered=True)
+    live = live.sort_values(["model", "phase"]).reset_index(drop=True)
+    live["phase"] = live["phase"].astype(str)
+    out["live_breakdown"] = live
+    return out
+
+
+def render_text(tables: dict[str, pd.DataFrame]) -> str:
+    """The fleet report as plain text, one section per analysis."""
+    parts = []
+    for key in FLEET_ANALYSES:
+        df = tables[key]
+        body = "(none)" if df.empty else df.to_string(index=False, float_format=_fmt)
+        parts.append(f"== {key} ==\n{body}\n")
+    return "\n".join(parts)
+
+
+def _fmt(value: float) -> str:
+    return "nan" if math.isnan(value) else f"{value:.4g}"
