@@ -2,8 +2,9 @@
 plus (with `--model-repository`) the sampling pipeline and (with `--admin`) the admin API.
 
 `Sidecar` owns the parts; `run_sidecar(config)` runs it on uvloop until SIGTERM/SIGINT, then
-shuts down gracefully: stop accepting, let in-flight calls finish for up to `grace_period`
-seconds, close the remaining connections, stop the other servers.
+shuts down gracefully: stop accepting, drain every client connection with HTTP/2 GOAWAY
+(`proxy/drain.py`), let in-flight calls finish for up to `grace_period` seconds, end the rest
+with UNAVAILABLE, stop the other servers.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 `relay.Relay` pairs each client connection with a backend connection and forwards bytes
 unchanged; `frames.FrameScanner` + `streams.ConnectionTracker` observe them; `metrics`
-exports what was seen; `streams.ConnectionObserver` is the hook for request sampling.
+exports what was seen; `streams.ConnectionObserver` is the hook for request sampling;
+`drain` is the graceful shutdown of a connection (two-step GOAWAY, refused streams).
 """
 
 from __future__ import annotations

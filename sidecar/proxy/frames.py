@@ -50,12 +50,19 @@ FLAG_END_HEADERS = 0x4
 FLAG_PADDED = 0x8
 FLAG_PRIORITY = 0x20
 
+MAX_STREAM_ID = 0x7FFFFFFF
+
+# RST_STREAM / GOAWAY error codes (RFC 9113 section 7)
+NO_ERROR = 0x0
+REFUSED_STREAM = 0x7
+CANCEL = 0x8
+
 DEFAULT_MAX_FRAME_SIZE = 16384
 MAX_HEADER_BLOCK = 1 << 20  # held/assembled header block cap; beyond it we stop observing
 
 _HEADER = struct.Struct(">BHBBI")
 # frame types the fast path handles when the whole frame is in one chunk (skipped ones included)
-_CONTROL_TYPES = frozenset({SETTINGS, RST_STREAM, GOAWAY})
+_CONTROL_TYPES = frozenset({SETTINGS, RST_STREAM, GOAWAY, PING})
 _FAST_TYPES = frozenset({DATA, HEADERS, PRIORITY, PING, WINDOW_UPDATE}) | _CONTROL_TYPES
 
 # payload handling modes
@@ -103,7 +110,7 @@ class FrameSink(Protocol):
         ...
 
     def on_control(self, frame_type: int, flags: int, stream_id: int, payload: bytes) -> None:
-        """A complete SETTINGS, RST_STREAM or GOAWAY frame."""
+        """A complete SETTINGS, RST_STREAM, GOAWAY or PING frame."""
         ...
 
 
@@ -112,10 +119,36 @@ def frame_header(length: int, frame_type: int, flags: int, stream_id: int) -> by
     return _HEADER.pack(length >> 16, length & 0xFFFF, frame_type, flags, stream_id & 0x7FFFFFFF)
 
 
-def goaway_frame(last_stream_id: int, error_code: int = 0) -> bytes:
+def goaway_frame(last_stream_id: int, error_code: int = NO_ERROR) -> bytes:
     """A GOAWAY frame (error code 0: NO_ERROR, a graceful close)."""
     payload = (last_stream_id & 0x7FFFFFFF).to_bytes(4, "big") + error_code.to_bytes(4, "big")
     return frame_header(len(payload), GOAWAY, 0, 0) + payload
+
+
+def ping_frame(opaque: bytes, ack: bool = False) -> bytes:
+    """A PING frame with 8 bytes of opaque data."""
+    if len(opaque) != 8:
+        raise ValueError("PING carries exactly 8 bytes of opaque data")
+    return frame_header(8, PING, FLAG_ACK if ack else 0, 0) + opaque
+
+
+def rst_stream_frame(stream_id: int, error_code: int) -> bytes:
+    """A RST_STREAM frame."""
+    return frame_header(4, RST_STREAM, 0, stream_id) + error_code.to_bytes(4, "big")
+
+
+def header_frames(stream_id: int, block: bytes, *, end_stream: bool, max_frame_size: int) -> bytes:
+    """A header block as one HEADERS frame (+ CONTINUATION frames beyond `max_frame_size`)."""
+    parts = [block[i : i + max_frame_size] for i in range(0, len(block), max_frame_size)]
+    parts = parts or [b""]
+    out = bytearray()
+    for i, part in enumerate(parts):
+        ftype = HEADERS if i == 0 else CONTINUATION
+        flags = FLAG_END_STREAM if i == 0 and end_stream else 0
+        if i == len(parts) - 1:
+            flags |= FLAG_END_HEADERS
+        out += frame_header(len(part), ftype, flags, stream_id) + part
+    return bytes(out)
 
 
 def _strip_padding(payload: bytes | bytearray, flags: int, skip: int = 0) -> bytes:
@@ -227,6 +260,42 @@ class FrameScanner:
         return not (
             self.failed or self._remaining or self._carry or self._block_sid or self._preface_left
         )
+
+    def next_boundary(self, data: bytes) -> int | None:
+        """Where in `data` (about to be scanned) the first frame boundary lies that is outside
+        a header block: 0 if `at_frame_boundary()` now, None if there is none in `data`.
+
+        Reads the scanner's state without changing it; the caller may then scan `data[:off]`,
+        write frames of its own (they land between two whole frames) and scan the rest.
+        """
+        if self.failed or self._preface_left:
+            return None
+        n = len(data)
+        if self._carry:
+            head = self._carry + data[: 9 - len(self._carry)]
+            if len(head) < 9:
+                return None
+            pos = 9 - len(self._carry) + int.from_bytes(head[:3], "big")
+            in_block = head[3] in (HEADERS, PUSH_PROMISE, CONTINUATION) and not (
+                head[4] & FLAG_END_HEADERS
+            )
+        elif self._remaining:
+            pos = self._remaining
+            in_block = self._ftype in (HEADERS, PUSH_PROMISE, CONTINUATION) and not (
+                self._flags & FLAG_END_HEADERS
+            )
+        else:
+            pos = 0
+            in_block = bool(self._block_sid)
+        while pos <= n:
+            if not in_block:
+                return pos
+            if n - pos < 9:
+                return None
+            hi, lo, _, flags, _ = _HEADER.unpack_from(data, pos)
+            pos += 9 + ((hi << 16) | lo)
+            in_block = not flags & FLAG_END_HEADERS
+        return None
 
     def pending_bytes(self) -> int:
         """Bytes received but not yet returned by `process` (hold mode)."""
@@ -377,7 +446,7 @@ class FrameScanner:
                     self._held_frames.append((len(self._held), length, padded))
                     self._held += data[hdr_pos:pos]
                     self._emit_from = pos
-            elif ftype in (SETTINGS, RST_STREAM, GOAWAY):
+            elif ftype in _CONTROL_TYPES:
                 self._mode = _COLLECT
                 self._payload = bytearray()
             else:

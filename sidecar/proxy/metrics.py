@@ -161,6 +161,12 @@ class ProxyMetrics:
             "(method and model _unknown, not offered for sampling).",
             registry=registry,
         )
+        self.refused_streams = Counter(
+            "xsp_refused_streams",
+            "Streams a draining relay refused (RST_STREAM REFUSED_STREAM, never forwarded): the "
+            "client opened them after the final GOAWAY and may retry them elsewhere.",
+            registry=registry,
+        )
         self.backend_up = Gauge(
             "xsp_backend_up",
             "1 while the backend accepts connections and answers its readiness check.",

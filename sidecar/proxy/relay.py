@@ -13,7 +13,14 @@ directions have ended, or either side is gone, the pair is closed. A connection 
 flight for `idle_timeout` seconds (for one the scanner cannot observe: no bytes either way) is
 *drained*: the backend connection is closed, the client gets a GOAWAY (when the backend's frames
 end on a frame boundary) and a FIN, and is closed if it does not close first within
-`DRAIN_LINGER_S`. Shutdown drains each connection as soon as it has nothing in flight.
+`DRAIN_LINGER_S`.
+
+Shutdown (`Relay.shutdown(grace_period)`, SIGTERM) drains every connection, idle or busy, as
+HTTP/2 defines it (`drain.py`): GOAWAY(2^31-1) + PING, then after the PING ACK the final
+GOAWAY(last forwarded stream id); streams the client still opens above it get RST_STREAM
+REFUSED_STREAM and never reach the backend. A connection is closed (backend closed, FIN to the
+client) as soon as its accepted streams have ended; at the end of the grace period the calls
+still in flight are ended with grpc-status UNAVAILABLE and what is left is closed.
 """
 
 from __future__ import annotations
@@ -27,7 +34,16 @@ import ssl
 from typing import cast
 
 from sidecar.endpoint import Endpoint, translate_bind_errors
-from sidecar.proxy.frames import FrameScanner, goaway_frame
+from sidecar.proxy.drain import DRAIN_PING, PING_TIMEOUT_S, RefusingFilter, cut_frames
+from sidecar.proxy.frames import (
+    CANCEL,
+    MAX_STREAM_ID,
+    REFUSED_STREAM,
+    FrameScanner,
+    goaway_frame,
+    ping_frame,
+    rst_stream_frame,
+)
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.model_name import UNKNOWN_MODEL, method_info
 from sidecar.proxy.streams import ConnectionInfo, ConnectionTracker, ObserverFactory
@@ -41,6 +57,7 @@ CONNECT_TIMEOUT_S = 3.0
 IDLE_TIMEOUT_S = 300.0  # drain a connection with no call in flight for this long
 DRAIN_LINGER_S = 1.0  # after GOAWAY + FIN, wait this long for the client to close first
 SHUTDOWN_QUIET_S = 0.5  # at shutdown, an unobservable connection this quiet is closed
+CUT_LINGER_S = 1.0  # after the grace period, wait this long for cut connections to close
 
 
 def _nodelay(transport: asyncio.BaseTransport) -> None:
@@ -65,6 +82,9 @@ class _BackendProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         client = self.client
+        if client.inject_queue:
+            client.backend_data_injecting(data)
+            return
         try:
             client.transport.write(data)
         except RuntimeError:  # uvloop: the client transport is already closed
@@ -117,6 +137,12 @@ class _ClientProtocol(asyncio.Protocol):
         self._idle_mark: object = None
         self._idle_since = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        # graceful drain (drain.py)
+        self.inject_queue: list[bytes] = []  # our frames for the client, due at a boundary
+        self.drain_started = False  # the first GOAWAY + PING is sent or queued
+        self.final_due = False  # send the final GOAWAY at the client's next frame boundary
+        self.refusing: RefusingFilter | None = None  # set with the final GOAWAY
+        self._ping_timer: asyncio.TimerHandle | None = None
 
     # -- client side ----------------------------------------------------------------------
 
@@ -151,7 +177,12 @@ class _ClientProtocol(asyncio.Protocol):
         if backend is not None:
             scanner = self.tracker.request_scanner
             try:
-                if self.hold:
+                if self.refusing is not None:
+                    forward = self.refusing.process(data)
+                    if forward:
+                        backend.write(forward)
+                    scanner.observe(data)  # refused header blocks too: HPACK stays in step
+                elif self.hold:
                     pieces = scanner.process(data)
                     if len(pieces) == 1:
                         backend.write(pieces[0])
@@ -167,6 +198,8 @@ class _ClientProtocol(asyncio.Protocol):
                         self.chunks += 1
             except RuntimeError:  # uvloop: the backend transport is already closed
                 self.close()
+            if self.final_due:
+                self._final_goaway()
         elif self.pending is not None:
             self.pending.append(data)
             if sum(map(len, self.pending)) > HIGH_WATER:
@@ -197,6 +230,9 @@ class _ClientProtocol(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._ping_timer is not None:
+            self._ping_timer.cancel()
+            self._ping_timer = None
         self.tracker.close("CANCELLED")
         if self.backend is not None:
             self.backend.close()
@@ -281,22 +317,29 @@ class _ClientProtocol(asyncio.Protocol):
         """Close the backend side; tell the client to go away, then close (see module doc)."""
         if self.draining or self.closed:
             return
+        transport = self.transport
+        tracker = self.tracker
+        can_goaway = (
+            self.backend is not None
+            and not transport.is_closing()
+            and tracker.response.settings_seen
+            and self.response_scanner.at_frame_boundary()
+        )
+        if can_goaway and not self.inject_queue:
+            transport.write(goaway_frame(tracker.last_stream_id))
+        self._finish(can_goaway)
+
+    def _finish(self, graceful: bool = True) -> None:
+        """Close the backend side; half-close the client side and wait for it to close."""
         self.draining = True
         backend, self.backend = self.backend, None
         self.pending = None  # from now on client bytes are dropped
         if backend is not None:
             backend.close()
         transport = self.transport
-        tracker = self.tracker
-        if (
-            backend is None
-            or transport.is_closing()
-            or not tracker.response.settings_seen
-            or not self.response_scanner.at_frame_boundary()
-        ):
+        if not graceful or transport.is_closing():
             self.close()
             return
-        transport.write(goaway_frame(tracker.last_stream_id))
         if not transport.can_write_eof():
             self.close()
             return
@@ -304,6 +347,137 @@ class _ClientProtocol(asyncio.Protocol):
         with contextlib.suppress(Exception):
             transport.resume_reading()  # read on until the client's FIN, dropping the bytes
         self._timer = self.relay.loop.call_later(DRAIN_LINGER_S, self.close)
+
+    # -- graceful drain at shutdown (drain.py) --------------------------------------------
+
+    def inject(self, frames: bytes) -> None:
+        """Write frames of our own to the client, between two whole frames of the backend's."""
+        if self.closed or self.draining or self.transport.is_closing():
+            return
+        if (
+            not self.inject_queue
+            and self.tracker.response.settings_seen
+            and self.response_scanner.at_frame_boundary()
+        ):
+            self.transport.write(frames)
+        else:
+            self.inject_queue.append(frames)
+
+    def backend_data_injecting(self, data: bytes) -> None:
+        """Backend bytes while our frames wait: write them at the first frame boundary."""
+        scanner = self.response_scanner
+        transport = self.transport
+        response = self.tracker.response
+        off = scanner.next_boundary(data) if response.settings_seen else None
+        try:
+            if off is None:
+                transport.write(data)
+                scanner.observe(data)
+                if not (response.settings_seen and scanner.at_frame_boundary()):
+                    return
+                off = len(data)
+            elif off:
+                transport.write(data[:off])
+                scanner.observe(data[:off])
+            queued, self.inject_queue = self.inject_queue, []
+            transport.writelines(queued)
+            rest = data[off:]
+            if rest:
+                transport.write(rest)
+                scanner.observe(rest)
+        except RuntimeError:  # uvloop: the client transport is already closed
+            self.backend_lost()
+
+    def start_drain(self) -> bool:
+        """Step 1: GOAWAY(2^31-1) + PING. False where this connection cannot be drained so
+        (not connected to the backend yet, or not observable)."""
+        if self.drain_started:
+            return True
+        if self.closed or self.draining or self.backend is None or self.tracker.failed:
+            return False
+        self.drain_started = True
+        tracker = self.tracker
+        tracker.on_ping_ack = self._ping_ack
+        tracker.on_refused = self._refused
+        self.inject(goaway_frame(MAX_STREAM_ID) + ping_frame(DRAIN_PING))
+        self._ping_timer = self.relay.loop.call_later(PING_TIMEOUT_S, self._ping_timeout)
+        return True
+
+    def _ping_timeout(self) -> None:
+        """No PING ACK: send the final GOAWAY anyway. A client stuck inside a frame (e.g.
+        its preface) with no call in flight is told GOAWAY(last) and closed."""
+        self._ping_timer = None
+        self._final_goaway()
+        if self.final_due and not self.tracker.streams:
+            self.drain()
+
+    def _ping_ack(self, payload: bytes) -> None:
+        if payload == DRAIN_PING:
+            self.final_due = True  # sent once the chunk that carried the ACK is scanned
+
+    def _final_goaway(self) -> None:
+        """Step 2: GOAWAY(last forwarded stream id); later streams are refused."""
+        if self.refusing is not None or self.closed or self.draining or self.backend is None:
+            return
+        tracker = self.tracker
+        if self._ping_timer is not None:
+            self._ping_timer.cancel()
+            self._ping_timer = None
+        if tracker.failed:
+            return  # unobservable now: shutdown closes it once quiet
+        scanner = tracker.request_scanner
+        if not scanner.at_frame_boundary():
+            self.final_due = True  # inside a client frame: after the next chunk
+            return
+        self.final_due = False
+        last = tracker.last_stream_id
+        tracker.refuse_above = last
+        scanner.hold = self.hold = False  # no request is accepted any more: nothing to add
+        self.refusing = RefusingFilter(last, self._reset_accepted)
+        self.inject(goaway_frame(last))
+
+    def _refused(self, stream_id: int) -> None:
+        self.inject(rst_stream_frame(stream_id, REFUSED_STREAM))
+
+    def _reset_accepted(self, stream_id: int) -> None:
+        self.inject(rst_stream_frame(stream_id, CANCEL))
+        st = self.tracker.streams.get(stream_id)
+        if st is not None:
+            self.tracker.end(st, "CANCELLED")
+
+    def drained(self) -> bool:
+        """Final GOAWAY sent and every stream it accepted has ended."""
+        return self.refusing is not None and not self.inject_queue and not self.tracker.streams
+
+    def finish_drain(self) -> None:
+        self._finish()
+
+    def cut(self) -> None:
+        """Grace period over: end the calls in flight with UNAVAILABLE where the response
+        byte stream allows it (at a frame boundary), then close."""
+        if self.closed or self.draining:
+            return
+        tracker = self.tracker
+        transport = self.transport
+        if (
+            self.backend is None
+            or tracker.failed
+            or transport.is_closing()
+            or not tracker.response.settings_seen
+            or not self.response_scanner.at_frame_boundary()
+        ):
+            self.abort()
+            return
+        out = bytearray(b"".join(self.inject_queue))
+        self.inject_queue = []
+        if self.refusing is None:
+            out += goaway_frame(tracker.last_stream_id)
+        max_frame_size = self.response_scanner.max_frame_size
+        for st in list(tracker.streams.values()):
+            out += cut_frames(st.sid, bool(st.http_status), max_frame_size)
+            tracker.end(st, "UNAVAILABLE")
+        transport.write(bytes(out))
+        self._finish()
 
     def idle_check(self, now: float, timeout: float) -> bool:
         """Whether nothing happened on this connection for `timeout` s (nothing in flight)."""
@@ -409,12 +583,23 @@ class Relay:
                 if conn.draining:
                     continue
                 if conn.backend is None:
-                    conn.close()  # not connected yet, or answering UNAVAILABLE
-                elif not conn.tracker.failed and conn.tracker.in_flight == 0:
+                    if conn.pending is None:
+                        conn.close()  # answering UNAVAILABLE
+                    # else: still connecting to the backend, drained once connected
+                elif conn.tracker.failed:
+                    if conn.idle_check(now, SHUTDOWN_QUIET_S):
+                        conn.drain()  # unobservable: waited on while bytes flow
+                elif not conn.start_drain():
                     conn.drain()
-                elif conn.tracker.failed and conn.idle_check(now, SHUTDOWN_QUIET_S):
-                    conn.drain()  # unobservable: waited on while bytes flow
+                elif conn.drained():
+                    conn.finish_drain()
             await asyncio.sleep(0.02)
+        if self.connections:
+            for conn in list(self.connections):
+                conn.cut()
+            cut_deadline = loop.time() + CUT_LINGER_S
+            while self.connections and loop.time() < cut_deadline:
+                await asyncio.sleep(0.02)
         for conn in list(self.connections):
             conn.abort()
         await asyncio.sleep(0)  # let connection_lost run

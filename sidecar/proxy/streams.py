@@ -38,6 +38,7 @@ from sidecar.proxy.frames import (
     FLAG_ACK,
     GOAWAY,
     HEADERS,
+    PING,
     RST_STREAM,
     SETTINGS,
     FrameScanner,
@@ -273,6 +274,10 @@ class _Side:
                 self.tracker.end_reset(st, int.from_bytes(payload[:4], "big"), self)
         elif frame_type == GOAWAY:
             self.on_goaway(int.from_bytes(payload[:4], "big") & 0x7FFFFFFF)
+        elif frame_type == PING and flags & FLAG_ACK:
+            on_ack = self.tracker.on_ping_ack
+            if on_ack is not None and self is self.tracker.request:
+                on_ack(payload)
 
     def on_goaway(self, last_stream_id: int) -> None:
         pass
@@ -296,6 +301,9 @@ class _RequestSide(_Side):
         t = self.tracker
         if frame_type != HEADERS or stream_id <= t.last_stream_id:
             return None  # client trailers, or a push promise (never sent by clients)
+        if t.refuse_above is not None:
+            t.refuse(stream_id)  # decoded (the table stays in step), never a call
+            return None
         t.last_stream_id = stream_id
         st = _Stream(
             stream_id, path, t.metrics.method_label(info.name), info.model_field,
@@ -316,6 +324,9 @@ class _RequestSide(_Side):
         self.block_lost(reason)
         t = self.tracker
         if frame_type != HEADERS or stream_id <= t.last_stream_id:
+            return
+        if t.refuse_above is not None:
+            t.refuse(stream_id)
             return
         # A new request we cannot read: count it by its stream id, method and model unknown.
         t.last_stream_id = stream_id
@@ -437,6 +448,11 @@ class ConnectionTracker:
         self.streams: dict[int, _Stream] = {}
         self.last_stream_id = 0
         self.failed = False
+        # Draining (`drain.py`): a new stream above `refuse_above` is refused, not a call.
+        self.refuse_above: int | None = None
+        self.on_refused: Callable[[int], None] | None = None
+        self.on_ping_ack: Callable[[bytes], None] | None = None  # client PING ACK payloads
+        self._refused: set[int] = set()
         self.request = _RequestSide(self)
         self.response = _ResponseSide(self)
         self.request.other = self.response
@@ -475,6 +491,15 @@ class ConnectionTracker:
             self.end(st, code)
         self.request_scanner.stop()
         self.response_scanner.stop()
+
+    def refuse(self, stream_id: int) -> None:
+        """A new stream the relay did not forward (it opened after our final GOAWAY)."""
+        if stream_id in self._refused:
+            return
+        self._refused.add(stream_id)
+        self.metrics.refused_streams.inc()
+        if self.on_refused is not None:
+            self.on_refused(stream_id)
 
     # -- stream ends ----------------------------------------------------------------------
 
