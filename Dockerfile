@@ -6,6 +6,9 @@
 #   docker build -t xsp-sidecar:0.1.0-gpu --build-arg VARIANT=gpu .   # CUDA base, onnxruntime-gpu
 #   docker build --build-arg EXTRAS=[pytorch] \
 #     --build-arg PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu -t xsp-sidecar:0.1.0-torch .
+#   docker build --build-arg EXTRAS=[tensorflow] -t xsp-sidecar:0.1.0-tensorflow .
+#     # beside TF-Serving: TensorFlow replays the sampled Predicts on the SavedModels
+#     # (helm/xsp-sidecar/values-tfserving.yaml uses this tag)
 #
 # Multi-stage: a build stage installs the package into /opt/venv the way the README does
 # (`pip install .` from the source tree); the runtime stage copies only that venv and runs as
@@ -17,7 +20,7 @@ ARG VARIANT=cpu
 ARG PYTHON_IMAGE=python:3.11-slim
 # The GPU variant: a CUDA 12 runtime with cuDNN 9 (what onnxruntime-gpu on PyPI is built for).
 ARG CUDA_BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
-# Optional extras of the package, e.g. "[pytorch]".
+# Optional extras of the package, e.g. "[pytorch]" or "[tensorflow]".
 ARG EXTRAS=""
 
 # ---------------------------------------------------------------- CPU: python:3.11-slim

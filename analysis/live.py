@@ -5,6 +5,12 @@ spans (level `server`, e.g. Triton's OpenTelemetry spans) split the server's sha
 and compute input / infer / output. `network_proxy` is client latency - the server's request
 span: network, the relay and gRPC framing. `server_other` is the server's request span - its
 phases. Percentiles are over the sampled requests of each model.
+
+A TF-Serving backend has no request span: its profiler's capture gives the TensorFlow op
+events in the request's window (kind `tf_op`). `tf_ops` is their envelope, from the first op's
+start to the last op's end (the server running the model; ops of concurrent requests that
+overlap the window are in it too), and `outside_tf_ops` is client latency - `tf_ops`: network,
+the relay, gRPC framing and TF-Serving's own request handling (tensor decode and encode).
 """
 
 from __future__ import annotations
@@ -15,7 +21,10 @@ from analysis.common import AnalysisResult, Frames, empty_result, not_captured
 
 TITLE = "Live request breakdown (client latency at the proxy vs backend phases)"
 BACKEND_PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
-PHASES = ("client_total", "network_proxy", *BACKEND_PHASES, "server_other")
+TF_OP_KIND = "tf_op"  # sidecar.live.tf_profiler.SPAN_KIND
+PHASES = (
+    "client_total", "network_proxy", *BACKEND_PHASES, "server_other", "tf_ops", "outside_tf_ops"
+)  # fmt: skip
 PERCENTILES = (0.5, 0.9, 0.99)
 
 
@@ -26,13 +35,17 @@ def request_phases(fr: Frames) -> pd.DataFrame:
     out = req.rename(columns={"duration_ns": "client_total"}).set_index("tkey")
     srv = fr.at("server")
     srv = srv[srv["tkey"].isin(out.index)]
-    wide = srv.pivot_table(index="tkey", columns="kind", values="duration_ns", aggfunc="sum")
+    ops = srv["kind"] == TF_OP_KIND
+    wide = srv[~ops].pivot_table(index="tkey", columns="kind", values="duration_ns", aggfunc="sum")
     for col in ("request", *BACKEND_PHASES):
         out[col] = wide[col] if col in wide.columns else float("nan")
+    envelope = srv[ops].groupby("tkey").agg(start=("start_ns", "min"), end=("end_ns", "max"))
+    out["tf_ops"] = envelope["end"] - envelope["start"]
     out = out.astype("float64")
     phase_sum = out[list(BACKEND_PHASES)].sum(axis=1, min_count=1)
     out["network_proxy"] = out["client_total"] - out["request"]
     out["server_other"] = out["request"] - phase_sum
+    out["outside_tf_ops"] = out["client_total"] - out["tf_ops"]
     return fr.with_meta(out.drop(columns=["request"]).reset_index(), ["model"])
 
 
@@ -63,7 +76,13 @@ def live_breakdown(fr: Frames) -> AnalysisResult:
     table = table.sort_values(["model", "phase"]).reset_index(drop=True)
     table["phase"] = table["phase"].astype(str)
     res = AnalysisResult("live_breakdown", TITLE, table)
-    no_server = per["network_proxy"].isna().sum()
+    no_server = (per["network_proxy"].isna() & per["tf_ops"].isna()).sum()
+    if per["tf_ops"].notna().any():
+        res.notes.append(
+            "tf_ops: from the first to the last TensorFlow op event the backend's profiler "
+            "captured in the request's window (ops of concurrent requests in that window "
+            "count too); outside_tf_ops = client_total - tf_ops"
+        )
     if no_server:
         res.notes.append(
             f"{no_server} sampled requests have no backend spans (backend tracing off or its "

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Set up (idempotent), then run the demo: local Triton + sidecar + traffic + profiles + report.
+# `--backend tfserving`: the same on the stand-in for tensorflow_model_server (Keras models).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

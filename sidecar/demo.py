@@ -10,6 +10,7 @@ import logging
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +43,13 @@ class DemoOptions:
     forced: int = 3
     forced_models: tuple[str, ...] = ("simple_cnn",)
     report_format: str = "text"
+
+
+def fresh_database(path: Path) -> Path:
+    """`path` with a previous run's database (and its WAL files) removed."""
+    for stale in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        stale.unlink(missing_ok=True)
+    return path
 
 
 def say(message: str) -> None:
@@ -127,14 +135,16 @@ def _decision_of_one_call(metrics_url: str, before: dict[str, float]) -> str:
         time.sleep(0.05)
 
 
-def send_forced(address: str, metrics_url: str, db: Path, options: DemoOptions) -> ForcedResult:
-    """`options.forced` calls with `x-xsp-profile: 1`, one profile at a time, to the models of
-    `options.forced_models` in turn. A forced call still respects the budget and the worker's
-    duty cycle, so a call that was turned away (counted, with the decision that turned it
-    away) is sent again until one is sampled; then its profile is awaited and its outcome
-    printed (a failed profile with the error stored in its trace)."""
-    client = grpcclient.InferenceServerClient(address)
-    rng = np.random.default_rng(1)
+# send(model, k): one call with `x-xsp-profile: 1` for the k-th forced profile
+ForcedCall = Callable[[str, int], None]
+
+
+def send_forced(send: ForcedCall, metrics_url: str, db: Path, options: DemoOptions) -> ForcedResult:
+    """`options.forced` calls with `x-xsp-profile: 1` (made by `send`), one profile at a time,
+    to the models of `options.forced_models` in turn. A forced call still respects the budget
+    and the worker's duty cycle, so a call that was turned away (counted, with the decision
+    that turned it away) is sent again until one is sampled; then its profile is awaited and
+    its outcome printed (a failed profile with the error stored in its trace)."""
     result = ForcedResult()
     count = options.forced
     for k in range(count):
@@ -147,7 +157,7 @@ def send_forced(address: str, metrics_url: str, db: Path, options: DemoOptions) 
         deadline = time.monotonic() + 60
         while not sampled and time.monotonic() < deadline:
             decisions = sums_by(scrape(metrics_url), DECISIONS, "decision")
-            client.infer(model, _inputs(model, k, rng), headers={"x-xsp-profile": "1"})
+            send(model, k)
             result.attempts += 1
             why = _decision_of_one_call(metrics_url, decisions)
             sampled = why == "sampled"
@@ -168,7 +178,6 @@ def send_forced(address: str, metrics_url: str, db: Path, options: DemoOptions) 
             line += f": {failed[0][1]}" if failed else " (the trace store has no error text)"
         result.outcomes.append(line)
         print(f"    {line}", flush=True)
-    client.close()
     return result
 
 
@@ -268,16 +277,47 @@ def interesting_metrics(text: str) -> list[str]:
         "xsp_profiling_overhead_ratio",
         "xsp_backend_phase_duration_seconds_count",
         "xsp_samples_dropped_total",
+        "xsp_backend_captures_total",
     )
     return [line for line in text.splitlines() if line.startswith(keep)]
+
+
+def report_and_sweep(
+    out: Path, db: Path, sweep_model: Path, name: str, options: DemoOptions
+) -> Path:
+    """Print the report on the sampled live requests (and write it as HTML), then run a
+    standalone batch-size sweep of `sweep_model` and report it; returns the sweep's database."""
+    report = [sys.executable, str(REPO_ROOT / "analysis" / "report.py")]
+    say("report on the sampled live requests (analysis/report.py):")
+    subprocess.run([*report, str(db), "--format", options.report_format], check=True)
+    subprocess.run(
+        [*report, str(db), "--format", "html", "--out", str(out / "report")],
+        check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    # The sweep goes to its own database: replays of live samples run in the low-priority
+    # worker with one thread, so mixing them into one batch-size curve would mislead.
+    sweep = fresh_database(out / "sweep.db")
+    say(f"a standalone batch-size sweep of {name} (xsp-sidecar profile):")
+    subprocess.run(
+        [sys.executable, "-m", "sidecar", "profile", str(sweep_model),
+         "--batch-size", "1,2,4,8", "--levels", "M,L", "--iterations", "20", "--warmup", "5",
+         "--db", str(sweep)],
+        check=True,
+    )  # fmt: skip
+    subprocess.run(
+        [*report, str(sweep), "--only", "A1,A15", "--format", options.report_format], check=True
+    )
+    subprocess.run(
+        [*report, str(sweep), "--format", "html", "--out", str(out / "sweep-report")],
+        check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    return sweep
 
 
 def run_demo(options: DemoOptions) -> int:
     out = options.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    db = out / "traces.db"
-    for stale in (db, db.with_name("traces.db-wal"), db.with_name("traces.db-shm")):
-        stale.unlink(missing_ok=True)
+    db = fresh_database(out / "traces.db")
     otlp_port, admin_port = free_port(), free_port()
 
     say("building the sample model repository (add_sub, simple_cnn, sleep)")
@@ -307,7 +347,14 @@ def run_demo(options: DemoOptions) -> int:
                 wait_for_profiles(sidecar.metrics_url, 0, sampled, "profiles of sampled traffic")
             models = ", ".join(options.forced_models)
             say(f"sending {options.forced} request(s) with x-xsp-profile: 1 to {models}")
-            forced = send_forced(relay, sidecar.metrics_url, db, options)
+            client = grpcclient.InferenceServerClient(relay)
+            rng = np.random.default_rng(1)
+
+            def infer_forced(model: str, k: int) -> None:
+                client.infer(model, _inputs(model, k, rng), headers={"x-xsp-profile": "1"})
+
+            forced = send_forced(infer_forced, sidecar.metrics_url, db, options)
+            client.close()
             time.sleep(1.5)  # let Triton's span export and the writer catch up
             stored = count_traces(db)
             metrics_text = sidecar.metrics()
@@ -319,32 +366,8 @@ def run_demo(options: DemoOptions) -> int:
             for line in account(options, counts, forced, metrics_text, db, log_path):
                 print(f"    {line}")
     say(f"{stored} trace(s) of sampled requests stored in {db} (failed profiles included)")
-    report = [sys.executable, str(REPO_ROOT / "analysis" / "report.py")]
-    say("report on the sampled live requests (analysis/report.py):")
-    subprocess.run([*report, str(db), "--format", options.report_format], check=True)
-    subprocess.run(
-        [*report, str(db), "--format", "html", "--out", str(out / "report")],
-        check=True, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    # The sweep goes to its own database: replays of live samples run in the low-priority
-    # worker with one thread, so mixing them into one batch-size curve would mislead.
-    sweep = out / "sweep.db"
-    for stale in (sweep, sweep.with_name("sweep.db-wal"), sweep.with_name("sweep.db-shm")):
-        stale.unlink(missing_ok=True)
-    say("a standalone batch-size sweep of simple_cnn (xsp-sidecar profile):")
-    subprocess.run(
-        [sys.executable, "-m", "sidecar", "profile", str(repo / "simple_cnn" / "1" / "model.onnx"),
-         "--batch-size", "1,2,4,8", "--levels", "M,L", "--iterations", "20", "--warmup", "5",
-         "--db", str(sweep)],
-        check=True,
-    )  # fmt: skip
-    subprocess.run(
-        [*report, str(sweep), "--only", "A1,A15", "--format", options.report_format], check=True
-    )
-    subprocess.run(
-        [*report, str(sweep), "--format", "html", "--out", str(out / "sweep-report")],
-        check=True, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
+    sweep = report_and_sweep(out, db, repo / "simple_cnn" / "1" / "model.onnx", "simple_cnn",
+                             options)  # fmt: skip
     say("done. Results:")
     print(f"    sampled traces : {db}  (HTML report in {out / 'report'})")
     print(f"    batch sweep    : {sweep}  (HTML report in {out / 'sweep-report'})")

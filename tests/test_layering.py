@@ -43,7 +43,10 @@ ALLOWED: dict[str, set[str]] = {
     "sidecar.localtriton": units("metrics_text", "profiling"),
     "sidecar.localtfserving": units("localtriton", "metrics_text", "profiling", "replay"),
     "sidecar.demo": units("localtriton", "metrics_text", "trace"),
-    "sidecar.commands": units("config", "demo", "profile", "serve"),
+    "sidecar.demo_tfserving": units(
+        "demo", "localtfserving", "localtriton", "metrics_text", "trace"
+    ),
+    "sidecar.commands": units("config", "demo", "demo_tfserving", "profile", "serve"),
     "sidecar.cli": units("commands"),
     "sidecar.__main__": units("cli"),
     "analysis": units("profiling", "trace"),

@@ -7,12 +7,23 @@ from pathlib import Path
 
 NAME = "demo"
 HELP = (
-    "run a local Triton with sample models, put the sidecar in front, send traffic, profile "
-    "sampled requests and print a report (results stay in --out)"
+    "run a local Triton (or the TF-Serving stand-in) with sample models, put the sidecar in "
+    "front, send traffic, profile sampled requests and print a report (results stay in --out)"
 )
+BACKENDS = ("triton", "tfserving")
+DEFAULT_FORCED = {"triton": "simple_cnn", "tfserving": "keras_cnn,keras_transformer"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend",
+        default="triton",
+        choices=BACKENDS,
+        help="triton: a real Triton server with OpenTelemetry tracing; tfserving: the stand-in "
+        "for tensorflow_model_server (real TensorFlow, Keras models keras_cnn and "
+        "keras_transformer, its ProfilerService captured for the server's side) "
+        "(default: triton)",
+    )
     parser.add_argument(
         "--out",
         type=Path,
@@ -36,10 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--forced-models",
-        default="simple_cnn",
-        help="comma-separated models the forced requests go to in turn, of "
-        "simple_cnn,add_sub; add_sub has no ONNX file, so its profiles fail and the console "
-        "says why (default: simple_cnn)",
+        default=None,
+        help="comma-separated models the forced requests go to in turn: with triton, of "
+        "simple_cnn,add_sub (add_sub has no ONNX file, so its profiles fail and the console "
+        "says why; default: simple_cnn); with tfserving, of keras_cnn,keras_transformer "
+        "(default: both)",
     )
     parser.add_argument(
         "--format",
@@ -50,18 +62,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sidecar.demo import FORCEABLE, DemoOptions, run_demo
+    from sidecar import demo
+
+    forceable, run_demo = demo.FORCEABLE, demo.run_demo
+    if args.backend == "tfserving":
+        from sidecar import demo_tfserving
+
+        forceable, run_demo = demo_tfserving.FORCEABLE, demo_tfserving.run_tfserving_demo
 
     if args.requests < 1:
         raise SystemExit("error: --requests must be at least 1")
-    forced_models = tuple(m.strip() for m in args.forced_models.split(",") if m.strip())
-    unknown = sorted(set(forced_models) - set(FORCEABLE))
+    given = args.forced_models if args.forced_models is not None else DEFAULT_FORCED[args.backend]
+    forced_models = tuple(m.strip() for m in given.split(",") if m.strip())
+    unknown = sorted(set(forced_models) - set(forceable))
     if unknown or not forced_models:
         raise SystemExit(
-            f"error: --forced-models takes {', '.join(FORCEABLE)}; got {args.forced_models!r}"
+            f"error: --forced-models takes {', '.join(forceable)} with --backend "
+            f"{args.backend}; got {given!r}"
         )
     return run_demo(
-        DemoOptions(
+        demo.DemoOptions(
             out=args.out,
             requests=args.requests,
             sample_rate=args.sample_rate,

@@ -173,6 +173,10 @@ def op_spans(request: SampledRequest, ops: Iterable[OpEvent], session_id: str) -
     return spans
 
 
+def _ignore_state(state: grpc.ChannelConnectivity) -> None:
+    """A connectivity callback that only makes the channel connect."""
+
+
 class TfProfilerCapture:
     """Captures the backend's side of sampled requests through TensorFlow's ProfilerService.
 
@@ -255,6 +259,13 @@ class TfProfilerCapture:
                 session.windows[trace_id] = (start_ns, end_ns)
 
     # -- lifecycle -----------------------------------------------------------------------
+    def connect(self) -> None:
+        """Start connecting to the profiler now, in the background: the first capture would
+        otherwise wait for the connection, and a short request runs before it records."""
+        self._stub()
+        assert self._channel is not None
+        self._channel.subscribe(_ignore_state, try_to_connect=True)
+
     def close(self, timeout_s: float | None = None) -> None:
         """Refuse new captures, wait for the running one (at most `timeout_s`)."""
         with self._lock:

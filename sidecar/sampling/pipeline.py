@@ -181,6 +181,8 @@ class SamplingPipeline:
             self.collector.start()  # expires unfinished backend traces by time
             self.receiver.start()
             log.info("OTLP receiver for backend spans on %s", self.receiver.url)
+        if self.tf_capture is not None:
+            self.tf_capture.connect()
         self.worker.start()
 
     def stop(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -15,6 +16,8 @@ from analysis.time_breakdown import union_ns
 from analysis.trace_analysis import TraceAnalysis
 from analysis.tracedb import parse_since
 from sidecar.profiling.stats import trimmed_mean
+from sidecar.trace.spans import Level, Source, Span, Trace, new_span_id, new_trace_id
+from sidecar.trace.store import TraceStore
 from tests.analysis.helpers import LIVE_DB, close, layer_rows, q, tmean
 
 PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
@@ -163,3 +166,33 @@ def test_parse_since() -> None:
     assert parse_since("2026-01-01T01:00:00+01:00") == 1_767_225_600 * 10**9
     with pytest.raises(ValueError, match="--since"):
         parse_since("yesterday-ish")
+
+
+def test_tf_serving_op_spans_split_client_latency(tmp_path: Path) -> None:
+    """A TF-Serving trace has no server request span: its backend's op events (kind `tf_op`)
+    give `tf_ops` (their envelope) and `outside_tf_ops` (the rest of the client's latency)."""
+    db = tmp_path / "tf.db"
+    store = TraceStore(db)
+    ms = 1_000_000
+    for n, (client_ms, ops) in enumerate([(10, [(2, 5), (4, 8)]), (20, [(3, 9)]), (30, [])]):
+        trace_id, request_id, model_id = new_trace_id(), new_span_id(), new_span_id()
+        spans = [
+            Span(trace_id, request_id, None, Level.REQUEST, "Predict", "Predict", 0,
+                 client_ms * ms, Source.PROXY),
+            Span(trace_id, model_id, request_id, Level.MODEL, "model", "model", ms, 2 * ms,
+                 Source.REPLAY),
+            *(Span(trace_id, new_span_id(), request_id, Level.SERVER, f"op{i}", "tf_op",
+                   start * ms, end * ms, Source.BACKEND) for i, (start, end) in enumerate(ops)),
+        ]  # fmt: skip
+        trace = Trace(trace_id, "keras_cnn", created_ns=n + 1, batch_size=1)
+        store.write_trace(trace, spans)
+    store.close()
+    res = TraceAnalysis.from_paths([db]).result("live_breakdown")
+    table = res.table.set_index("phase")
+    assert list(table.index) == ["client_total", "tf_ops", "outside_tf_ops"]
+    assert list(table["requests"]) == [3, 2, 2]
+    assert close(table.loc["client_total", "mean_ms"], 20.0)
+    assert close(table.loc["tf_ops", "mean_ms"], (6 + 6) / 2)  # 2..8 and 3..9
+    assert close(table.loc["outside_tf_ops", "mean_ms"], (4 + 14) / 2)
+    assert any(n.startswith("tf_ops: ") for n in res.notes)
+    assert any("1 sampled requests have no backend spans" in n for n in res.notes)

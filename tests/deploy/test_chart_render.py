@@ -143,6 +143,34 @@ def test_tfserving_backend_serves_the_named_model() -> None:
     assert not any(a.startswith("--trace-config") for a in backend["args"])
 
 
+def test_the_tfserving_variant_replays_the_savedmodels_of_the_model_base_path() -> None:
+    """values-tfserving.yaml: the sidecar (TensorFlow image) reads TF-Serving's model base path,
+    mounted read-only into both containers, as its model repository, and captures the server's
+    side through TF-Serving's ProfilerService into a folder both mount."""
+    deployment = one(manifests(render(TFSERVING)), "Deployment")
+    sidecar, server = container(deployment, "sidecar"), container(deployment, "backend")
+    assert sidecar["image"] == "xsp-sidecar:0.1.0-tensorflow"
+    args = sidecar["args"]
+    flags = flag_values(args[args.index("serve") + 1 :])
+    assert flags["--backend-protocol"] == "tfserving"
+    assert flags["--backend"] == "localhost:8500"
+    repository = flags["--model-repository"]
+    assert flag_values(server["args"])["--model_base_path"] == f"{repository}/resnet"
+    for c in (sidecar, server):
+        [models] = [m for m in c["volumeMounts"] if m["name"] == "models"]
+        assert models == {"name": "models", "mountPath": repository, "readOnly": True}, c["name"]
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["models"]["persistentVolumeClaim"] == {
+        "claimName": "tfserving-models", "readOnly": True
+    }  # fmt: skip
+    assert flags["--tf-profiler-address"] == "backend"
+    shared = [
+        {m["mountPath"] for m in c["volumeMounts"] if m["name"] == "tf-profiler"}
+        for c in (sidecar, server)
+    ]
+    assert shared == [{flags["--tf-profiler-dir"]}] * 2 and "emptyDir" in volumes["tf-profiler"]
+
+
 @pytest.mark.parametrize("backend", ["tfserving", "triton"])
 def test_the_tf_profiler_shares_a_folder_with_tfserving_only(backend: str) -> None:
     values = {"backend": {"type": backend}, "sidecar": {"tfProfiler": {"enabled": True}}}

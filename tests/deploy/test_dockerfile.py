@@ -111,7 +111,14 @@ def test_builds_install_the_package_from_the_source_tree() -> None:
         runs = " ".join(_stage(stages, name).all("RUN"))
         assert 'pip install ".${EXTRAS}"' in runs, name
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    assert "pytorch" in project["optional-dependencies"]  # what EXTRAS=[pytorch] selects
+    extras = project["optional-dependencies"]
+    assert "pytorch" in extras  # what EXTRAS=[pytorch] selects
+    # EXTRAS=[tensorflow]: the image beside TF-Serving (replays SavedModels, its Predict protos)
+    assert {"tensorflow", "tensorflow-serving-api"} <= {
+        req.split("=")[0].split("<")[0].split(">")[0] for req in extras["tensorflow"]
+    }
+    header = (REPO / "Dockerfile").read_text().split("\nARG ", 1)[0]
+    assert "--build-arg EXTRAS=[tensorflow]" in header  # documented
 
 
 def test_final_image_runs_as_a_user_with_a_grpc_health_check() -> None:

@@ -14,9 +14,11 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent import futures
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -293,3 +295,33 @@ def test_the_hub_tells_of_each_request_picked_at_header_time() -> None:
     [(name, traceparent)] = decision.extra_headers
     [(path, trace_id, span_id)] = heard
     assert (name, path, traceparent) == ("traceparent", INFER_PATH, f"00-{trace_id}-{span_id}-01")
+
+
+def test_connect_opens_the_channel_before_the_first_capture(tmp_path: Path) -> None:
+    """The first capture must not wait for the connection (a short request would run first):
+    `connect()` (the pipeline calls it at start) makes the channel READY with no capture."""
+    server = grpc.server(futures.ThreadPoolExecutor(1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        connected, idle = (
+            TfProfilerCapture(f"127.0.0.1:{port}", 100, repository_root=tmp_path, on_spans=Stored())
+            for _ in range(2)
+        )
+        connected.connect()
+        states: dict[str, list[grpc.ChannelConnectivity]] = {"connected": [], "idle": []}
+        connected._stub()  # the channel exists in both; only `connect()` connects it
+        idle._stub()
+        assert connected._channel is not None and idle._channel is not None
+        connected._channel.subscribe(states["connected"].append)  # watch, do not connect
+        idle._channel.subscribe(states["idle"].append)
+        deadline = time.monotonic() + 10
+        while grpc.ChannelConnectivity.READY not in states["connected"]:
+            assert time.monotonic() < deadline, states
+            time.sleep(0.05)
+        assert grpc.ChannelConnectivity.READY not in states["idle"], states
+        assert sum(connected.counts().values()) == 0  # no capture was asked for
+        connected.close()
+        idle.close()
+    finally:
+        server.stop(0)
