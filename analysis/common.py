@@ -170,6 +170,15 @@ def layer_type(layers: pd.DataFrame) -> pd.Series:
     return pd.Series(fused, index=layers.index, dtype=object).fillna(runtime).astype(str)
 
 
+def keras_layers_only(layers: pd.DataFrame) -> pd.DataFrame:
+    """Layer rows without the ops a TensorFlow profile found outside every Keras layer
+    (arguments, variable reads, the return value: `outside_layers`). They stay in the trace,
+    under the model span, but they are not layers, so the layer analyses leave them out."""
+    if "outside_layers" not in layers.columns:
+        return layers
+    return layers[layers["outside_layers"].ne(True)]
+
+
 class Frames:
     """Derived frames shared by the analyses, computed once per TraceData."""
 
@@ -242,7 +251,7 @@ class Frames:
     @cached_property
     def layers(self) -> pd.DataFrame:
         """Layer spans, one per (trace, layer name), from the L run where there is one."""
-        ly = self.at("layer")
+        ly = keras_layers_only(self.at("layer"))
         has_l = set(ly.loc[ly["run_level"] == "layer", "tkey"].unique())
         ly = ly[(ly["run_level"] == "layer") | ~ly["tkey"].isin(has_l)]
         ly = ly.sort_values(["tkey", "idx", "start_ns"]).drop_duplicates(["tkey", "name"])

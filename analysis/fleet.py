@@ -23,7 +23,7 @@ import duckdb
 import pandas as pd
 
 from analysis.common import layer_type
-from analysis.live import BACKEND_PHASES, PERCENTILES, PHASES
+from analysis.live import BACKEND_PHASES, PERCENTILES, PHASES, TF_OP_KIND
 from analysis.tracedb import TraceFilter, load_traces
 from sidecar.profiling.stats import TRIM
 
@@ -77,7 +77,8 @@ def export_parquet(dbs: Sequence[str | Path], out: Path) -> ExportCounts:
     try:
         for i, db in enumerate(dbs):
             data = load_traces([Path(db)], TraceFilter(include_errors=True))
-            spans = data.spans.copy()
+            # as the single-store report: ops outside every Keras layer are not layers
+            spans = data.spans[~data.spans["outside_layers"].eq(True)].copy()
             is_layer = spans["level"] == "layer"
             spans["layer_type"] = None
             spans.loc[is_layer, "layer_type"] = layer_type(spans[is_layer])
@@ -213,12 +214,15 @@ WITH requests AS (
     SELECT source_db, trace_id, arg_min(duration_ns, start_ns)::DOUBLE AS client_total
     FROM spans WHERE level = 'request' GROUP BY source_db, trace_id
 ), server AS (
-    SELECT source_db, trace_id, {_PHASE_SUMS}
+    SELECT source_db, trace_id, {_PHASE_SUMS},
+           (max(end_ns) FILTER (WHERE kind = '{TF_OP_KIND}')
+            - min(start_ns) FILTER (WHERE kind = '{TF_OP_KIND}'))::DOUBLE AS tf_ops
     FROM spans WHERE level = 'server' GROUP BY source_db, trace_id
 ), per AS (
     SELECT t.model, r.client_total, s.*,
            r.client_total - s.request AS network_proxy,
-           s.request - CASE WHEN {_PHASE_ANY} THEN {_PHASE_TOTAL} END AS server_other
+           s.request - CASE WHEN {_PHASE_ANY} THEN {_PHASE_TOTAL} END AS server_other,
+           r.client_total - s.tf_ops AS outside_tf_ops
     FROM requests r JOIN traces t USING (source_db, trace_id)
     LEFT JOIN server s USING (source_db, trace_id)
 ), long AS (

@@ -27,6 +27,7 @@ from analysis.damage import BadRow
 # the spans they are read from (each json_extract parses the JSON again, so only where used).
 LAYER_ATTRIBUTES: tuple[str, ...] = (
     "op_type",
+    "outside_layers",  # TensorFlow: an op that ran outside every Keras layer
     "input_shapes",
     "output_shapes",
     "allocated_bytes",
@@ -316,7 +317,7 @@ def _load_one(path: Path, flt: TraceFilter, guard_json: bool = False) -> Loaded:
 
 _NUMERIC = ("allocated_bytes", "flops", "dram_read_bytes", "dram_write_bytes",
             "achieved_occupancy")  # fmt: skip
-_FLAGS = ("flops_estimated", "bytes_estimated", "metrics_estimated")
+_FLAGS = ("flops_estimated", "bytes_estimated", "metrics_estimated", "outside_layers")
 
 
 def _as_float(values: Sequence[object]) -> tuple[np.ndarray, np.ndarray]:

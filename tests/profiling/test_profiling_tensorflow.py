@@ -153,6 +153,22 @@ def test_profile_cli_on_a_savedmodel_folder(
     assert doc["A2"]["status"] == "ok"
     rows = {(r["batch_size"], r["name"]): r for r in doc["A2"]["rows"]}
     assert rows[(2, "conv1")]["type"] == "Conv2D" and rows[(1, "fc")]["type"] == "Dense"
+    # ops outside every Keras layer (arguments, variable reads) are stored, but not layers
+    stored = TraceStore(db)
+    try:
+        outside = [
+            s
+            for t in stored.list_traces()
+            for s in stored.spans(t.trace_id, Level.LAYER)
+            if s.attributes.get("outside_layers")
+        ]
+    finally:
+        stored.close()
+    assert outside, "the CNN's profile has ops outside its layers (its arguments at least)"
+    assert {name for _, name in rows} == set(models.CNN_LAYERS)
+    assert report_main([str(db), "--only", "A5", "--format", "json", "--no-plots"]) == 0
+    types = {r["type"] for r in json.loads(capsys.readouterr().out)["A5"]["rows"]}
+    assert types == {"Conv2D", "MaxPooling2D", "GlobalAveragePooling2D", "Dense"}
 
 
 def test_savedmodel_formats_and_errors(model_base: Path, cnn: TensorFlowRunner) -> None:
