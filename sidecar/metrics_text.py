@@ -11,21 +11,30 @@ import urllib.request
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics import parser as openmetrics_parser
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
+from prometheus_client.samples import Exemplar, Sample
+
+# what Prometheus asks for when its exemplar storage is on; the answer carries exemplars
+OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 
-def scrape(url: str, timeout: float = 5.0) -> str:
-    """The text at `url` (e.g. `http://127.0.0.1:9090/metrics`)."""
-    with urllib.request.urlopen(url, timeout=timeout) as response:
+def scrape(url: str, timeout: float = 5.0, *, openmetrics: bool = False) -> str:
+    """The text at `url` (e.g. `http://127.0.0.1:9090/metrics`), in the OpenMetrics format
+    (with exemplars) when `openmetrics` is set, else in Prometheus' plain text format."""
+    request = urllib.request.Request(url, headers={"Accept": OPENMETRICS} if openmetrics else {})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
         return str(response.read().decode())
 
 
-def scrape_registry(registry: CollectorRegistry, timeout: float = 5.0) -> str:
+def scrape_registry(
+    registry: CollectorRegistry, timeout: float = 5.0, *, openmetrics: bool = False
+) -> str:
     """Serve `registry` on a real HTTP port (0: any free one), scrape it once, stop serving."""
     server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
     try:
-        return scrape(f"http://127.0.0.1:{server.server_port}/metrics", timeout)
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        return scrape(url, timeout, openmetrics=openmetrics)
     finally:
         server.shutdown()
         server.server_close()
@@ -48,6 +57,17 @@ def families(text: str) -> list[Metric]:
 def samples(text: str) -> list[Sample]:
     """Every sample of an exposition, in order."""
     return [sample for family in families(text) for sample in family.samples]
+
+
+def exemplars(openmetrics_text: str, name: str) -> list[tuple[dict[str, str], Exemplar]]:
+    """The exemplars on the samples `name` of an OpenMetrics exposition (which the parser
+    validates as a whole), each with its sample's labels."""
+    return [
+        (sample.labels, sample.exemplar)
+        for family in openmetrics_parser.text_string_to_metric_families(openmetrics_text)
+        for sample in family.samples
+        if sample.name == name and sample.exemplar is not None
+    ]
 
 
 def sample_value(text: str, name: str, **labels: str) -> float | None:

@@ -68,7 +68,10 @@ class Sidecar:
         metrics = ProxyMetrics(self.registry, max_models=config.max_models)
         if config.model_repository is not None:
             self.sampling = SamplingPipeline(
-                sampling_config(config), self.registry, metrics.model_label
+                sampling_config(config),
+                self.registry,
+                metrics.model_label,
+                record_exemplar=metrics.record_exemplar,
             )
             self.sampling.start()
             if self.observer_factory is None and self.sampling.enabled:

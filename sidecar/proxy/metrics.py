@@ -6,17 +6,23 @@ or one no model could have (over `MAX_MODEL_NAME` characters, or with a control 
 past `max_methods` distinct names outside the known gRPC tables. Per-call numbers are plain
 counters turned into metric families at scrape time, so the per-request cost is a few
 dictionary look-ups and integer additions.
+
+A sampled call (one the sampling hook traced) also leaves an exemplar `{trace_id="..."}` on
+the duration bucket it fell in (`record_exemplar`): the latest one per bucket per (method,
+model), shown only in the OpenMetrics exposition, so a latency panel links to the trace.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from bisect import bisect_left
 from itertools import accumulate
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from sidecar.proxy.model_name import METHODS, UNKNOWN_MODEL
@@ -41,7 +47,7 @@ _KNOWN_METHODS = frozenset(info.name for info in METHODS.values())
 class _CallStats:
     """Duration histogram and byte counts of one (method, model) label pair."""
 
-    __slots__ = ("buckets", "count", "request_bytes", "response_bytes", "sum")
+    __slots__ = ("buckets", "count", "exemplars", "request_bytes", "response_bytes", "sum")
 
     def __init__(self) -> None:
         self.buckets = [0] * (len(DURATION_BUCKETS) + 1)  # last one: +Inf
@@ -49,6 +55,8 @@ class _CallStats:
         self.sum = 0.0
         self.request_bytes = 0
         self.response_bytes = 0
+        # the latest sampled call's exemplar per bucket; None until a sampled call ends
+        self.exemplars: list[Exemplar | None] | None = None
 
 
 class _CallCollector(Collector):
@@ -96,8 +104,7 @@ class _CallCollector(Collector):
         )
         for pair, st in stats:
             pair_labels = list(pair)
-            buckets = list(zip(_LE, accumulate(st.buckets), strict=True))
-            duration.add_metric(pair_labels, buckets, sum_value=st.sum)
+            duration.add_metric(pair_labels, _buckets(st), sum_value=st.sum)
             request_bytes.add_metric(pair_labels, st.request_bytes)
             response_bytes.add_metric(pair_labels, st.response_bytes)
         observer = CounterMetricFamily(
@@ -109,6 +116,20 @@ class _CallCollector(Collector):
         for hook in OBSERVER_HOOKS:
             observer.add_metric([hook], observer_errors.get(hook, 0))
         return [requests, duration, request_bytes, response_bytes, observer]
+
+
+def _buckets(
+    st: _CallStats,
+) -> list[tuple[str, float] | tuple[str, float, Exemplar]]:
+    """Cumulative buckets of one label pair, each with its exemplar where it has one."""
+    counts = accumulate(st.buckets)
+    exemplars = st.exemplars
+    if exemplars is None:
+        return list(zip(_LE, counts, strict=True))
+    return [
+        (le, count) if ex is None else (le, count, ex)
+        for le, count, ex in zip(_LE, counts, list(exemplars), strict=True)
+    ]
 
 
 class ProxyMetrics:
@@ -220,3 +241,17 @@ class ProxyMetrics:
         st.sum += duration_s
         st.request_bytes += request_bytes
         st.response_bytes += response_bytes
+
+    def record_exemplar(self, method: str, model: str, duration_s: float, trace_id: str) -> None:
+        """Link a sampled call to its trace: after `record` counted the call (same labels and
+        duration), keep `{trace_id}` as the exemplar of the bucket it fell in, replacing the
+        one before. Call from the thread that calls `record`."""
+        st = self._stats.get((method, model))
+        if st is None:  # `record` never counted such a call: no bucket to put it on
+            return
+        exemplars = st.exemplars
+        if exemplars is None:
+            exemplars = st.exemplars = [None] * len(st.buckets)
+        exemplars[bisect_left(DURATION_BUCKETS, duration_s)] = Exemplar(
+            {"trace_id": trace_id}, duration_s, time.time()
+        )

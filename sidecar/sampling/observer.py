@@ -56,7 +56,10 @@ class SamplingHub:
     trace writer; `model_label` bounds model names for metric labels; `remember` keeps the last
     sampled request per model for the admin API; a request for a model `known_model` rejects
     (not in the model repository) is dropped before it is queued. `on_sampled(start, trace_id,
-    span_id)` hears of each request picked at header time (it must not block).
+    span_id)` hears of each request picked at header time (it must not block);
+    `record_exemplar(method, model, duration_s, trace_id)` hears, at stream end, of each call
+    whose request span went to the store (its bounded labels and the relay's duration), to link
+    the latency histogram to the trace (`ProxyMetrics.record_exemplar`).
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class SamplingHub:
         remember: Callable[[str, str, bytes], object] | None = None,
         known_model: Callable[[str], bool] | None = None,
         on_sampled: Callable[[RequestStart, str, str], object] | None = None,
+        record_exemplar: Callable[[str, str, float, str], object] | None = None,
     ) -> None:
         self.sampler = sampler
         self.metrics = metrics
@@ -78,6 +82,7 @@ class SamplingHub:
         self.remember = remember
         self.known_model = known_model
         self.on_sampled = on_sampled
+        self.record_exemplar = record_exemplar
         self.sampled_trace_ids: set[str] = set()
         self._lock = threading.Lock()
 
@@ -221,3 +226,7 @@ class SamplingObserver:
         except Exception:
             hub.metrics.store_write_failures.inc()
             log.exception("could not hand the request span to the trace writer")
+            return
+        if hub.record_exemplar is not None:
+            label = hub.model_label(end.model)
+            hub.record_exemplar(end.method, label, end.duration_s, pending.trace_id)

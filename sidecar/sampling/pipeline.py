@@ -90,6 +90,7 @@ class SamplingPipeline:
         config: SamplingConfig,
         registry: CollectorRegistry,
         model_label: Callable[[str | None], str],
+        record_exemplar: Callable[[str, str, float, str], object] | None = None,
     ) -> None:
         self.config = config
         self.metrics = SamplingMetrics(registry)
@@ -143,6 +144,7 @@ class SamplingPipeline:
             remember=self.last_requests.remember,
             known_model=self._known_model,
             on_sampled=self._on_sampled if self.tf_capture is not None else None,
+            record_exemplar=record_exemplar,
         )
         self.collector = TritonSpanCollector(self._on_backend_trace)
         self.receiver: OtlpReceiver | None = None

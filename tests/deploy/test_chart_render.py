@@ -7,6 +7,7 @@ from typing import Any
 import helm_python as helm
 import kubernetes_validate
 import pytest
+import yaml
 
 from tests.deploy.helpers import (
     CHART,
@@ -34,6 +35,10 @@ SCENARIOS: dict[str, dict[str, Any] | None] = {
         },
         "modelRepository": {"volume": {"persistentVolumeClaim": {"claimName": "models"}}},
         "backend": {"resources": {"limits": {"nvidia.com/gpu": 1}}},
+        "grafana": {
+            "tracingDatasourceUid": "tempo",
+            "datasource": {"enabled": True, "url": "http://prometheus-operated:9090"},
+        },
     },
 }
 CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
@@ -270,3 +275,51 @@ def test_dashboard_configmap_is_labelled_for_grafana() -> None:
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert configmap["metadata"]["namespace"] == "monitoring"
     assert by_kind(manifests(render({"dashboard": {"enabled": False}})), "ConfigMap") == []
+
+
+def _grafana_datasource(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The provisioned datasource ConfigMap and the one datasource in its provisioning file."""
+    [configmap] = [
+        o for o in by_kind(manifests(render(values)), "ConfigMap")
+        if "xsp-prometheus-datasource.yaml" in o["data"]
+    ]  # fmt: skip
+    provisioning = yaml.safe_load(configmap["data"]["xsp-prometheus-datasource.yaml"])
+    assert provisioning["apiVersion"] == 1
+    [datasource] = provisioning["datasources"]
+    return configmap, datasource
+
+
+def test_the_grafana_datasource_links_exemplars_to_the_tracing_datasource() -> None:
+    values = {
+        "grafana": {
+            "tracingDatasourceUid": "tempo",
+            "datasource": {
+                "enabled": True,
+                "url": "http://prometheus-operated.monitoring.svc:9090",
+                "namespace": "monitoring",
+            },
+        }
+    }
+    configmap, datasource = _grafana_datasource(values)
+    assert configmap["metadata"]["labels"]["grafana_datasource"] == "1"
+    assert configmap["metadata"]["namespace"] == "monitoring"
+    assert datasource["type"] == "prometheus" and datasource["uid"] == "xsp-prometheus"
+    assert datasource["url"] == "http://prometheus-operated.monitoring.svc:9090"
+    [destination] = datasource["jsonData"]["exemplarTraceIdDestinations"]
+    assert destination["name"] == "trace_id"  # the exemplar label the relay writes
+    assert destination["datasourceUid"] == "tempo" and "url" not in destination
+
+
+def test_a_trace_url_outside_grafana_survives_provisioning_variable_expansion() -> None:
+    url = "https://jaeger.example.com/trace/${__value.raw}"
+    values = {"grafana": {"traceUrl": url, "datasource": {"enabled": True, "url": "http://p:9090"}}}
+    _, datasource = _grafana_datasource(values)
+    [destination] = datasource["jsonData"]["exemplarTraceIdDestinations"]
+    # Grafana expands $VAR in provisioning files; $$ is its escape for a literal $
+    assert destination["url"] == "https://jaeger.example.com/trace/$${__value.raw}"
+    assert "datasourceUid" not in destination
+
+
+def test_no_datasource_is_provisioned_by_default() -> None:
+    configmaps = by_kind(manifests(render()), "ConfigMap")
+    assert [c for c in configmaps if "grafana_datasource" in c["metadata"]["labels"]] == []

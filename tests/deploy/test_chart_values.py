@@ -106,6 +106,9 @@ def test_defaults_and_tfserving_example_pass_the_schema() -> None:
         ({"sidecar": {"traceStore": {"path": "traces.db"}}}, "/sidecar/traceStore/path"),
         ({"sidecar": {"sampleRate": 0.1}}, "sampleRate"),
         ({"serviceMonitor": {"interval": "often"}}, "/serviceMonitor/interval"),
+        ({"grafana": {"traceUrl": "https://jaeger/trace/"}}, "/grafana/traceUrl"),
+        ({"grafana": {"tracingDatasourceUid": "tempo prod"}}, "/grafana/tracingDatasourceUid"),
+        ({"grafana": {"datasource": {"url": "prometheus:9090"}}}, "/grafana/datasource/url"),
     ],
 )
 def test_schema_rejects_bad_values(values: dict[str, Any], where: str) -> None:
@@ -146,6 +149,24 @@ def test_null_cannot_drop_a_setting_the_command_line_needs(
         ),
         ({"backend": {"type": "tfserving"}}, "needs backend.tfserving.modelName"),
         ({"sidecar": {"metricsPort": 8002}}, "same port"),
+        (
+            {"grafana": {"tracingDatasourceUid": "tempo", "datasource": {"enabled": True}}},
+            "needs grafana.datasource.url",
+        ),
+        (
+            {"grafana": {"datasource": {"enabled": True, "url": "http://p:9090"}}},
+            "set grafana.tracingDatasourceUid",
+        ),
+        (
+            {
+                "grafana": {
+                    "tracingDatasourceUid": "tempo",
+                    "traceUrl": "https://j/trace/${__value.raw}",
+                    "datasource": {"enabled": True, "url": "http://p:9090"},
+                }
+            },
+            "only one of grafana.tracingDatasourceUid",
+        ),
     ],
 )
 def test_conflicting_settings_fail_with_a_clear_message(

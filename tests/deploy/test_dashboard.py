@@ -135,3 +135,17 @@ def test_the_chart_holds_the_only_copy() -> None:
 def test_chart_ships_the_dashboard_verbatim() -> None:
     [configmap] = [o for o in manifests(render()) if o["kind"] == "ConfigMap"]
     assert configmap["data"]["xsp-sidecar.json"] == DASHBOARD.read_text().rstrip("\n")
+
+
+def test_the_latency_panel_shows_exemplars_once() -> None:
+    """Sampled calls leave a trace_id exemplar on xsp_request_duration_seconds; one target of
+    the latency panel asks Grafana for them (each query would draw the same dots again)."""
+    panels = _panels(dashboard())
+    [panel] = [p for p in panels if p["title"] == "Latency percentiles (relay)"]
+    with_exemplars = [t for t in panel["targets"] if t.get("exemplar")]
+    assert [t["refId"] for t in with_exemplars] == ["C"]
+    assert "xsp_request_duration_seconds_bucket" in with_exemplars[0]["expr"]
+    assert "histogram_quantile(0.99," in with_exemplars[0]["expr"]
+    assert "exemplarTraceIdDestinations" in panel["description"]
+    others = [p for p in panels if p is not panel]
+    assert not any(t.get("exemplar") for p in others for t in p.get("targets", []))

@@ -17,6 +17,7 @@ import tritonclient.grpc as grpcclient
 
 from sidecar.localtriton.server import TritonServer
 from sidecar.localtriton.sidecar_process import SidecarProcess
+from sidecar.metrics_text import exemplars, sample_sum, scrape
 from sidecar.trace.spans import Level, Source
 from sidecar.trace.store import TraceStore, count_traces
 from tests.e2e.helpers import cnn_infer, wait_until
@@ -184,3 +185,29 @@ def test_full_queue_drops_and_counts(
         assert sampled == 20
         assert 15 <= dropped <= 19  # one running, at most one waiting (plus start-up slack)
         assert proc.metric("xsp_requests_total", grpc_code="OK") == 20
+
+
+def test_a_sampled_call_links_the_latency_histogram_to_its_stored_trace(
+    traced_triton: TritonServer, tmp_path: Path, otlp_port: int
+) -> None:
+    args = ["--sample-rate", "0", "--duty-cycle", "1"]
+    db = tmp_path / "traces.db"
+    with sidecar(traced_triton, tmp_path, otlp_port, *args) as proc:
+        client = grpcclient.InferenceServerClient(proc.address)
+        cnn_infer(client)  # not sampled: rate 0
+        cnn_infer(client, headers={"x-xsp-profile": "1"})
+        assert wait_until(lambda: count_traces(db) == 1, 90), proc.log()
+        openmetrics = scrape(proc.metrics_url, openmetrics=True)
+        plain = proc.metrics()
+    (trace,) = TraceStore(db).list_traces()
+    found = exemplars(openmetrics, "xsp_request_duration_seconds_bucket")
+    assert [(labels["method"], labels["model"]) for labels, _ in found] == [
+        ("ModelInfer", "simple_cnn")
+    ]
+    ((labels, exemplar),) = found
+    assert exemplar.labels == {"trace_id": trace.trace_id}
+    assert exemplar.value <= float(labels["le"])  # on the bucket its duration fell in
+    (request,) = TraceStore(db).spans(trace.trace_id, Level.REQUEST)
+    assert exemplar.value == pytest.approx((request.end_ns - request.start_ns) / 1e9, abs=1e-6)
+    assert "trace_id" not in plain  # Prometheus' plain text format has no exemplars
+    assert sample_sum(plain, "xsp_request_duration_seconds_count", model="simple_cnn") == 2

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry
 
+from sidecar.metrics_text import exemplars, sample_value, scrape_registry
 from sidecar.proxy.metrics import OTHER, ProxyMetrics
 
 
@@ -50,3 +53,30 @@ def test_record_counts_and_histogram() -> None:
     assert get("xsp_request_duration_seconds_count", labels) == 4
     assert get("xsp_request_bytes_total", labels) == 310
     assert get("xsp_response_bytes_total", labels) == 150
+
+
+def test_a_sampled_call_leaves_its_trace_id_on_its_bucket_in_openmetrics_only() -> None:
+    reg = CollectorRegistry()
+    metrics = ProxyMetrics(reg)
+    metrics.record_exemplar("ModelInfer", "m", 0.002, "00" * 16)  # never counted: ignored
+    for duration, trace_id in ((0.0015, "ab" * 16), (0.0018, "cd" * 16), (0.04, "ef" * 16)):
+        metrics.record("ModelInfer", "m", "OK", duration, 100, 50)
+        metrics.record_exemplar("ModelInfer", "m", duration, trace_id)
+    metrics.record("ModelInfer", "m", "OK", 0.0001, 100, 50)  # not sampled: no exemplar
+    metrics.record("Predict", "n", "OK", 0.003, 1, 1)
+
+    found = exemplars(scrape_registry(reg, openmetrics=True), "xsp_request_duration_seconds_bucket")
+    by_le = {labels["le"]: ex for labels, ex in found}
+    assert {labels["model"] for labels, _ in found} == {"m"}
+    assert sorted(by_le) == ["0.002", "0.05"]  # the buckets the sampled calls fell in
+    assert by_le["0.002"].labels == {"trace_id": "cd" * 16}  # the latest one per bucket
+    assert by_le["0.002"].value == 0.0018
+    assert by_le["0.05"].labels == {"trace_id": "ef" * 16}
+    assert by_le["0.05"].timestamp is not None
+    assert abs(float(by_le["0.05"].timestamp) - time.time()) < 60
+
+    plain = scrape_registry(reg)
+    assert "trace_id" not in plain and " # {" not in plain
+    labels = {"method": "ModelInfer", "model": "m"}
+    assert sample_value(plain, "xsp_request_duration_seconds_count", **labels) == 4
+    assert sample_value(plain, "xsp_request_duration_seconds_bucket", le="0.002", **labels) == 3

@@ -128,3 +128,32 @@ what to change.
 {{- fail (printf "two containers of the pod would listen on the same port: %v. Give the sidecar and the backend distinct ports." $ports) -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+Where Grafana sends an exemplar's trace_id (the label `ProxyMetrics.record_exemplar` writes):
+a tracing datasource in Grafana, or a trace page outside it. A provisioning file expands
+environment variables, so the `$` of `${__value.raw}` is written as `$$`.
+*/}}
+{{- define "xsp-sidecar.traceIdDestination" -}}
+{{- $g := .Values.grafana -}}
+name: trace_id
+urlDisplayLabel: Trace
+{{- if $g.tracingDatasourceUid }}
+datasourceUid: {{ $g.tracingDatasourceUid | quote }}
+{{- else }}
+url: {{ replace "$" "$$" $g.traceUrl | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "xsp-sidecar.validateGrafana" -}}
+{{- $g := .Values.grafana -}}
+{{- if not $g.datasource.url -}}
+{{- fail "grafana.datasource.enabled needs grafana.datasource.url: the Prometheus that scrapes the sidecars (e.g. http://prometheus-operated.monitoring.svc:9090)." -}}
+{{- end -}}
+{{- if not (or $g.tracingDatasourceUid $g.traceUrl) -}}
+{{- fail "grafana.datasource.enabled links exemplars to traces: set grafana.tracingDatasourceUid (your Tempo or Jaeger datasource in Grafana) or grafana.traceUrl." -}}
+{{- end -}}
+{{- if and $g.tracingDatasourceUid $g.traceUrl -}}
+{{- fail "set only one of grafana.tracingDatasourceUid and grafana.traceUrl." -}}
+{{- end -}}
+{{- end -}}
