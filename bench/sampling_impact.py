@@ -8,7 +8,8 @@ sampling on: every request is a candidate, the budget is unlimited, so the worke
 cycle is the only limit), and closed-loop clients in separate processes sending unary
 ModelInfer for `simple_cnn` (the sample ONNX model, which the worker replays with M and L
 levels). Prints throughput, p50 and p99 for both and the on/off ratios (goal: throughput
->= 0.95, p99 <= 1.10), plus how many profiles ran and the worker's CPU share.
+>= 0.95, p99 <= 1.10), beside how many profiles ran (and per minute: the trade) and the
+worker's CPU share.
 
     python bench/sampling_impact.py --duration 10
 """
@@ -36,7 +37,9 @@ def scrape_sum(port: int, name: str, **labels: str) -> float:
     return sample_sum(scrape(f"http://127.0.0.1:{port}/metrics"), name, **labels)
 
 
-def report(concurrency: int, off: Result, on: Result, profiles: float, worker_share: float) -> None:
+def report(
+    concurrency: int, off: Result, on: Result, profiles: float, window_s: float, worker_share: float
+) -> None:
     print(f"\nconcurrency {concurrency}  ({off.requests} calls sampling off / {on.requests} on)")
     print(f"  {'':22}{'off':>12}{'on':>12}{'on/off':>10}")
     rows = [
@@ -48,7 +51,8 @@ def report(concurrency: int, off: Result, on: Result, profiles: float, worker_sh
         rows.append(("sidecar CPU (us/req)", off.relay_cpu_us, on.relay_cpu_us, "{:12.1f}"))
     for name, a, b, fmt in rows:
         print(f"  {name:22}{fmt.format(a)}{fmt.format(b)}{b / a:10.3f}")
-    print(f"  profiles completed while on: {profiles:.0f}; "
+    per_minute = profiles * 60 / window_s
+    print(f"  profiles completed while on: {profiles:.0f} ({per_minute:.1f} per minute); "
           f"worker CPU {worker_share * 100:.1f}% of wall time")  # fmt: skip
 
 
@@ -125,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
                 # (includes the clients' warm-up: an upper bound for the measured window)
                 worker_cpu = worker_cpu_seconds(on.pid) - worker_before
                 profiles = scrape_sum(on_metrics, "xsp_profiles_total") - before
-                share = worker_cpu / (result_on.duration + args.warmup)
-                report(concurrency, result_off, result_on, profiles, share)
+                window = result_on.duration + args.warmup
+                share = worker_cpu / window
+                report(concurrency, result_off, result_on, profiles, window, share)
         finally:
             for proc in (off, on):
                 proc.send_signal(signal.SIGTERM)

@@ -1,6 +1,7 @@
 """Everything sampling needs beside the relay, started and stopped as one unit.
 
-sampler + relay hook -> bounded queue -> profiling worker (own process) -> SQLite;
+sampler + relay hook -> bounded queue -> profiling worker (own process) -> SQLite; the hook's
+request counters (`ServingPressure`) tell the worker when serving leaves it room;
 the proxy's request spans and the backend's OTLP spans go to the same traces through a
 background writer. Failures here are logged and counted, never raised into the relay.
 
@@ -36,6 +37,7 @@ from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.last_requests import LastRequests
 from sidecar.sampling.metrics import SamplingMetrics
 from sidecar.sampling.observer import SamplingHub
+from sidecar.sampling.pressure import ServingPressure
 from sidecar.sampling.ratelog import RateLimitedLog
 from sidecar.sampling.sampler import Sampler
 from sidecar.sampling.settings import SamplingSettings
@@ -103,6 +105,7 @@ class SamplingPipeline:
         except (TraceStoreError, OSError) as exc:
             self.disabled_reason = f"the trace store cannot be used: {exc}"
             log.error("sampling is off (requests are still relayed): %s", exc)
+        self.pressure = ServingPressure()  # the relay's request counters, read by the worker
         self.worker = ProfilingWorker(
             WorkerConfig(
                 options=config.replay_options,
@@ -112,6 +115,7 @@ class SamplingPipeline:
             on_result=self._on_result,
             on_restart=lambda reason: self.metrics.worker_restarts.inc(),
             skip=self._skip_job,
+            pressure=self.pressure,
         )
         self.metrics.bind_queue_depth(self.worker.queue_depth)
         self.metrics.bind_state(self.state, lambda: self.last_requests.total_bytes)
@@ -133,6 +137,7 @@ class SamplingPipeline:
             remember=self.last_requests.remember,
             known_model=self._known_model,
             on_sampled=self._on_sampled if self.tf_capture is not None else None,
+            pressure=self.pressure,
         )
         self.collector = TritonSpanCollector(self._on_backend_trace)
         self.receiver: OtlpReceiver | None = None
