@@ -44,6 +44,7 @@ class SliceSettings:
     quiet_s: float = 0.002  # no request in flight and none started this long: quiet
     burst_s: float = 0.002  # CPU seconds the bucket holds at most
     resume_s: float = 0.001  # a wait ends once the bucket holds this much again
+    hold_share: float = 0.5  # of the job timeout: how long a job's slices may be held back
     max_debt_s: float = 0.05  # at most this much CPU is paid back (a model's first load)
     min_sleep_s: float = 0.002
     max_sleep_s: float = 0.05  # how late a wait notices that the serving path turned quiet
@@ -94,6 +95,7 @@ class SliceGate:
         self._started_seen = signal.snapshot()[0]
         self._last_activity = float("-inf")
         self._was_busy = False
+        self._hold_until = float("inf")
         # counters for the worker's result and the tests
         self.waited_s = 0.0
         self.waits = 0
@@ -129,11 +131,16 @@ class SliceGate:
         """Charge the work done since the last boundary (a job's tail: storing its trace)."""
         self._account()
 
+    def start_job(self, hold_until: float) -> None:
+        """A new job: the gate holds its slices back only until `hold_until` (clock time)."""
+        self._hold_until = hold_until
+        self.reset_counters()
+
     def wait(self) -> None:
         settings = self.settings
         began: float | None = None
         resume = 0.0  # in debt: run again once the bucket holds `resume_s` (fewer wake-ups)
-        while self._account() and self.tokens < resume:
+        while self._account() and self.tokens < resume and self._clock() < self._hold_until:
             if began is None:
                 began = self._clock()
                 self.waits += 1

@@ -108,7 +108,7 @@ def _worker_main(
         conn.send(("started", job.trace_id))
         started, cpu_started = time.perf_counter(), time.process_time()
         if gate is not None:
-            gate.reset_counters()
+            gate.start_job(time.monotonic() + config.job_timeout_s * config.slices.hold_share)
             gate.wait()  # the job's first slice: decoding and loading the model
         try:
             result = replay(job, context)

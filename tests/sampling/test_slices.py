@@ -142,3 +142,21 @@ def test_an_iteration_that_waited_for_a_cpu_is_interrupted_and_counted() -> None
     assert not g.interrupted(mark, wall_ns=10_000_000)
     assert g.reset_counters() == (0.0, 1)
     assert g.reset_counters() == (0.0, 0)
+
+
+def test_a_job_is_held_back_only_until_its_hold_time_then_runs_unpaced() -> None:
+    pressure, t = FakePressure(), FakeTime()
+    g = gate(pressure, t)
+    pressure.busy()
+    g.start_job(hold_until=t.now + 0.1)
+    t.cpu += 0.010  # 10 ms over budget: 1.1 s of waiting at 1 %, but only 0.1 s is allowed
+    g.wait()
+    assert sum(t.sleeps) == pytest.approx(0.1, abs=SETTINGS.max_sleep_s)
+    t.sleeps.clear()
+    t.cpu += 0.010
+    g.wait()  # past the hold time: no more waiting for this job
+    assert t.sleeps == []
+    g.start_job(hold_until=t.now + 10.0)  # the next job is paced again
+    t.cpu += 0.010
+    g.wait()
+    assert t.sleeps
