@@ -16,11 +16,18 @@ safe as long as far fewer requests than its tail (1 % for p99) overlap profiling
   bucket filled at `busy_share` seconds per second (holding at most `burst_s`), drained by the
   CPU the worker process used since the previous slice boundary (so work between slices that
   cannot be cut, such as decoding the request or writing the trace, is paid for too). The
-  gate sleeps until the bucket is no longer in debt (at most `max_debt_s`, so a one-off cost
-  such as loading a model does not stall profiling for minutes), or the serving path turns
-  quiet. At the
-  default 0.5 % only about 0.5 % of a busy serving path's time overlaps profiling work, well
-  inside the 1 % that p99 leaves; profiles then take longer in wall time, not more CPU.
+  gate sleeps until the bucket holds `resume_s` again (fewer, longer sleeps) or the serving
+  path turns quiet. Debt is capped at `max_debt_s`, so a one-off cost such as loading a model
+  does not stall profiling for minutes, and a job is held back for at most `hold_share` of the
+  worker's job timeout: after that its slices run unpaced, so a large model's profile still
+  finishes instead of timing out.
+
+At the default 0.5 % about 0.5 % of a busy serving path's time overlaps profiling work, well
+inside the 1 % that p99 leaves; under continuous load a profile then takes seconds of wall
+time instead of milliseconds, and fewer profiles complete per minute (the trade
+`bench/sampling_impact.py` reports). CPU affinity is not used: on the two-vCPU machine this
+was built on the serving path (client, relay, Triton) runs on both, so a pinned worker would
+still share a core with it (not measured).
 
 A timed iteration is **interrupted** when the worker's thread waited for a CPU while it ran
 (its run delay in /proc/thread-self/schedstat grew by more than `preempt_tolerance_s`, or

@@ -61,9 +61,8 @@ class WorkerConfig:
     liveness_interval_s: float = 0.5  # how often an idle supervisor checks its worker
     min_uptime_s: float = 30.0  # a worker dying sooner counts towards the restart back-off
     max_restart_backoff_s: float = 60.0
-    slices: SliceSettings = field(
-        default_factory=SliceSettings
-    )  # how a worker given the relay's pressure paces
+    # how a worker given the relay's pressure paces its profiles
+    slices: SliceSettings = field(default_factory=SliceSettings)
 
 
 def _resolve(path: str) -> ReplayFunction:
