@@ -31,7 +31,7 @@ ALLOWED: dict[str, set[str]] = {
     "sidecar.profiling": units("trace"),
     "sidecar.live": units("endpoint", "trace"),
     "sidecar.replay": units("profiling", "trace"),
-    "sidecar.sampling": units("proxy", "live", "replay", "trace"),
+    "sidecar.sampling": units("proxy", "live", "profiling", "replay", "trace"),
     "sidecar.admin": units("sampling", "replay", "trace"),
     "sidecar.health": units("endpoint"),
     "sidecar.config_parsers": units("profiling", "trace"),

@@ -9,6 +9,11 @@ level is deepest: model spans from M, layers from L, kernels from K. Parents com
 interval containment one level up (the innermost of nested module calls); GPU activity is
 placed through its launch, and on a GPU the layers of the timeline are then moved from
 their host interval (kept as `host_start_ns`/`host_end_ns`) to their kernels' interval.
+
+Each level's run and each iteration is a slice the process's pacer may hold back
+(`sidecar.profiling.pacing`); iterations it reports interrupted are dropped before any
+statistic (trace attribute `iterations_discarded`, per level), and `experiment_wall_s` is the
+wall time the experiment took, waits included.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from sidecar import __version__
-from sidecar.profiling import flops
+from sidecar.profiling import flops, pacing
 from sidecar.profiling.containment import assign_parents, number_siblings
 from sidecar.profiling.cupti_tracer import attach_gpu_activity
 from sidecar.profiling.gpu.attribution import retime_layers
@@ -131,8 +136,17 @@ def run_experiment(
     trace_id = trace_id or new_trace_id()
     created = time.time_ns()
     runs: dict[Level, LevelRun] = {}
+    discarded: dict[str, int] = {}
+    kept_interrupted: dict[str, int] = {}
+    wall_started = time.perf_counter()
+    gate = pacing.pacer()
     for level in plan:
-        runs[level] = runner.run(inputs, level, iterations, warmup)
+        pacing.take_loops()  # forget loops run outside this experiment
+        gate.wait()  # a slice boundary: the level's set-up (a profiling session) comes next
+        run = runner.run(inputs, level, iterations, warmup)
+        runs[level], discarded[level.value], kept_interrupted[level.value] = _drop_interrupted(
+            run, pacing.take_loops()
+        )
         if progress is not None:
             progress(level)
 
@@ -159,6 +173,10 @@ def run_experiment(
     attributes["representative_iteration"] = rep
     attributes["timeline_run"] = deepest.level.value
     attributes["trim_proportion"] = 0.2
+    attributes["iterations_discarded"] = discarded
+    if any(kept_interrupted.values()):
+        attributes["interrupted_iterations_kept"] = kept_interrupted
+    attributes["experiment_wall_s"] = round(time.perf_counter() - wall_started, 6)
     if peak is not None:  # the roofs, and when and under what load they were measured
         attributes.update(peak.trace_attributes())
     trace = Trace(
@@ -173,6 +191,20 @@ def run_experiment(
         attributes=attributes,
     )
     return LeveledProfile(trace, spans, level_stats, runs)
+
+
+def _drop_interrupted(run: LevelRun, loops: list[pacing.LoopRecord]) -> tuple[LevelRun, int, int]:
+    """The run without the iterations its timed loop discarded (an interrupted iteration's
+    timing is dropped, not trimmed), how many were dropped, and how many interrupted ones
+    stay because no clean run came or the runner's iterations do not match its loop."""
+    if len(loops) != 1:
+        return run, 0, sum(len(loop.discarded) + loop.kept_interrupted for loop in loops)
+    (loop,) = loops
+    if not loop.discarded or loop.runs != len(run.iterations):
+        return run, 0, len(loop.discarded) + loop.kept_interrupted
+    drop = set(loop.discarded)
+    kept = [it for i, it in enumerate(run.iterations) if i not in drop]
+    return replace(run, iterations=kept), len(drop), loop.kept_interrupted
 
 
 def _level_stats(trace_id: str, run: LevelRun, base_ns: float) -> LevelStats:

@@ -3,7 +3,9 @@
 For every request the relay calls `on_request_headers` (before forwarding the headers) and
 `on_stream_end`; only for tentatively sampled requests does it collect the body and call
 `on_request_body`. A sampled request gets a W3C `traceparent` so the backend's own spans
-(Triton's OpenTelemetry trace) join the same trace, under the proxy's span.
+(Triton's OpenTelemetry trace) join the same trace, under the proxy's span. The first and last
+calls also bump the relay's request counters (`ServingPressure`), the profiling worker's view
+of how busy serving is.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from sidecar.proxy.streams import ConnectionInfo, HeaderDecision, RequestStart, StreamEnd
 from sidecar.replay.jobs import ProfileJob
 from sidecar.sampling.metrics import SamplingMetrics
+from sidecar.sampling.pressure import ServingPressure
 from sidecar.sampling.sampler import Decision, Sampler, Tentative
 from sidecar.trace.spans import Level, Source, Span, new_span_id, new_trace_id
 
@@ -73,8 +76,10 @@ class SamplingHub:
         known_model: Callable[[str], bool] | None = None,
         on_sampled: Callable[[RequestStart, str, str], object] | None = None,
         record_exemplar: Callable[[str, str, float, str], object] | None = None,
+        pressure: ServingPressure | None = None,
     ) -> None:
         self.sampler = sampler
+        self.pressure = pressure or ServingPressure()
         self.metrics = metrics
         self.submit = submit
         self.store_spans = store_spans
@@ -115,6 +120,7 @@ class SamplingObserver:
 
     def on_request_headers(self, start: RequestStart) -> HeaderDecision | None:
         hub = self._hub
+        hub.pressure.request_started()
         if start.method not in REPLAYABLE_METHODS:
             return None
         forced = False
@@ -184,6 +190,7 @@ class SamplingObserver:
 
     def on_stream_end(self, end: StreamEnd) -> None:
         hub = self._hub
+        hub.pressure.request_ended()
         pending = self._pending.pop(end.stream_id, None)
         if end.method not in REPLAYABLE_METHODS:
             return

@@ -1,6 +1,7 @@
 """Everything sampling needs beside the relay, started and stopped as one unit.
 
-sampler + relay hook -> bounded queue -> profiling worker (own process) -> SQLite;
+sampler + relay hook -> bounded queue -> profiling worker (own process) -> SQLite; the hook's
+request counters (`ServingPressure`) tell the worker when serving leaves it room;
 the proxy's request spans and the backend's OTLP spans go to the same traces through a
 background writer. With `otlp_export` set, every span the store commits (and the replay part
 the worker stores) is also exported to the fleet's tracing backend over OTLP. Failures here
@@ -38,6 +39,7 @@ from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.last_requests import LastRequests
 from sidecar.sampling.metrics import SamplingMetrics
 from sidecar.sampling.observer import SamplingHub
+from sidecar.sampling.pressure import ServingPressure
 from sidecar.sampling.ratelog import RateLimitedLog
 from sidecar.sampling.sampler import Sampler
 from sidecar.sampling.settings import SamplingSettings
@@ -114,6 +116,7 @@ class SamplingPipeline:
         except (TraceStoreError, OSError) as exc:
             self.disabled_reason = f"the trace store cannot be used: {exc}"
             log.error("sampling is off (requests are still relayed): %s", exc)
+        self.pressure = ServingPressure()  # the relay's request counters, read by the worker
         self.worker = ProfilingWorker(
             WorkerConfig(
                 options=config.replay_options,
@@ -123,6 +126,7 @@ class SamplingPipeline:
             on_result=self._on_result,
             on_restart=lambda reason: self.metrics.worker_restarts.inc(),
             skip=self._skip_job,
+            pressure=self.pressure,
         )
         self.metrics.bind_queue_depth(self.worker.queue_depth)
         self.metrics.bind_state(self.state, lambda: self.last_requests.total_bytes)
@@ -145,6 +149,7 @@ class SamplingPipeline:
             known_model=self._known_model,
             on_sampled=self._on_sampled if self.tf_capture is not None else None,
             record_exemplar=record_exemplar,
+            pressure=self.pressure,
         )
         self.collector = TritonSpanCollector(self._on_backend_trace)
         self.receiver: OtlpReceiver | None = None

@@ -8,6 +8,12 @@ OOM, runtime abort) or overruns `job_timeout_s` is killed if needed, its job is 
 is replaced at once, not when the next job comes; workers that keep dying soon after they
 start are replaced after a growing pause (1 s, 2 s, ... up to `max_restart_backoff_s`). The
 worker runs at a lower CPU priority with a bounded number of runtime threads.
+
+Given the relay's `ServingPressure`, the worker process profiles in slices through a
+`SliceGate` (`sidecar.sampling.slices`): it waits before each job and between a profile's
+iterations while the serving path is busy, and drops iterations that were preempted. The
+time it waited is not busy time: the duty cycle is charged wall time minus waits (or CPU
+time, when runtime threads used more).
 """
 
 from __future__ import annotations
@@ -21,13 +27,16 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from sidecar.profiling import pacing
 from sidecar.replay.jobs import JobResult, ProfileJob
 from sidecar.replay.options import ReplayOptions
+from sidecar.sampling.pressure import ServingPressure
 from sidecar.sampling.ratelog import RateLimitedLog
+from sidecar.sampling.slices import SliceGate, SliceSettings
 
 log = logging.getLogger(__name__)
 _IDLE = object()  # `_next_job` found no job within the liveness interval
@@ -52,6 +61,8 @@ class WorkerConfig:
     liveness_interval_s: float = 0.5  # how often an idle supervisor checks its worker
     min_uptime_s: float = 30.0  # a worker dying sooner counts towards the restart back-off
     max_restart_backoff_s: float = 60.0
+    # how a worker given the relay's pressure paces its profiles
+    slices: SliceSettings = field(default_factory=SliceSettings)
 
 
 def _resolve(path: str) -> ReplayFunction:
@@ -70,7 +81,9 @@ def _lower_priority(config: WorkerConfig) -> None:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
-def _worker_main(config: WorkerConfig, conn: Connection) -> None:
+def _worker_main(
+    config: WorkerConfig, conn: Connection, pressure: ServingPressure | None = None
+) -> None:
     """Entry point of the worker process: receive a job, profile it, send the result."""
     _lower_priority(config)
     threads = config.options.threads
@@ -78,6 +91,10 @@ def _worker_main(config: WorkerConfig, conn: Connection) -> None:
         os.environ[var] = str(threads)
     context: dict[str, Any] = {"options": config.options}  # the replay's state between jobs
     replay = _resolve(config.replay)
+    # created after the imports: start-up CPU is not profiling work to pay back
+    gate = SliceGate(pressure, config.slices) if pressure is not None else None
+    if gate is not None:
+        pacing.install(gate)
     failures = RateLimitedLog(log, interval_s=30.0)
     conn.send(("ready", os.getpid()))
     while True:
@@ -89,6 +106,9 @@ def _worker_main(config: WorkerConfig, conn: Connection) -> None:
             return
         conn.send(("started", job.trace_id))
         started, cpu_started = time.perf_counter(), time.process_time()
+        if gate is not None:
+            gate.start_job(time.monotonic() + config.job_timeout_s * config.slices.hold_share)
+            gate.wait()  # the job's first slice: decoding and loading the model
         try:
             result = replay(job, context)
         except Exception as exc:  # a failed profile is a result, never a crash of the loop
@@ -102,10 +122,15 @@ def _worker_main(config: WorkerConfig, conn: Connection) -> None:
                 busy_s=time.perf_counter() - started,
                 error=f"{type(exc).__name__}: {exc}",
             )
-        # Busy time for the duty cycle: wall time, or CPU time when runtime threads used more.
-        result.busy_s = max(
-            result.busy_s, time.perf_counter() - started, time.process_time() - cpu_started
-        )
+        # Busy time for the duty cycle: wall time less the gate's waits, or CPU time when
+        # runtime threads used more.
+        wall = time.perf_counter() - started
+        if gate is not None:
+            gate.settle()
+        waited, interrupted = gate.reset_counters() if gate is not None else (0.0, 0)
+        result.busy_s = max(wall - waited, time.process_time() - cpu_started)
+        if gate is not None:
+            result.details.update(wall_s=wall, waited_s=waited, iterations_interrupted=interrupted)
         conn.send(("result", result))
 
 
@@ -118,10 +143,13 @@ class ProfilingWorker:
         on_result: Callable[[JobResult], None],
         on_restart: Callable[[str], None] | None = None,
         skip: Callable[[ProfileJob], bool] | None = None,
+        pressure: ServingPressure | None = None,
     ) -> None:
         """`skip(job)`, asked just before a queued job would run, may drop it (e.g. while the
-        trace store fails, what the job would store is lost anyway); the caller counts it."""
+        trace store fails, what the job would store is lost anyway); the caller counts it.
+        `pressure`, the relay's request counters, makes the worker profile in slices."""
         self.config = config
+        self.pressure = pressure
         self._on_result = on_result
         self._on_restart = on_restart or (lambda reason: None)
         self._skip = skip or (lambda job: False)
@@ -183,7 +211,7 @@ class ProfilingWorker:
         parent, child = self._ctx.Pipe()
         process = self._ctx.Process(
             target=_worker_main,
-            args=(self.config, child),
+            args=(self.config, child, self.pressure),
             name="xsp-profiling-worker",
             daemon=True,
         )

@@ -211,3 +211,49 @@ def test_a_sampled_call_links_the_latency_histogram_to_its_stored_trace(
     assert exemplar.value == pytest.approx((request.end_ns - request.start_ns) / 1e9, abs=1e-6)
     assert "trace_id" not in plain  # Prometheus' plain text format has no exemplars
     assert sample_sum(plain, "xsp_request_duration_seconds_count", model="simple_cnn") == 2
+
+
+def test_profiles_complete_under_continuous_load_at_the_default_duty_cycle(
+    traced_triton: TritonServer, tmp_path: Path, otlp_port: int
+) -> None:
+    """The worker profiles in slices paced by the serving path: a closed loop that never
+    leaves the relay idle still gets profiles, each recording what it discarded."""
+    args = ["--sample-rate", "1", "--sample-budget", "1000"]  # the default 5 % duty cycle
+    with sidecar(traced_triton, tmp_path, otlp_port, *args) as proc:
+        errors: list[BaseException] = []
+        sent = [0, 0]
+        done = threading.Event()
+
+        def traffic(n: int) -> None:
+            local = grpcclient.InferenceServerClient(proc.address)
+            while not done.is_set():
+                try:
+                    cnn_infer(local)
+                    sent[n] += 1
+                except Exception as exc:  # pragma: no cover - the assertion reports it
+                    errors.append(exc)
+
+        threads = [threading.Thread(target=traffic, args=(n,)) for n in range(2)]
+        for thread in threads:
+            thread.start()
+        try:
+            ok = lambda: proc.metric("xsp_profiles_total", outcome="ok")  # noqa: E731
+            assert wait_until(lambda: ok() >= 1, 120), proc.log()
+            at_first = sum(sent)
+            assert wait_until(lambda: ok() >= 3, 120), proc.log()
+            assert sum(sent) > at_first  # the load went on while profiles completed
+        finally:
+            done.set()
+            for thread in threads:
+                thread.join()
+        assert errors == []
+    store = TraceStore(tmp_path / "traces.db")
+    profiled = [t for t in store.list_traces() if "iterations_discarded" in t.attributes]
+    assert len(profiled) >= 3
+    for trace in profiled:
+        assert trace.status == "ok"
+        assert set(trace.attributes["iterations_discarded"]) == {"model", "layer"}
+        assert trace.attributes["experiment_wall_s"] > 0
+        stats = {s.level: s for s in store.level_stats(trace.trace_id)}
+        kept = trace.attributes.get("interrupted_iterations_kept", {})
+        assert stats[Level.MODEL].iterations == 3 or kept.get("model")

@@ -351,3 +351,14 @@ def test_first_message() -> None:
     assert first_message(framed(b"abc", compressed=True)) is None
     assert first_message(framed(b"abc")[:-1]) is None
     assert first_message(b"") is None
+
+
+def test_every_request_is_counted_for_the_workers_view_of_serving_pressure() -> None:
+    setup = Setup(rate=0.0)
+    start = RequestStart(1, 99, INFER, "ModelInfer", [(b":path", INFER.encode())])
+    setup.observer.on_request_headers(start)
+    assert setup.hub.pressure.snapshot() == (1, 0)  # in flight
+    setup.observer.on_stream_end(_end(99, "ModelInfer", "m"))
+    setup.request(method="ServerLive")  # not replayable, still serving work
+    setup.request()
+    assert setup.hub.pressure.snapshot() == (3, 3)

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from sidecar.replay.jobs import JobResult, ProfileJob
+from sidecar.sampling.pressure import ServingPressure
 from sidecar.sampling.worker import ProfilingWorker
 from tests.sampling.worker_replays import worker_config
 
@@ -92,5 +93,33 @@ def test_full_queue_drops_and_counts_without_blocking() -> None:
         assert worker.dropped == 3
         assert [results.get(timeout=60).outcome for _ in range(3)] == ["ok"] * 3
         assert worker.queue_depth() == 0
+    finally:
+        worker.stop()
+
+
+def test_the_worker_process_reads_the_relays_request_counters() -> None:
+    pressure = ServingPressure()
+    results: queue.Queue[JobResult] = queue.Queue()
+    worker = ProfilingWorker(worker_config("gate_view"), results.put, pressure=pressure)
+    worker.start()
+    try:
+        pressure.request_started()  # a request in flight: busy
+        assert worker.submit(job("m", 1))
+        first = results.get(timeout=60)
+        assert first.details["gate"] is True and first.details["busy"] is True
+        assert {"wall_s", "waited_s", "iterations_interrupted"} <= first.details.keys()
+        pressure.request_ended()
+        time.sleep(0.05)  # longer than quiet_s since the last request
+        assert worker.submit(job("m", 2))
+        assert results.get(timeout=60).details["busy"] is False
+    finally:
+        worker.stop()
+
+
+def test_without_the_relays_counters_the_worker_profiles_unpaced() -> None:
+    worker, results = start("gate_view")
+    try:
+        assert worker.submit(job("m"))
+        assert results.get(timeout=60).details == {"gate": False}
     finally:
         worker.stop()

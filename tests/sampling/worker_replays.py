@@ -58,3 +58,16 @@ def by_model(job: ProfileJob, context: dict[str, Any]) -> JobResult:
     if job.model == "slow":
         time.sleep(0.5)
     return echo_pid(job, context)
+
+
+def gate_view(job: ProfileJob, context: dict[str, Any]) -> JobResult:
+    """What the worker's pacer sees of the relay's counters (the `SliceGate` when the
+    supervisor was given a `ServingPressure`)."""
+    from sidecar.profiling import pacing
+    from sidecar.sampling.slices import SliceGate
+
+    pacer = pacing.pacer()
+    details: dict[str, Any] = {"gate": isinstance(pacer, SliceGate)}
+    if isinstance(pacer, SliceGate):
+        details["busy"] = pacer.busy()
+    return JobResult(job.trace_id, job.model, "ok", 0.001, details=details)

@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from sidecar.profiling import pacing
 from sidecar.trace.spans import Level
 
 
@@ -133,17 +134,35 @@ def timed_loop(
     fn: Callable[[], object], iterations: int, warmup: int
 ) -> tuple[list[tuple[int, int]], int]:
     """Run `fn` warmup + iterations times; return the timed (start, end) epoch-ns intervals
-    and the epoch offset used."""
+    and the epoch offset used.
+
+    Each run is one slice of the profile (`sidecar.profiling.pacing`): the process's pacer
+    may hold it back, and a timed run it reports interrupted is run again. Every timed run's
+    interval is returned (a profiler saw them all); the loop's `LoopRecord` names the runs
+    the experiment discards.
+    """
+    gate = pacing.pacer()
     for _ in range(warmup):
+        gate.wait()
         fn()
     offset = epoch_offset_ns()
     clock = time.perf_counter_ns
     walls: list[tuple[int, int]] = []
-    for _ in range(iterations):
+    interrupted: list[int] = []
+    attempts = iterations * pacing.MAX_ATTEMPTS_PER_ITERATION
+    while len(walls) - len(interrupted) < iterations and len(walls) < attempts:
+        gate.wait()
+        mark = gate.begin()
         t0 = clock()
         fn()
         t1 = clock()
+        if gate.interrupted(mark, t1 - t0):
+            interrupted.append(len(walls))
         walls.append((t0 + offset, t1 + offset))
+    record = pacing.LoopRecord(len(walls), interrupted)
+    if len(walls) == len(interrupted):  # never a clean run: keep them, and say so
+        record = pacing.LoopRecord(len(walls), [], kept_interrupted=len(walls))
+    pacing.record_loop(record)
     return walls, offset
 
 
