@@ -20,7 +20,7 @@ from types import TracebackType
 import grpc
 
 from sidecar.localtfserving.layout import model_versions
-from sidecar.localtriton.server import free_port
+from sidecar.localtriton.server import free_port, stop_child
 
 log = logging.getLogger(__name__)
 
@@ -179,14 +179,7 @@ class TfServingServer:
             return "(no log)"
 
     def stop(self, timeout: float = 15.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(5)
+        stop_child(self.process, timeout)
 
     def __enter__(self) -> TfServingServer:
         return self.start() if self.process is None else self

@@ -18,6 +18,18 @@ from sidecar.localtriton.environment import TritonEnvironment, TritonSetupError,
 log = logging.getLogger(__name__)
 
 
+def stop_child(process: subprocess.Popen[bytes] | None, timeout: float = 15.0) -> None:
+    """SIGTERM a child process, then SIGKILL it if it has not exited after `timeout` s."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -126,14 +138,7 @@ class TritonServer:
         return "\n".join(["errors:", *errors[-20:], "last lines:", *text[-lines:]])
 
     def stop(self, timeout: float = 15.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(5)
+        stop_child(self.process, timeout)
 
     def __enter__(self) -> TritonServer:
         return self.start() if self.process is None else self

@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sidecar.localtriton.server import free_port
+from sidecar.localtriton.server import free_port, stop_child
 from sidecar.metrics_text import sample_sum, scrape
 
 
@@ -109,13 +109,7 @@ class SidecarProcess:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it has not exited after 20 s."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_child(self.process, 20)
 
     def __enter__(self) -> SidecarProcess:
         return self.start()
