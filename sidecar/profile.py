@@ -123,7 +123,10 @@ def _inputs(options: ProfileOptions, batch: int | None) -> dict[str, np.ndarray]
     elif format_of(path) is ModelFormat.ONNX:
         specs = onnx_input_specs(path, batch or 1)
     elif format_of(path) is ModelFormat.SAVEDMODEL and savedmodel_dir(path) is not None:
-        specs = savedmodel_input_specs(savedmodel_dir(path) or path, batch or 1)
+        try:
+            specs = savedmodel_input_specs(savedmodel_dir(path) or path, batch or 1)
+        except InputError as exc:
+            raise InputError(f"{exc}; give its shape with --input NAME:SHAPE:DTYPE") from None
     else:
         raise InputError(
             f"{path.name} does not declare its inputs; pass --input NAME:SHAPE:DTYPE "

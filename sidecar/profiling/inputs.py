@@ -3,9 +3,11 @@ own input signature (dynamic batch dims take the batch size)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -118,40 +120,73 @@ def onnx_input_specs(model_path: str | Path, batch_size: int) -> list[InputSpec]
     return specs
 
 
-def savedmodel_input_specs(
-    saved_model_dir: str | Path, batch_size: int, signature: str = "serving_default"
-) -> list[InputSpec]:
-    """Specs from a SavedModel signature's inputs (the keyword names the signature takes);
-    a dynamic first dim becomes `batch_size`. `saved_model_dir` holds `saved_model.pb`."""
-    import tensorflow as tf
+SERVE_TAG = "serve"
+
+
+def _serving_graph(saved_model_dir: Path) -> Any:
+    """The `MetaGraphDef` tagged `serve` of the SavedModel in `saved_model_dir` (not loaded)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from google.protobuf.message import DecodeError
     from tensorflow.core.protobuf import saved_model_pb2
 
-    path = Path(saved_model_dir) / "saved_model.pb"
+    path = saved_model_dir / "saved_model.pb"
     model = saved_model_pb2.SavedModel()
     try:
         model.ParseFromString(path.read_bytes())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read the SavedModel {path}: {exc}") from None
-    found = {k: v for mg in model.meta_graphs for k, v in mg.signature_def.items()}
-    if signature not in found:
-        raise InputError(f"{path.parent} has no signature {signature!r} (has: {sorted(found)})")
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror}") from None
+    except DecodeError as exc:
+        raise InputError(f"{path} is not a SavedModel: {exc}") from None
+    for graph in model.meta_graphs:
+        if SERVE_TAG in graph.meta_info_def.tags:
+            return graph
+    raise InputError(f"the SavedModel in {saved_model_dir} has no graph tagged {SERVE_TAG!r}")
+
+
+def savedmodel_input_specs(
+    saved_model_dir: str | Path,
+    batch_size: int,
+    signature: str = "serving_default",
+    other_unknown_dims: int | None = None,
+) -> list[InputSpec]:
+    """Specs from a SavedModel signature's inputs (the keyword names the signature takes),
+    read from `saved_model.pb` without loading the model.
+
+    An unknown first dim takes `batch_size`; any other unknown dim takes `other_unknown_dims`,
+    or is an `InputError` when that is None. Messages state the fact; callers add the advice
+    (a `--input` flag, a TriggerProfile request).
+    """
+    import tensorflow as tf
+
+    path = Path(saved_model_dir)
+    graph = _serving_graph(path)
+    if signature not in graph.signature_def:
+        known = ", ".join(sorted(graph.signature_def)) or "none"
+        raise InputError(
+            f"the SavedModel in {path} has no signature {signature!r} (signatures: {known})"
+        )
+    inputs = graph.signature_def[signature].inputs
+    if not inputs:
+        raise InputError(f"signature {signature!r} of the SavedModel in {path} has no inputs")
     specs = []
-    for name, info in sorted(found[signature].inputs.items()):
+    for name, info in sorted(inputs.items()):
         if info.tensor_shape.unknown_rank:
-            raise InputError(
-                f"input {name!r} has an unknown rank; give its shape with --input {name}:SHAPE"
-            )
+            raise InputError(f"input {name!r} of signature {signature!r} has an unknown rank")
         dims: list[int] = []
         for i, dim in enumerate(info.tensor_shape.dim):
-            if dim.size > 0:
+            if dim.size >= 0:
                 dims.append(int(dim.size))
             elif i == 0:
                 dims.append(batch_size)
+            elif other_unknown_dims is not None:
+                dims.append(other_unknown_dims)
             else:
                 raise InputError(
-                    f"input {name!r} has dynamic dimension {i} that is not the batch dimension;"
-                    f" give its shape with --input {name}:SHAPE:DTYPE"
+                    f"input {name!r} has dynamic dimension {i} that is not the batch dimension"
                 )
-        dtype = np.dtype(tf.dtypes.as_dtype(info.dtype).as_numpy_dtype).name
+        try:
+            dtype = np.dtype(tf.dtypes.as_dtype(info.dtype).as_numpy_dtype).name
+        except TypeError:
+            raise InputError(f"input {name!r} has dtype {info.dtype}, not a tensor") from None
         specs.append(InputSpec(name, tuple(dims), dtype))
     return specs

@@ -23,7 +23,7 @@ import numpy as np
 import sidecar.profiling.runners.onnxruntime  # noqa: F401  ONNX Runtime loads at worker start
 from sidecar import __version__
 from sidecar.profiling.experiment import LeveledProfile, describe_inputs, run_experiment
-from sidecar.profiling.inputs import InputSpec, random_inputs
+from sidecar.profiling.inputs import InputError, InputSpec, random_inputs, savedmodel_input_specs
 from sidecar.profiling.peak import get_peak
 from sidecar.profiling.runners.base import ProfilingError, Runner
 from sidecar.profiling.runners.select import ModelFormat, runner_for
@@ -31,7 +31,6 @@ from sidecar.replay.jobs import JobResult, ProfileJob
 from sidecar.replay.kserve_decode import decode_model_infer_request
 from sidecar.replay.model_repository import ModelLocation, TensorSpec, find_model
 from sidecar.replay.options import ReplayOptions
-from sidecar.replay.savedmodel_signature import signature_input_specs
 from sidecar.replay.tf_decode import decode_predict_request
 from sidecar.trace.errors import TraceStoreError
 from sidecar.trace.spans import Level, LevelStats, Span, Trace
@@ -117,7 +116,11 @@ def _random_inputs(location: ModelLocation) -> dict[str, np.ndarray]:
     """Inputs shaped by the model config (or a SavedModel's serving signature), batch 1, for
     admin profiles without a request."""
     if not location.inputs and location.format is ModelFormat.SAVEDMODEL:
-        return random_inputs(signature_input_specs(location.path))
+        try:
+            specs = savedmodel_input_specs(location.path, 1, other_unknown_dims=1)
+        except InputError as exc:
+            raise ReplayError(f"{exc}; give inputs in the TriggerProfile request") from None
+        return random_inputs(specs)
     specs = []
     for tensor in location.inputs:
         specs.append(_input_spec(tensor, batched=location.max_batch_size > 0))
