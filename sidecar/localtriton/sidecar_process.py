@@ -30,8 +30,8 @@ class SidecarProcess:
     """`xsp-sidecar serve` in front of `backend`, on free ports, logging to `log_path`.
 
     `args` are further `serve` flags. The child gets this process's environment without its
-    `XSP_*` variables (flags only), unless `keep_xsp_env` passes the user's settings through.
-    Use as a context manager or call `start()` / `stop()`.
+    `XSP_*` variables (flags only), unless `keep_xsp_env` passes the user's settings through;
+    `extra_env` is added on top. Use as a context manager or call `start()` / `stop()`.
     """
 
     backend: str
@@ -41,6 +41,7 @@ class SidecarProcess:
     metrics_port: int = field(default_factory=free_port)
     grpc_port: int = field(default_factory=free_port)
     keep_xsp_env: bool = False
+    extra_env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -66,6 +67,7 @@ class SidecarProcess:
             "--grpc-port", str(self.grpc_port), *self.args,
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if self.keep_xsp_env or not k.startswith("XSP_")}
+        env.update(self.extra_env)
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
