@@ -366,3 +366,33 @@ def test_h100_roofline_uses_measured_counters(h100: TraceAnalysis) -> None:
     assert row["flops"] == pytest.approx(sum(a["flops"] for a in attrs), rel=1e-6)
     dram = sum(a["dram_read_bytes"] + a["dram_write_bytes"] for a in attrs)
     assert row["dram_bytes"] == pytest.approx(dram, rel=1e-6)
+
+
+def test_h100_container_layers_are_never_counted_twice(h100: TraceAnalysis) -> None:
+    """Layer spans nest (layer1 > layer1.0 > layer1.0.conv1): A2 lists every call and marks
+    the 24 containers; shares, A3, A5, A6 and A14 use the 158 leaf calls only."""
+    a2 = h100.get_layer_table()
+    b8 = a2[a2["batch_size"] == 8]
+    assert len(b8) == 158 + 24 and int(b8["container"].sum()) == 24
+    assert b8.loc[b8["container"], "latency_share"].isna().all()
+    assert b8["latency_share"].sum() == pytest.approx(1.0)
+    order = list(b8.sort_values("idx")["name"])  # an enclosing call before its children
+    assert order.index("layer1") < order.index("layer1.0") < order.index("layer1.0.conv1")
+    a3 = h100.result("A3")
+    leaves = a3.table[a3.table["batch_size"] == 8]
+    assert len(leaves) == 158 and "layer1" not in set(leaves["name"])
+    assert any("24 container layers" in n for n in a3.notes)
+    model_ms = h100.result("A1").table.set_index("batch_size").loc[8, "latency_ms"]
+    assert leaves["latency_ms"].sum() < model_ms  # nesting no longer adds layer1 to its leaves
+    a5 = h100.result("A5").table
+    assert a5[a5["batch_size"] == 8]["layers"].sum() == 158
+    assert "container" not in set(a5["type"])
+    a6 = h100.result("A6").table
+    assert a6[a6["batch_size"] == 8]["latency_ms"].sum() == pytest.approx(
+        leaves["latency_ms"].sum()
+    )
+    a14 = h100.result("A14").table
+    assert set(a14[a14["batch_size"] == 8]["name"]) == set(leaves["name"])
+    mem = [f for f in h100.findings() if "memory-bound layers" in f.finding and "8" in f.finding]
+    assert mem and all("container" not in f.evidence for f in mem)
+    assert any("of 158 layers" in f.evidence for f in mem)
