@@ -8,7 +8,10 @@ Expected values come from plain SQL and arithmetic in this file.
 
 from __future__ import annotations
 
+import html
+import json
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -396,3 +399,27 @@ def test_h100_container_layers_are_never_counted_twice(h100: TraceAnalysis) -> N
     mem = [f for f in h100.findings() if "memory-bound layers" in f.finding and "8" in f.finding]
     assert mem and all("container" not in f.evidence for f in mem)
     assert any("of 158 layers" in f.evidence for f in mem)
+
+
+def test_h100_kernel_names_short_in_text_and_html_full_in_json_and_csv(
+    h100: TraceAnalysis, tmp_path: Path
+) -> None:
+    from analysis.render_html import render_html
+    from analysis.render_text import SHORT_NAMES_NOTE, render_json, render_text, write_csv
+
+    results = {k: h100.result(k) for k in ("A8", "A9", "A10")}
+    short = "at::native::vectorized_elementwise_kernel<…>"
+    full = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>"
+    for text in (
+        render_text(results, {}),
+        render_text(results, {}, markdown=True),
+        html.unescape(render_html(results, {}, plots=False)),
+    ):
+        assert short in text and full not in text and "std::array<char*" not in text
+        assert SHORT_NAMES_NOTE in text
+    doc = json.loads(render_json(results, {}))
+    assert any(r["name"].startswith(full) for r in doc["A8"]["rows"])
+    assert not any(r["name"] == short for r in doc["A10"]["rows"])
+    write_csv(results, tmp_path)
+    assert full in (tmp_path / "A9.csv").read_text()
+    assert results["A8"].table["name"].str.startswith("void ").any()  # the result keeps them
