@@ -88,6 +88,8 @@ def test_demangled_names() -> None:
     assert short_name(mangled) == "at::native::vectorized_elementwise_kernel<…>"
     assert base_name(mangled) == "vectorized_elementwise_kernel"
     assert demangle("sm80_xmma_fprop_tf32") == "sm80_xmma_fprop_tf32"  # extern "C"
+    pool = "void at::native::(anonymous namespace)::max_pool_forward_nchw<float, float>(int)"
+    assert short_name(pool) == "at::native::(anonymous namespace)::max_pool_forward_nchw<…>"
 
 
 def test_one_cupti_owner_per_process() -> None:
