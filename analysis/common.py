@@ -321,6 +321,21 @@ class Frames:
             return "traces say the kernel level was captured, but they hold no kernel spans"
         return "no kernel spans in the selected traces (trace attribute kernel_level not set)"
 
+    def metrics_notes(self) -> list[str]:
+        """What GPU traces say about their hardware-metrics level (`metrics_level`: Nsight
+        Compute, or why not captured; `pm_sampling`), one note per distinct statement."""
+        seen: dict[str, set[str]] = {}
+        rows = zip(
+            self.meta["model"], self.meta["batch_size"], self.data.traces["attributes"], strict=True
+        )
+        for model, batch, attrs in rows:
+            if not isinstance(attrs, dict):
+                continue
+            for key in ("metrics_level", "pm_sampling"):
+                if isinstance(text := attrs.get(key), str):
+                    seen.setdefault(f"{key}: {text}", set()).add(f"{model} b{batch}")
+        return [f"{text} ({', '.join(sorted(m))})" for text, m in seen.items()]
+
     def missing_level_note(self, level: str) -> str | None:
         """For a mixed selection: which models' traces lack `level` spans, and why."""
         have = set(self.at(level)["tkey"].unique())

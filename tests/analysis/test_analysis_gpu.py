@@ -423,3 +423,14 @@ def test_h100_kernel_names_short_in_text_and_html_full_in_json_and_csv(
     write_csv(results, tmp_path)
     assert full in (tmp_path / "A9.csv").read_text()
     assert results["A8"].table["name"].str.startswith("void ").any()  # the result keeps them
+
+
+def test_h100_metrics_analyses_say_where_metrics_came_from(h100: TraceAnalysis) -> None:
+    for key in ("A9", "A12", "A14", "A15"):
+        notes = h100.result(key).notes
+        assert any(
+            n.startswith("metrics_level: captured: Nsight Compute") and "resnet50 b8" in n
+            for n in notes
+        )
+        assert any(n.startswith("metrics_level: not captured") and "b1" in n for n in notes)
+        assert any(n.startswith("pm_sampling: not captured") for n in notes)

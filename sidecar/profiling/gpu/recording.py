@@ -38,6 +38,7 @@ from sidecar.profiling.gpu.attribution import (
 from sidecar.profiling.gpu.clock_check import DEFAULT_TOLERANCE_NS, require_clock
 from sidecar.profiling.gpu.gpu_peak import GpuPeak, datasheet_peak
 from sidecar.profiling.gpu.layers import ModuleCall, call_spans, calls_from_leaves
+from sidecar.profiling.gpu.metrics_level import layer_metric_sums, recorded_status
 from sidecar.profiling.gpu.ncu import NcuKernel, join_metrics, read_ncu_csv
 from sidecar.profiling.runners.base import (
     Iteration,
@@ -159,6 +160,7 @@ class RecordingRunner:
                 for (s, e), spans in zip(self.rec.walls, self.kernel_iterations(), strict=True)
             ]
             attrs["cupti_api_records"] = "launches only"
+            attrs.update(recorded_status(self.ncu))
             if self.ncu is not None:
                 attrs["metrics_run"] = {
                     "source": "ncu",
@@ -198,9 +200,10 @@ class RecordingRunner:
             if self.graph_nodes is not None:
                 table, source = self.graph_nodes, self.graph_nodes_source
                 spans.extend(map_graph_nodes([*replays, *kernels], table, source))
+            spans.extend(kernels)
             if self.ncu is not None:
                 join_metrics(kernels, self.ncu)
-            spans.extend(kernels)
+                layer_metric_sums(attribute_raw(spans), spans)
             out.append(spans)
         return out
 
