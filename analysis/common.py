@@ -179,6 +179,45 @@ def keras_layers_only(layers: pd.DataFrame) -> pd.DataFrame:
     return layers[layers["outside_layers"].ne(True)]
 
 
+def is_container(layers: pd.DataFrame) -> pd.Series:
+    """Layer rows that are module calls enclosing other layers (`leaf` recorded false:
+    PyTorch's `layer1`, `layer1.0`). Their time spans their children's, so analyses that sum
+    or rank layers leave them out; rows without the attribute (ONNX Runtime nodes, Keras
+    layers, older traces) are leaves."""
+    if "leaf" not in layers.columns:
+        return pd.Series(False, index=layers.index)
+    return pd.to_numeric(layers["leaf"]).eq(0)
+
+
+def container_note(n: int, what: str) -> str:
+    return (
+        f"{n} container layers (module calls that enclose other layers, e.g. layer1 > layer1.0) "
+        f"are {what}: their time spans their children's and would count it twice"
+    )
+
+
+def inclusive_sums(own: pd.DataFrame, layers: pd.DataFrame, values: Sequence[str]) -> pd.DataFrame:
+    """Per (tkey, name) of `layers`: `values` summed over the layer's own rows in `own`
+    (columns tkey, layer, *values) and those of the modules inside it. `layer1.0` holds
+    `layer1.0.conv1` (dotted module paths; a call suffix `#n` is not a path part)."""
+    values = list(values)
+    summed = own.groupby(["tkey", "layer"], as_index=False)[values].sum(min_count=1)
+    rows: list[list[Any]] = []
+    for tkey, group in layers.groupby("tkey"):
+        have = summed[summed["tkey"] == tkey]
+        names = have["layer"].astype(str).to_numpy()
+        data = have[values].to_numpy("float64")
+        paths = np.array([n.split("#", 1)[0] for n in names], dtype=object)
+        for name in group["name"].astype(str).unique():
+            base = name.split("#", 1)[0]
+            mask = (names == name) | np.array([p.startswith(base + ".") for p in paths], dtype=bool)
+            sums = np.nansum(data[mask], axis=0) if mask.any() else np.zeros(len(values))
+            if mask.any():
+                sums = np.where(np.isnan(data[mask]).all(axis=0), np.nan, sums)
+            rows.append([int(tkey), name, *sums.tolist()])
+    return pd.DataFrame(rows, columns=["tkey", "name", *values])
+
+
 class Frames:
     """Derived frames shared by the analyses, computed once per TraceData."""
 
@@ -255,7 +294,7 @@ class Frames:
         has_l = set(ly.loc[ly["run_level"] == "layer", "tkey"].unique())
         ly = ly[(ly["run_level"] == "layer") | ~ly["tkey"].isin(has_l)]
         ly = ly.sort_values(["tkey", "idx", "start_ns"]).drop_duplicates(["tkey", "name"])
-        ly = ly.assign(type=layer_type(ly))
+        ly = ly.assign(type=layer_type(ly), container=is_container(ly))
         return self.with_meta(ly.reset_index(drop=True))
 
     @cached_property
@@ -281,6 +320,21 @@ class Frames:
         if self.meta["kernel_level"].eq("captured").any():
             return "traces say the kernel level was captured, but they hold no kernel spans"
         return "no kernel spans in the selected traces (trace attribute kernel_level not set)"
+
+    def metrics_notes(self) -> list[str]:
+        """What GPU traces say about their hardware-metrics level (`metrics_level`: Nsight
+        Compute, or why not captured; `pm_sampling`), one note per distinct statement."""
+        seen: dict[str, set[str]] = {}
+        rows = zip(
+            self.meta["model"], self.meta["batch_size"], self.data.traces["attributes"], strict=True
+        )
+        for model, batch, attrs in rows:
+            if not isinstance(attrs, dict):
+                continue
+            for key in ("metrics_level", "pm_sampling"):
+                if isinstance(text := attrs.get(key), str):
+                    seen.setdefault(f"{key}: {text}", set()).add(f"{model} b{batch}")
+        return [f"{text} ({', '.join(sorted(m))})" for text, m in seen.items()]
 
     def missing_level_note(self, level: str) -> str | None:
         """For a mixed selection: which models' traces lack `level` spans, and why."""

@@ -20,6 +20,7 @@ from analysis.common import (
     Frames,
     across_traces,
     empty_result,
+    inclusive_sums,
     not_captured,
 )
 from analysis.layer_level import layer_frame
@@ -228,23 +229,6 @@ def _layer_time_base(fr: Frames) -> pd.Series:
     return pd.Series(base, index=tr["tkey"].to_numpy())
 
 
-def _inclusive_gpu(dev: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
-    """GPU time per (tkey, layer) including the layer's descendants: module `layer1.0`
-    holds `layer1.0.conv1` (dotted module paths; a call suffix `#n` is not a path part)."""
-    own = dev.groupby(["tkey", "layer"], as_index=False)["duration_ns"].sum()
-    rows: list[tuple[int, str, float]] = []
-    for tkey, group in layers.groupby("tkey"):
-        have = own[own["tkey"] == tkey]
-        names = have["layer"].astype(str).to_numpy()
-        ns = have["duration_ns"].to_numpy("float64")
-        paths = np.array([n.split("#", 1)[0] for n in names], dtype=object)
-        for name in group["name"].astype(str).unique():
-            base = name.split("#", 1)[0]
-            mask = (names == name) | np.array([p.startswith(base + ".") for p in paths], dtype=bool)
-            rows.append((int(tkey), name, float(ns[mask].sum()) if mask.any() else 0.0))
-    return pd.DataFrame(rows, columns=["tkey", "name", "gpu_ns"])
-
-
 def gpu_vs_non_gpu(fr: Frames) -> AnalysisResult:
     """A13: layer latency split into GPU work (kernel/memcpy/memset latency of the layer and
     the modules inside it) and the rest (framework, launch and CPU time).
@@ -277,14 +261,18 @@ def gpu_vs_non_gpu(fr: Frames) -> AnalysisResult:
             "profile the layer level with CUDA events (PyTorch on CUDA does)",
         )
     ly = fr.layers[fr.layers["tkey"].isin(comparable)]
-    gpu = _inclusive_gpu(dev[dev["tkey"].isin(comparable)], ly)
-    ly = ly[["tkey", *GROUP, "idx", "name", "type", "duration_ns"]].merge(
+    own = dev[dev["tkey"].isin(comparable)][["tkey", "layer", "duration_ns"]]
+    gpu = inclusive_sums(own.rename(columns={"duration_ns": "gpu_ns"}), ly, ["gpu_ns"])
+    ly = ly[["tkey", *GROUP, "idx", "name", "type", "container", "duration_ns"]].merge(
         gpu, on=["tkey", "name"], how="left"
     )
     ly["gpu_ns"] = ly["gpu_ns"].fillna(0.0)
     ly["non_gpu_ns"] = ly["duration_ns"] - ly["gpu_ns"]
     agg = across_traces(
-        ly, [*GROUP, "name"], ["duration_ns", "gpu_ns", "non_gpu_ns"], ["idx", "type"]
+        ly,
+        [*GROUP, "name"],
+        ["duration_ns", "gpu_ns", "non_gpu_ns"],
+        ["idx", "type", "container"],
     )
     agg["layer_latency_ms"] = agg["duration_ns"] / 1e6
     agg["gpu_latency_ms"] = agg["gpu_ns"] / 1e6
@@ -296,6 +284,7 @@ def gpu_vs_non_gpu(fr: Frames) -> AnalysisResult:
         "idx",
         "name",
         "type",
+        "container",
         "layer_latency_ms",
         "gpu_latency_ms",
         "non_gpu_latency_ms",
@@ -306,7 +295,8 @@ def gpu_vs_non_gpu(fr: Frames) -> AnalysisResult:
     res = AnalysisResult("A13", TITLES["A13"], table)
     res.notes.append(
         "layer latency: CUDA-event interval of each call (layer run); GPU latency: its "
-        "kernels and those of the modules inside it (kernel run)"
+        "kernels and those of the modules inside it (kernel run); a container row "
+        "(a call enclosing others) covers its children and is not to be added to them"
     )
     if not skipped.empty:
         models = ", ".join(sorted(skipped["model"].astype(str).unique()))

@@ -3,13 +3,25 @@
 Layer latency is the L run's statistic (`duration_ns` of layer spans, trimmed mean over the
 run's iterations), then a trimmed mean over the traces of the same model and batch size.
 Memory is the layer's `allocated_bytes` attribute.
+
+Where layers nest (PyTorch module calls: `layer1` > `layer1.0` > `layer1.0.conv1`) a
+container's time spans its children's. A2 lists every call with `container` set on the
+enclosing ones; shares, A3-A7 and every sum over layers use the leaves only, so no time is
+counted twice; each result says how many containers it left out.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from analysis.common import GROUP, AnalysisResult, Frames, across_traces, empty_result
+from analysis.common import (
+    GROUP,
+    AnalysisResult,
+    Frames,
+    across_traces,
+    container_note,
+    empty_result,
+)
 
 TITLES = {
     "A2": "Layer table",
@@ -60,12 +72,23 @@ def _layer_frame(fr: Frames) -> pd.DataFrame:
         ly,
         [*GROUP, "name"],
         ["duration_ns", "allocated_bytes"],
-        ["idx", "type", "original_nodes", "input_shapes", "output_shapes"],
+        ["idx", "type", "container", "original_nodes", "input_shapes", "output_shapes"],
     )
+    agg["container"] = agg["container"].astype(bool)
     agg["latency_ms"] = agg["duration_ns"] / 1e6
-    total = agg.groupby(GROUP, dropna=False)["duration_ns"].transform("sum")
-    agg["latency_share"] = agg["duration_ns"] / total
+    leaf_ns = agg["duration_ns"].where(~agg["container"])
+    total = leaf_ns.groupby([agg[k] for k in GROUP], dropna=False).transform("sum")
+    agg["latency_share"] = leaf_ns / total  # of the leaves' time; NaN for a container
     return agg.sort_values([*GROUP, "idx"]).reset_index(drop=True)
+
+
+def leaf_frame(fr: Frames, res: AnalysisResult | None = None) -> pd.DataFrame:
+    """`layer_frame` without container rows; notes on `res` how many were left out."""
+    agg = layer_frame(fr)
+    n = int(agg.drop_duplicates([*GROUP[:1], "name"])["container"].sum())
+    if res is not None and n:
+        res.notes.append(container_note(n, "left out"))
+    return agg[~agg["container"]].reset_index(drop=True)
 
 
 def layer_table(fr: Frames) -> AnalysisResult:
@@ -79,6 +102,7 @@ def layer_table(fr: Frames) -> AnalysisResult:
         "idx",
         "name",
         "type",
+        "container",
         "original_nodes",
         "input_shapes",
         "output_shapes",
@@ -95,6 +119,11 @@ def layer_table(fr: Frames) -> AnalysisResult:
         )
     if agg["allocated_bytes"].isna().all():
         res.notes.append("layer memory not recorded (no allocated_bytes attribute)")
+    if (n := int(agg.drop_duplicates(["model", "name"])["container"].sum())) > 0:
+        res.notes.append(
+            container_note(n, "marked container")
+            + "; latency_share is of the leaves' time and left empty for containers"
+        )
     return res
 
 
@@ -102,19 +131,19 @@ def layer_latency(fr: Frames) -> AnalysisResult:
     """A3: layer latency in execution order."""
     if (miss := _missing("A3", fr)) is not None:
         return miss
-    agg = layer_frame(fr)
-    return AnalysisResult(
-        "A3",
-        TITLES["A3"],
-        agg[[*GROUP, "idx", "name", "type", "original_nodes", "latency_ms", "latency_share"]],
-    )
+    res = AnalysisResult("A3", TITLES["A3"])
+    agg = leaf_frame(fr, res)
+    res.table = agg[
+        [*GROUP, "idx", "name", "type", "original_nodes", "latency_ms", "latency_share"]
+    ]
+    return res
 
 
 def layer_memory(fr: Frames) -> AnalysisResult:
     """A4: allocated memory per layer in execution order."""
     if (miss := _missing("A4", fr)) is not None:
         return miss
-    agg = layer_frame(fr)
+    agg = leaf_frame(fr)
     if agg["allocated_bytes"].isna().all():
         return AnalysisResult(
             "A4",
@@ -140,26 +169,30 @@ def type_distribution(fr: Frames) -> AnalysisResult:
     """A5: how many layers of each type."""
     if (miss := _missing("A5", fr)) is not None:
         return miss
-    agg = layer_frame(fr).assign(one=1)
+    res = AnalysisResult("A5", TITLES["A5"])
+    agg = leaf_frame(fr, res).assign(one=1)
     g = _by_type(agg, "one").drop(columns=["total"])
     g["share"] = g["layers"] / g.groupby(GROUP, dropna=False)["layers"].transform("sum")
     g = g.sort_values([*GROUP, "layers"], ascending=[True, True, False])
-    return AnalysisResult("A5", TITLES["A5"], g.reset_index(drop=True))
+    res.table = g.reset_index(drop=True)
+    return res
 
 
 def latency_by_type(fr: Frames) -> AnalysisResult:
     """A6: summed layer latency per layer type and its share of all layer time."""
     if (miss := _missing("A6", fr)) is not None:
         return miss
-    g = _by_type(layer_frame(fr), "latency_ms").rename(columns={"total": "latency_ms"})
-    return AnalysisResult("A6", TITLES["A6"], g)
+    res = AnalysisResult("A6", TITLES["A6"])
+    g = _by_type(leaf_frame(fr, res), "latency_ms").rename(columns={"total": "latency_ms"})
+    res.table = g
+    return res
 
 
 def memory_by_type(fr: Frames) -> AnalysisResult:
     """A7: summed allocated memory per layer type."""
     if (miss := _missing("A7", fr)) is not None:
         return miss
-    agg = layer_frame(fr)
+    agg = leaf_frame(fr)
     if agg["allocated_bytes"].isna().all():
         return AnalysisResult(
             "A7",

@@ -18,7 +18,15 @@ import pandas as pd
 
 from analysis import damage
 from analysis.common import AnalysisResult
-from analysis.render_text import Front, fmt_value, headline, label, same_for, status_lines
+from analysis.render_text import (
+    Front,
+    fmt_value,
+    for_display,
+    headline,
+    label,
+    same_for,
+    status_lines,
+)
 
 MAX_HTML_ROWS = 200
 CSS = """
@@ -380,11 +388,12 @@ def render_html(
                 parts.append(f"<img alt='{html.escape(key)} plot' src='{uri}'>")
         if "summary" in res.tables:
             parts.append(html_table(res.tables["summary"]))
-        parts.append(html_table(res.table))
-        for name, table in res.tables.items():
+        table, notes = for_display(key, res)
+        parts.append(html_table(table))
+        for name, extra in res.tables.items():
             if name != "summary":
-                parts.append(f"<h3>{html.escape(name)}</h3>{html_table(table)}")
-        for note in res.notes:
+                parts.append(f"<h3>{html.escape(name)}</h3>{html_table(extra)}")
+        for note in notes:
             parts.append(f"<p class=note>note: {html.escape(note)}</p>")
         parts.append("</section>")
     parts.append("</body></html>")

@@ -16,9 +16,30 @@ from analysis.common import AnalysisResult
 from analysis.damage import BadRow
 from analysis.findings import Finding
 from analysis.findings import table as findings_table
+from sidecar.profiling.gpu.demangle import short_name
 
 MAX_ROWS = 40  # per table in text / Markdown; JSON and CSV carry every row
 MAX_SKIPPED = 20  # damaged rows named in text / Markdown / HTML; JSON and CSV carry all
+
+
+KERNEL_NAME_TABLES = ("A8", "A9", "A10")  # their `name` column is a kernel name
+SHORT_NAMES_NOTE = (
+    "kernel names shortened (template arguments and parameters dropped: <…>); the JSON and "
+    "CSV outputs carry the full demangled names"
+)
+
+
+def for_display(key: str, res: AnalysisResult) -> tuple[pd.DataFrame, list[str]]:
+    """The table and notes as text and HTML show them: kernel names in their short form
+    (`at::native::vectorized_elementwise_kernel<…>`); JSON and CSV keep the full names."""
+    df, notes = res.table, list(res.notes)
+    if key not in KERNEL_NAME_TABLES or "name" not in df.columns or df.empty:
+        return df, notes
+    short = df["name"].map(lambda n: short_name(str(n)) if isinstance(n, str) else n)
+    if not short.equals(df["name"]):
+        df = df.assign(name=short)
+        notes.append(SHORT_NAMES_NOTE)
+    return df, notes
 
 
 @dataclass
@@ -225,12 +246,13 @@ def render_text(
         if "summary" in res.tables:
             out.append(_table(res.tables["summary"], markdown))
             out.append("")
-        out.append(_table(res.table, markdown))
-        for name, table in res.tables.items():
+        table, notes = for_display(key, res)
+        out.append(_table(table, markdown))
+        for name, extra in res.tables.items():
             if name != "summary":
                 label = f"**{name}**\n" if markdown else f"  {name}:"
-                out += ["", label, _table(table, markdown)]
-        for note in res.notes:
+                out += ["", label, _table(extra, markdown)]
+        for note in notes:
             out.append(f"\n> note: {note}" if markdown else f"  note: {note}")
     return "\n".join(out) + "\n"
 

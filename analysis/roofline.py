@@ -16,6 +16,7 @@ from analysis.common import (
     AnalysisResult,
     Frames,
     across_traces,
+    container_note,
     empty_result,
     not_captured,
 )
@@ -186,7 +187,9 @@ def layer_roofline(fr: Frames) -> AnalysisResult:
             "no FLOPs/bytes recorded: kernel counters were not captured and layer spans carry "
             "no flops/dram_*_bytes estimates",
         )
-    ly = fr.layers[["tkey", *GROUP, "idx", "name", "type", "duration_ns"]]
+    ly = fr.layers
+    containers = ly[ly["container"]]
+    ly = ly[~ly["container"]][["tkey", *GROUP, "idx", "name", "type", "duration_ns"]]
     df = ly.merge(metrics, on=["tkey", "name"], how="inner")
     df["estimated"] = df["estimated"].astype(float)
     agg = across_traces(
@@ -201,5 +204,10 @@ def layer_roofline(fr: Frames) -> AnalysisResult:
     ]
     if res.estimated:
         res.notes.append("estimated: FLOPs/bytes are estimates from layer shapes, not counters")
+    if n := containers.drop_duplicates(["model", "name"]).shape[0]:
+        res.notes.append(
+            container_note(n, "left out")
+            + "; the kernels they launch themselves (e.g. residual adds) are in A11/A12"
+        )
     res.extra["peaks"] = fr.peaks().to_dict(orient="records")
     return res

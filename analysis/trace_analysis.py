@@ -62,6 +62,8 @@ NEEDS_LEVEL = {
     **{k: "kernel" for k in ("A8", "A9", "A10", "A11", "A12", "A13", "time_breakdown")},
 }
 
+USES_METRICS = ("A9", "A12", "A14", "A15")  # hardware metrics: say where they came from
+
 
 class TraceAnalysis:
     """Analyses over traces loaded from one or more trace stores (one per pod, say)."""
@@ -89,6 +91,11 @@ class TraceAnalysis:
                 note = self._frames.missing_level_note(NEEDS_LEVEL[key])
                 if note:
                     res.notes.append(note)
+            if key in USES_METRICS and res.ok:
+                res.notes += self._frames.metrics_notes()
+            elif key in USES_METRICS and res.status == "not_captured":
+                said = [n for n in self._frames.metrics_notes() if n.startswith("metrics_level")]
+                res.reason = "; ".join([res.reason, *said])
             self._results[key] = res
         return self._results[key]
 

@@ -33,6 +33,8 @@ LAYER_ATTRIBUTES: tuple[str, ...] = (
     "allocated_bytes",
     "flops_estimated",
     "bytes_estimated",
+    "leaf",  # nested module calls (PyTorch): false for a container (`layer1`, `layer1.0`)
+    "parent_layer",  # the enclosing call's layer name, where layers nest
 )
 WORK_ATTRIBUTES: tuple[str, ...] = ("achieved_occupancy", "metrics_estimated", "stream")
 SHARED_ATTRIBUTES: tuple[str, ...] = ("flops", "dram_read_bytes", "dram_write_bytes")
@@ -315,8 +317,15 @@ def _load_one(path: Path, flt: TraceFilter, guard_json: bool = False) -> Loaded:
     return traces, spans, stats, skipped, failed
 
 
-_NUMERIC = ("allocated_bytes", "flops", "dram_read_bytes", "dram_write_bytes",
-            "achieved_occupancy")  # fmt: skip
+_NUMERIC = (
+    "allocated_bytes",
+    "flops",
+    "dram_read_bytes",
+    "dram_write_bytes",
+    "achieved_occupancy",
+    "leaf",
+)  # fmt: skip  (leaf: NaN where not recorded)
+_OBJECTS = ("op_type", "stream", "parent_layer", *_LAYER_LISTS)
 _FLAGS = ("flops_estimated", "bytes_estimated", "metrics_estimated", "outside_layers")
 
 
@@ -341,9 +350,7 @@ def _unpack_attributes(
     has = pd.notna(texts)
     n = len(spans)
     columns: dict[str, np.ndarray] = {k: np.full(n, np.nan) for k in (*_NUMERIC, *_FLAGS)}
-    columns.update(
-        {k: np.full(n, None, dtype=object) for k in ("op_type", "stream", *_LAYER_LISTS)}
-    )
+    columns.update({k: np.full(n, None, dtype=object) for k in _OBJECTS})
     layer_keys = (*_LAYER_SCALARS, *_LAYER_LISTS)
     for mask, keys in ((has & is_layer, layer_keys), (has & ~is_layer, _WORK_SCALARS)):
         if not mask.any():

@@ -88,5 +88,11 @@ def number_siblings(spans: Sequence[Span]) -> None:
     for span in spans:
         groups.setdefault((span.parent_id, span.level), []).append(span)
     for group in groups.values():
-        for i, span in enumerate(sorted(group, key=lambda s: (s.start_ns, s.end_ns))):
+        for i, span in enumerate(sorted(group, key=_execution_order)):
             span.index = i
+
+
+def _execution_order(span: Span) -> tuple[int, int, int]:
+    """Start time; for nested layers starting together (`layer1`, `layer1.0`,
+    `layer1.0.conv1` share their first kernel) the enclosing call first."""
+    return (span.start_ns, int(span.attributes.get("depth", 0)), span.end_ns)

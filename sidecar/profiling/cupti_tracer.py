@@ -196,7 +196,13 @@ def attach_gpu_activity(spans: Sequence[Span]) -> None:
         for s in layers
         if "graph_launch_correlation_id" in s.attributes
     }
-    host_layers = [s for s in layers if "graph_launch_correlation_id" not in s.attributes]
+    host_layers = [
+        s
+        for s in layers
+        if "graph_launch_correlation_id" not in s.attributes
+        and "graph_node_source" not in s.attributes
+    ]
+    graph_layers = {s.name: s for s in layers if "graph_node_source" in s.attributes}
     for span in spans:
         if span.level is not Level.KERNEL or span.kind not in GPU_ASYNC_KINDS:
             continue
@@ -204,7 +210,7 @@ def attach_gpu_activity(spans: Sequence[Span]) -> None:
         if launch is not None:
             span.attributes["launch_span_id"] = launch.span_id
             span.attributes["launch_name"] = launch.name
-        replay = graph_parent(span, replays)
+        replay = graph_parent(span, replays, graph_layers)
         if replay is not None:
             span.parent_id = replay.span_id
             span.attributes.pop("parent_missing", None)

@@ -8,7 +8,10 @@ Expected values come from plain SQL and arithmetic in this file.
 
 from __future__ import annotations
 
+import html
+import json
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -322,6 +325,8 @@ def test_h100_trace_reports_a1_to_a15(h100: TraceAnalysis) -> None:
     assert all("allocated_bytes" in r.reason for r in missing.values())
     for key in ("A9", "A12", "A14", "A15"):
         assert not h100.result(key).estimated  # Nsight Compute counters, not estimates
+    idle = [f for f in h100.findings() if f.rule == "launch_bound"]
+    assert any("GPU is idle 87%-93%" in f.finding and "(batch 1, 8)" in f.finding for f in idle)
 
 
 def test_h100_every_call_and_every_kernel_is_listed(h100: TraceAnalysis) -> None:
@@ -366,3 +371,68 @@ def test_h100_roofline_uses_measured_counters(h100: TraceAnalysis) -> None:
     assert row["flops"] == pytest.approx(sum(a["flops"] for a in attrs), rel=1e-6)
     dram = sum(a["dram_read_bytes"] + a["dram_write_bytes"] for a in attrs)
     assert row["dram_bytes"] == pytest.approx(dram, rel=1e-6)
+
+
+def test_h100_container_layers_are_never_counted_twice(h100: TraceAnalysis) -> None:
+    """Layer spans nest (layer1 > layer1.0 > layer1.0.conv1): A2 lists every call and marks
+    the 24 containers; shares, A3, A5, A6 and A14 use the 158 leaf calls only."""
+    a2 = h100.get_layer_table()
+    b8 = a2[a2["batch_size"] == 8]
+    assert len(b8) == 158 + 24 and int(b8["container"].sum()) == 24
+    assert b8.loc[b8["container"], "latency_share"].isna().all()
+    assert b8["latency_share"].sum() == pytest.approx(1.0)
+    order = list(b8.sort_values("idx")["name"])  # an enclosing call before its children
+    assert order.index("layer1") < order.index("layer1.0") < order.index("layer1.0.conv1")
+    a3 = h100.result("A3")
+    leaves = a3.table[a3.table["batch_size"] == 8]
+    assert len(leaves) == 158 and "layer1" not in set(leaves["name"])
+    assert any("24 container layers" in n for n in a3.notes)
+    model_ms = h100.result("A1").table.set_index("batch_size").loc[8, "latency_ms"]
+    assert leaves["latency_ms"].sum() < model_ms  # nesting no longer adds layer1 to its leaves
+    a5 = h100.result("A5").table
+    assert a5[a5["batch_size"] == 8]["layers"].sum() == 158
+    assert "container" not in set(a5["type"])
+    a6 = h100.result("A6").table
+    assert a6[a6["batch_size"] == 8]["latency_ms"].sum() == pytest.approx(
+        leaves["latency_ms"].sum()
+    )
+    a14 = h100.result("A14").table
+    assert set(a14[a14["batch_size"] == 8]["name"]) == set(leaves["name"])
+    mem = [f for f in h100.findings() if "memory-bound layers" in f.finding and "8" in f.finding]
+    assert mem and all("container" not in f.evidence for f in mem)
+    assert any("of 158 layers" in f.evidence for f in mem)
+
+
+def test_h100_kernel_names_short_in_text_and_html_full_in_json_and_csv(
+    h100: TraceAnalysis, tmp_path: Path
+) -> None:
+    from analysis.render_html import render_html
+    from analysis.render_text import SHORT_NAMES_NOTE, render_json, render_text, write_csv
+
+    results = {k: h100.result(k) for k in ("A8", "A9", "A10")}
+    short = "at::native::vectorized_elementwise_kernel<…>"
+    full = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>"
+    for text in (
+        render_text(results, {}),
+        render_text(results, {}, markdown=True),
+        html.unescape(render_html(results, {}, plots=False)),
+    ):
+        assert short in text and full not in text and "std::array<char*" not in text
+        assert SHORT_NAMES_NOTE in text
+    doc = json.loads(render_json(results, {}))
+    assert any(r["name"].startswith(full) for r in doc["A8"]["rows"])
+    assert not any(r["name"] == short for r in doc["A10"]["rows"])
+    write_csv(results, tmp_path)
+    assert full in (tmp_path / "A9.csv").read_text()
+    assert results["A8"].table["name"].str.startswith("void ").any()  # the result keeps them
+
+
+def test_h100_metrics_analyses_say_where_metrics_came_from(h100: TraceAnalysis) -> None:
+    for key in ("A9", "A12", "A14", "A15"):
+        notes = h100.result(key).notes
+        assert any(
+            n.startswith("metrics_level: captured: Nsight Compute") and "resnet50 b8" in n
+            for n in notes
+        )
+        assert any(n.startswith("metrics_level: not captured") and "b1" in n for n in notes)
+        assert any(n.startswith("pm_sampling: not captured") for n in notes)

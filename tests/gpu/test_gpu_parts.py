@@ -3,6 +3,8 @@ containment (no GPU needed; the ncu CSV is a real H100 report, see gpu-fixtures/
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sidecar.profiling.containment import assign_parents
@@ -88,6 +90,8 @@ def test_demangled_names() -> None:
     assert short_name(mangled) == "at::native::vectorized_elementwise_kernel<…>"
     assert base_name(mangled) == "vectorized_elementwise_kernel"
     assert demangle("sm80_xmma_fprop_tf32") == "sm80_xmma_fprop_tf32"  # extern "C"
+    pool = "void at::native::(anonymous namespace)::max_pool_forward_nchw<float, float>(int)"
+    assert short_name(pool) == "at::native::(anonymous namespace)::max_pool_forward_nchw<…>"
 
 
 def test_one_cupti_owner_per_process() -> None:
@@ -130,3 +134,40 @@ def test_innermost_of_nested_layers_is_the_parent() -> None:
     assert by["launch_add"].parent_id == "layer1.0"
     assert by["launch_parallel"].parent_id is None
     assert by["launch_parallel"].attributes["parent_ambiguous"] is True
+
+
+def test_metrics_level_says_why_it_is_missing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from sidecar.profiling.gpu import metrics_level as ml
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert ml.live_status() == {"metrics_level": ml.NCU_NOT_ON_PATH, "pm_sampling": ml.PM_SAMPLING}
+    assert ml.NCU_NOT_ON_PATH == "not captured: ncu not on PATH: metrics level not captured"
+    fake = tmp_path / "ncu"  # a fake `ncu` executable: only its presence on PATH matters
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert ml.live_status()["metrics_level"] == ml.NCU_NOT_RUN
+    assert ml.PM_SAMPLING.startswith("not captured: cupti-python PM sampling")
+
+
+def test_ncu_metrics_are_summed_per_layer(resnet_b8: Recording) -> None:
+    ncu = read_ncu_csv(NCU_B8)
+    runner = RecordingRunner(resnet_b8, ncu=ncu)
+    run = runner.run({}, Level.KERNEL, 3, 0)
+    assert run.attributes["metrics_level"].startswith("captured: Nsight Compute")
+    assert run.attributes["pm_sampling"].startswith("not captured")
+    spans = run.iterations[0].spans
+    layers = [s for s in spans if s.level is Level.LAYER and "kernel_flops" in s.attributes]
+    total = sum(kernel_attributes(k)["flops"] for k in ncu)
+    assert sum(s.attributes["kernel_flops"] for s in layers) == pytest.approx(total)
+    dram = sum(kernel_attributes(k)["dram_read_bytes"] for k in ncu)
+    assert sum(s.attributes["kernel_dram_read_bytes"] for s in layers) == pytest.approx(dram)
+    assert {s.attributes["kernel_metrics_source"] for s in layers} == {"ncu"}
+    assert not any(s.attributes["kernel_metrics_estimated"] for s in layers)
+    assert len(layers) == 158 + 16  # leaves with kernels, and 16 Bottlenecks' residual adds
+    plain = RecordingRunner(resnet_b8).run({}, Level.KERNEL, 3, 0)
+    assert plain.attributes["metrics_level"] == (
+        "not captured: no Nsight Compute CSV was given with the recording"
+    )

@@ -16,8 +16,9 @@ import pytest
 
 from sidecar.profiling.cupti_tracer import launch_records_only, records_to_spans
 from sidecar.profiling.experiment import run_experiment
-from sidecar.profiling.gpu.attribution import attribute_raw
+from sidecar.profiling.gpu.attribution import GRAPH_NODES_NOT_OBSERVED, attribute_raw
 from sidecar.profiling.gpu.clock_check import ClockCheckError, check_clock
+from sidecar.profiling.gpu.demangle import base_name
 from sidecar.profiling.gpu.recording import (
     Recording,
     RecordingRunner,
@@ -177,3 +178,61 @@ def test_layers_nest_and_sit_on_the_gpu_timeline(resnet_b8: Recording) -> None:
     assert len(events) == 3  # floor(20% of 3) = 0 trimmed: the plain mean
     assert conv.duration_ns == pytest.approx(sum(events) / 3 * 1e6, abs=1)
     assert res.trace.attributes["layer_time_base"] == "gpu_events"
+
+
+def synthetic_graph_node_table(graph: Recording) -> dict[int, tuple[str, str]]:
+    """SYNTHETIC {graph_node_id: (layer, type)} table: no recording holds a capture, so the
+    graph's node ids (kernel order) are paired with the layers the eager b8 recording
+    attributes its kernels to, in the same order. The kernel names agree one by one."""
+    eager = RecordingRunner(load_recording(RESNET_B8)).kernel_iterations()[0]
+    owner = attribute_raw(eager)
+    ek = sorted((s for s in eager if s.kind == "kernel"), key=lambda s: s.start_ns)
+    gk = sorted((r for r in graph.records if r["kind"] == 10), key=lambda r: r["start"])
+    assert [base_name(s.attributes.get("mangled_name", s.name)) for s in ek] == [
+        base_name(r["name"]) for r in gk
+    ]
+    table = {}
+    for span, rec in zip(ek, gk, strict=True):
+        layer = owner[id(span)]
+        assert layer is not None
+        table[int(rec["graph_node_id"])] = (layer.name, layer.kind)
+    return table
+
+
+def test_graph_kernels_map_to_layers_through_node_ids() -> None:
+    rec = load_recording(GRAPH_B8)
+    table = synthetic_graph_node_table(rec)
+    runner = RecordingRunner(rec, graph_nodes=table, graph_nodes_source="synthetic table")
+    res = run_experiment(runner, {}, model="resnet50", levels=[Level.KERNEL])
+    layers = {s.name: s for s in res.spans_at(Level.LAYER)}
+    replay = layers.pop("cuda_graph[2]")
+    assert replay.attributes["graph_node_layers"] == (
+        "mapped: 232 of 232 GPU activities by graph node id (synthetic table)"
+    )
+    assert replay.attributes["leaf"] is False and replay.attributes["kernel_count"] == 232
+    assert len(layers) == 158 + 16  # every leaf call with kernels + 16 residual adds
+    assert {s.attributes["parent_layer"] for s in layers.values()} == {"cuda_graph[2]"}
+    kernels = [s for s in res.spans if s.kind == "kernel"]
+    by_id = {s.span_id: s for s in res.spans}
+    assert all(by_id[k.parent_id].name in layers for k in kernels)
+    assert all(k.attributes["launched_by_graph"] for k in kernels)
+    conv = layers["layer1.0.conv1"]
+    mine = [k for k in kernels if k.parent_id == conv.span_id]
+    assert conv.kind == "Conv2d" and len(mine) == conv.attributes["kernel_count"] == 1
+    assert (conv.start_ns, conv.end_ns) == (mine[0].start_ns, mine[0].end_ns)
+    relus = sorted(n for n in layers if n.startswith("layer1.0.relu"))
+    assert relus == ["layer1.0.relu", "layer1.0.relu#1", "layer1.0.relu#2"]
+    order = [s.name for s in sorted(res.spans_at(Level.LAYER), key=lambda s: s.index)]
+    assert order[:3] == ["cuda_graph[2]", "conv1", "bn1"]
+
+
+def test_graph_without_a_capture_says_not_observed() -> None:
+    res = run_experiment(
+        RecordingRunner(load_recording(GRAPH_B8)), {}, model="resnet50", levels=[Level.KERNEL]
+    )
+    (replay,) = res.spans_at(Level.LAYER)
+    assert replay.attributes["graph_node_layers"] == GRAPH_NODES_NOT_OBSERVED
+    assert GRAPH_NODES_NOT_OBSERVED.startswith("not observed")
+    partial = RecordingRunner(load_recording(GRAPH_B8), graph_nodes={1: "elsewhere"})
+    (replay,) = run_experiment(partial, {}, model="r", levels=[Level.KERNEL]).spans_at(Level.LAYER)
+    assert replay.attributes["graph_node_layers"] == GRAPH_NODES_NOT_OBSERVED

@@ -9,12 +9,19 @@ In a CUDA graph replay every kernel carries the one correlation id of `cudaGraph
 launch time says nothing about layers. The kernels are grouped under a layer-level span for
 the replay (`kind` = `CUDAGraph`, with `kernel_count`, `kernel_ns` and `graph_id`), and each
 is marked `launched_by_graph`: never silently outside any layer.
+
+Graph node ids are the only link from a replayed kernel to a layer: the kernels launched
+while the graph was captured (cudaStreamBeginCapture .. EndCapture, inside the module hooks)
+create the graph's nodes, and CUPTI gives each replayed kernel the id of its node. Given a
+table {graph_node_id: layer name} built from an observed capture, `map_graph_nodes` puts the
+replayed kernels under layer spans inside the replay. Without such a table the replay says
+so (`graph_node_layers` = `GRAPH_NODES_NOT_OBSERVED`).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sidecar.profiling.containment import GPU_ASYNC_KINDS
@@ -23,6 +30,10 @@ from sidecar.trace.spans import Level, Span
 
 API_KINDS = frozenset({"runtime", "driver"})
 GRAPH_KIND = "CUDAGraph"
+GRAPH_NODES_NOT_OBSERVED = (
+    "not observed: no capture of this graph (cudaStreamBeginCapture..EndCapture with its "
+    "graph node ids) was recorded, so its kernels are not placed in layers"
+)
 
 
 def _is_graph_launch(span: RawSpan) -> bool:
@@ -56,6 +67,7 @@ def group_graph_replays(spans: Sequence[RawSpan]) -> list[RawSpan]:
             "time_base": "gpu_kernels",
             "leaf": True,
             "depth": 1,
+            "graph_node_layers": GRAPH_NODES_NOT_OBSERVED,
         }
         if launch is not None:
             attrs.update(host_start_ns=launch.start_ns, host_end_ns=launch.end_ns)
@@ -75,10 +87,90 @@ def group_graph_replays(spans: Sequence[RawSpan]) -> list[RawSpan]:
     return out
 
 
-def graph_parent(span: Span, replays: dict[int, Span]) -> Span | None:
-    """The replay span a graph-launched GPU span belongs to (by the launch correlation id)."""
+GraphNodeTable = Mapping[int, "str | tuple[str, str]"]  # node id -> layer (name, type)
+
+
+def map_graph_nodes(spans: Sequence[RawSpan], table: GraphNodeTable, source: str) -> list[RawSpan]:
+    """Layer spans for the graph-launched kernels of one iteration whose `graph_node_id` is
+    in `table` (graph node id -> layer name, or (name, type), from an observed capture;
+    `source` says which).
+
+    Each layer span covers its kernels on the GPU timeline and sits inside its replay
+    (`parent_layer`), which becomes a container; each kernel gets `graph_node_layer`. The
+    replay's `graph_node_layers` says how many of its kernels were mapped and from what."""
+    replays = {
+        int(s.attributes["graph_launch_correlation_id"]): s
+        for s in spans
+        if s.level is Level.LAYER and "graph_launch_correlation_id" in s.attributes
+    }
+    out: list[RawSpan] = []
+    for cid, replay in replays.items():
+        kernels = [
+            s
+            for s in spans
+            if s.kind in GPU_ASYNC_KINDS
+            and s.attributes.get("launched_by_graph")
+            and int(s.attributes.get("correlation_id", 0)) == cid
+        ]
+        groups: dict[str, list[RawSpan]] = defaultdict(list)
+        types: dict[str, str] = {}
+        for k in kernels:
+            node = k.attributes.get("graph_node_id")
+            entry = table.get(int(node)) if node is not None else None
+            if entry is None:
+                continue
+            name, type_ = (entry, "graph node") if isinstance(entry, str) else entry
+            groups[name].append(k)
+            types[name] = type_
+        mapped = sum(len(g) for g in groups.values())
+        replay.attributes["graph_node_layers"] = (
+            f"mapped: {mapped} of {len(kernels)} GPU activities by graph node id ({source})"
+            if mapped
+            else GRAPH_NODES_NOT_OBSERVED
+        )
+        if not mapped:
+            continue
+        replay.attributes["leaf"] = False
+        first = sorted(groups.items(), key=lambda kv: min(s.start_ns for s in kv[1]))
+        for (layer, work), key in zip(first, keyed([n for n, _ in first]), strict=True):
+            for k in work:
+                k.attributes["graph_node_layer"] = key
+            attrs: dict[str, Any] = {
+                "op_type": types[layer],
+                "module": layer,
+                "launched_by_graph": True,
+                "graph_node_source": source,
+                "graph_node_ids": sorted(int(k.attributes["graph_node_id"]) for k in work),
+                "kernel_count": sum(k.kind == "kernel" for k in work),
+                "time_base": "gpu_kernels",
+                "leaf": True,
+                "depth": 2,
+                "parent_layer": replay.name,
+            }
+            out.append(
+                RawSpan(
+                    Level.LAYER,
+                    key,
+                    attrs["op_type"],
+                    min(k.start_ns for k in work),
+                    max(k.end_ns for k in work),
+                    key=key,
+                    attributes=attrs,
+                )
+            )
+    return out
+
+
+def graph_parent(
+    span: Span, replays: dict[int, Span], by_name: Mapping[str, Span] | None = None
+) -> Span | None:
+    """The layer a graph-launched GPU span belongs to: its mapped graph node's layer where
+    there is one, else the replay (by the launch correlation id)."""
     if not span.attributes.get("launched_by_graph"):
         return None
+    mapped = span.attributes.get("graph_node_layer")
+    if mapped is not None and by_name is not None and mapped in by_name:
+        return by_name[mapped]
     return replays.get(int(span.attributes.get("correlation_id", 0)))
 
 
@@ -109,7 +201,10 @@ def attribute_raw(spans: Sequence[RawSpan]) -> dict[int, RawSpan | None]:
         for s in layers
         if "graph_launch_correlation_id" in s.attributes
     }
-    host_layers = [s for s in layers if s.kind != GRAPH_KIND]
+    host_layers = [
+        s for s in layers if s.kind != GRAPH_KIND and "graph_node_source" not in s.attributes
+    ]
+    by_name = {s.name: s for s in layers if "graph_node_source" in s.attributes}
     launches: dict[int, RawSpan] = {}
     for s in spans:
         if s.kind in API_KINDS:
@@ -123,7 +218,8 @@ def attribute_raw(spans: Sequence[RawSpan]) -> dict[int, RawSpan | None]:
             continue
         cid = int(s.attributes.get("correlation_id", 0))
         if s.attributes.get("launched_by_graph") and cid in replays:
-            out[id(s)] = replays[cid]
+            mapped = by_name.get(str(s.attributes.get("graph_node_layer")))
+            out[id(s)] = mapped if mapped is not None else replays[cid]
             continue
         launch = launches.get(cid)
         out[id(s)] = (

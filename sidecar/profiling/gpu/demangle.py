@@ -32,13 +32,16 @@ def demangle(name: str) -> str:
     return out.stdout.strip() or name
 
 
+_ANON = "(anonymous namespace)"  # a namespace, not a parameter list
+
+
 def short_name(name: str, width: int = 80) -> str:
     """`void at::native::vectorized_elementwise_kernel<4, ...>(...)` ->
     `at::native::vectorized_elementwise_kernel<…>`: no return type, arguments or template
     arguments, at most `width` characters."""
     full = demangle(name)
-    head = _strip_enclosed(full, "(", ")")
-    head = _strip_enclosed(head, "<", ">", keep_marker="<…>")
+    head = _strip_enclosed(full.replace(_ANON, "\0"), "(", ")")
+    head = _strip_enclosed(head, "<", ">", keep_marker="<…>").replace("\0", _ANON)
     if head.startswith("void "):
         head = head[len("void ") :]
     head = head.strip() or full

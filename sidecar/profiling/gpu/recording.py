@@ -29,13 +29,16 @@ from sidecar.profiling.cupti_tracer import (
 )
 from sidecar.profiling.experiment import LeveledProfile, run_experiment
 from sidecar.profiling.gpu.attribution import (
+    GraphNodeTable,
     attribute_raw,
     group_graph_replays,
+    map_graph_nodes,
     subtree_envelopes,
 )
 from sidecar.profiling.gpu.clock_check import DEFAULT_TOLERANCE_NS, require_clock
 from sidecar.profiling.gpu.gpu_peak import GpuPeak, datasheet_peak
 from sidecar.profiling.gpu.layers import ModuleCall, call_spans, calls_from_leaves
+from sidecar.profiling.gpu.metrics_level import layer_metric_sums, recorded_status
 from sidecar.profiling.gpu.ncu import NcuKernel, join_metrics, read_ncu_csv
 from sidecar.profiling.runners.base import (
     Iteration,
@@ -113,10 +116,14 @@ class RecordingRunner:
         launch_api_only: bool = True,
         tolerance_ns: int = DEFAULT_TOLERANCE_NS,
         ncu: Sequence[NcuKernel] | None = None,
+        graph_nodes: GraphNodeTable | None = None,
+        graph_nodes_source: str = "capture",
     ) -> None:
         self.rec = recording
         self.tolerance_ns = tolerance_ns
         self.ncu = ncu
+        self.graph_nodes = graph_nodes
+        self.graph_nodes_source = graph_nodes_source
         records = recording.records
         self.records = launch_records_only(records) if launch_api_only else records
 
@@ -153,6 +160,7 @@ class RecordingRunner:
                 for (s, e), spans in zip(self.rec.walls, self.kernel_iterations(), strict=True)
             ]
             attrs["cupti_api_records"] = "launches only"
+            attrs.update(recorded_status(self.ncu))
             if self.ncu is not None:
                 attrs["metrics_run"] = {
                     "source": "ncu",
@@ -187,10 +195,15 @@ class RecordingRunner:
                     layer.attributes.pop("gpu_position", None)
                     layer.attributes["time_base"] = "host"
                     spans.append(layer)
-            spans.extend(group_graph_replays(kernels))
+            replays = group_graph_replays(kernels)
+            spans.extend(replays)
+            if self.graph_nodes is not None:
+                table, source = self.graph_nodes, self.graph_nodes_source
+                spans.extend(map_graph_nodes([*replays, *kernels], table, source))
+            spans.extend(kernels)
             if self.ncu is not None:
                 join_metrics(kernels, self.ncu)
-            spans.extend(kernels)
+                layer_metric_sums(attribute_raw(spans), spans)
             out.append(spans)
         return out
 
@@ -224,13 +237,17 @@ def profile_recording(
     batch_size: int,
     ncu_csv: str | Path | None = None,
     peak: GpuPeak | None = None,
+    graph_nodes: GraphNodeTable | None = None,
+    graph_nodes_source: str = "capture",
 ) -> LeveledProfile:
     """The leveled profile of a recording, as `xsp-sidecar profile` would store it; the
     roofs default to the recorded device's data sheet (the TF32 tensor roof when Nsight
     Compute saw tensor-pipe work)."""
     rec = load_recording(path)
     ncu = read_ncu_csv(ncu_csv) if ncu_csv is not None else None
-    runner = RecordingRunner(rec, ncu=ncu)
+    runner = RecordingRunner(
+        rec, ncu=ncu, graph_nodes=graph_nodes, graph_nodes_source=graph_nodes_source
+    )
     result = run_experiment(
         runner,
         {},

@@ -26,6 +26,7 @@ from sidecar.profiling.cupti_tracer import CuptiTracer, records_to_spans, split_
 from sidecar.profiling.gpu.attribution import group_graph_replays
 from sidecar.profiling.gpu.clock_check import require_clock
 from sidecar.profiling.gpu.layers import ModuleCall, call_spans
+from sidecar.profiling.gpu.metrics_level import live_status
 from sidecar.profiling.runners.base import Iteration, RawSpan, epoch_offset_ns, model_span
 
 
@@ -236,5 +237,6 @@ class CudaLevels:
             "cupti_api_records": tracer.api_filter,
             "cupti_records": len(records),
             "clock_check": f"ok ({check.gpu_records} GPU, {check.api_records} API records)",
+            **live_status(),
         }
         return out, attrs
