@@ -4,6 +4,9 @@
 #
 #   docker build -t xsp-sidecar:0.1.0 .                       # CPU: python:3.11-slim
 #   docker build -t xsp-sidecar:0.1.0-gpu --build-arg VARIANT=gpu .   # CUDA base, onnxruntime-gpu
+#   docker build -t xsp-sidecar:0.1.0-gpu --build-arg VARIANT=gpu --build-arg EXTRAS=[pytorch] .
+#     # GPU replay of TorchScript models too (PyPI's Linux torch wheel is a CUDA build); the
+#     # Helm chart's sidecar.gpu.enabled defaults the image tag to <appVersion>-gpu
 #   docker build --build-arg EXTRAS=[pytorch] \
 #     --build-arg PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu -t xsp-sidecar:0.1.0-torch .
 #   docker build --build-arg EXTRAS=[tensorflow] -t xsp-sidecar:0.1.0-tensorflow .

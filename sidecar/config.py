@@ -253,6 +253,15 @@ class ServeConfig:
     warmup: int = field(
         default=2, metadata=sampling(parsers.whole, "N", "warm-up iterations per leveled run")
     )
+    replay_device: str = field(
+        default="auto",
+        metadata=sampling(
+            parsers.replay_device,
+            "auto|cpu|cuda[:N]",
+            "where sampled requests are replayed; auto: the GPU when the model's config.pbtxt "
+            "asks for KIND_GPU and CUDA is visible to the profiling worker, else the CPU",
+        ),
+    )
     profile_timeout: float = field(
         default=120.0,
         metadata=sampling(

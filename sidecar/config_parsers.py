@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sidecar.profiling.devices import device_name
 from sidecar.profiling.levels import parse_levels
 from sidecar.trace.spans import Level
 
@@ -127,6 +128,14 @@ def levels(value: Any, setting: str) -> tuple[Level, ...]:
         return parse_levels(str(value))
     except ValueError as exc:
         raise ConfigError(f"{setting}: {exc}; got {value!r}") from None
+
+
+def replay_device(value: Any, setting: str) -> str:
+    """`auto`, `cpu`, `cuda` or `cuda:N`, in canonical form (`cuda` is `cuda:0`)."""
+    try:
+        return device_name(str(value), allow_auto=True)
+    except ValueError as exc:
+        raise ConfigError(f"{setting}: {exc}") from None
 
 
 def header(value: Any, setting: str) -> str:

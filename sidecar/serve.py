@@ -13,6 +13,7 @@ import asyncio
 import logging
 import signal
 import ssl
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ from sidecar.health import BackendChecker, HealthServer, add_port, tcp_accepts
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.relay import Relay
 from sidecar.proxy.streams import ObserverFactory
+from sidecar.replay.device import CudaProbe, driver_devices
 from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.pipeline import SamplingConfig, SamplingPipeline, TfProfilerSettings
 from sidecar.sampling.settings import SamplingSettings
@@ -74,6 +76,7 @@ class Sidecar:
                 record_exemplar=metrics.record_exemplar,
             )
             self.sampling.start()
+            warn_if_no_replay_gpu(config.replay_device)
             if self.observer_factory is None and self.sampling.enabled:
                 self.observer_factory = self.sampling.hub.observer_factory
         elif config.admin:
@@ -146,6 +149,27 @@ class Sidecar:
             self._metrics_server.server_close()
 
 
+def warn_if_no_replay_gpu(
+    device: str, probe: Callable[[], CudaProbe] = driver_devices
+) -> str | None:
+    """One warning at start when `--replay-device cuda[:N]` names a GPU this container cannot
+    see (the replays then fail one by one, each with the reason); the warning, or None.
+    Asks the NVIDIA driver, which creates no CUDA context and imports no runtime."""
+    if not device.startswith("cuda"):
+        return None
+    found = probe()
+    index = int(device.split(":")[1])
+    if index < found.devices:
+        return None
+    why = found.reason or f"it sees {found.devices} CUDA device(s)"
+    message = (
+        f"--replay-device {device}: {why}; every replay will fail with this reason. Give the "
+        "sidecar's container the GPU (Helm: sidecar.gpu.enabled) or use --replay-device auto"
+    )
+    log.warning("%s", message)
+    return message
+
+
 def sampling_config(config: ServeConfig) -> SamplingConfig:
     """The sampling pipeline's part of the serve config (sampling needs --model-repository)."""
     if config.model_repository is None:
@@ -168,6 +192,7 @@ def sampling_config(config: ServeConfig) -> SamplingConfig:
         iterations=config.iterations,
         warmup=config.warmup,
         store_raw_inputs=config.store_raw_inputs,
+        device=config.replay_device,
     )
     tf_profiler = None
     if config.tf_profiler_address:

@@ -83,6 +83,7 @@ def test_backend_forms() -> None:
         ),
         ({"config": "/nonexistent.toml"}, {}, "config file /nonexistent.toml does not exist"),
         ({"otlp_export": "collector:4318"}, {}, "--otlp-export: expected http://HOST:4318"),
+        ({}, {"XSP_REPLAY_DEVICE": "gpu"}, "use auto, cpu, cuda or cuda:N"),
         (
             {"otlp_export": "grpc://c:4317", "otlp_export_protocol": "http"},
             {},
@@ -164,6 +165,7 @@ SAMPLES: dict[str, str] = {
     "levels": "M,L,K",
     "iterations": "4",
     "warmup": "0",
+    "replay_device": "cuda:1",
     "profile_timeout": "30",
     "retention_max_traces": "0",
     "retention_max_mb": "1.5",
@@ -226,6 +228,12 @@ def test_every_setting_is_in_the_contracts_table() -> None:
     for key, _, _ in settings():
         assert f"`{flag_name(key)}" in serve_section, key
         assert f"`{env_name(key)}`" in serve_section, key
+
+
+def test_replay_device_is_auto_by_default_and_cuda_means_cuda_0() -> None:
+    assert load_serve_config({}, env={}).replay_device == "auto"
+    assert load_serve_config({}, env={"XSP_REPLAY_DEVICE": "CUDA"}).replay_device == "cuda:0"
+    assert load_serve_config(flags_from(["--replay-device", "cpu"]), env={}).replay_device == "cpu"
 
 
 def test_an_empty_variable_is_unset_except_for_the_force_header() -> None:

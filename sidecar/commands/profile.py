@@ -6,9 +6,11 @@ The flags; the work is `sidecar.profile.run_profile`.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 NAME = "profile"
+PROVIDERS = ("cpu", "cuda")
 HELP = "profile one model locally at model, layer and kernel level (XSP leveled experiment)"
 
 
@@ -74,7 +76,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--device",
         default="cpu",
         metavar="cpu|cuda[:N]",
-        help="PyTorch models: run on this device (default: cpu)",
+        help="run on this device: PyTorch on CUDA, or ONNX Runtime's CUDA execution provider "
+        "on GPU N (needs onnxruntime-gpu) (default: cpu)",
+    )
+    parser.add_argument(
+        "--provider",
+        choices=PROVIDERS,
+        type=str.lower,
+        help="ONNX Runtime's execution provider, another way to say --device: cuda = "
+        "--device cuda (GPU 0), cpu = --device cpu",
     )
     parser.add_argument(
         "--model-name",
@@ -84,9 +94,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def device_of(device: str, provider: str | None) -> str:
+    """The device `--device` and its alias `--provider` name together; ValueError when they
+    disagree (`--provider cuda --device cuda:1` is GPU 1)."""
+    if provider is None or device.split(":")[0] == provider:
+        return device
+    if device == "cpu":  # --device left at its default
+        return provider
+    raise ValueError(f"--provider {provider} contradicts --device {device}")
+
+
 def run(args: argparse.Namespace) -> int:
     from sidecar.profile import ProfileOptions, run_profile
 
+    try:
+        device = device_of(args.device, args.provider)
+    except ValueError as exc:
+        print(f"xsp-sidecar profile: error: {exc}", file=sys.stderr)
+        return 2
     return run_profile(
         ProfileOptions(
             model_path=Path(args.model_path),
@@ -101,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
             measure_peak=not args.no_peak,
             refresh_peak=args.refresh_peak,
             json=args.json,
-            device=args.device,
+            device=device,
             model_name=args.model_name,
             max_rounds=args.max_rounds,
         )

@@ -3,10 +3,12 @@
 Decode the request's tensors (a KServe `ModelInferRequest` or a TF-Serving `PredictRequest`,
 by the job's method), find the model in the mounted repository, run the leveled
 experiment on a local runtime, hang the replay under the proxy's span, store the trace and
-return the numbers the Prometheus aggregates need. A failure is stored as a trace with
-`status=error` too, so an operator sees that a sample was taken and why it has no profile.
-A trace that cannot be stored (disk full, read-only, locked) is the outcome `store_error`,
-not an exception: the proxy then backs off sampling until the store works again.
+return the numbers the Prometheus aggregates need. The device it runs on is decided per model
+(`replay.device`, `--replay-device`) and stored on the trace and its model spans. A failure
+is stored as a trace with `status=error` too, so an operator sees that a sample was taken and
+why it has no profile. A trace that cannot be stored (disk full, read-only, locked) is the
+outcome `store_error`, not an exception: the proxy then backs off sampling until the store
+works again.
 """
 
 from __future__ import annotations
@@ -24,9 +26,16 @@ import sidecar.profiling.runners.onnxruntime  # noqa: F401  ONNX Runtime loads a
 from sidecar import __version__
 from sidecar.profiling.experiment import LeveledProfile, describe_inputs, run_experiment
 from sidecar.profiling.inputs import InputError, InputSpec, random_inputs, savedmodel_input_specs
-from sidecar.profiling.peak import get_peak
+from sidecar.profiling.peak import Peak, get_peak
 from sidecar.profiling.runners.base import ProfilingError, Runner
 from sidecar.profiling.runners.select import ModelFormat, runner_for
+from sidecar.replay.device import (
+    CudaProbe,
+    DeviceChoice,
+    driver_device_name,
+    resolve,
+    runtime_devices,
+)
 from sidecar.replay.jobs import JobResult, ProfileJob
 from sidecar.replay.kserve_decode import decode_model_infer_request
 from sidecar.replay.model_repository import ModelLocation, TensorSpec, find_model
@@ -91,18 +100,47 @@ def decode_request(job: ProfileJob) -> DecodedInputs | None:
     return decoder(job.request_message)
 
 
-def _runner(location: ModelLocation, context: dict[str, Any]) -> Runner:
-    """A runner for the model, from a small LRU of loaded sessions."""
+def _device(location: ModelLocation, context: dict[str, Any]) -> DeviceChoice:
+    """Where this model's replay runs (see `replay.device`). What each runtime can use is
+    asked once per worker process (`context["cuda_probe"]` replaces the probe in tests)."""
+    probes: dict[ModelFormat, CudaProbe] = context.setdefault("cuda_probes", {})
+    probe = context.get("cuda_probe", runtime_devices)
+
+    def cached(fmt: ModelFormat) -> CudaProbe:
+        if fmt not in probes:
+            probes[fmt] = probe(fmt)
+        return probes[fmt]
+
+    return resolve(context["options"].device, location.format, location.config, cached)
+
+
+def _peak(device: str) -> Peak | None:
+    """The roofs of the replay device: this machine's measured CPU peak, or a GPU's data-sheet
+    figures (a microbenchmark would compete with serving on the GPU the backend uses)."""
+    if device == "cpu":
+        return get_peak()
+    from sidecar.profiling.gpu.gpu_peak import datasheet_peak
+
+    name = driver_device_name(int(device.split(":")[1]))
+    try:
+        return datasheet_peak(name).peak if name else None
+    except LookupError:
+        return None
+
+
+def _runner(location: ModelLocation, context: dict[str, Any], device: str = "cpu") -> Runner:
+    """A runner for the model on `device`, from a small LRU of loaded sessions."""
     cache: collections.OrderedDict[str, Runner] = context.setdefault(
         "runners", collections.OrderedDict()
     )
-    key = f"{location.path}:{location.path.stat().st_mtime_ns}"
+    key = f"{location.path}:{location.path.stat().st_mtime_ns}:{device}"
     if key in cache:
         cache.move_to_end(key)
         return cache[key]
     runner = runner_for(
         location.path,
         location.format,
+        device=device,
         threads=context["options"].threads,
         name=location.name,
     )
@@ -196,6 +234,7 @@ def replay_job(job: ProfileJob, context: dict[str, Any]) -> JobResult:
         sample_reason=job.reason,
         sidecar_version=__version__,
     )
+    choice: DeviceChoice | None = None
     try:
         request = decode_request(job)
         version = job.model_version or (request.version if request else "")
@@ -204,7 +243,8 @@ def replay_job(job: ProfileJob, context: dict[str, Any]) -> JobResult:
             inputs, input_source = _random_inputs(location), "random"
         else:
             inputs, input_source = request.inputs, "request"
-        runner = _runner(location, context)
+        choice = _device(location, context)
+        runner = _runner(location, context, choice.device)
         profile = run_experiment(
             runner,
             inputs,
@@ -213,11 +253,13 @@ def replay_job(job: ProfileJob, context: dict[str, Any]) -> JobResult:
             iterations=options.iterations,
             warmup=options.warmup,
             batch_size=_batch_size(inputs, location),
-            peak=get_peak(),
+            peak=_peak(choice.device),
             trace_id=job.trace_id,
         )
     except Exception as exc:
         trace.status, trace.error = "error", f"{type(exc).__name__}: {exc}"
+        if choice is not None:
+            trace.attributes.update(replay_device=choice.device, replay_device_reason=choice.reason)
         outcome, error = "error", trace.error
         if (store_error := _write(context, trace, [])) is not None:
             outcome, error = "store_error", f"{store_error} (the profile failed: {trace.error})"
@@ -225,6 +267,7 @@ def replay_job(job: ProfileJob, context: dict[str, Any]) -> JobResult:
             job.trace_id, job.model, outcome, time.perf_counter() - started, error=error
         )
     _link(profile, job, location, input_source)
+    _mark_device(profile, choice)
     if request is not None and request.attributes:
         profile.trace.attributes.update(request.attributes)
     if options.store_raw_inputs:
@@ -255,6 +298,14 @@ def _link(profile: LeveledProfile, job: ProfileJob, location: ModelLocation, sou
     for span in profile.spans:
         if span.level is Level.MODEL and span.parent_id is None:
             span.parent_id = job.parent_span_id
+
+
+def _mark_device(profile: LeveledProfile, choice: DeviceChoice) -> None:
+    """Say where the replay ran: on the trace and on every model span (`device`)."""
+    profile.trace.attributes.update(replay_device=choice.device, replay_device_reason=choice.reason)
+    for span in profile.spans:
+        if span.level is Level.MODEL:
+            span.attributes.update(device=choice.device, device_reason=choice.reason)
 
 
 def _summary(profile: LeveledProfile, job: ProfileJob, busy_s: float) -> JobResult:

@@ -23,4 +23,5 @@ class ReplayOptions:
     iterations: int  # timed iterations per leveled run
     warmup: int  # warm-up iterations per leveled run
     store_raw_inputs: bool  # keep the raw input tensors in the trace
+    device: str  # --replay-device: auto, cpu or cuda:N, resolved per model (`replay.device`)
     threads: int = 1  # runtime threads of the worker (not a user setting)

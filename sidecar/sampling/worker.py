@@ -13,7 +13,15 @@ Given the relay's `ServingPressure`, the worker process profiles in slices throu
 `SliceGate` (`sidecar.sampling.slices`): it waits before each job and between a profile's
 iterations while the serving path is busy, and drops iterations that were preempted. The
 time it waited is not busy time: the duty cycle is charged wall time minus waits (or CPU
-time, when runtime threads used more).
+time, when runtime threads used more; `busy_seconds`).
+
+On a GPU (`--replay-device`): there is one worker process at a time (a replacement is started
+only after the old one was joined or killed), it takes one job at a time from the pipe, and
+its replay runs on that process's one thread, so the worker holds one CUDA context per device
+and never runs two profiles on a GPU at once. Its busy time includes the GPU's: every timed
+GPU iteration ends with `torch.cuda.synchronize()` (ONNX Runtime's `run` returns host
+outputs), so the wall time charged to the duty cycle covers the GPU work, even when the
+process slept in the driver and used little CPU.
 """
 
 from __future__ import annotations
@@ -81,6 +89,13 @@ def _lower_priority(config: WorkerConfig) -> None:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
+def busy_seconds(wall_s: float, waited_s: float, cpu_s: float) -> float:
+    """What one job costs the duty cycle: its wall time less the slice gate's waits, or its
+    CPU time when runtime threads used more. Wall time, not CPU time, is the floor: a replay
+    waiting for the GPU (synchronize at the end of each timed iteration) keeps it busy."""
+    return max(wall_s - waited_s, cpu_s)
+
+
 def _worker_main(
     config: WorkerConfig, conn: Connection, pressure: ServingPressure | None = None
 ) -> None:
@@ -122,13 +137,11 @@ def _worker_main(
                 busy_s=time.perf_counter() - started,
                 error=f"{type(exc).__name__}: {exc}",
             )
-        # Busy time for the duty cycle: wall time less the gate's waits, or CPU time when
-        # runtime threads used more.
         wall = time.perf_counter() - started
         if gate is not None:
             gate.settle()
         waited, interrupted = gate.reset_counters() if gate is not None else (0.0, 0)
-        result.busy_s = max(wall - waited, time.process_time() - cpu_started)
+        result.busy_s = busy_seconds(wall, waited, time.process_time() - cpu_started)
         if gate is not None:
             result.details.update(wall_s=wall, waited_s=waited, iterations_interrupted=interrupted)
         conn.send(("result", result))

@@ -31,7 +31,8 @@ SCENARIOS: dict[str, dict[str, Any] | None] = {
             "admin": {"enabled": True},
             "traceStore": {"persistence": {"enabled": True, "storageClass": "fast"}},
             "sampling": {"rate": 0.01, "budgetPerMinute": 12, "queueSize": 4},
-            "profiling": {"levels": "M,L,K", "iterations": 20, "warmup": 3},
+            "profiling": {"levels": "M,L,K", "iterations": 20, "warmup": 3, "device": "cuda:0"},
+            "gpu": {"enabled": True},
         },
         "modelRepository": {"volume": {"persistentVolumeClaim": {"claimName": "models"}}},
         "backend": {"resources": {"limits": {"nvidia.com/gpu": 1}}},
@@ -113,9 +114,21 @@ def test_sidecar_flags_follow_the_contracts(scenario: tuple[str, list[dict[str, 
     assert flags["--levels"] == ("M,L,K" if full else "M,L")
     assert flags["--iterations"] == ("20" if full else "10")
     assert flags["--queue-size"] == ("4" if full else "8")
+    assert flags["--replay-device"] == ("cuda:0" if full else "auto")
     assert flags["--otlp-host"] == "127.0.0.1"  # the receiver stays pod-local
     if full:
         assert flags["--admin-listen"] == "127.0.0.1:8014"  # admin API: loopback only
+
+
+def test_the_full_example_gives_backend_and_sidecar_a_gpu_each_from_the_device_plugin() -> None:
+    deployment = one(manifests(render(SCENARIOS["triton-full"])), "Deployment")
+    backend, sidecar = container(deployment, "backend"), container(deployment, "sidecar")
+    assert backend["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert sidecar["resources"]["limits"] == {"memory": "2Gi", "nvidia.com/gpu": 1}
+    assert sidecar["image"] == "xsp-sidecar:0.1.0-gpu"
+    env = {e["name"]: e["value"] for e in sidecar["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    assert "NVIDIA_VISIBLE_DEVICES" not in env  # the device plugin picks the device
 
 
 @pytest.mark.parametrize("otlp_port", [4318, 4400])

@@ -30,6 +30,7 @@ CONTRACT_DEFAULTS = {
     "--iterations": "10",
     "--warmup": "2",
     "--profile-timeout": "120",
+    "--replay-device": "auto",
     "--retention-max-traces": "1000",
     "--retention-max-mb": "512",
     "--retention-max-age-hours": "168",
@@ -57,6 +58,9 @@ def test_defaults_and_tfserving_example_pass_the_schema() -> None:
         ({"sidecar": {"metricsPort": 70000}}, "/sidecar/metricsPort"),
         ({"sidecar": {"grpcPort": "8013"}}, "/sidecar/grpcPort"),
         ({"backend": {"type": "torchserve"}}, "/backend/type"),
+        ({"sidecar": {"profiling": {"device": "gpu"}}}, "/sidecar/profiling/device"),
+        ({"sidecar": {"gpu": {"mode": "mps"}}}, "/sidecar/gpu/mode"),
+        ({"sidecar": {"gpu": {"count": 0}}}, "/sidecar/gpu/count"),
         (
             {"backend": {"triton": {"tracing": {"level": "TENSORS"}}}},
             "/backend/triton/tracing/level",
@@ -148,6 +152,7 @@ def test_null_cannot_drop_a_setting_the_command_line_needs(
             "replicaCount 1",
         ),
         ({"backend": {"type": "tfserving"}}, "needs backend.tfserving.modelName"),
+        ({"sidecar": {"profiling": {"device": "cuda:1"}}}, "set sidecar.gpu.enabled=true"),
         ({"sidecar": {"metricsPort": 8002}}, "same port"),
         (
             {"grafana": {"tracingDatasourceUid": "tempo", "datasource": {"enabled": True}}},
@@ -243,6 +248,53 @@ def test_every_sampling_and_profiling_value_reaches_its_flag() -> None:
     assert flags["--retention-max-age-hours"] == "0.5"
     assert flags["--store-raw-inputs"] == ""
     assert flags["--admin"] == "" and flags["--admin-listen"] == "127.0.0.1:9014"
+
+
+def _sidecar(values: dict[str, Any] | None) -> dict[str, Any]:
+    return container(one(manifests(render(values)), "Deployment"), "sidecar")
+
+
+def test_no_gpu_by_default() -> None:
+    sidecar = _sidecar(None)
+    assert sidecar["image"] == "xsp-sidecar:0.1.0"
+    assert "nvidia.com/gpu" not in sidecar["resources"]["limits"]
+    assert not {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"} & {
+        e["name"] for e in sidecar["env"]
+    }
+
+
+def test_a_shared_gpu_resource_replays_on_the_device_plugins_share() -> None:
+    """mode resource: the sidecar asks the device plugin for its own share of a GPU (a
+    time-sliced or MPS resource), beside the limits it already had."""
+    sidecar = _sidecar(
+        {
+            "sidecar": {
+                "gpu": {"enabled": True, "resourceName": "nvidia.com/gpu.shared", "count": 2},
+                "profiling": {"device": "cuda"},
+                "image": {"tag": "custom"},
+            }
+        }
+    )
+    assert sidecar["resources"]["limits"] == {"memory": "2Gi", "nvidia.com/gpu.shared": 2}
+    assert sidecar["resources"]["requests"] == {"cpu": "250m", "memory": "512Mi"}
+    assert sidecar["image"] == "xsp-sidecar:custom"  # an explicit tag wins over -gpu
+    args = sidecar["args"]
+    assert flag_values(args[args.index("serve") + 1 :])["--replay-device"] == "cuda"
+
+
+def test_visible_devices_shares_the_backends_gpu_without_a_request() -> None:
+    sidecar = _sidecar(
+        {
+            "sidecar": {
+                "gpu": {"enabled": True, "mode": "visibleDevices", "visibleDevices": "GPU-8f2e"}
+            }
+        }
+    )
+    assert "nvidia.com/gpu" not in sidecar["resources"]["limits"]
+    env = {e["name"]: e["value"] for e in sidecar["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "GPU-8f2e"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    assert sidecar["image"] == "xsp-sidecar:0.1.0-gpu"
 
 
 def test_empty_force_header_disables_forced_samples() -> None:

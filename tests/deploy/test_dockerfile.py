@@ -103,6 +103,13 @@ def test_cpu_image_is_python_slim_and_gpu_image_is_cuda() -> None:
     )
     assert "onnxruntime-gpu" in gpu_build and "cupti-python" in gpu_build
     assert "pip uninstall -y onnxruntime" in gpu_build  # the CPU wheel would shadow the GPU one
+    # documented: the GPU variant with PyTorch, under the tag the chart's sidecar.gpu uses
+    header = DOCKERFILE.read_text().split("\nARG ", 1)[0]
+    assert "-t xsp-sidecar:0.1.0-gpu --build-arg VARIANT=gpu --build-arg EXTRAS=[pytorch]" in header
+    gpu = container(
+        one(manifests(render({"sidecar": {"gpu": {"enabled": True}}})), "Deployment"), "sidecar"
+    )
+    assert gpu["image"] == "xsp-sidecar:0.1.0-gpu"
 
 
 def test_builds_install_the_package_from_the_source_tree() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes.util
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -201,3 +202,25 @@ def test_profile_cli_device_cuda_without_gpu(tmp_path: pytest.TempPathFactory) -
     model = testmodels.small_cnn_torchscript(tmp_path / "m.pt")  # type: ignore[operator]
     code = main(["profile", str(model), "--device", "cuda", "--input", "x:1x3x32x32:float32"])
     assert code == 2
+
+
+def test_profile_cli_provider_cuda_is_device_cuda(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import onnxruntime as ort
+
+    from sidecar.cli import main
+    from sidecar.commands.profile import device_of
+    from sidecar.profiling import testmodels
+
+    assert device_of("cpu", "cuda") == "cuda"
+    assert device_of("cuda:1", "cuda") == "cuda:1"
+    assert device_of("cpu", None) == device_of("cpu", "cpu") == "cpu"
+    with pytest.raises(ValueError, match="--provider cpu contradicts --device cuda:1"):
+        device_of("cuda:1", "cpu")
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has the CUDA execution provider")
+    model = testmodels.save_onnx(testmodels.small_cnn_onnx(), tmp_path / "m.onnx")
+    code = main(["profile", str(model), "--provider", "cuda", "--no-peak"])
+    assert code == 2
+    assert "--device cuda needs onnxruntime-gpu" in capsys.readouterr().err

@@ -13,6 +13,7 @@ from sidecar.profiling.runners.select import (
     ModelFormat,
     UnsupportedFormatError,
     format_of,
+    ort_providers,
     runner_for,
 )
 
@@ -37,8 +38,42 @@ def test_onnx_by_extension_or_by_format(cnn_onnx: Path, tmp_path: Path) -> None:
     renamed = tmp_path / "model.bin"  # a repository's default_model_filename can be anything
     renamed.write_bytes(cnn_onnx.read_bytes())
     assert isinstance(runner_for(renamed, ModelFormat.ONNX), OnnxRuntimeRunner)
-    with pytest.raises(ProfilingError, match="--device cuda is not supported for ONNX"):
-        runner_for(cnn_onnx, device="cuda")
+
+
+def test_cuda_n_is_the_cuda_execution_provider_on_gpu_n_with_the_cpu_behind_it() -> None:
+    assert ort_providers("cuda:1") == [
+        ("CUDAExecutionProvider", {"device_id": 1}),
+        "CPUExecutionProvider",
+    ]
+    assert ort_providers("CUDA") == ort_providers("cuda:0")
+    assert ort_providers("cuda:0")[0] == ("CUDAExecutionProvider", {"device_id": 0})
+    assert ort_providers("cpu") == ["CPUExecutionProvider"]
+    with pytest.raises(ProfilingError, match="unknown device 'gpu'"):
+        ort_providers("gpu")
+
+
+def test_onnx_on_cuda_without_onnxruntime_gpu_says_what_to_install(cnn_onnx: Path) -> None:
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if "CUDAExecutionProvider" in available:
+        pytest.skip("this onnxruntime has the CUDA execution provider")
+    with pytest.raises(ProfilingError) as info:
+        runner_for(cnn_onnx, device="cuda:1")
+    assert str(info.value) == (
+        f"--device cuda:1 needs onnxruntime-gpu (installed onnxruntime {ort.__version__} "
+        f"has providers {available})"
+    )
+
+
+def test_a_runner_on_the_cuda_provider_says_so(cnn_onnx: Path) -> None:
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("needs onnxruntime-gpu")
+    runner = runner_for(cnn_onnx, device="cuda:0")
+    assert isinstance(runner, OnnxRuntimeRunner)
+    assert runner.device == "cuda:0" and runner.provider_names[0] == "CUDAExecutionProvider"
 
 
 def test_torchscript_takes_the_model_name(cnn_torchscript: Path) -> None:

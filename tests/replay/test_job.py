@@ -35,7 +35,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_model_repository(tmp_path_factory.mktemp("repo") / "models")
 
 
-def context(repo: Path, db: Path, store_raw_inputs: bool = False) -> dict[str, Any]:
+def context(
+    repo: Path, db: Path, store_raw_inputs: bool = False, device: str = "auto"
+) -> dict[str, Any]:
     """What the worker hands the replay: the options and, across jobs, its caches."""
     options = ReplayOptions(
         model_repository=repo,
@@ -44,6 +46,7 @@ def context(repo: Path, db: Path, store_raw_inputs: bool = False) -> dict[str, A
         iterations=3,
         warmup=1,
         store_raw_inputs=store_raw_inputs,
+        device=device,
     )
     return {"options": options}
 

@@ -41,6 +41,7 @@ def sampling_config(
         iterations=1,
         warmup=0,
         store_raw_inputs=False,
+        device="auto",
     )
     return SamplingConfig(
         settings=SamplingSettings(),

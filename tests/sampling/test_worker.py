@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import queue
 import time
 from typing import Any
@@ -123,3 +124,27 @@ def test_without_the_relays_counters_the_worker_profiles_unpaced() -> None:
         assert results.get(timeout=60).details == {"gate": False}
     finally:
         worker.stop()
+
+
+def test_one_process_runs_one_profile_at_a_time_and_pays_for_waiting_on_the_device() -> None:
+    """What GPU replay relies on: one process (one CUDA context) keeps its state across
+    jobs and never overlaps two; time spent blocked (as in torch.cuda.synchronize) is busy."""
+    worker, results = start("one_at_a_time")
+    try:
+        for n in range(4):
+            assert worker.submit(job("m", n))
+        done = sorted((results.get(timeout=60) for _ in range(4)), key=lambda r: r.details["start"])
+    finally:
+        worker.stop()
+    assert len({r.details["pid"] for r in done}) == 1
+    assert [r.details["jobs"] for r in done] == [1, 2, 3, 4]
+    for before, after in itertools.pairwise(done):
+        assert before.details["end"] <= after.details["start"]
+    assert all(r.busy_s >= 0.1 for r in done)  # the sleep used no CPU but is charged
+
+
+def test_busy_time_is_wall_time_less_waits_or_cpu_time_when_more() -> None:
+    from sidecar.sampling.worker import busy_seconds
+
+    assert busy_seconds(wall_s=0.5, waited_s=0.1, cpu_s=0.05) == 0.4  # mostly on the GPU
+    assert busy_seconds(wall_s=0.5, waited_s=0.0, cpu_s=0.9) == 0.9  # two busy CPU threads

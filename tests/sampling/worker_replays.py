@@ -26,6 +26,7 @@ def worker_config(replay: str, threads: int = 1, **config: Any) -> WorkerConfig:
         iterations=1,
         warmup=0,
         store_raw_inputs=False,
+        device="auto",
         threads=threads,
     )
     config = {"queue_size": 8, "job_timeout_s": 120.0, **config}
@@ -71,3 +72,14 @@ def gate_view(job: ProfileJob, context: dict[str, Any]) -> JobResult:
     if isinstance(pacer, SliceGate):
         details["busy"] = pacer.busy()
     return JobResult(job.trace_id, job.model, "ok", 0.001, details=details)
+
+
+def one_at_a_time(job: ProfileJob, context: dict[str, Any]) -> JobResult:
+    """Records the process, its job count (the state a CUDA context lives in) and its
+    interval; sleeps 0.1 s without CPU, a stand-in for waiting on `torch.cuda.synchronize()`."""
+    started = time.time_ns()
+    context["jobs"] = context.get("jobs", 0) + 1
+    time.sleep(0.1)
+    details = {"pid": os.getpid(), "jobs": context["jobs"], "start": started}
+    details["end"] = time.time_ns()
+    return JobResult(job.trace_id, job.model, "ok", 0.0, details=details)

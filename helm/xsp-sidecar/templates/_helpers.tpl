@@ -42,8 +42,25 @@ xsp-sidecar/backend: {{ .Values.backend.type }}
 {{- end -}}
 {{- end -}}
 
+{{/* The sidecar's image; with sidecar.gpu.enabled the tag defaults to the GPU variant's. */}}
 {{- define "xsp-sidecar.sidecarImage" -}}
-{{- printf "%s:%s" .Values.sidecar.image.repository (default .Chart.AppVersion .Values.sidecar.image.tag) -}}
+{{- $tag := .Chart.AppVersion -}}
+{{- if .Values.sidecar.gpu.enabled -}}
+{{- $tag = printf "%s-gpu" .Chart.AppVersion -}}
+{{- end -}}
+{{- printf "%s:%s" .Values.sidecar.image.repository (default $tag .Values.sidecar.image.tag) -}}
+{{- end -}}
+
+{{/* sidecar.resources, plus the GPU request of sidecar.gpu (mode resource) as a limit. */}}
+{{- define "xsp-sidecar.sidecarResources" -}}
+{{- $resources := deepCopy (default dict .Values.sidecar.resources) -}}
+{{- $gpu := .Values.sidecar.gpu -}}
+{{- if and $gpu.enabled (eq $gpu.mode "resource") -}}
+{{- $limits := default dict (get $resources "limits") -}}
+{{- $_ := set $limits $gpu.resourceName (int64 $gpu.count) -}}
+{{- $_ := set $resources "limits" $limits -}}
+{{- end -}}
+{{- toYaml $resources -}}
 {{- end -}}
 
 {{- define "xsp-sidecar.traceClaimName" -}}
@@ -95,6 +112,9 @@ what to change.
 */}}
 {{- define "xsp-sidecar.validate" -}}
 {{- $sc := .Values.sidecar -}}
+{{- if and (hasPrefix "cuda" $sc.profiling.device) (not $sc.gpu.enabled) -}}
+{{- fail (printf "sidecar.profiling.device=%s replays on a GPU, but the sidecar's container gets none: set sidecar.gpu.enabled=true (see its comments in values.yaml), or device auto / cpu." $sc.profiling.device) -}}
+{{- end -}}
 {{- if and (eq .Values.backend.type "triton") .Values.backend.triton.tracing.enabled (eq (int $sc.otlpPort) 0) -}}
 {{- fail "sidecar.otlpPort=0 turns the sidecar's OTLP receiver off, but backend.triton.tracing.enabled=true exports Triton's spans to it: set backend.triton.tracing.enabled=false too, or give the receiver a port." -}}
 {{- end -}}

@@ -6,8 +6,17 @@ activation / parameter / output sizes ORT reports. A node ORT fused from several
 is typed by what it fused (`Conv+Relu`), with ORT's own op in `runtime_op_type` and the
 graph nodes in `original_nodes`. ORT's profiler clock is mapped onto ours
 with one offset per run, matched on its `model_run` events. On CPU ORT exposes no sub-node
-events, so K is not captured (the trace says why); with the CUDA execution provider K comes
-from the CUPTI tracer (code path present, untested here: no GPU).
+events, so K is not captured (the trace says why).
+
+With the CUDA execution provider (`providers=[("CUDAExecutionProvider", {"device_id": N}),
+"CPUExecutionProvider"]`, built by `select.runner_for(..., device="cuda:N")`) K comes from
+`CuptiTracer`, which owns CUPTI in the process (`gpu.owner`); its records are clock-checked
+against the host walls (`gpu.clock_check`), so a second CUPTI client in the process (e.g. an
+onnxruntime build with its own CUDA profiling) fails the profile instead of storing wrong
+numbers. `session.run` returns host outputs, so each wall ends after the GPU work it launched.
+A node event's time on CUDA is the host interval in which ORT launched the node's kernels
+(`layer_time_base: host`), not GPU time. Written for a GPU but never run on one: the machines
+this was built on had no onnxruntime-gpu (tests cover the CPU path and the error paths).
 """
 
 from __future__ import annotations
@@ -55,7 +64,7 @@ class OnnxRuntimeRunner:
         model_path: str | Path,
         *,
         optimizations: bool = True,
-        providers: Sequence[str] | None = None,
+        providers: Sequence[str | tuple[str, dict[str, Any]]] | None = None,
         intra_op_threads: int = 0,
     ) -> None:
         self.model_path = Path(model_path)
@@ -65,7 +74,8 @@ class OnnxRuntimeRunner:
         self.intra_op_threads = intra_op_threads
         available = ort.get_available_providers()
         self.providers = list(providers or ["CPUExecutionProvider"])
-        missing = [p for p in self.providers if p not in available]
+        self.provider_names = [p if isinstance(p, str) else p[0] for p in self.providers]
+        missing = [p for p in self.provider_names if p not in available]
         if missing:
             raise ProfilingError(
                 f"execution provider(s) {missing} not available in this onnxruntime build "
@@ -80,7 +90,7 @@ class OnnxRuntimeRunner:
         notes: dict[str, str] = {}
         if not self._on_gpu:
             notes[Level.KERNEL.value] = CPU_KERNEL_NOTE
-        device = cpu_name() if not self._on_gpu else "CUDA GPU"
+        device = cpu_name() if not self._on_gpu else f"CUDA GPU ({self.device})"
         return RuntimeInfo("onnxruntime", ort.__version__, provider, device, notes)
 
     def supported_levels(self) -> tuple[Level, ...]:
@@ -102,7 +112,7 @@ class OnnxRuntimeRunner:
         if level is Level.KERNEL:
             if not self._on_gpu:
                 raise LevelNotSupportedError(
-                    f"kernel level on {self.providers[0]}: {CPU_KERNEL_NOTE}"
+                    f"kernel level on {self.provider_names[0]}: {CPU_KERNEL_NOTE}"
                 )
             return self._profiled_run(feed, iterations, warmup, kernels=True)
         raise LevelNotSupportedError(f"level {level.value!r} is not a replay level")
@@ -110,7 +120,16 @@ class OnnxRuntimeRunner:
     # -- internals ----------------------------------------------------------------------
     @property
     def _on_gpu(self) -> bool:
-        return self.providers[0] != "CPUExecutionProvider"
+        return self.provider_names[0] != "CPUExecutionProvider"
+
+    @property
+    def device(self) -> str:
+        """`cpu`, or `cuda:N` for the CUDA execution provider on device N."""
+        first = self.providers[0]
+        if not self._on_gpu:
+            return "cpu"
+        options = first[1] if isinstance(first, tuple) else {}
+        return f"cuda:{int(options.get('device_id', 0))}"
 
     @property
     def session(self) -> ort.InferenceSession:
@@ -137,7 +156,12 @@ class OnnxRuntimeRunner:
             raise ProfilingError(f"ONNX Runtime cannot load {self.model_path}: {exc}") from None
 
     def _trace_attributes(self) -> dict[str, Any]:
-        return {"graph_optimizations": "enabled" if self.optimizations else "disabled"}
+        attrs: dict[str, Any] = {
+            "graph_optimizations": "enabled" if self.optimizations else "disabled"
+        }
+        if self._on_gpu:
+            attrs.update(device=self.device, layer_time_base="host")
+        return attrs
 
     def input_metadata(self) -> list[tuple[str, list[int | str | None], str]]:
         """(name, shape with symbolic dims, ORT type string) of each model input."""
@@ -178,13 +202,19 @@ class OnnxRuntimeRunner:
                 mapping = onnx_graph.attribute(self.original, graph)
         iterations_out, attrs = self._parse(events, walls, mapping, graph)
         if tracer is not None:
-            from sidecar.profiling.cupti_tracer import split_records
+            from sidecar.profiling.cupti_tracer import records_to_spans, split_spans
+            from sidecar.profiling.gpu.clock_check import require_clock
 
-            for it, spans in zip(
-                iterations_out, split_records(records, walls, tracer), strict=True
-            ):
+            spans_all = records_to_spans(records, tracer.offset_ns)
+            check = require_clock(spans_all, walls)  # raises ClockCheckError: nothing stored
+            for it, spans in zip(iterations_out, split_spans(spans_all, walls), strict=True):
                 it.spans.extend(spans)
-            attrs["kernel_level"] = "captured"
+            attrs.update(
+                kernel_level="captured",
+                cupti_api_records=tracer.api_filter,
+                cupti_records=len(records),
+                clock_check=f"ok ({check.gpu_records} GPU, {check.api_records} API records)",
+            )
         return LevelRun(Level.KERNEL if kernels else Level.LAYER, iterations_out, warmup, attrs)
 
     def _parse(

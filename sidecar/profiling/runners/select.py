@@ -9,7 +9,9 @@ from __future__ import annotations
 import logging
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
+from sidecar.profiling.devices import cuda_index
 from sidecar.profiling.runners.base import ProfilingError, Runner
 
 log = logging.getLogger(__name__)
@@ -103,18 +105,35 @@ def runner_for(
     )
 
 
+def ort_providers(device: str) -> list[str | tuple[str, dict[str, Any]]]:
+    """ONNX Runtime's execution providers for a device: the CPU alone, or the CUDA provider on
+    device N with the CPU provider for the nodes CUDA does not implement."""
+    try:
+        index = cuda_index(device)
+    except ValueError as exc:
+        raise ProfilingError(str(exc)) from None
+    if index is None:
+        return ["CPUExecutionProvider"]
+    return [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
+
+
 def _onnx_runner(path: Path, device: str, optimizations: bool, threads: int | None) -> Runner:
+    import onnxruntime as ort
     from google.protobuf.message import DecodeError
 
     from sidecar.profiling.runners.onnxruntime import OnnxRuntimeRunner
 
-    if device != "cpu":
+    providers = ort_providers(device)
+    available = ort.get_available_providers()
+    if len(providers) > 1 and "CUDAExecutionProvider" not in available:
         raise ProfilingError(
-            f"--device {device} is not supported for ONNX models yet (ONNX Runtime runs "
-            "on the CPU here); --device applies to PyTorch models"
+            f"--device {device} needs onnxruntime-gpu (installed onnxruntime "
+            f"{ort.__version__} has providers {available})"
         )
     try:
-        return OnnxRuntimeRunner(path, optimizations=optimizations, intra_op_threads=threads or 0)
+        return OnnxRuntimeRunner(
+            path, optimizations=optimizations, providers=providers, intra_op_threads=threads or 0
+        )
     except DecodeError:
         raise ProfilingError(
             f"{path} is not an ONNX model (its bytes do not parse as an ONNX protobuf)"
