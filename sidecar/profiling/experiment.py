@@ -31,6 +31,7 @@ from sidecar.profiling import flops, pacing
 from sidecar.profiling.containment import assign_parents, number_siblings
 from sidecar.profiling.cupti_tracer import attach_gpu_activity
 from sidecar.profiling.gpu.attribution import retime_layers
+from sidecar.profiling.gpu.metrics_level import record_overhead
 from sidecar.profiling.peak import Peak
 from sidecar.profiling.runners.base import Iteration, LevelRun, ProfilingError, Runner
 from sidecar.profiling.stats import median, representative_index, trimmed_mean
@@ -163,6 +164,7 @@ def run_experiment(
     attributes: dict[str, Any] = {}
     for run in runs.values():
         attributes.update(run.attributes)
+    record_overhead(attributes, base)
     attributes.setdefault("layer_names", "original")
     attributes.setdefault("graph_optimizations", "enabled")
     attributes["inputs"] = describe_inputs(inputs)

@@ -3,8 +3,6 @@ containment (no GPU needed; the ncu CSV is a real H100 report, see gpu-fixtures/
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from sidecar.profiling.containment import assign_parents
@@ -54,7 +52,7 @@ def test_ncu_joins_the_cupti_kernels_of_one_forward(resnet_b8: Recording) -> Non
     assert first.attributes["ncu_kernel_id"] == 0
     with pytest.raises(NcuJoinError, match="profiled 231 kernels but the forward ran 232"):
         join_metrics(kernels, ncu[1:])
-    with pytest.raises(NcuJoinError, match="names agree"):
+    with pytest.raises(NcuJoinError, match="names disagree"):
         join_metrics(kernels, list(reversed(ncu)))
 
 
@@ -136,19 +134,12 @@ def test_innermost_of_nested_layers_is_the_parent() -> None:
     assert by["launch_parallel"].attributes["parent_ambiguous"] is True
 
 
-def test_metrics_level_says_why_it_is_missing(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_metrics_level_says_why_it_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     from sidecar.profiling.gpu import metrics_level as ml
 
     monkeypatch.setenv("PATH", "/nonexistent")
     assert ml.live_status() == {"metrics_level": ml.NCU_NOT_ON_PATH, "pm_sampling": ml.PM_SAMPLING}
     assert ml.NCU_NOT_ON_PATH == "not captured: ncu not on PATH: metrics level not captured"
-    fake = tmp_path / "ncu"  # a fake `ncu` executable: only its presence on PATH matters
-    fake.write_text("#!/bin/sh\nexit 1\n")
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", str(tmp_path))
-    assert ml.live_status()["metrics_level"] == ml.NCU_NOT_RUN
     assert ml.PM_SAMPLING.startswith("not captured: cupti-python PM sampling")
 
 

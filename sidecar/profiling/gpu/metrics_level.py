@@ -1,11 +1,17 @@
-"""What the hardware-metrics level captured on a GPU, said in the trace (never skipped silently).
+"""The hardware-metrics level on a GPU: XSP's extra leveled run, and what it captured.
 
 XSP's metrics level is one more leveled run. Here its source is Nsight Compute: exact
-per-kernel FLOPs by pipe, DRAM bytes and achieved occupancy (`ncu`), imported from its
-`--csv` report and joined to the K run's kernels. The K run's trace attributes say which
-source gave the numbers, or why there are none:
+per-kernel FLOPs by pipe, DRAM bytes and achieved occupancy (`ncu`). Live, after the K run,
+`live_metrics_level` runs one forward of the same model in a child process
+(`gpu.ncu_child`) under `ncu --profile-from-start off`, reads its CSV and matches its
+kernels to every K iteration's kernels by launch order and name (`ncu.match_kernels`: any
+disagreement fails the level, never a partial match). A recording imports the CSV instead.
+The K run's trace attributes say which source gave the numbers, or why there are none:
 
 - `metrics_level`: `captured: ...` or `not captured: <why>`;
+- `metrics_run`: the run's own cost (`wall_s` of the whole Nsight Compute command,
+  `forward_ns` of the profiled forward with its kernel replays, and `overhead_ratio` over
+  M, set by the experiment through `record_overhead`);
 - `pm_sampling`: cupti-python 13.4's PM sampling (DRAM and cycle counters every few µs,
   attributable to kernels by time, approximate for short kernels) is not wired in; its
   absence is stated in every GPU trace.
@@ -16,30 +22,156 @@ kernels, by attribution), marked measured with their source.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from sidecar.profiling.gpu.ncu import NcuKernel, ncu_path
-from sidecar.profiling.runners.base import RawSpan
+import numpy as np
+
+from sidecar.profiling.gpu.attribution import attribute_raw
+from sidecar.profiling.gpu.ncu import (
+    METRICS,
+    MetricsNotAvailableError,
+    NcuJoinError,
+    NcuKernel,
+    apply_metrics,
+    match_kernels,
+    ncu_path,
+    run_ncu,
+)
+from sidecar.profiling.gpu.ncu_child import ChildArgs, child_command
+from sidecar.profiling.runners.base import Iteration, ProfilingError, RawSpan
+
+METRICS_TIMEOUT_S = 900.0  # kernel replay is ~100x a forward, plus start-up and warm-up
 
 PM_SAMPLING = (
     "not captured: cupti-python PM sampling (13.4; DRAM bytes and cycles every few µs, "
     "attributable to kernels by time, approximate for short kernels) is not wired in"
 )
 NCU_NOT_ON_PATH = "not captured: ncu not on PATH: metrics level not captured"
-NCU_NOT_RUN = (
-    "not captured: ncu is on PATH, but the live metrics run is not wired in; profile one "
-    "forward with `ncu --csv --metrics ...` and import the CSV (sidecar.profiling.gpu.ncu)"
-)
+NCU_FAILED = "not captured: the Nsight Compute run failed: "
 SUMMED = ("flops", "dram_read_bytes", "dram_write_bytes")
 
 
 def live_status() -> dict[str, str]:
-    """Trace attributes of a live GPU profile's K run: why its metrics level is missing."""
+    """Trace attributes of a live GPU profile's K run when `ncu` is not on PATH."""
+    return {"metrics_level": NCU_NOT_ON_PATH, "pm_sampling": PM_SAMPLING}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What the metrics child loads: a file (`kind` `torchscript` or `module`, an
+    `nn.Module` saved whole), or an in-memory `model` saved to a file first."""
+
+    path: Path | None = None
+    kind: str = "torchscript"
+    model: Any = None
+
+
+def live_metrics_level(
+    source: ModelSource,
+    inputs: Mapping[str, np.ndarray],
+    device: str,
+    iterations: Sequence[Iteration],
+    *,
+    warmup: int = 1,
+    timeout_s: float = METRICS_TIMEOUT_S,
+    python: str = sys.executable,
+) -> dict[str, Any]:
+    """Run the metrics level for a live K run and hang its metrics on the K iterations'
+    kernel spans (and their sums on the layer spans); returns the trace attributes that say
+    what was captured, or why not (then no span is touched)."""
+    tool = ncu_path()
+    if tool is None:
+        return live_status()
+    try:
+        with tempfile.TemporaryDirectory(prefix="xsp-ncu-") as tmp:
+            args = _child_args(source, inputs, device, warmup, Path(tmp))
+            argv = child_command(python, args)
+            profiled, wall_s = run_ncu(argv, timeout_s=timeout_s, env=_child_env())
+            result = _read_result(args.result)
+        pairs = [match_kernels(it.spans, profiled) for it in iterations]
+    except (ProfilingError, NcuJoinError, MetricsNotAvailableError) as exc:
+        return {"metrics_level": NCU_FAILED + str(exc), "pm_sampling": PM_SAMPLING}
+    for it, its_pairs in zip(iterations, pairs, strict=True):
+        apply_metrics(its_pairs)
+        layer_metric_sums(attribute_raw(it.spans), it.spans)
     return {
-        "metrics_level": NCU_NOT_RUN if ncu_path() else NCU_NOT_ON_PATH,
+        "metrics_level": f"captured: Nsight Compute (ncu, live), {len(profiled)} kernels of "
+        "one forward",
         "pm_sampling": PM_SAMPLING,
+        "metrics_run": {
+            "source": "ncu",
+            "kernels": len(profiled),
+            "metrics": list(METRICS),
+            "wall_s": round(wall_s, 3),
+            "forward_ns": int(result["forward_ns"]),
+            "warmup": warmup,
+            "note": "Nsight Compute profiled one forward in a child process; its metrics are "
+            "joined to the kernels of every K iteration in launch order",
+        },
     }
+
+
+def record_overhead(attributes: dict[str, Any], model_ns: float) -> None:
+    """`metrics_run.overhead_ratio`: the profiled forward under Nsight Compute (its kernel
+    replays included) over M's trimmed mean, as the other levels' overhead."""
+    run = attributes.get("metrics_run")
+    if isinstance(run, dict) and run.get("forward_ns") and model_ns > 0:
+        run["overhead_ratio"] = float(run["forward_ns"]) / model_ns
+
+
+def _child_args(
+    source: ModelSource, inputs: Mapping[str, np.ndarray], device: str, warmup: int, tmp: Path
+) -> ChildArgs:
+    """Write what the child needs into `tmp`: the model (when only in memory), the inputs."""
+    path, kind = source.path, source.kind
+    if path is None:
+        path, kind = tmp / "model.pt", _save_model(source.model, tmp / "model.pt")
+    arrays = [np.ascontiguousarray(a) for a in inputs.values()]
+    np.savez(tmp / "inputs.npz", *arrays)
+    batch = int(arrays[0].shape[0]) if arrays and arrays[0].ndim else None
+    return ChildArgs(
+        path, device, tmp / "inputs.npz", tmp / "result.json", kind, max(warmup, 1), batch
+    )
+
+
+def _save_model(model: Any, path: Path) -> str:
+    import torch
+
+    if isinstance(model, torch.jit.ScriptModule):
+        torch.jit.save(model, str(path))
+        return "torchscript"
+    try:
+        torch.save(model, str(path))
+    except Exception as exc:  # pickling: a class defined in a function or in __main__
+        raise ProfilingError(
+            f"the model cannot be saved for the metrics child ({exc}); define its class at "
+            "module level or profile a TorchScript file"
+        ) from None
+    return "module"
+
+
+def _child_env() -> dict[str, str]:
+    """The child imports this package from where the parent did."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[3])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _read_result(path: Path) -> dict[str, Any]:
+    try:
+        result = json.loads(path.read_text())
+        int(result["forward_ns"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ProfilingError(f"the metrics child left no result ({exc})") from None
+    return dict(result)
 
 
 def recorded_status(ncu: Sequence[NcuKernel] | None) -> dict[str, str]:

@@ -22,7 +22,7 @@ import io
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,16 +82,32 @@ def _number(text: str) -> float | None:
         return None
 
 
+# Units Nsight Compute may print (`--print-units auto`) -> factor to the base unit.
+_UNIT_SCALE = {
+    "": 1.0, "%": 1.0, "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
+    "ns": 1.0, "nsecond": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6,
+    "second": 1e9, "s": 1e9, "inst": 1.0, "Kinst": 1e3, "Minst": 1e6, "Ginst": 1e9,
+    "warp": 1.0, "cycle": 1.0, "Kcycle": 1e3, "Mcycle": 1e6,
+}  # fmt: skip
+
+
 def read_ncu_csv(source: str | Path) -> list[NcuKernel]:
     """Kernels of an `ncu --csv` report (file, `.gz` file); `==PROF==` lines are skipped."""
     path = Path(source)
     opener: Any = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", newline="") as fh:
         text = fh.read()
+    return parse_ncu_csv(text, origin=str(path))
+
+
+def parse_ncu_csv(text: str, *, origin: str = "ncu output") -> list[NcuKernel]:
+    """Kernels of `ncu --csv --page details` text (one row per kernel and metric); values in
+    scaled units (`Kbyte`, `usecond`) are brought to base units, an unknown unit on one of
+    the metrics this module uses is an error (never a silently wrong number)."""
     lines = text.splitlines()
     head = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if head is None:
-        raise ProfilingError(f"{path}: not an `ncu --csv` report (no header row)")
+        raise ProfilingError(f"{origin}: not an `ncu --csv` report (no header row)")
     kernels: dict[int, NcuKernel] = {}
     for row in csv.DictReader(io.StringIO("\n".join(lines[head:]))):
         if not row.get("ID", "").strip().isdigit():
@@ -103,8 +119,15 @@ def read_ncu_csv(source: str | Path) -> list[NcuKernel]:
                       row.get("Grid Size", "")),
         )  # fmt: skip
         value = _number(row.get("Metric Value", ""))
-        if value is not None:
-            k.metrics[row["Metric Name"]] = value
+        if value is None:
+            continue
+        metric, unit = row.get("Metric Name", ""), (row.get("Metric Unit") or "").strip()
+        scale = _UNIT_SCALE.get(unit)
+        if scale is None:
+            if metric in METRICS:
+                raise ProfilingError(f"{origin}: unknown unit {unit!r} for {metric}")
+            scale = 1.0
+        k.metrics[metric] = value * scale
     return [kernels[k] for k in sorted(kernels)]
 
 
@@ -145,41 +168,81 @@ def kernel_attributes(k: NcuKernel) -> dict[str, Any]:
     return attrs
 
 
-def join_metrics(
-    kernels: Sequence[RawSpan], profiled: Sequence[NcuKernel], *, min_name_match: float = 0.95
-) -> int:
-    """Hang `profiled` metrics on one forward's CUPTI `kernels` (launch order), in place.
-
-    The two lists must have the same length and agree on the kernels' own names (the last
-    `::` component, which CUPTI's and Nsight Compute's spellings share) for at least
-    `min_name_match` of the pairs; otherwise `NcuJoinError`. Returns the number joined."""
+def match_kernels(
+    kernels: Sequence[RawSpan], profiled: Sequence[NcuKernel]
+) -> list[tuple[RawSpan, NcuKernel]]:
+    """Pair one forward's CUPTI `kernels` with Nsight Compute's `profiled` kernels by launch
+    order. Both saw the same launch sequence, so the counts must be equal and every pair must
+    have the same kernel name after demangling (the kernel's own identifier: CUPTI and Nsight
+    Compute spell namespaces and template arguments differently). Anything else is an
+    `NcuJoinError` naming the first disagreement; there is no partial match."""
     ks = sorted((s for s in kernels if s.kind == "kernel"), key=lambda s: s.start_ns)
     if len(ks) != len(profiled):
         raise NcuJoinError(
             f"Nsight Compute profiled {len(profiled)} kernels but the forward ran {len(ks)}: "
             "profile exactly one forward (warm-up excluded)"
         )
-    same = sum(
-        base_name(str(s.attributes.get("mangled_name", s.name))) == base_name(p.name)
+    names = [
+        (base_name(str(s.attributes.get("mangled_name", s.name))), base_name(p.name))
         for s, p in zip(ks, profiled, strict=True)
-    )
-    if ks and same < min_name_match * len(ks):
+    ]
+    wrong = [i for i, (a, b) in enumerate(names) if a != b]
+    if wrong:
+        a, b = names[wrong[0]]
         raise NcuJoinError(
-            f"only {same} of {len(ks)} kernel names agree between CUPTI and Nsight Compute: "
-            "the two runs did not execute the same kernels"
+            f"kernel names disagree at {len(wrong)} of {len(ks)} launches between CUPTI and "
+            f"Nsight Compute (first: launch {wrong[0]}, CUPTI `{a}`, ncu `{b}`): the two runs "
+            "did not execute the same kernels"
         )
-    for span, prof in zip(ks, profiled, strict=True):
+    return list(zip(ks, profiled, strict=True))
+
+
+def join_metrics(kernels: Sequence[RawSpan], profiled: Sequence[NcuKernel]) -> int:
+    """Hang `profiled` metrics on one forward's CUPTI `kernels` (`match_kernels`), in place;
+    returns the number joined."""
+    pairs = match_kernels(kernels, profiled)
+    apply_metrics(pairs)
+    return len(pairs)
+
+
+def apply_metrics(pairs: Sequence[tuple[RawSpan, NcuKernel]]) -> None:
+    """Put each profiled kernel's metrics on its span (see `kernel_attributes`)."""
+    for span, prof in pairs:
         span.attributes.update(kernel_attributes(prof))
         span.attributes["ncu_kernel_id"] = prof.id
-    return len(ks)
 
 
 def ncu_path() -> str | None:
     return shutil.which("ncu")
 
 
+def ncu_command(tool: str, argv: Sequence[str], metrics: Sequence[str] = METRICS) -> list[str]:
+    """The Nsight Compute command that profiles `argv`'s range between
+    `torch.cuda.profiler.start()` and `stop()` (every process it starts), with `metrics`,
+    as a CSV `parse_ncu_csv` reads (details page, base units)."""
+    return [
+        tool,
+        "--csv",
+        "--page",
+        "details",
+        "--print-units",
+        "base",
+        "--profile-from-start",
+        "off",
+        "--target-processes",
+        "all",
+        "--metrics",
+        ",".join(metrics),
+        *argv,
+    ]
+
+
 def run_ncu(
-    argv: Sequence[str], *, timeout_s: float = 600.0, metrics: Sequence[str] = METRICS
+    argv: Sequence[str],
+    *,
+    timeout_s: float = 600.0,
+    metrics: Sequence[str] = METRICS,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[list[NcuKernel], float]:
     """Run `argv` (a Python command that profiles one forward between
     `torch.cuda.profiler.start()`/`stop()`) under Nsight Compute; return its kernels and the
@@ -189,29 +252,25 @@ def run_ncu(
         raise MetricsNotAvailableError(
             "hardware metrics not available: Nsight Compute (`ncu`) is not on PATH"
         )
-    cmd = [
-        tool,
-        "--csv",
-        "--profile-from-start",
-        "off",
-        "--target-processes",
-        "all",
-        "--metrics",
-        ",".join(metrics),
-        *argv,
-    ]
+    cmd = ncu_command(tool, argv, metrics)
     t0 = time.perf_counter()
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise MetricsNotAvailableError(f"Nsight Compute did not finish: {exc}") from None
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout_s, check=False, env=env
+        )
+    except subprocess.TimeoutExpired:
+        raise MetricsNotAvailableError(
+            f"Nsight Compute did not finish within {timeout_s:g} s"
+        ) from None
+    except OSError as exc:
+        raise MetricsNotAvailableError(f"Nsight Compute could not be started: {exc}") from None
     wall = time.perf_counter() - t0
     if out.returncode != 0:
         tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
-        raise MetricsNotAvailableError(f"Nsight Compute failed: {' | '.join(tail)}")
-    tmp = Path(time.strftime("/tmp/xsp-ncu-%Y%m%d-%H%M%S.csv"))
-    tmp.write_text(out.stdout)
+        raise MetricsNotAvailableError(
+            f"Nsight Compute failed (exit {out.returncode}): {' | '.join(tail)}"
+        )
     try:
-        return read_ncu_csv(tmp), wall
-    finally:
-        tmp.unlink(missing_ok=True)
+        return parse_ncu_csv(out.stdout, origin="Nsight Compute's output"), wall
+    except ProfilingError as exc:
+        raise MetricsNotAvailableError(str(exc)) from None

@@ -74,8 +74,10 @@ class PyTorchRunner:
             except Exception as exc:
                 raise ProfilingError(f"cannot load TorchScript file {path}: {exc}") from None
             self.model_name = name or path.stem
+            self.source_path: Path | None = path
         else:
             self.model_name = name or type(model).__name__
+            self.source_path = None
         self.model = model.eval()
         self.scripted = isinstance(model, torch.jit.ScriptModule)
         self.leaves = self._leaf_modules()
@@ -114,7 +116,7 @@ class PyTorchRunner:
         check_iterations(iterations, warmup)
         args = [self.torch.from_numpy(np.ascontiguousarray(a)) for a in inputs.values()]
         if self.cuda:
-            return self._cuda_run(args, level, iterations, warmup)
+            return self._cuda_run(inputs, args, level, iterations, warmup)
         with self._context():
             if level is Level.MODEL:
                 walls, _ = timed_loop(lambda: self.model(*args), iterations, warmup)
@@ -131,7 +133,15 @@ class PyTorchRunner:
         return LevelRun(level, its, warmup, attrs)
 
     # -- internals ----------------------------------------------------------------------
-    def _cuda_run(self, args: list[Any], level: Level, iterations: int, warmup: int) -> LevelRun:
+    def _cuda_run(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        args: list[Any],
+        level: Level,
+        iterations: int,
+        warmup: int,
+    ) -> LevelRun:
+        from sidecar.profiling.gpu.metrics_level import ModelSource, live_metrics_level
         from sidecar.profiling.runners.pytorch_cuda import CudaLevels
 
         def attrs(module: Any, inputs: Any, output: Any) -> dict[str, Any]:
@@ -157,6 +167,13 @@ class PyTorchRunner:
                 raise LevelNotSupportedError(
                     f"level {level.value!r} is not available for this model on {self.device}"
                 )
+        if level is Level.KERNEL:  # the metrics level: its own run, in a child process
+            source = (
+                ModelSource(self.source_path, "torchscript")
+                if self.source_path is not None
+                else ModelSource(model=self.model)
+            )
+            extra.update(live_metrics_level(source, inputs, str(self.device), its, warmup=warmup))
         return LevelRun(level, its, warmup, extra)
 
     @contextlib.contextmanager

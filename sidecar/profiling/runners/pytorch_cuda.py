@@ -9,6 +9,8 @@
 - K: the same hooks without events, and `CuptiTracer` recording kernels, memcpys, memsets
   and only the API calls that launch them. Each iteration's records are clock-checked
   against the host walls (`gpu.clock_check`); a violation fails the profile.
+- Metrics: after K, one forward in a child process under Nsight Compute when `ncu` is on
+  PATH (`gpu.metrics_level.live_metrics_level`), its metrics joined to K's kernels.
 - torch.profiler is never used on CUDA, so CUPTI has one owner in the process (`gpu.owner`).
 
 This module needs a CUDA GPU; nothing in it runs on a CPU-only machine except `ModuleHooks`
@@ -26,7 +28,6 @@ from sidecar.profiling.cupti_tracer import CuptiTracer, records_to_spans, split_
 from sidecar.profiling.gpu.attribution import group_graph_replays
 from sidecar.profiling.gpu.clock_check import require_clock
 from sidecar.profiling.gpu.layers import ModuleCall, call_spans
-from sidecar.profiling.gpu.metrics_level import live_status
 from sidecar.profiling.runners.base import Iteration, RawSpan, epoch_offset_ns, model_span
 
 
@@ -237,6 +238,5 @@ class CudaLevels:
             "cupti_api_records": tracer.api_filter,
             "cupti_records": len(records),
             "clock_check": f"ok ({check.gpu_records} GPU, {check.api_records} API records)",
-            **live_status(),
         }
         return out, attrs

@@ -1,0 +1,267 @@
+"""The live Nsight Compute metrics level: the command, the child's arguments, the launch-order
+match against the real H100 recordings, and parse -> spans with a fake `ncu` (named so)
+that prints the real ncu CSV. `ncu` itself runs only where CUDA and ncu are present."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sidecar.profiling.gpu import metrics_level as ml
+from sidecar.profiling.gpu.demangle import base_name, demangle
+from sidecar.profiling.gpu.ncu import (
+    METRICS,
+    NcuJoinError,
+    kernel_attributes,
+    match_kernels,
+    ncu_command,
+    parse_ncu_csv,
+    read_ncu_csv,
+)
+from sidecar.profiling.gpu.ncu_child import ChildArgs, ChildError, child_command, parse_args
+from sidecar.profiling.gpu.recording import Recording, RecordingRunner
+from sidecar.profiling.runners.base import Iteration, ProfilingError
+from sidecar.trace.spans import Level
+from tests.gpu.conftest import NCU_B8
+
+INPUTS = {"input": np.zeros((8, 3, 224, 224), dtype=np.float32)}
+
+
+def _kernels(spans: list) -> list:
+    return sorted((s for s in spans if s.kind == "kernel"), key=lambda s: s.start_ns)
+
+
+def test_ncu_command_profiles_only_the_marked_range() -> None:
+    cmd = ncu_command("/opt/ncu", ["python", "-m", "child"])
+    assert cmd == [
+        "/opt/ncu", "--csv", "--page", "details", "--print-units", "base",
+        "--profile-from-start", "off", "--target-processes", "all",
+        "--metrics", ",".join(METRICS), "python", "-m", "child",
+    ]  # fmt: skip
+    assert "dram__bytes_read.sum" in cmd[cmd.index("--metrics") + 1].split(",")
+
+
+def test_child_arguments_round_trip() -> None:
+    args = ChildArgs(Path("m.pt"), "cuda:1", Path("x.npz"), Path("r.json"), "module", 3, 8)
+    cmd = child_command("/usr/bin/python3", args)
+    assert cmd[:3] == ["/usr/bin/python3", "-m", "sidecar.profiling.gpu.ncu_child"]
+    assert parse_args(cmd[3:]) == args
+    plain = parse_args(["m.pt", "--device", "cuda", "--inputs", "x.npz", "--result", "r.json"])
+    assert (plain.kind, plain.warmup, plain.batch) == ("torchscript", 1, None)
+    with pytest.raises(ChildError, match="use cuda or cuda:N"):
+        parse_args(["m.pt", "--device", "cpu", "--inputs", "x", "--result", "r"])
+    with pytest.raises(ChildError, match="--warmup must be 0 or more"):
+        parse_args(["m.pt", "--device", "cuda:0", "--inputs", "x", "--result", "r", "--warmup=-1"])
+    with pytest.raises(SystemExit):  # argparse: a required flag is missing
+        parse_args(["m.pt", "--device", "cuda:0"])
+
+
+def test_child_reads_positional_inputs_and_checks_the_batch(tmp_path: Path) -> None:
+    from sidecar.profiling.gpu.ncu_child import load_inputs
+
+    arrays = [np.full((4, 2), i, dtype=np.float32) for i in range(12)]  # arr_10 after arr_9
+    np.savez(tmp_path / "x.npz", *arrays)
+    got = load_inputs(tmp_path / "x.npz", 4)
+    assert [int(a[0, 0]) for a in got] == list(range(12))
+    with pytest.raises(ChildError, match=r"arr_0 has shape \(4, 2\), not batch 8"):
+        load_inputs(tmp_path / "x.npz", 8)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA GPU exists")
+def test_child_without_cuda_exits_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sidecar.profiling.gpu.ncu_child import main
+
+    argv = ["m.pt", "--device", "cuda:0", "--inputs", "x", "--result", str(tmp_path / "r")]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == "ncu_child: CUDA is not available in the metrics child\n"
+    assert not (tmp_path / "r").exists()
+
+
+def test_ncu_kernels_match_the_cupti_forward_by_order_and_name(resnet_b8: Recording) -> None:
+    ncu = read_ncu_csv(NCU_B8)
+    kernels = _kernels(RecordingRunner(resnet_b8).kernel_iterations()[0])
+    pairs = match_kernels(kernels, ncu)
+    assert len(pairs) == len(kernels) == len(ncu) == 232
+    cupti = [demangle(s.attributes.get("mangled_name", s.name)) for s, _ in pairs]
+    for name, (_, prof) in zip(cupti, pairs, strict=True):  # equal after demangling
+        assert base_name(name) == base_name(prof.name)
+    assert sum(name != p.name for name, (_, p) in zip(cupti, pairs, strict=True)) > 100
+    with pytest.raises(NcuJoinError, match="profiled 231 kernels but the forward ran 232"):
+        match_kernels(kernels, ncu[:-1])
+    swapped = list(ncu)
+    i = next(i for i in range(231) if base_name(ncu[i].name) != base_name(ncu[i + 1].name))
+    swapped[i], swapped[i + 1] = swapped[i + 1], swapped[i]
+    with pytest.raises(NcuJoinError, match=f"disagree at 2 of 232 launches .*launch {i},"):
+        match_kernels(kernels, swapped)
+    assert not any("dram_read_bytes" in k.attributes for k in kernels)  # nothing hung on
+
+
+def test_scaled_units_are_brought_to_base_units() -> None:
+    head = '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"\n'
+    rows = [
+        '"0","k","dram__bytes_read.sum","Mbyte","4.83"',
+        '"0","k","gpu__time_duration.sum","usecond","18.66"',
+        '"0","k","sm__warps_active.avg.pct_of_peak_sustained_active","%","6.25"',
+    ]
+    (k,) = parse_ncu_csv(head + "\n".join(rows))
+    assert k.metrics["dram__bytes_read.sum"] == pytest.approx(4.83e6)
+    assert k.metrics["gpu__time_duration.sum"] == pytest.approx(18_660)
+    assert k.metrics["sm__warps_active.avg.pct_of_peak_sustained_active"] == 6.25
+    with pytest.raises(ProfilingError, match=r"unknown unit 'furlong' for dram__bytes_write\.sum"):
+        parse_ncu_csv(head + '"0","k","dram__bytes_write.sum","furlong","1"')
+
+
+FAKE_NCU = """\
+#!{python}
+# A fake `ncu` for tests: prints a real Nsight Compute CSV, writes the child's result file.
+import gzip, json, os, sys, time
+argv = sys.argv[1:]
+with open(os.environ["FAKE_NCU_ARGV"], "w") as fh:
+    json.dump(argv, fh)
+time.sleep(float(os.environ.get("FAKE_NCU_SLEEP", "0")))
+result = argv[argv.index("--result") + 1]
+with open(result, "w") as fh:
+    json.dump({{"forward_ns": 2_000_000_000, "warmup": 1}}, fh)
+drop = os.environ.get("FAKE_NCU_DROP_ID")
+for line in gzip.open(os.environ["FAKE_NCU_CSV"], "rt"):
+    if drop is None or not line.startswith('"' + drop + '",'):
+        sys.stdout.write(line)
+"""
+
+
+@pytest.fixture()
+def fake_ncu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fake `ncu` first on PATH; returns the file where it writes the argv it got."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "ncu"
+    tool.write_text(FAKE_NCU.format(python=sys.executable))
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_NCU_CSV", str(NCU_B8))
+    monkeypatch.setenv("FAKE_NCU_ARGV", str(tmp_path / "argv.json"))
+    return tmp_path / "argv.json"
+
+
+def _k_run(rec: Recording) -> list[Iteration]:
+    return [Iteration(0, spans) for spans in RecordingRunner(rec).kernel_iterations()]
+
+
+def test_live_metrics_level_puts_ncu_metrics_on_every_k_iteration(
+    fake_ncu: Path, resnet_b8: Recording, tmp_path: Path
+) -> None:
+    model = tmp_path / "resnet50.pt"
+    model.write_bytes(b"not loaded by the fake")
+    its = _k_run(resnet_b8)
+    attrs = ml.live_metrics_level(ml.ModelSource(model), INPUTS, "cuda:0", its, warmup=3)
+    assert (
+        attrs["metrics_level"] == "captured: Nsight Compute (ncu, live), 232 kernels of one forward"
+    )
+    run = attrs["metrics_run"]
+    assert (run["source"], run["kernels"], run["forward_ns"], run["warmup"]) == ("ncu", 232, 2e9, 3)
+    assert run["wall_s"] > 0
+    argv = json.loads(fake_ncu.read_text())
+    child = argv[argv.index("-m") - 1 :]
+    assert argv[: len(argv) - len(child)] == ncu_command("ncu", [])[1:]
+    assert child[1:3] == ["-m", "sidecar.profiling.gpu.ncu_child"]
+    args = parse_args(child[3:])
+    assert (args.model, args.device, args.warmup, args.batch) == (model, "cuda:0", 3, 8)
+    assert not args.inputs.exists()  # the temporary folder is gone
+    ncu = read_ncu_csv(NCU_B8)
+    for it in its:
+        kernels = _kernels(it.spans)
+        assert [k.attributes["ncu_kernel_id"] for k in kernels] == list(range(232))
+        assert kernels[0].attributes["dram_read_bytes"] == 4_826_112
+        assert all(k.attributes["metrics_source"] == "ncu" for k in kernels)
+        layers = [s for s in it.spans if s.level is Level.LAYER and "kernel_flops" in s.attributes]
+        total = sum(kernel_attributes(k)["flops"] for k in ncu)
+        assert sum(s.attributes["kernel_flops"] for s in layers) == pytest.approx(total)
+    ml.record_overhead(attrs, 5e6)
+    assert run["overhead_ratio"] == pytest.approx(400.0)
+
+
+def test_a_kernel_count_mismatch_fails_the_level_and_touches_nothing(
+    fake_ncu: Path, resnet_b8: Recording, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_NCU_DROP_ID", "231")
+    its = _k_run(resnet_b8)
+    attrs = ml.live_metrics_level(ml.ModelSource(NCU_B8), INPUTS, "cuda:0", its)
+    assert attrs["metrics_level"] == (
+        "not captured: the Nsight Compute run failed: Nsight Compute profiled 231 kernels but "
+        "the forward ran 232: profile exactly one forward (warm-up excluded)"
+    )
+    assert "metrics_run" not in attrs
+    assert not any("metrics_source" in s.attributes for it in its for s in it.spans)
+
+
+def test_an_ncu_run_past_its_timeout_fails_the_level(
+    fake_ncu: Path, resnet_b8: Recording, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_NCU_SLEEP", "5")
+    its = _k_run(resnet_b8)
+    attrs = ml.live_metrics_level(ml.ModelSource(NCU_B8), INPUTS, "cuda:0", its, timeout_s=0.5)
+    assert attrs["metrics_level"] == (
+        "not captured: the Nsight Compute run failed: Nsight Compute did not finish within 0.5 s"
+    )
+
+
+def test_without_ncu_on_path_the_level_says_so(
+    resnet_b8: Recording, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    its = _k_run(resnet_b8)
+    attrs = ml.live_metrics_level(ml.ModelSource(NCU_B8), INPUTS, "cuda:0", its)
+    assert attrs == {"metrics_level": ml.NCU_NOT_ON_PATH, "pm_sampling": ml.PM_SAMPLING}
+    assert attrs["metrics_level"] == "not captured: ncu not on PATH: metrics level not captured"
+    ml.record_overhead(attrs, 5e6)  # nothing to record
+    assert "metrics_run" not in attrs
+
+
+def test_a_module_that_cannot_be_pickled_fails_the_level(
+    fake_ncu: Path, resnet_b8: Recording
+) -> None:
+    from sidecar.profiling import testmodels
+
+    its = _k_run(resnet_b8)
+    local_class = testmodels.small_cnn_torch()  # its class is defined inside a function
+    attrs = ml.live_metrics_level(ml.ModelSource(model=local_class), INPUTS, "cuda:0", its)
+    assert attrs["metrics_level"].startswith(
+        "not captured: the Nsight Compute run failed: the model cannot be saved for the "
+        "metrics child"
+    )
+    assert "define its class at module level" in attrs["metrics_level"]
+
+
+GPU_AND_NCU = pytest.mark.skipif(
+    not (__import__("torch").cuda.is_available() and shutil.which("ncu")),
+    reason="needs a CUDA GPU and Nsight Compute (ncu) on PATH",
+)
+
+
+@GPU_AND_NCU
+def test_live_metrics_level_on_a_gpu(tmp_path: Path) -> None:  # pragma: no cover - GPU only
+    from sidecar.profiling import testmodels
+    from sidecar.profiling.experiment import run_experiment
+    from sidecar.profiling.gpu.owner import PROCESS_OWNER
+    from sidecar.profiling.runners.pytorch import PyTorchRunner
+
+    if PROCESS_OWNER.owner not in (None, "CuptiTracer"):
+        pytest.skip("torch.profiler already used CUPTI in this process")
+    path = testmodels.small_cnn_torchscript(tmp_path / "small_cnn.pt")
+    runner = PyTorchRunner(path, device="cuda")
+    x = {"input": np.random.default_rng(0).random((8, 3, 32, 32), dtype=np.float32)}
+    res = run_experiment(runner, x, model="cnn", iterations=3, warmup=2)
+    attrs = res.trace.attributes
+    assert attrs["metrics_level"].startswith("captured: Nsight Compute (ncu, live)"), attrs
+    assert attrs["metrics_run"]["overhead_ratio"] > 1
+    kernels = [s for s in res.spans_at(Level.KERNEL) if s.kind == "kernel"]
+    assert kernels and all(k.attributes["metrics_source"] == "ncu" for k in kernels)
+    assert all("dram_read_bytes" in k.attributes for k in kernels)
