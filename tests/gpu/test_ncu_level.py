@@ -73,6 +73,35 @@ def test_child_reads_positional_inputs_and_checks_the_batch(tmp_path: Path) -> N
         load_inputs(tmp_path / "x.npz", 8)
 
 
+def test_child_loads_what_the_parent_saves(tmp_path: Path) -> None:
+    """The parent's saved model (an nn.Module whole, or TorchScript) loads in the child's
+    loader; loaded on the CPU here, as the child would on `cuda:N`."""
+    import torch
+
+    from sidecar.profiling import testmodels
+    from sidecar.profiling.gpu.ncu_child import load_model
+
+    seq = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
+    x = torch.ones(2, 4)
+    for model, name, saved_as in (
+        (seq, "m.pt", "module"),
+        (torch.jit.script(seq), "s.pt", "torchscript"),
+    ):
+        kind = ml._save_model(model, tmp_path / name)
+        assert kind == saved_as
+        args = ChildArgs(tmp_path / name, "cpu", Path("x.npz"), Path("r.json"), kind)
+        assert torch.equal(load_model(torch, args)(x), seq(x))
+    script = testmodels.small_cnn_torchscript(tmp_path / "cnn.pt")
+    args = ChildArgs(script, "cpu", Path("x.npz"), Path("r.json"))
+    assert isinstance(load_model(torch, args), torch.jit.ScriptModule)
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(ChildError, match="cannot load module model"):
+        load_model(torch, ChildArgs(bad, "cpu", Path(), Path(), "module"))
+    with pytest.raises(ChildError, match="model file not found"):
+        load_model(torch, ChildArgs(tmp_path / "none.pt", "cpu", Path(), Path()))
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA GPU exists")
 def test_child_without_cuda_exits_with_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
