@@ -65,6 +65,7 @@ class ProfileOptions:
     device: str = "cpu"
     model_name: str | None = None
     max_rounds: int = 2  # repeats of the batch sizes an uncertain sweep decision names
+    ncu_metrics: bool = False  # Nsight Compute's metrics level after K (PyTorch on CUDA)
 
 
 def model_name(path: Path, given: str | None) -> str:
@@ -142,7 +143,9 @@ def _run(options: ProfileOptions) -> int:
     if options.max_rounds < 0:
         raise InputError(f"bad --max-rounds {options.max_rounds}: must be 0 or more")
     device = options.device
-    runner = runner_for(path, device=device, optimizations=options.optimizations)
+    runner = runner_for(
+        path, device=device, optimizations=options.optimizations, ncu_metrics=options.ncu_metrics
+    )
     peak = None
     gpu_peak_attrs: dict[str, Any] = {}
     if options.measure_peak and device.startswith("cuda"):
@@ -260,6 +263,7 @@ def suggested_command(options: ProfileOptions, add: Sequence[int]) -> str:
     for flag, on in (
         ("--no-optimizations", not options.optimizations),
         ("--no-peak", not options.measure_peak),
+        ("--ncu-metrics", options.ncu_metrics),
         ("--json", options.json),
     ):
         if on:

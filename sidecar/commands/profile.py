@@ -87,6 +87,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--device cuda (GPU 0), cpu = --device cpu",
     )
     parser.add_argument(
+        "--ncu-metrics",
+        action="store_true",
+        help="with --device cuda and level K, also run the model once under Nsight Compute "
+        "(ncu on PATH) for per-kernel FLOPs, DRAM bytes and occupancy, summed per layer "
+        "(XSP's metrics level: its own run; minutes for a large model)",
+    )
+    parser.add_argument(
         "--model-name",
         metavar="NAME",
         help="model name in the trace (default: the Triton model folder for "
@@ -129,5 +136,6 @@ def run(args: argparse.Namespace) -> int:
             device=device,
             model_name=args.model_name,
             max_rounds=args.max_rounds,
+            ncu_metrics=args.ncu_metrics,
         )
     )

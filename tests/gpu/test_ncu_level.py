@@ -285,7 +285,7 @@ def test_live_metrics_level_on_a_gpu(tmp_path: Path) -> None:  # pragma: no cove
     if PROCESS_OWNER.owner not in (None, "CuptiTracer"):
         pytest.skip("torch.profiler already used CUPTI in this process")
     path = testmodels.small_cnn_torchscript(tmp_path / "small_cnn.pt")
-    runner = PyTorchRunner(path, device="cuda")
+    runner = PyTorchRunner(path, device="cuda", ncu_metrics=True)
     x = {"input": np.random.default_rng(0).random((8, 3, 32, 32), dtype=np.float32)}
     res = run_experiment(runner, x, model="cnn", iterations=3, warmup=2)
     attrs = res.trace.attributes
@@ -294,3 +294,18 @@ def test_live_metrics_level_on_a_gpu(tmp_path: Path) -> None:  # pragma: no cove
     kernels = [s for s in res.spans_at(Level.KERNEL) if s.kind == "kernel"]
     assert kernels and all(k.attributes["metrics_source"] == "ncu" for k in kernels)
     assert all("dram_read_bytes" in k.attributes for k in kernels)
+
+
+def test_the_metrics_level_is_asked_for_never_run_by_default(tmp_path: Path) -> None:
+    """`ncu` reruns the model (minutes for a large one): only `--ncu-metrics` asks for it, and
+    only PyTorch on a CUDA device has it; a K run without it says it was not requested."""
+    from sidecar.profiling import testmodels
+    from sidecar.profiling.runners.select import runner_for
+
+    assert ml.not_requested_status() == {
+        "metrics_level": ml.NCU_NOT_REQUESTED,
+        "pm_sampling": ml.PM_SAMPLING,
+    }
+    path = testmodels.small_cnn_torchscript(tmp_path / "small_cnn.pt")
+    with pytest.raises(ProfilingError, match=r"--ncu-metrics.*PyTorch models on a CUDA device"):
+        runner_for(path, ncu_metrics=True)  # the CPU

@@ -54,6 +54,9 @@ PM_SAMPLING = (
     "attributable to kernels by time, approximate for short kernels) is not wired in"
 )
 NCU_NOT_ON_PATH = "not captured: ncu not on PATH: metrics level not captured"
+NCU_NOT_REQUESTED = (
+    "not captured: the Nsight Compute metrics level was not requested (profile --ncu-metrics)"
+)
 NCU_FAILED = "not captured: the Nsight Compute run failed: "
 SUMMED = ("flops", "dram_read_bytes", "dram_write_bytes")
 
@@ -61,6 +64,12 @@ SUMMED = ("flops", "dram_read_bytes", "dram_write_bytes")
 def live_status() -> dict[str, str]:
     """Trace attributes of a live GPU profile's K run when `ncu` is not on PATH."""
     return {"metrics_level": NCU_NOT_ON_PATH, "pm_sampling": PM_SAMPLING}
+
+
+def not_requested_status() -> dict[str, str]:
+    """Trace attributes of a live GPU profile's K run when the metrics level was not asked for
+    (it runs the model again under `ncu`, which can take minutes: never by default)."""
+    return {"metrics_level": NCU_NOT_REQUESTED, "pm_sampling": PM_SAMPLING}
 
 
 @dataclass(frozen=True)

@@ -56,12 +56,22 @@ class PyTorchRunner:
 
     name = "pytorch"
 
-    def __init__(self, model: Any, *, device: str = "cpu", name: str | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        device: str = "cpu",
+        name: str | None = None,
+        ncu_metrics: bool = False,
+    ) -> None:
+        """`ncu_metrics`: on CUDA, run Nsight Compute's metrics level after K (a child process
+        under `ncu`; minutes for a large model), else the trace says it was not requested."""
         import torch
 
         self.torch = torch
         self.device = parse_device(torch, device)
         self.cuda = self.device.type == "cuda"
+        self.ncu_metrics = ncu_metrics
         map_location = str(self.device)
         if isinstance(model, str | Path):
             path = Path(model)
@@ -141,7 +151,11 @@ class PyTorchRunner:
         iterations: int,
         warmup: int,
     ) -> LevelRun:
-        from sidecar.profiling.gpu.metrics_level import ModelSource, live_metrics_level
+        from sidecar.profiling.gpu.metrics_level import (
+            ModelSource,
+            live_metrics_level,
+            not_requested_status,
+        )
         from sidecar.profiling.runners.pytorch_cuda import CudaLevels
 
         def attrs(module: Any, inputs: Any, output: Any) -> dict[str, Any]:
@@ -167,7 +181,9 @@ class PyTorchRunner:
                 raise LevelNotSupportedError(
                     f"level {level.value!r} is not available for this model on {self.device}"
                 )
-        if level is Level.KERNEL:  # the metrics level: its own run, in a child process
+        if level is Level.KERNEL and not self.ncu_metrics:
+            extra.update(not_requested_status())
+        elif level is Level.KERNEL:  # the metrics level: its own run, in a child process
             source = (
                 ModelSource(self.source_path, "torchscript")
                 if self.source_path is not None

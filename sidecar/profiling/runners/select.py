@@ -77,18 +77,25 @@ def runner_for(
     optimizations: bool = True,
     threads: int | None = None,
     name: str | None = None,
+    ncu_metrics: bool = False,
 ) -> Runner:
     """A loaded runner for the model at `path`.
 
     `format` defaults to what the extension says; `threads` caps the runtime's intra-op
     threads (None: the runtime's default; TensorFlow: intra- and inter-op, settable only
     before TensorFlow first runs in the process); `name` is the model's name in PyTorch
-    and TensorFlow traces.
+    and TensorFlow traces; `ncu_metrics` adds Nsight Compute's metrics run after K (PyTorch
+    on CUDA only).
     """
     path = Path(path)
     if not path.exists():
         raise ProfilingError(f"model file not found: {path}")
     fmt = format or format_of(path)
+    if ncu_metrics and (fmt is not ModelFormat.TORCHSCRIPT or device == "cpu"):
+        raise ProfilingError(
+            "the Nsight Compute metrics level (--ncu-metrics) is supported for PyTorch models "
+            "on a CUDA device only"
+        )
     if fmt is None:
         raise UnsupportedFormatError(
             f"unknown model extension {path.suffix!r} for {path}: use .onnx (ONNX Runtime), "
@@ -97,7 +104,7 @@ def runner_for(
     if fmt is ModelFormat.ONNX:
         return _onnx_runner(path, device, optimizations, threads)
     if fmt is ModelFormat.TORCHSCRIPT:
-        return _torchscript_runner(path, device, optimizations, threads, name)
+        return _torchscript_runner(path, device, optimizations, threads, name, ncu_metrics)
     if fmt is ModelFormat.SAVEDMODEL:
         return _savedmodel_runner(path, device, optimizations, threads, name)
     raise UnsupportedFormatError(
@@ -141,7 +148,12 @@ def _onnx_runner(path: Path, device: str, optimizations: bool, threads: int | No
 
 
 def _torchscript_runner(
-    path: Path, device: str, optimizations: bool, threads: int | None, name: str | None
+    path: Path,
+    device: str,
+    optimizations: bool,
+    threads: int | None,
+    name: str | None,
+    ncu_metrics: bool = False,
 ) -> Runner:
     from sidecar.profiling.runners.pytorch import PyTorchRunner
 
@@ -151,7 +163,7 @@ def _torchscript_runner(
         import torch
 
         torch.set_num_threads(threads)
-    return PyTorchRunner(path, device=device, name=name)
+    return PyTorchRunner(path, device=device, name=name, ncu_metrics=ncu_metrics)
 
 
 def _savedmodel_runner(
