@@ -253,13 +253,19 @@ def gpu_vs_non_gpu(fr: Frames) -> AnalysisResult:
     comparable = {t for t in gpu_traces if base.get(t) == "gpu_events"}
     skipped = fr.meta[fr.meta["tkey"].isin(gpu_traces - comparable)]
     if not comparable:
-        return not_captured(
-            "A13",
-            TITLES["A13"],
-            "layer times of these GPU traces are host hook intervals (launch time), not "
-            "intervals on the GPU timeline, so they cannot be compared with kernel times; "
-            "profile the layer level with CUDA events (PyTorch on CUDA does)",
-        )
+        if any(base.get(t) == "host" for t in gpu_traces):
+            reason = (
+                "layer times of these GPU traces are host hook intervals (launch time), not "
+                "intervals on the GPU timeline, so they cannot be compared with kernel times; "
+                "profile the layer level with CUDA events (PyTorch on CUDA does)"
+            )
+        else:
+            reason = (
+                "these GPU traces have no layer run timed on the GPU timeline (e.g. a CUDA-graph "
+                "replay, or a trace written before `layer_time_base` was recorded), so there is "
+                "no layer time to compare with kernel times"
+            )
+        return not_captured("A13", TITLES["A13"], reason)
     ly = fr.layers[fr.layers["tkey"].isin(comparable)]
     own = dev[dev["tkey"].isin(comparable)][["tkey", "layer", "duration_ns"]]
     gpu = inclusive_sums(own.rename(columns={"duration_ns": "gpu_ns"}), ly, ["gpu_ns"])
