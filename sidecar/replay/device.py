@@ -77,8 +77,15 @@ def resolve(
         found = probe(fmt)
         if found.devices == 0:
             return DeviceChoice(CPU, f"auto: config.pbtxt asks for KIND_GPU, but {found.reason}")
-        index = wanted if wanted < found.devices else 0
-        return DeviceChoice(f"cuda:{index}", f"auto: config.pbtxt asks for KIND_GPU (gpu {wanted})")
+        if wanted < found.devices:
+            return DeviceChoice(
+                f"cuda:{wanted}", f"auto: config.pbtxt asks for KIND_GPU (gpu {wanted})"
+            )
+        return DeviceChoice(
+            "cuda:0",
+            f"auto: config.pbtxt asks for KIND_GPU on gpu {wanted}, but the profiling worker "
+            f"sees {found.devices} CUDA device(s): cuda:0",
+        )
     index = int(setting.split(":")[1])
     found = probe(fmt)
     if found.devices == 0:

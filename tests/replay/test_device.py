@@ -58,7 +58,8 @@ def test_auto_follows_a_kind_gpu_instance_group_when_a_gpu_is_visible(tmp_path: 
     assert gpu_request(on_one) == 1
     assert resolve("auto", ONNX, on_one, fake_probe(2)).device == "cuda:1"
     # the sidecar's container may see only the one GPU it was given: that one is device 0
-    assert resolve("auto", ONNX, on_one, fake_probe(1)).device == "cuda:0"
+    fallback = resolve("auto", ONNX, on_one, fake_probe(1))
+    assert fallback.device == "cuda:0" and "sees 1 CUDA device(s)" in fallback.reason
 
 
 def test_auto_is_the_cpu_without_kind_gpu_or_without_a_visible_gpu(tmp_path: Path) -> None:
