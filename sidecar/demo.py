@@ -212,19 +212,23 @@ def account(
     metrics_text: str,
     db: Path,
     log_path: Path,
+    method: str = "ModelInfer",
 ) -> list[str]:
-    """Console lines that add up: every request /metrics counted (traffic, forced calls and
+    """Console lines that add up: every `method` call /metrics counted (traffic, forced calls and
     the forced calls sent again, with why), every sampling decision (skips with their
     reasons), every sampled request (profiled or dropped), every profile by outcome (failed
     ones with their errors) and the traces stored."""
     sent = options.requests + forced.attempts
-    counted = round(sample_sum(metrics_text, "xsp_requests_total"))
+    counted = round(sample_sum(metrics_text, "xsp_requests_total", method=method))
+    others = round(sample_sum(metrics_text, "xsp_requests_total")) - counted
     retries = forced.attempts - forced.profiles
     lines = [
         f"requests: {options.requests} traffic + {forced.profiles} forced + {retries} forced "
         f"sent again = {sent} sent; the sidecar counted {counted} (xsp_requests_total)"
         + ("" if counted == sent else " (they differ!)"),
     ]
+    if others:  # not the demo's: another client found the sidecar's port
+        lines.append(f"  and {others} call(s) of other methods the demo did not send")
     for decision, n in sorted(forced.turned_away.items()):
         lines.append(
             f"  {n} forced call(s) sent again: turned away by {decision} "

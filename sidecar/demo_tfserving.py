@@ -183,7 +183,7 @@ def run_tfserving_demo(options: DemoOptions) -> int:
             for line in interesting_metrics(metrics_text):
                 print(f"    {line}")
             say("adding it up:")
-            lines = account(options, counts, forced, metrics_text, db, log_path)
+            lines = account(options, counts, forced, metrics_text, db, log_path, "Predict")
             for line in [*lines, *capture_lines(metrics_text)]:
                 print(f"    {line}")
     say(f"{stored} trace(s) of sampled Predicts stored in {db} (failed profiles included); "

@@ -51,7 +51,7 @@ def test_requests_add_up_to_what_metrics_counted(demo: tuple[str, str, Path]) ->
     traffic, forced, again, sent, counted = map(int, m.groups())
     assert (traffic, forced) == (REQUESTS, FORCED)
     assert traffic + forced + again == sent == counted
-    assert counted == round(sample_sum(metrics, "xsp_requests_total"))
+    assert counted == round(sample_sum(metrics, "xsp_requests_total", method="ModelInfer"))
     # every forced call sent again is explained by the decision that turned it away
     decisions = sums_by(metrics, "xsp_sampling_decisions_total", "decision")
     retried = re.findall(r"(\d+) forced call\(s\) sent again: turned away by (\w+) \(.+\)", console)
