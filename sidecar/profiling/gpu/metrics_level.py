@@ -61,15 +61,21 @@ NCU_FAILED = "not captured: the Nsight Compute run failed: "
 SUMMED = ("flops", "dram_read_bytes", "dram_write_bytes")
 
 
+def level_status(metrics_level: str) -> dict[str, str]:
+    """Trace attributes saying what a live GPU profile's metrics level captured (or why not),
+    and that PM sampling is not captured."""
+    return {"metrics_level": metrics_level, "pm_sampling": PM_SAMPLING}
+
+
 def live_status() -> dict[str, str]:
     """Trace attributes of a live GPU profile's K run when `ncu` is not on PATH."""
-    return {"metrics_level": NCU_NOT_ON_PATH, "pm_sampling": PM_SAMPLING}
+    return level_status(NCU_NOT_ON_PATH)
 
 
 def not_requested_status() -> dict[str, str]:
     """Trace attributes of a live GPU profile's K run when the metrics level was not asked for
     (it runs the model again under `ncu`, which can take minutes: never by default)."""
-    return {"metrics_level": NCU_NOT_REQUESTED, "pm_sampling": PM_SAMPLING}
+    return level_status(NCU_NOT_REQUESTED)
 
 
 @dataclass(frozen=True)
@@ -106,14 +112,14 @@ def live_metrics_level(
             result = _read_result(args.result)
         pairs = [match_kernels(it.spans, profiled) for it in iterations]
     except (ProfilingError, NcuJoinError, MetricsNotAvailableError) as exc:
-        return {"metrics_level": NCU_FAILED + str(exc), "pm_sampling": PM_SAMPLING}
+        return level_status(NCU_FAILED + str(exc))
     for it, its_pairs in zip(iterations, pairs, strict=True):
         apply_metrics(its_pairs)
         layer_metric_sums(attribute_raw(it.spans), it.spans)
     return {
-        "metrics_level": f"captured: Nsight Compute (ncu, live), {len(profiled)} kernels of "
-        "one forward",
-        "pm_sampling": PM_SAMPLING,
+        **level_status(
+            f"captured: Nsight Compute (ncu, live), {len(profiled)} kernels of one forward"
+        ),
         "metrics_run": {
             "source": "ncu",
             "kernels": len(profiled),
