@@ -205,6 +205,37 @@ def _logged_failures(log_path: Path, outcome: str, limit: int = 3) -> list[str]:
     return [line.strip() for line in lines if "profile of" in line and marker in line][:limit]
 
 
+def await_sampled(sidecar: SidecarProcess, options: DemoOptions) -> None:
+    """Say how many of the traffic's calls were sampled and wait for their profiles."""
+    sampled = round(sample_sum(sidecar.metrics(), DECISIONS, decision="sampled"))
+    rate = f"{options.sample_rate * 100:g}%"
+    say(f"{sampled} of them sampled at {rate}" + ("; their profiles:" if sampled else ""))
+    if sampled:
+        wait_for_profiles(sidecar.metrics_url, 0, sampled, "profiles of sampled traffic")
+
+
+def record_and_account(
+    sidecar: SidecarProcess,
+    out: Path,
+    options: DemoOptions,
+    counts: dict[str, int],
+    forced: ForcedResult,
+    db: Path,
+    method: str,
+) -> tuple[int, str, list[str]]:
+    """Save the final /metrics scrape, show its interesting lines and return the traces
+    stored, the scrape and the console lines that add it all up (`account`)."""
+    stored = count_traces(db)
+    metrics_text = sidecar.metrics()
+    (out / "metrics.txt").write_text(metrics_text)
+    say("what the sidecar recorded (selected /metrics lines):")
+    for line in interesting_metrics(metrics_text):
+        print(f"    {line}")
+    say("adding it up:")
+    lines = account(options, counts, forced, metrics_text, db, sidecar.log_path, method)
+    return stored, metrics_text, lines
+
+
 def account(
     options: DemoOptions,
     counts: dict[str, int],
@@ -344,11 +375,7 @@ def run_demo(options: DemoOptions) -> int:
             say(f"sidecar relaying on {relay}; metrics on :{sidecar.metrics_port}/metrics")
             counts = send_traffic(relay, options)
             say(f"sent {options.requests} requests: {counts['ok']} ok, {counts['error']} errors")
-            sampled = round(sample_sum(sidecar.metrics(), DECISIONS, decision="sampled"))
-            rate = f"{options.sample_rate * 100:g}%"
-            say(f"{sampled} of them sampled at {rate}" + ("; their profiles:" if sampled else ""))
-            if sampled:
-                wait_for_profiles(sidecar.metrics_url, 0, sampled, "profiles of sampled traffic")
+            await_sampled(sidecar, options)
             models = ", ".join(options.forced_models)
             say(f"sending {options.forced} request(s) with x-xsp-profile: 1 to {models}")
             client = grpcclient.InferenceServerClient(relay)
@@ -360,14 +387,10 @@ def run_demo(options: DemoOptions) -> int:
             forced = send_forced(infer_forced, sidecar.metrics_url, db, options)
             client.close()
             time.sleep(1.5)  # let Triton's span export and the writer catch up
-            stored = count_traces(db)
-            metrics_text = sidecar.metrics()
-            (out / "metrics.txt").write_text(metrics_text)
-            say("what the sidecar recorded (selected /metrics lines):")
-            for line in interesting_metrics(metrics_text):
-                print(f"    {line}")
-            say("adding it up:")
-            for line in account(options, counts, forced, metrics_text, db, log_path):
+            stored, _, lines = record_and_account(
+                sidecar, out, options, counts, forced, db, "ModelInfer"
+            )
+            for line in lines:
                 print(f"    {line}")
     say(f"{stored} trace(s) of sampled requests stored in {db} (failed profiles included)")
     sweep = report_and_sweep(out, db, repo / "simple_cnn" / "1" / "model.onnx", "simple_cnn",

@@ -22,23 +22,21 @@ from tqdm import tqdm
 
 from sidecar.demo import (
     BUDGET_PER_MINUTE,
-    DECISIONS,
     DUTY_CYCLE,
     DemoOptions,
-    account,
+    await_sampled,
     fresh_database,
-    interesting_metrics,
+    record_and_account,
     report_and_sweep,
     say,
     send_forced,
-    wait_for_profiles,
 )
 from sidecar.localtfserving.models import CNN, TRANSFORMER, build_model_base
 from sidecar.localtfserving.process import TfServingServer
 from sidecar.localtriton.sidecar_process import SidecarProcess
-from sidecar.metrics_text import sample_sum, sums_by
+from sidecar.metrics_text import sums_by
 from sidecar.trace.spans import Level
-from sidecar.trace.store import TraceStore, count_traces
+from sidecar.trace.store import TraceStore
 
 FORCEABLE = (CNN, TRANSFORMER)
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
@@ -160,11 +158,7 @@ def run_tfserving_demo(options: DemoOptions) -> int:
                 f":{sidecar.metrics_port}/metrics")  # fmt: skip
             counts = send_traffic(client, options)
             say(f"sent {options.requests} Predicts: {counts['ok']} ok, {counts['error']} errors")
-            sampled = round(sample_sum(sidecar.metrics(), DECISIONS, decision="sampled"))
-            rate = f"{options.sample_rate * 100:g}%"
-            say(f"{sampled} of them sampled at {rate}" + ("; their profiles:" if sampled else ""))
-            if sampled:
-                wait_for_profiles(sidecar.metrics_url, 0, sampled, "profiles of sampled traffic")
+            await_sampled(sidecar, options)
             models = ", ".join(options.forced_models)
             say(f"sending {options.forced} Predict(s) with x-xsp-profile: 1 to {models}")
             rng = np.random.default_rng(1)
@@ -176,14 +170,9 @@ def run_tfserving_demo(options: DemoOptions) -> int:
             forced = send_forced(predict_forced, sidecar.metrics_url, db, options)
             client.close()
             time.sleep(1.5)  # let the last capture and the writer catch up
-            stored = count_traces(db)
-            metrics_text = sidecar.metrics()
-            (out / "metrics.txt").write_text(metrics_text)
-            say("what the sidecar recorded (selected /metrics lines):")
-            for line in interesting_metrics(metrics_text):
-                print(f"    {line}")
-            say("adding it up:")
-            lines = account(options, counts, forced, metrics_text, db, log_path, "Predict")
+            stored, metrics_text, lines = record_and_account(
+                sidecar, out, options, counts, forced, db, "Predict"
+            )
             for line in [*lines, *capture_lines(metrics_text)]:
                 print(f"    {line}")
     say(f"{stored} trace(s) of sampled Predicts stored in {db} (failed profiles included); "
