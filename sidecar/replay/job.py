@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -117,8 +118,12 @@ def _device(location: ModelLocation, context: dict[str, Any]) -> DeviceChoice:
 def _peak(device: str) -> Peak | None:
     """The roofs of the replay device: this machine's measured CPU peak, or a GPU's data-sheet
     figures (a microbenchmark would compete with serving on the GPU the backend uses)."""
-    if device == "cpu":
-        return get_peak()
+    return get_peak() if device == "cpu" else _gpu_peak(device)
+
+
+@functools.cache
+def _gpu_peak(device: str) -> Peak | None:
+    """A GPU's data-sheet peak by the name its driver gives it (asked once per worker)."""
     from sidecar.profiling.gpu.gpu_peak import datasheet_peak
 
     name = driver_device_name(int(device.split(":")[1]))
