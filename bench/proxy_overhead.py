@@ -8,8 +8,10 @@ concurrency it prints throughput, p50 and p99 direct and relayed, their ratios, 
 microseconds per request of the relay process and of Triton (its process tree, Python-backend
 stubs included), read from /proc/<pid>/stat.
 
-With `perf_analyzer` on PATH (it ships in the tritonclient 2.51 wheel) and a local Triton, it
-also prints NVIDIA's load generator's numbers for both paths.
+With `socat` on PATH it also relays the same load through socat (a C byte copier, one process
+per connection, no HTTP/2 parsing): the floor any relay pays on this machine for the extra hop,
+measured in the same run. With `perf_analyzer` on PATH (it ships in the tritonclient 2.51 wheel)
+and a local Triton, it also prints NVIDIA's load generator's numbers for both paths.
 
     python bench/proxy_overhead.py --duration 10
 """
@@ -20,6 +22,7 @@ import argparse
 import contextlib
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -27,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -60,6 +64,23 @@ def process_tree(pid: int) -> list[int]:
         tree.append(current)
         todo.extend(children.get(current, []))
     return tree
+
+
+def reaped_cpu_seconds(pid: int) -> float:
+    """utime + stime of one process plus those of its children it has already waited for."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / CLK_TCK
+
+
+def forking_relay_cpu_seconds(pid: int) -> float:
+    """CPU of a relay that forks a process per connection (socat): the parent, the children
+    it has reaped, and the children still running (their CPU is not in the parent's yet)."""
+    total = reaped_cpu_seconds(pid)
+    for member in process_tree(pid)[1:]:
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(member)
+    return total
 
 
 def tree_cpu_seconds(pid: int) -> float:
@@ -130,7 +151,7 @@ class Result:
 
 def run_load(
     address: str, concurrency: int, duration: float, warmup: float, triton_pid: int,
-    relay_pid: int | None, model: str = "add_sub",
+    relay_pid: int | None, model: str = "add_sub", relay_cpu: Callable[[int], float] = cpu_seconds,
 ) -> Result:  # fmt: skip
     ctx = mp.get_context("spawn")
     pipes, procs = [], []
@@ -146,7 +167,7 @@ def run_load(
         if pipe.recv() != "ready":
             raise RuntimeError("a client process failed to warm up")
     triton0 = tree_cpu_seconds(triton_pid)
-    relay0 = cpu_seconds(relay_pid) if relay_pid else 0.0
+    relay0 = relay_cpu(relay_pid) if relay_pid else 0.0
     start = time.perf_counter()
     for pipe in pipes:
         pipe.send("go")
@@ -155,7 +176,7 @@ def run_load(
         latencies.extend(pipe.recv())
     elapsed = time.perf_counter() - start
     triton_cpu = tree_cpu_seconds(triton_pid) - triton0
-    relay_cpu = cpu_seconds(relay_pid) - relay0 if relay_pid else None
+    relay_seconds = relay_cpu(relay_pid) - relay0 if relay_pid else None
     for proc in procs:
         proc.join(10)
     n = len(latencies)
@@ -165,7 +186,7 @@ def run_load(
         duration=elapsed,
         p50_ms=statistics.median(latencies) * 1e3,
         p99_ms=latencies[min(n - 1, int(n * 0.99))] * 1e3,
-        relay_cpu_us=relay_cpu / n * 1e6 if relay_cpu is not None else None,
+        relay_cpu_us=relay_seconds / n * 1e6 if relay_seconds is not None else None,
         triton_cpu_us=triton_cpu / n * 1e6,
     )
 
@@ -191,6 +212,40 @@ def start_relay(backend: str, *extra: str) -> tuple[subprocess.Popen[bytes], str
             time.sleep(0.1)
     proc.kill()
     raise RuntimeError("the relay did not start listening within 30 s")
+
+
+def start_bare_relay(backend: str) -> tuple[subprocess.Popen[bytes], str] | None:
+    """socat relaying raw TCP to `backend` (a process per connection), or None without socat."""
+    binary = shutil.which("socat")
+    if binary is None:
+        return None
+    port = free_port()
+    host, _, backend_port = backend.rpartition(":")
+    proc = subprocess.Popen(
+        [binary, f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork,nodelay",
+         f"TCP:{host}:{backend_port},nodelay"],
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, f"127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("socat did not start listening within 10 s")
+
+
+def report_bare(concurrency: int, direct: Result, bare: Result, relay: Result) -> None:
+    """The bare TCP relay beside ours: what the extra hop alone costs here."""
+    assert bare.relay_cpu_us is not None and relay.relay_cpu_us is not None
+    print(f"  bare TCP relay (socat, C), same load: {bare.requests} calls")
+    print(f"  {'':22}{'socat':>12}{'relay':>12}")
+    print(f"  {'throughput / direct':22}{bare.throughput / direct.throughput:12.3f}"
+          f"{relay.throughput / direct.throughput:12.3f}")  # fmt: skip
+    print(f"  {'p50 added (ms)':22}{bare.p50_ms - direct.p50_ms:+12.3f}"
+          f"{relay.p50_ms - direct.p50_ms:+12.3f}")  # fmt: skip
+    print(f"  {'CPU (us/req)':22}{bare.relay_cpu_us:12.1f}{relay.relay_cpu_us:12.1f}")
 
 
 def report(concurrency: int, direct: Result, relay: Result) -> None:
@@ -275,6 +330,20 @@ def main(argv: list[str] | None = None) -> int:
                     relay_address, concurrency, args.duration, args.warmup, triton_pid, relay.pid
                 )
                 report(concurrency, direct, relayed)
+                started = start_bare_relay(backend)
+                if started is None:
+                    print("  bare TCP relay: socat not on PATH, skipped")
+                    continue
+                bare, bare_address = started
+                try:
+                    floor = run_load(
+                        bare_address, concurrency, args.duration, args.warmup, triton_pid,
+                        bare.pid, relay_cpu=forking_relay_cpu_seconds,
+                    )  # fmt: skip
+                finally:
+                    bare.kill()
+                    bare.wait(10)
+                report_bare(concurrency, direct, floor, relayed)
             if server is not None and server.environment is not None:
                 perf_analyzer_report(
                     backend, relay_address, args.concurrency, args.duration,
