@@ -132,6 +132,7 @@ def _client(
         infer(req)
         latencies.append(perf() - t0)
     conn.send(latencies)
+    conn.recv()  # keep the connection open until the relay's CPU has been read
     channel.close()
 
 
@@ -177,6 +178,8 @@ def run_load(
     elapsed = time.perf_counter() - start
     triton_cpu = tree_cpu_seconds(triton_pid) - triton0
     relay_seconds = relay_cpu(relay_pid) - relay0 if relay_pid else None
+    for pipe in pipes:
+        pipe.send("close")
     for proc in procs:
         proc.join(10)
     n = len(latencies)
@@ -200,18 +203,24 @@ def start_relay(backend: str, *extra: str) -> tuple[subprocess.Popen[bytes], str
         "--listen", f"127.0.0.1:{port}", "--metrics-port", str(free_port()),
         "--grpc-port", str(free_port()), "--grace-period", "1", *extra,
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd)
-    deadline = time.monotonic() + 30
+    return await_listening(subprocess.Popen(cmd), port, "the relay")
+
+
+def await_listening(
+    proc: subprocess.Popen[bytes], port: int, what: str, timeout: float = 30.0
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Wait until `proc` accepts connections on 127.0.0.1:`port`; kill it if it never does."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the relay exited with code {proc.returncode}")
+            raise RuntimeError(f"{what} exited with code {proc.returncode}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
             return proc, f"127.0.0.1:{port}"
         except OSError:
-            time.sleep(0.1)
+            time.sleep(0.05)
     proc.kill()
-    raise RuntimeError("the relay did not start listening within 30 s")
+    raise RuntimeError(f"{what} did not start listening within {timeout:.0f} s")
 
 
 def start_bare_relay(backend: str) -> tuple[subprocess.Popen[bytes], str] | None:
@@ -225,15 +234,7 @@ def start_bare_relay(backend: str) -> tuple[subprocess.Popen[bytes], str] | None
         [binary, f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork,nodelay",
          f"TCP:{host}:{backend_port},nodelay"],
     )  # fmt: skip
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, f"127.0.0.1:{port}"
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("socat did not start listening within 10 s")
+    return await_listening(proc, port, "socat")
 
 
 def report_bare(concurrency: int, direct: Result, bare: Result, relay: Result) -> None:

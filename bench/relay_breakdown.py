@@ -18,7 +18,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from proxy_overhead import run_load
+from proxy_overhead import await_listening, run_load
 
 from sidecar.localtriton.server import free_port
 
@@ -43,17 +42,7 @@ def start_instrumented_relay(backend: str, out: Path) -> tuple[subprocess.Popen[
         "--grpc-port", str(free_port()), "--grace-period", "1",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, env=dict(os.environ, XSP_BREAKDOWN_OUT=str(out)))
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the relay exited with code {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, f"127.0.0.1:{port}"
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("the relay did not start listening within 30 s")
+    return await_listening(proc, port, "the instrumented relay")
 
 
 def replay(chunks: list[tuple[str, bytes]], repeats: int = 5) -> tuple[float, int]:
