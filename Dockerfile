@@ -32,11 +32,16 @@ ARG EXTRAS
 ARG PIP_EXTRA_INDEX_URL=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# a C compiler for the relay's frame walker (sidecar/proxy/_framewalk.c); build stage only
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+COPY pyproject.toml setup.py README.md ./
 COPY sidecar ./sidecar
 COPY analysis ./analysis
 RUN python -m venv /opt/venv \
-    && /opt/venv/bin/pip install ".${EXTRAS}"
+    && /opt/venv/bin/pip install ".${EXTRAS}" \
+    && /opt/venv/bin/python -c "import sidecar.proxy._framewalk"
 
 FROM ${PYTHON_IMAGE} AS runtime-cpu
 COPY --from=build-cpu /opt/venv /opt/venv
@@ -57,11 +62,16 @@ ARG ORT_GPU_SPEC="onnxruntime-gpu>=1.20,<1.27"
 ARG CUPTI_SPEC="cupti-python~=12.8.0"
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# a C compiler and Python's headers for the relay's frame walker; build stage only
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev python3-dev \
+    && rm -rf /var/lib/apt/lists/*
+COPY pyproject.toml setup.py README.md ./
 COPY sidecar ./sidecar
 COPY analysis ./analysis
 RUN python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install ".${EXTRAS}" "${CUPTI_SPEC}" \
+    && /opt/venv/bin/python -c "import sidecar.proxy._framewalk" \
     && /opt/venv/bin/pip uninstall -y onnxruntime \
     && /opt/venv/bin/pip install "${ORT_GPU_SPEC}"
 

@@ -61,6 +61,17 @@ DEFAULT_MAX_FRAME_SIZE = 16384
 MAX_HEADER_BLOCK = 1 << 20  # held/assembled header block cap; beyond it we stop observing
 
 _HEADER = struct.Struct(">BHBBI")
+
+# The C frame walker (`_framewalk.c`, built by `pip install` where a C compiler exists) handles
+# the whole fast-path frames of a chunk in observe mode; this module is the reference and the
+# fallback. `native_walk` may be set to None to force the pure-Python path (the tests do).
+native_walk: Callable[[FrameSink, bytes, int], int] | None
+try:
+    from sidecar.proxy._framewalk import walk as _c_walk
+except ImportError:  # not built: no C compiler at install time
+    native_walk = None
+else:
+    native_walk = _c_walk
 # frame types the fast path handles when the whole frame is in one chunk (skipped ones included)
 _CONTROL_TYPES = frozenset({SETTINGS, RST_STREAM, GOAWAY, PING})
 _FAST_TYPES = frozenset({DATA, HEADERS, PRIORITY, PING, WINDOW_UPDATE}) | _CONTROL_TYPES
@@ -218,6 +229,14 @@ class FrameScanner:
         if self.failed:
             return
         try:
+            walk = native_walk
+            if walk is not None and not (
+                self.hold or self._remaining or self._carry or self._block_sid or self._preface_left
+            ):
+                pos = walk(self.sink, data, 0)  # whole fast-path frames, in C
+                if pos == len(data):
+                    return
+                data = data[pos:]
             self._scan(data)
         except ScanError as exc:
             self._fail(exc.reason)

@@ -1,8 +1,13 @@
-"""The incremental HTTP/2 scanner on real HPACK-encoded byte streams, split every which way."""
+"""The incremental HTTP/2 scanner on real HPACK-encoded byte streams, split every which way.
+
+Every test runs twice: with the C frame walker (`sidecar/proxy/_framewalk.c`) and with the
+pure-Python scanner alone (`frames.native_walk = None`), the fallback where it is not built.
+"""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 
 import h2.config
 import h2.connection
@@ -14,6 +19,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from tritonclient.grpc import service_pb2
 
+from sidecar.proxy import frames
 from sidecar.proxy.frames import PREFACE, FrameScanner, frame_header
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.streams import ConnectionTracker, HeaderDecision, RequestStart, StreamEnd
@@ -29,6 +35,18 @@ from tests.proxy.proxy_h2build import (
 )
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+@pytest.fixture(autouse=True, scope="module", params=["c-walker", "pure-python"])
+def frame_walk(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Module-scoped (hypothesis refuses function-scoped fixtures around @given tests)."""
+    built = frames.native_walk
+    if request.param == "c-walker" and built is None:
+        pytest.skip("the C frame walker is not built here (no C compiler at install time)")
+    if request.param == "pure-python":
+        frames.native_walk = None
+    yield request.param
+    frames.native_walk = built
 
 
 def infer_request(model: str, n: int = 4) -> bytes:
