@@ -40,11 +40,13 @@ from sidecar.localtriton.server import free_port
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of one process, in seconds."""
+def cpu_seconds(pid: int, *, reaped_children: bool = False) -> float:
+    """utime + stime of one process, in seconds; with `reaped_children`, plus those of the
+    children it has already waited for (cutime + cstime)."""
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    used = (11, 12, 13, 14) if reaped_children else (11, 12)
+    return sum(int(fields[i]) for i in used) / CLK_TCK
 
 
 def process_tree(pid: int) -> list[int]:
@@ -66,17 +68,10 @@ def process_tree(pid: int) -> list[int]:
     return tree
 
 
-def reaped_cpu_seconds(pid: int) -> float:
-    """utime + stime of one process plus those of its children it has already waited for."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / CLK_TCK
-
-
 def forking_relay_cpu_seconds(pid: int) -> float:
     """CPU of a relay that forks a process per connection (socat): the parent, the children
     it has reaped, and the children still running (their CPU is not in the parent's yet)."""
-    total = reaped_cpu_seconds(pid)
+    total = cpu_seconds(pid, reaped_children=True)
     for member in process_tree(pid)[1:]:
         with contextlib.suppress(OSError):
             total += cpu_seconds(member)

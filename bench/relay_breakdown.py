@@ -47,22 +47,24 @@ def start_instrumented_relay(backend: str, out: Path) -> tuple[subprocess.Popen[
 
 def replay(chunks: list[tuple[str, bytes]], repeats: int = 5) -> tuple[float, int]:
     """Best-of-`repeats` thread-CPU µs per call of observing `chunks`, and the calls counted."""
-    from prometheus_client import CollectorRegistry
+    from prometheus_client import CollectorRegistry, generate_latest
 
+    from sidecar.metrics_text import sample_sum
     from sidecar.proxy.metrics import ProxyMetrics
     from sidecar.proxy.streams import ConnectionTracker
 
     best = float("inf")
     counted = 0
     for _ in range(repeats):
-        metrics = ProxyMetrics(CollectorRegistry())
-        tracker = ConnectionTracker(metrics)
+        registry = CollectorRegistry()
+        tracker = ConnectionTracker(ProxyMetrics(registry))
         request, response = tracker.request_scanner, tracker.response_scanner
         start = time.thread_time()
         for direction, data in chunks:
             (request if direction == "request" else response).observe(data)
         best = min(best, time.thread_time() - start)
-        counted = 0 if tracker.failed else sum(metrics._codes.values())
+        scrape = generate_latest(registry).decode()
+        counted = 0 if tracker.failed else round(sample_sum(scrape, "xsp_requests_total"))
     return (best / counted * 1e6 if counted else float("inf")), counted
 
 
@@ -100,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     calls = max(totals.get("calls", 0), 1)  # every call the relay saw, warm-up included
     # the connection whose replay counts the most calls (one per client process)
     hot_us, counted = max((replay(chunks) for chunks in recorded), key=lambda r: r[1])
+    if not counted:
+        raise RuntimeError("no recorded connection replayed a call (observation failed?)")
 
     def per_call(key: str) -> float:
         return totals.get(key, 0) / calls / 1e3

@@ -72,6 +72,7 @@ except ImportError:  # not built: no C compiler at install time
     native_walk = None
 else:
     native_walk = _c_walk
+
 # frame types the fast path handles when the whole frame is in one chunk (skipped ones included)
 _CONTROL_TYPES = frozenset({SETTINGS, RST_STREAM, GOAWAY, PING})
 _FAST_TYPES = frozenset({DATA, HEADERS, PRIORITY, PING, WINDOW_UPDATE}) | _CONTROL_TYPES
