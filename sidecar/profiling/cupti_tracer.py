@@ -8,9 +8,12 @@ as parent. Records become kernel spans (level K) with `kind` kernel / memcpy / m
 runtime / driver and the attributes of docs/contracts.md.
 
 The tracer records only what attribution needs: kernels, memcpys, memsets and the API calls
-that launch them (CUPTI's per-callback-id switches where cupti-python has them; otherwise all
-runtime/driver calls are recorded and those that launched nothing are dropped at `stop()`).
-A ResNet-50 forward makes ~4,100 API records of which ~250 launch work. Records may be
+that launch them: the runtime and driver kinds are enabled, then CUPTI's per-callback-id
+switches turn off every call that launches nothing (switches on a kind that is off record
+nothing once a CUDA context exists, which is why the kinds go on first); where the switches
+are missing, all calls are recorded and those that launched nothing are dropped at `stop()`.
+A ResNet-50 forward makes ~4,100 API records of which ~250 launch work. Every GPU record
+must come with its launch: `gpu.clock_check` rejects a K run where one does not. Records may be
 cupti-python objects or plain dicts (recordings, see `gpu.recording`).
 
 Without an NVIDIA driver every CUPTI call raises; `CuptiTracer.start` turns that into a
@@ -20,7 +23,6 @@ the records measured.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import re
 import time
@@ -222,14 +224,14 @@ def attach_gpu_activity(spans: Sequence[Span]) -> None:
         place_by_interval(span, launch.start_ns, launch.end_ns, host_layers)
 
 
-def launch_cbids() -> tuple[list[int], list[int]]:
-    """Runtime and driver callback ids of the calls that launch GPU work."""
-    from cupti import cupti
-
-    def ids(enum: Any) -> list[int]:
-        return [int(m) for m in enum if LAUNCH_API.match(m.name)]
-
-    return ids(cupti.RuntimeApiTraceCbid), ids(cupti.DriverApiTraceCbid)
+def non_launch_cbids(table: Any) -> list[int]:
+    """The callback ids in cupti-python's `RuntimeApiTraceCbid` / `DriverApiTraceCbid`
+    table of the calls that launch no GPU work (placeholders and reserved ids left out)."""
+    return [
+        int(m)
+        for m in table
+        if m.name.startswith("cu") and not LAUNCH_API.match(m.name) and 0 < int(m) < 2**31 - 1
+    ]
 
 
 class CuptiTracer:
@@ -250,7 +252,6 @@ class CuptiTracer:
         self.offset_ns = 0
         self.api_filter = "none"  # how API records were limited: cbid | after-stop | none
         self._kinds: list[Any] = []
-        self._api_cbids: list[tuple[Any, int]] = []
 
     def start(self) -> None:
         try:
@@ -280,23 +281,39 @@ class CuptiTracer:
         self.owner.claim(CUPTI_TRACER)  # only once CUPTI really records for this process
 
     def _enable_api(self, cupti: Any) -> None:
-        if not self.all_api:
-            try:  # only the launch calls: far fewer records than every API call
-                runtime, driver = launch_cbids()
-                for cbid in runtime:
-                    cupti.activity_enable_runtime_api(cbid, 1)
-                    self._api_cbids.append((cupti.activity_enable_runtime_api, cbid))
-                for cbid in driver:
-                    cupti.activity_enable_driver_api(cbid, 1)
-                    self._api_cbids.append((cupti.activity_enable_driver_api, cbid))
-                self.api_filter = "cbid"
-                return
-            except Exception:  # older CUPTI: record every call, drop the others at stop()
-                self._disable_api()
+        """Record the runtime and driver calls; unless `all_api`, switch off every call that
+        launches nothing.
+
+        The order is CUPTI's: per-function switches on a kind that is off record nothing once
+        the process has a CUDA context (as it has here: the model is on the GPU), and
+        enabling a kind forgets earlier switches. So the kinds go on first and the calls that
+        launch nothing are switched off after. Where the switches are missing or refused,
+        every call is recorded and those that launched nothing are dropped at `stop()`.
+        """
         for kind in (cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER):
             cupti.activity_enable(kind)
             self._kinds.append(kind)
-        self.api_filter = "none" if self.all_api else "after-stop"
+        if self.all_api:
+            self.api_filter = "none"
+            return
+        self.api_filter = "after-stop"
+        try:
+            switches = (
+                (cupti.activity_enable_runtime_api, cupti.RuntimeApiTraceCbid),
+                (cupti.activity_enable_driver_api, cupti.DriverApiTraceCbid),
+            )
+        except AttributeError:  # cupti-python without per-function switches
+            return
+        switched_off = 0
+        for enable, table in switches:
+            for cbid in non_launch_cbids(table):
+                try:
+                    enable(cbid, 0)
+                except Exception:  # an id this CUPTI does not know: nothing to switch off
+                    continue
+                switched_off += 1
+        if switched_off:
+            self.api_filter = "cbid"
 
     def stop(self) -> list[Any]:
         from cupti import cupti
@@ -309,14 +326,7 @@ class CuptiTracer:
             self.records = launch_records_only(self.records)
         return self.records
 
-    def _disable_api(self) -> None:
-        for enable, cbid in self._api_cbids:
-            with contextlib.suppress(Exception):
-                enable(cbid, 0)
-        self._api_cbids.clear()
-
     def _disable(self) -> None:
-        self._disable_api()
         try:
             from cupti import cupti
 

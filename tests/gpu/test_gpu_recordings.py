@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,24 @@ def test_clock_check_catches_a_stretched_clock(resnet_b8: Recording) -> None:
         s.start_ns = t0 + 2 * (s.start_ns - t0)
         s.end_ns = t0 + 2 * (s.end_ns - t0)
     assert not check_clock(spans, resnet_b8.all_walls).ok
+
+
+def test_gpu_records_without_their_launch_are_rejected(resnet_b8: Recording) -> None:
+    """What a tracer whose runtime API records never arrive would return: the H100's records
+    without the runtime calls. Only the 93 kernels launched through the driver
+    (`cuLaunchKernel`) keep a launch; the other 603 of 696 would drop out of every sum."""
+    records = [r for r in resnet_b8.records if r["kind"] != 5]
+    spans = records_to_spans(records, resnet_b8.cupti_offset_ns)
+    result = check_clock(spans, resnet_b8.all_walls)
+    assert result.violations == []  # the clock itself is fine
+    assert (result.missing_launches, result.gpu_records) == (603, 696)
+    with pytest.raises(ClockCheckError, match="603 of 696 GPU records came without the API"):
+        run_experiment(
+            RecordingRunner(replace(resnet_b8, records=records)),
+            {},
+            model="resnet50",
+            levels=[Level.KERNEL],
+        )
 
 
 def test_every_resnet_kernel_gets_a_layer(resnet_b8: Recording) -> None:

@@ -8,6 +8,10 @@ Each timed forward is ended by `torch.cuda.synchronize()`, so on a correct clock
 A tolerance covers the conversion between the two clocks. When a second CUPTI client has
 run in the process (see `owner`), records come back stretched over 2-3x the wall; this check
 turns that into a failed profile with the reason instead of wrong numbers in the store.
+
+It also checks that every GPU record came with the API call that launched it: a kernel whose
+launch CUPTI did not record cannot be placed in an iteration or a layer, and would silently
+drop out of every sum.
 """
 
 from __future__ import annotations
@@ -29,16 +33,18 @@ class ClockCheckError(ProfilingError):
 
 @dataclass
 class ClockCheck:
-    """What the check saw; `violations` holds one line per kind of violation."""
+    """What the check saw; `violations` holds one line per kind of clock violation,
+    `missing_launches` counts GPU records without their launching API call."""
 
     walls: int
     api_records: int = 0
     gpu_records: int = 0
     violations: list[str] = field(default_factory=list)
+    missing_launches: int = 0
 
     @property
     def ok(self) -> bool:
-        return not self.violations
+        return not self.violations and not self.missing_launches
 
 
 def check_clock(
@@ -81,6 +87,8 @@ def check_clock(
             continue
         result.gpu_records += 1
         launch = launches.get(int(span.attributes.get("correlation_id", 0)))
+        if launch is None:
+            result.missing_launches += 1
         anchor = launch.start_ns if launch is not None else span.start_ns
         i = wall_of(anchor)
         if i is None:
@@ -117,11 +125,20 @@ def require_clock(
 ) -> ClockCheck:
     """`check_clock`, raising `ClockCheckError` with the reasons when it fails."""
     result = check_clock(spans, walls, tolerance_ns)
-    if not result.ok:
-        raise ClockCheckError(
-            "kernel level rejected: CUPTI's records are not on the host clock of the timed "
-            "forwards (" + "; ".join(result.violations) + "). This happens when another CUPTI "
-            "client (e.g. torch.profiler) ran earlier in the same process; profile in a fresh "
-            "process."
+    reasons: list[str] = []
+    if result.violations:
+        reasons.append(
+            "CUPTI's records are not on the host clock of the timed forwards ("
+            + "; ".join(result.violations)
+            + "). This happens when another CUPTI client (e.g. torch.profiler) ran earlier in "
+            "the same process; profile in a fresh process."
         )
+    if result.missing_launches:
+        reasons.append(
+            f"{result.missing_launches} of {result.gpu_records} GPU records came without the "
+            "API call that launched them (CUPTI did not record those launches), so they cannot "
+            "be placed in a layer or an iteration and would be missing from every sum."
+        )
+    if reasons:
+        raise ClockCheckError("kernel level rejected: " + " ".join(reasons))
     return result
