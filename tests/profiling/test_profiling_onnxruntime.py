@@ -126,3 +126,91 @@ def test_residual_block_fusions_are_attributed(tmp_path: Path) -> None:
     covered = sorted(n for s in res.spans_at(Level.LAYER) for n in s.attributes["original_nodes"])
     assert covered == sorted(node.name for node in model.graph.node)
     assert res.trace.attributes["original_nodes_attributed"] == len(model.graph.node)
+
+
+def test_a_session_that_fell_back_to_the_cpu_is_never_a_gpu_run(
+    cnn_onnx: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """onnxruntime-gpu lists the CUDA provider even when its CUDA/cuDNN libraries do not
+    load; ORT then runs the session on the CPU with a log line. The listing is FAKED here
+    (no onnxruntime-gpu); the fall-back is this real ONNX Runtime's own."""
+    import onnxruntime as ort
+
+    from sidecar.profiling.runners import onnxruntime as ort_runner
+    from sidecar.profiling.runners.base import ProfilingError
+
+    real = ort.get_available_providers()
+    monkeypatch.setattr(
+        ort_runner.ort, "get_available_providers", lambda: ["CUDAExecutionProvider", *real]
+    )
+    runner = OnnxRuntimeRunner(
+        cnn_onnx, providers=[("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
+    )
+    with pytest.raises(ProfilingError, match=r"did not put small_cnn.onnx on CUDAExecutionPro"):
+        runner.describe()
+
+
+class FakeGpuSession:
+    """FAKE: a real CPU session whose runs, while the FAKE tracer records, each leave one
+    launch and one kernel record inside the run (what CUPTI gives for a GPU session)."""
+
+    recording: list[dict] | None = None
+
+    def __init__(self, session: object) -> None:
+        self.session = session
+        self.correlation = 0
+
+    def run(self, *args: object) -> object:
+        import time
+
+        t0 = time.time_ns()
+        out = self.session.run(*args)  # type: ignore[attr-defined]
+        t1 = time.time_ns()
+        if FakeGpuSession.recording is not None:
+            self.correlation += 1
+            cid = self.correlation
+            FakeGpuSession.recording += [
+                {"kind": 5, "start": t0 + 1, "end": t0 + 2, "correlation_id": cid, "cbid": 211},
+                {"kind": 10, "start": t0 + 3, "end": t1 - 1, "correlation_id": cid, "name": "k"},
+            ]
+        return out
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.session, name)
+
+
+class FakeTracer:
+    """FAKE CuptiTracer: hands out what `FakeGpuSession` recorded between start and stop."""
+
+    offset_ns = 0
+    api_filter = "cbid"
+
+    def start(self) -> None:
+        FakeGpuSession.recording = []
+
+    def stop(self) -> list[dict]:
+        records, FakeGpuSession.recording = FakeGpuSession.recording or [], None
+        return records
+
+
+def test_kernel_level_warms_up_before_cupti_records(
+    cnn_onnx: Path, cnn_inputs: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Warm-up runs launch outside every timed wall; recorded, they failed the clock check."""
+    import onnxruntime as ort
+
+    from sidecar.profiling import cupti_tracer
+
+    monkeypatch.setattr(cupti_tracer, "CuptiTracer", FakeTracer)
+    runner = OnnxRuntimeRunner(cnn_onnx)
+    runner.provider_names = ["CUDAExecutionProvider", "CPUExecutionProvider"]  # FAKE GPU
+    monkeypatch.setattr(
+        runner,
+        "_make_session",
+        lambda so: FakeGpuSession(
+            ort.InferenceSession(str(cnn_onnx), so, providers=["CPUExecutionProvider"])
+        ),
+    )
+    run = runner.run(cnn_inputs, Level.KERNEL, 3, 5)
+    assert run.attributes["clock_check"] == "ok (3 GPU, 3 API records)"
+    assert [sum(s.kind == "kernel" for s in it.spans) for it in run.iterations] == [1, 1, 1]

@@ -56,11 +56,12 @@ DATASHEETS: dict[str, GpuSpec] = {
 
 def datasheet(device_name: str) -> GpuSpec | None:
     """The data-sheet entry for a device name as CUDA reports it, e.g.
-    `NVIDIA H100 80GB HBM3` (the SXM5 part), `NVIDIA H100 PCIe`, `NVIDIA H200`."""
+    `NVIDIA H100 80GB HBM3` (the SXM5 part), `NVIDIA H100 PCIe`, `NVIDIA H200`. Parts with
+    other figures (GH200, H200 NVL) have no entry: None rather than another part's roofs."""
     n = device_name.upper()
-    if "H200" in n:
-        return DATASHEETS["H200"]
-    if "H100" in n:
+    if re.search(r"\bH200\b", n):
+        return None if "NVL" in n else DATASHEETS["H200"]
+    if re.search(r"\bH100\b", n):
         if "PCIE" in n:
             return DATASHEETS["H100 PCIe"]
         if "NVL" in n:

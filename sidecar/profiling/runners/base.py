@@ -130,6 +130,16 @@ def align_offset(walls: Sequence[tuple[int, int]], marks: Sequence[tuple[int, in
     return int(statistics.median(diffs))
 
 
+def warm_up(fn: Callable[[], Any], warmup: int) -> pacing.Pacer:
+    """Run `fn` `warmup` times, each as a slice the process's pacer may hold back; return
+    the pacer."""
+    gate = pacing.pacer()
+    for _ in range(warmup):
+        gate.wait()
+        fn()
+    return gate
+
+
 def timed_loop(
     fn: Callable[[], object], iterations: int, warmup: int
 ) -> tuple[list[tuple[int, int]], int]:
@@ -141,10 +151,7 @@ def timed_loop(
     interval is returned (a profiler saw them all); the loop's `LoopRecord` names the runs
     the experiment discards.
     """
-    gate = pacing.pacer()
-    for _ in range(warmup):
-        gate.wait()
-        fn()
+    gate = warm_up(fn, warmup)
     offset = epoch_offset_ns()
     clock = time.perf_counter_ns
     walls: list[tuple[int, int]] = []

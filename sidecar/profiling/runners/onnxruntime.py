@@ -45,6 +45,7 @@ from sidecar.profiling.runners.base import (
     keyed,
     model_span,
     timed_loop,
+    warm_up,
 )
 from sidecar.trace.spans import Level
 
@@ -151,9 +152,20 @@ class OnnxRuntimeRunner:
 
     def _make_session(self, so: ort.SessionOptions) -> ort.InferenceSession:
         try:
-            return ort.InferenceSession(str(self.model_path), so, providers=self.providers)
+            session = ort.InferenceSession(str(self.model_path), so, providers=self.providers)
         except Exception as exc:  # ORT raises its own exception types
             raise ProfilingError(f"ONNX Runtime cannot load {self.model_path}: {exc}") from None
+        used = session.get_providers()
+        if self._on_gpu and used[:1] != self.provider_names[:1]:
+            # ORT lists the CUDA provider whenever onnxruntime-gpu is installed, and falls
+            # back to the CPU with a log line when the CUDA/cuDNN libraries do not load.
+            raise ProfilingError(
+                f"ONNX Runtime did not put {self.model_path.name} on {self.provider_names[0]} "
+                f"({self.device}): the session runs on {used}. The CUDA and cuDNN libraries "
+                "onnxruntime-gpu needs did not load (or the device does not exist); nothing "
+                "is reported as a GPU run."
+            )
+        return session
 
     def _trace_attributes(self) -> dict[str, Any]:
         attrs: dict[str, Any] = {
@@ -185,13 +197,18 @@ class OnnxRuntimeRunner:
                 )
             session = self._make_session(so)
             tracer = None
+            timed_warmup = warmup
             if kernels:
                 from sidecar.profiling.cupti_tracer import CuptiTracer
 
+                # Warm up before CUPTI records: warm-up launches lie outside every timed
+                # wall and would fail the clock check (cuDNN's algorithm search among them).
+                warm_up(lambda: session.run(None, feed), warmup)
+                timed_warmup = 0
                 tracer = CuptiTracer()
                 tracer.start()
             try:
-                walls, _ = timed_loop(lambda: session.run(None, feed), iterations, warmup)
+                walls, _ = timed_loop(lambda: session.run(None, feed), iterations, timed_warmup)
             finally:
                 records = tracer.stop() if tracer is not None else []
             events = json.loads(Path(session.end_profiling()).read_text())
