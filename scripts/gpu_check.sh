@@ -1,26 +1,42 @@
 #!/usr/bin/env bash
 # The GPU suite and bench/gpu_profile.py, on a lent GPU machine (run there from the repo root,
-# with `.whl/` from scripts/gpu_wheels.sh carried along). Output and the bench's JSON go to
-# $OUT (or ./gpu-check-out). Uses the machine's own PyTorch, numpy and pandas; conftest files
-# above each test folder are cut off (they start Triton and TF-Serving, which are not there).
+# with `.whl/` from scripts/gpu_wheels.sh carried along). Output and logs go to $OUT (or
+# ./gpu-check-out). Uses the machine's own PyTorch, numpy and pandas; conftest files above each
+# test folder are cut off (they start Triton and TF-Serving, which are not there).
+#
+#   bash scripts/gpu_check.sh tests               the GPU tests (a few minutes)
+#   bash scripts/gpu_check.sh bench [ARGS...]     bench/gpu_profile.py ARGS (e.g. --no-ncu,
+#                                                 --cases resnet50:64,bert:8)
+#   bash scripts/gpu_check.sh                     both (may not fit one 10-minute call)
+#
+# Each part appends to its own log, so a call stopped at its limit still returns what ran.
 set -uo pipefail
 OUT=${OUT:-gpu-check-out}
 mkdir -p "$OUT"
+part=${1:-all}
+[ $# -gt 0 ] && shift
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, cupti; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 status=0
-python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/gpu -rs tests/gpu \
-  2>&1 | tee -a "$OUT/pytest.txt"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/profiling -rs tests/profiling \
-  -k "pytorch or cupti" 2>&1 | tee -a "$OUT/pytest.txt"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/analysis tests/analysis/test_analysis_gpu.py \
-  2>&1 | tee -a "$OUT/pytest.txt"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-python3 bench/gpu_profile.py "$@" 2>&1 | tee "$OUT/gpu_profile.txt"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+run_pytest() {  # one pytest process per call: a process keeps the first CUPTI client it used
+  python3 -m pytest -q -p no:cacheprovider -rs "$@" 2>&1 | tee -a "$OUT/pytest.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+}
+if [ "$part" = tests ] || [ "$part" = all ]; then
+  # The live CUDA runner test first and alone: the CPU kernel-level tests claim CUPTI for
+  # torch.profiler on a CUDA build of PyTorch, after which it would skip itself.
+  cuda_test=tests/profiling/test_profiling_pytorch.py::test_cuda_levels_on_a_gpu
+  run_pytest --confcutdir=tests/profiling "$cuda_test"
+  run_pytest --confcutdir=tests/gpu tests/gpu
+  run_pytest --confcutdir=tests/profiling tests/profiling -k "pytorch or cupti or onnxruntime" \
+    --deselect "$cuda_test"
+  run_pytest --confcutdir=tests/analysis tests/analysis/test_analysis_gpu.py
+fi
+if [ "$part" = bench ] || [ "$part" = all ]; then
+  python3 bench/gpu_profile.py "$@" 2>&1 | tee -a "$OUT/gpu_profile.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 exit $status

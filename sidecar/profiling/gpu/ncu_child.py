@@ -122,9 +122,13 @@ def load_model(torch: Any, args: ChildArgs) -> Any:
 
 @contextlib.contextmanager
 def _context(torch: Any, scripted: bool) -> Iterator[None]:
-    """As the PyTorch runner: inference mode, TorchScript's optimized execution off."""
+    """As the PyTorch runner: inference mode, the fused transformer path off (the K run it
+    is matched with ran without it), TorchScript's optimized execution off."""
+    from sidecar.profiling.runners.pytorch import transformer_fastpath_off
+
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.inference_mode())
+        stack.enter_context(transformer_fastpath_off(torch))
         if scripted:
             stack.enter_context(torch.jit.optimized_execution(False))
         yield

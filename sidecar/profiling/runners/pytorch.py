@@ -51,6 +51,41 @@ MODEL_MARK = "xsp::model"
 LAYER_MARK = "xsp::layer::"
 
 
+def hookable_modules(model: Any) -> list[tuple[str, Any]]:
+    """`model.named_modules()` without TorchScript submodules and what lies under them:
+    PyTorch refuses hooks on a ScriptModule, so a scripted part of an eager model is timed
+    inside its parent's span only."""
+    import torch
+
+    scripted: list[str] = []
+    out: list[tuple[str, Any]] = []
+    for name, module in model.named_modules():
+        if any(name == p or name.startswith(p + ".") for p in scripted):
+            continue
+        if name and isinstance(module, torch.jit.ScriptModule):
+            scripted.append(name)
+            continue
+        out.append((name, module))
+    return out
+
+
+@contextlib.contextmanager
+def transformer_fastpath_off(torch: Any) -> Iterator[None]:
+    """Every level runs `nn.TransformerEncoderLayer`'s plain path: PyTorch leaves its fused
+    path (`aten::_transformer_encoder_layer_fwd`) as soon as any submodule has a hook, so
+    with the fused path on, M would time a different program than L and K hook."""
+    mha = getattr(torch.backends, "mha", None)
+    if mha is None or not hasattr(mha, "set_fastpath_enabled"):
+        yield
+        return
+    before = mha.get_fastpath_enabled()
+    mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        mha.set_fastpath_enabled(before)
+
+
 class PyTorchRunner:
     """Profile a `torch.nn.Module` or a TorchScript file with PyTorch on CPU."""
 
@@ -137,7 +172,7 @@ class PyTorchRunner:
                 its = self._profiled_run(args, iterations, warmup, kernels=level is Level.KERNEL)
             else:
                 raise LevelNotSupportedError(f"level {level.value!r} is not a replay level")
-        attrs: dict[str, Any] = {"layer_names": "original"}
+        attrs: dict[str, Any] = {"layer_names": "original", "transformer_fastpath": False}
         if self.scripted:
             attrs["torchscript_optimized_execution"] = False
         return LevelRun(level, its, warmup, attrs)
@@ -167,7 +202,13 @@ class PyTorchRunner:
         levels = CudaLevels(
             self.torch, self.model, self.device, self.model_name, attrs, not self.scripted
         )
-        extra: dict[str, Any] = {"layer_names": "original", "device": str(self.device)}
+        extra: dict[str, Any] = {
+            "layer_names": "original",
+            "device": str(self.device),
+            "transformer_fastpath": False,
+        }
+        if self.scripted:
+            extra["torchscript_optimized_execution"] = False
         with self._context():
             if level is Level.MODEL:
                 its = levels.model_run(args, iterations, warmup)
@@ -196,6 +237,7 @@ class PyTorchRunner:
     def _context(self) -> Iterator[None]:
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.torch.inference_mode())
+            stack.enter_context(transformer_fastpath_off(self.torch))
             if self.scripted:
                 stack.enter_context(self.torch.jit.optimized_execution(False))
             yield
@@ -210,7 +252,7 @@ class PyTorchRunner:
                         names.append(owner.s("name"))
             children = dict(self.model.named_children())
             return [(n, children.get(n)) for n in names]
-        leaves = [(n, m) for n, m in self.model.named_modules() if not list(m.children())]
+        leaves = [(n, m) for n, m in hookable_modules(self.model) if not list(m.children())]
         return [(n or self.model_name, m) for n, m in leaves]
 
     def _module_attrs(self, module: Any, inputs: Any, output: Any) -> dict[str, Any]:

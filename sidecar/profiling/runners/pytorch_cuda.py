@@ -29,6 +29,7 @@ from sidecar.profiling.gpu.attribution import group_graph_replays
 from sidecar.profiling.gpu.clock_check import require_clock
 from sidecar.profiling.gpu.layers import ModuleCall, call_spans
 from sidecar.profiling.runners.base import Iteration, RawSpan, epoch_offset_ns, model_span
+from sidecar.profiling.runners.pytorch import hookable_modules
 
 
 class ModuleHooks:
@@ -89,11 +90,16 @@ class ModuleHooks:
 
             return hook
 
-        for name, module in self.model.named_modules():
-            if not name:  # the root is the model span
-                continue
-            self._handles.append(module.register_forward_pre_hook(pre(name, type(module).__name__)))
-            self._handles.append(module.register_forward_hook(post(name)))
+        try:
+            for name, module in hookable_modules(self.model):
+                if not name:  # the root is the model span
+                    continue
+                type_ = type(module).__name__
+                self._handles.append(module.register_forward_pre_hook(pre(name, type_)))
+                self._handles.append(module.register_forward_hook(post(name)))
+        except BaseException:
+            self.__exit__()  # never leave hooks behind on a model the worker keeps
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
