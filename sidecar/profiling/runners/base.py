@@ -11,12 +11,14 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
 from sidecar.profiling import pacing
 from sidecar.trace.spans import Level
+
+T = TypeVar("T")
 
 
 class ProfilingError(Exception):
@@ -141,36 +143,49 @@ def warm_up(fn: Callable[[], Any], warmup: int) -> pacing.Pacer:
 
 
 def timed_loop(
-    fn: Callable[[], object], iterations: int, warmup: int
+    fn: Callable[[], Any], iterations: int, warmup: int
 ) -> tuple[list[tuple[int, int]], int]:
     """Run `fn` warmup + iterations times; return the timed (start, end) epoch-ns intervals
-    and the epoch offset used.
-
-    Each run is one slice of the profile (`sidecar.profiling.pacing`): the process's pacer
-    may hold it back, and a timed run it reports interrupted is run again. Every timed run's
-    interval is returned (a profiler saw them all); the loop's `LoopRecord` names the runs
-    the experiment discards.
-    """
-    gate = warm_up(fn, warmup)
+    and the epoch offset used. The timed runs are `paced_runs`: every run's interval is
+    returned (a profiler saw them all); the loop's `LoopRecord` names the runs the
+    experiment discards."""
+    warm_up(fn, warmup)
     offset = epoch_offset_ns()
     clock = time.perf_counter_ns
-    walls: list[tuple[int, int]] = []
-    interrupted: list[int] = []
-    attempts = iterations * pacing.MAX_ATTEMPTS_PER_ITERATION
-    while len(walls) - len(interrupted) < iterations and len(walls) < attempts:
-        gate.wait()
-        mark = gate.begin()
+
+    def once() -> tuple[tuple[int, int], int]:
         t0 = clock()
         fn()
         t1 = clock()
-        if gate.interrupted(mark, t1 - t0):
-            interrupted.append(len(walls))
-        walls.append((t0 + offset, t1 + offset))
-    record = pacing.LoopRecord(len(walls), interrupted)
-    if len(walls) == len(interrupted):  # never a clean run: keep them, and say so
-        record = pacing.LoopRecord(len(walls), [], kept_interrupted=len(walls))
+        return (t0 + offset, t1 + offset), t1 - t0
+
+    return paced_runs(once, iterations), offset
+
+
+def paced_runs(run_once: Callable[[], tuple[T, int]], iterations: int) -> list[T]:
+    """Results of `run_once` (which returns its result and its wall ns) until `iterations`
+    runs were not interrupted.
+
+    Each run is one slice of the profile (`sidecar.profiling.pacing`): the process's pacer
+    may hold it back, and a run it reports interrupted is run again, up to
+    `MAX_ATTEMPTS_PER_ITERATION` runs per wanted one. Every run's result is returned; the
+    `LoopRecord` left for the experiment names the interrupted ones."""
+    gate = pacing.pacer()
+    results: list[T] = []
+    interrupted: list[int] = []
+    attempts = iterations * pacing.MAX_ATTEMPTS_PER_ITERATION
+    while len(results) - len(interrupted) < iterations and len(results) < attempts:
+        gate.wait()
+        mark = gate.begin()
+        result, wall_ns = run_once()
+        if gate.interrupted(mark, wall_ns):
+            interrupted.append(len(results))
+        results.append(result)
+    record = pacing.LoopRecord(len(results), interrupted)
+    if len(results) == len(interrupted):  # never a clean run: keep them, and say so
+        record = pacing.LoopRecord(len(results), [], kept_interrupted=len(results))
     pacing.record_loop(record)
-    return walls, offset
+    return results
 
 
 def model_span(name: str, start_ns: int, end_ns: int, **attributes: Any) -> RawSpan:

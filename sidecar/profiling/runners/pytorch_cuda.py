@@ -28,7 +28,14 @@ from sidecar.profiling.cupti_tracer import CuptiTracer, records_to_spans, split_
 from sidecar.profiling.gpu.attribution import group_graph_replays
 from sidecar.profiling.gpu.clock_check import require_clock
 from sidecar.profiling.gpu.layers import ModuleCall, call_spans
-from sidecar.profiling.runners.base import Iteration, RawSpan, epoch_offset_ns, model_span
+from sidecar.profiling.runners.base import (
+    Iteration,
+    RawSpan,
+    epoch_offset_ns,
+    model_span,
+    paced_runs,
+    warm_up,
+)
 from sidecar.profiling.runners.pytorch import hookable_modules
 
 
@@ -151,12 +158,11 @@ class CudaLevels:
     def model_run(self, args: list[Any], iterations: int, warmup: int) -> list[Iteration]:
         torch = self.torch
         with self._on_device():
-            for _ in range(warmup):
-                self.model(*args)
+            warm_up(lambda: self.model(*args), warmup)
             self._sync()
             offset = epoch_offset_ns()
-            out: list[Iteration] = []
-            for _ in range(iterations):
+
+            def once() -> tuple[Iteration, int]:
                 e0 = torch.cuda.Event(enable_timing=True)
                 e1 = torch.cuda.Event(enable_timing=True)
                 t0 = time.perf_counter_ns()
@@ -167,20 +173,24 @@ class CudaLevels:
                 t1 = time.perf_counter_ns()
                 gpu_ns = round(e0.elapsed_time(e1) * 1e6)
                 span = model_span(self.model_name, t0 + offset, t1 + offset, gpu_time_ns=gpu_ns)
-                out.append(Iteration(t1 - t0, [span]))
-        return out
+                return Iteration(t1 - t0, [span]), t1 - t0
+
+            return paced_runs(once, iterations)
 
     def layer_run(self, args: list[Any], iterations: int, warmup: int) -> list[Iteration]:
         torch = self.torch
-        out: list[Iteration] = []
         with self._on_device(), ModuleHooks(self.model, events=True, attrs=self.attrs) as hooks:
-            for _ in range(max(warmup, 1)):
+
+            def forward() -> None:
                 hooks.reset()
                 self.model(*args)
+
+            warm_up(forward, max(warmup, 1))
             self._sync()
             hooks.capture_attrs = False
             offset = epoch_offset_ns()
-            for _ in range(iterations):
+
+            def once() -> tuple[Iteration, int]:
                 hooks.reset()
                 origin = torch.cuda.Event(enable_timing=True)
                 t0 = time.perf_counter_ns()
@@ -191,8 +201,9 @@ class CudaLevels:
                 hooks.resolve_events(origin)
                 spans = [model_span(self.model_name, t0 + offset, t1 + offset)]
                 spans.extend(call_spans(hooks.calls, offset, gpu_origin_ns=t0 + offset))
-                out.append(Iteration(t1 - t0, spans))
-        return out
+                return Iteration(t1 - t0, spans), t1 - t0
+
+            return paced_runs(once, iterations)
 
     def kernel_run(
         self, args: list[Any], iterations: int, warmup: int
@@ -202,31 +213,37 @@ class CudaLevels:
             if self.hookable
             else contextlib.nullcontext()
         )
-        walls: list[tuple[int, int]] = []
-        calls: list[list[ModuleCall]] = []
         tracer = CuptiTracer()
         with self._on_device(), hooks_cm as hooks:
-            for _ in range(max(warmup, 1)):
+
+            def forward() -> None:
                 if hooks is not None:
                     hooks.reset()
                 self.model(*args)
+
+            warm_up(forward, max(warmup, 1))
             self._sync()
             if hooks is not None:
                 hooks.capture_attrs = False
             offset = epoch_offset_ns()
-            tracer.start()
+
+            def once() -> tuple[tuple[tuple[int, int], list[ModuleCall]], int]:
+                if hooks is not None:
+                    hooks.reset()
+                t0 = time.perf_counter_ns()
+                self.model(*args)
+                self._sync()
+                t1 = time.perf_counter_ns()
+                calls = list(hooks.calls) if hooks is not None else []
+                return ((t0 + offset, t1 + offset), calls), t1 - t0
+
+            tracer.start()  # after the warm-up: its launches lie outside every timed wall
             try:
-                for _ in range(iterations):
-                    if hooks is not None:
-                        hooks.reset()
-                    t0 = time.perf_counter_ns()
-                    self.model(*args)
-                    self._sync()
-                    t1 = time.perf_counter_ns()
-                    walls.append((t0 + offset, t1 + offset))
-                    calls.append(list(hooks.calls) if hooks is not None else [])
+                runs = paced_runs(once, iterations)
             finally:
                 records = tracer.stop()
+        walls = [wall for wall, _ in runs]
+        calls = [its_calls for _, its_calls in runs]
         spans_all = records_to_spans(records, tracer.offset_ns)
         check = require_clock(spans_all, walls)
         out: list[Iteration] = []
