@@ -214,3 +214,41 @@ def test_kernel_level_warms_up_before_cupti_records(
     run = runner.run(cnn_inputs, Level.KERNEL, 3, 5)
     assert run.attributes["clock_check"] == "ok (3 GPU, 3 API records)"
     assert [sum(s.kind == "kernel" for s in it.spans) for it in run.iterations] == [1, 1, 1]
+
+
+def test_an_onnxruntime_with_its_own_cuda_profiler_owns_cupti(
+    cnn_onnx: Path, cnn_inputs: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only an ONNX Runtime built with CUDA profiling writes `Kernel` events, through its own
+    CUPTI client; CuptiTracer must then refuse this process. The events are FAKED into a
+    real profile (no such build here)."""
+    import json
+
+    import onnxruntime as ort
+
+    from sidecar.profiling.gpu.owner import CUPTI_TRACER, CuptiOwner, CuptiOwnerError
+    from sidecar.profiling.runners import onnxruntime as ort_runner
+
+    owner = CuptiOwner()
+    monkeypatch.setattr(ort_runner, "PROCESS_OWNER", owner)
+
+    class WithKernelEvents:
+        def __init__(self, session: ort.InferenceSession) -> None:
+            self.session = session
+
+        def end_profiling(self) -> str:
+            path = Path(self.session.end_profiling())
+            events = json.loads(path.read_text())
+            events.append({"cat": "Kernel", "name": "gemm", "ts": 0, "dur": 1, "args": {}})
+            path.write_text(json.dumps(events))
+            return str(path)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.session, name)
+
+    runner = OnnxRuntimeRunner(cnn_onnx)
+    make = runner._make_session
+    monkeypatch.setattr(runner, "_make_session", lambda so: WithKernelEvents(make(so)))
+    runner.run(cnn_inputs, Level.LAYER, 2, 1)
+    with pytest.raises(CuptiOwnerError, match="ONNX Runtime's CUDA profiler already used"):
+        owner.check(CUPTI_TRACER)

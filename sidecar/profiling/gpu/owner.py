@@ -16,6 +16,7 @@ from sidecar.profiling.runners.base import LevelNotSupportedError
 
 TORCH_PROFILER = "torch.profiler"
 CUPTI_TRACER = "CuptiTracer"
+ORT_CUDA_PROFILER = "ONNX Runtime's CUDA profiler"  # builds with --enable_cuda_profiling
 
 
 class CuptiOwnerError(LevelNotSupportedError):

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from sidecar.profiling.gpu.owner import ORT_CUDA_PROFILER, PROCESS_OWNER
 from sidecar.profiling.runners import onnx_graph
 from sidecar.profiling.runners.base import (
     Iteration,
@@ -212,6 +213,10 @@ class OnnxRuntimeRunner:
             finally:
                 records = tracer.stop() if tracer is not None else []
             events = json.loads(Path(session.end_profiling()).read_text())
+            if any(e.get("cat") == "Kernel" for e in events):
+                # Only an ONNX Runtime built with CUDA profiling writes kernel events, and it
+                # is a CUPTI client: say so before it meets CuptiTracer in this process.
+                PROCESS_OWNER.claim(ORT_CUDA_PROFILER)
             mapping = None
             graph = self.original  # the graph ORT ran (names and initializers)
             if self.optimizations and os.path.exists(opt_path):
