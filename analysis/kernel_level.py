@@ -120,6 +120,7 @@ def _sum_per(kn: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     g["count"] = grouped.size()
     g = g.rename(columns={"_lat": "duration_ns"}).reset_index()
     g["achieved_occupancy"] = g["_occ_lat"] / g["_lat_occ"]
+    g["estimated"] = grouped["metrics_estimated"].max().astype(float).to_numpy()
     return g.drop(columns=["_occ_lat", "_lat_occ"])
 
 
@@ -160,7 +161,9 @@ def _by_layer(fr: Frames) -> pd.DataFrame:
         kn = kn[kn["layer"].notna()]
         per = fr.with_meta(_sum_per(kn, ["layer"]))
         agg = across_traces(
-            per, [*GROUP, "layer"], ["count", "duration_ns", *METRICS, "achieved_occupancy"]
+            per,
+            [*GROUP, "layer"],
+            ["count", "duration_ns", *METRICS, "achieved_occupancy", "estimated"],
         )
         order = layer_frame(fr)[[*GROUP, "name", "idx", "type"]].rename(columns={"name": "layer"})
         agg = agg.merge(order, on=[*GROUP, "layer"], how="left")
@@ -213,8 +216,10 @@ def gpu_metrics_by_layer(fr: Frames) -> AnalysisResult:
         "arithmetic_intensity",
         "arithmetic_throughput_gflops",
         "bound",
+        "estimated",
     ]
-    return AnalysisResult("A12", TITLES["A12"], agg[cols])
+    estimated = bool((agg["estimated"] > 0).any())
+    return AnalysisResult("A12", TITLES["A12"], agg[cols], estimated=estimated)
 
 
 def _layer_time_base(fr: Frames) -> pd.Series:

@@ -325,7 +325,9 @@ def test_h100_trace_reports_a1_to_a15(h100: TraceAnalysis) -> None:
     assert set(missing) == {"A4", "A7"}
     assert all("allocated_bytes" in r.reason for r in missing.values())
     for key in ("A9", "A12", "A14", "A15"):
-        assert not h100.result(key).estimated  # Nsight Compute counters, not estimates
+        # Nsight Compute counters; the tensor-pipe FLOPs among them are converted from
+        # instruction counts at an assumed MMA shape, so the results say "estimated"
+        assert h100.result(key).ok and h100.result(key).estimated
     idle = [f for f in h100.findings() if f.rule == "launch_bound"]
     assert any("GPU is idle 87%-93%" in f.finding and "(batch 1, 8)" in f.finding for f in idle)
 

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,7 @@ def test_ncu_command_profiles_only_the_marked_range() -> None:
     assert cmd == [
         "/opt/ncu", "--csv", "--page", "details", "--print-units", "base",
         "--profile-from-start", "off", "--target-processes", "all",
+        "--clock-control", "none", "--config-file", "off",
         "--metrics", ",".join(METRICS), "python", "-m", "child",
     ]  # fmt: skip
     assert "dram__bytes_read.sum" in cmd[cmd.index("--metrics") + 1].split(",")
@@ -151,10 +153,21 @@ def test_scaled_units_are_brought_to_base_units() -> None:
 FAKE_NCU = """\
 #!{python}
 # A fake `ncu` for tests: prints a real Nsight Compute CSV, writes the child's result file.
-import gzip, json, os, sys, time
+import gzip, json, os, subprocess, sys, time
 argv = sys.argv[1:]
 with open(os.environ["FAKE_NCU_ARGV"], "w") as fh:
     json.dump(argv, fh)
+if os.environ.get("FAKE_NCU_PERMISSION"):  # what ncu prints without access to the counters
+    print("==PROF== Connected to process 4242 (python3)")
+    print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA "
+          "GPU Performance Counters on the target device 0.")
+    print("==PROF== Disconnected from process 4242")
+    print("==WARNING== No kernels were profiled.")
+    sys.exit(0)
+if os.environ.get("FAKE_NCU_CHILD_PID"):  # the profiled process, still running
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    with open(os.environ["FAKE_NCU_CHILD_PID"], "w") as fh:
+        fh.write(str(child.pid))
 time.sleep(float(os.environ.get("FAKE_NCU_SLEEP", "0")))
 result = argv[argv.index("--result") + 1]
 with open(result, "w") as fh:
@@ -231,15 +244,44 @@ def test_a_kernel_count_mismatch_fails_the_level_and_touches_nothing(
     assert not any("metrics_source" in s.attributes for it in its for s in it.spans)
 
 
-def test_an_ncu_run_past_its_timeout_fails_the_level(
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_an_ncu_run_past_its_timeout_fails_the_level_and_stops_what_it_profiled(
+    fake_ncu: Path, resnet_b8: Recording, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "child.pid"
+    monkeypatch.setenv("FAKE_NCU_SLEEP", "30")
+    monkeypatch.setenv("FAKE_NCU_CHILD_PID", str(pid_file))
+    its = _k_run(resnet_b8)
+    attrs = ml.live_metrics_level(ml.ModelSource(NCU_B8), INPUTS, "cuda:0", its, timeout_s=1.5)
+    assert attrs["metrics_level"] == (
+        "not captured: the Nsight Compute run failed: Nsight Compute did not finish within "
+        "1.5 s (stopped, with the process it profiled)"
+    )
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(child)  # the profiled process does not hold the GPU on
+
+
+def test_the_reason_names_ncus_own_error(
     fake_ncu: Path, resnet_b8: Recording, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FAKE_NCU_SLEEP", "5")
+    """Without access to the counters ncu lets the program run and exits 0 without a report:
+    the stored reason must name the cause, not only "no header row"."""
+    monkeypatch.setenv("FAKE_NCU_PERMISSION", "1")
     its = _k_run(resnet_b8)
-    attrs = ml.live_metrics_level(ml.ModelSource(NCU_B8), INPUTS, "cuda:0", its, timeout_s=0.5)
-    assert attrs["metrics_level"] == (
-        "not captured: the Nsight Compute run failed: Nsight Compute did not finish within 0.5 s"
-    )
+    attrs = ml.live_metrics_level(ml.ModelSource(NCU_B8), INPUTS, "cuda:0", its)
+    reason = attrs["metrics_level"]
+    assert reason.startswith("not captured: the Nsight Compute run failed: ==ERROR== ERR_NVGPU")
+    assert "NVreg_RestrictProfilingToAdminUsers=0" in reason and "no header row" in reason
 
 
 def test_without_ncu_on_path_the_level_says_so(

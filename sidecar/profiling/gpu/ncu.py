@@ -11,15 +11,21 @@ FLOPs: FP32/FP16/FP64 pipes count `2 * fma + add + mul` thread instructions (mea
 tensor pipe is counted in warp-level instructions (`sm__inst_executed_pipe_tensor.sum`);
 `tensor_flops` converts them at `TENSOR_FLOPS_PER_INST` (an m16n8k8 HMMA, TF32 or FP16:
 16*8*8*2 = 2048 FLOPs), which is an assumption about the instruction shape and is stored as
-such (`tensor_flops_per_instruction`).
+such (`tensor_flops_per_instruction`). It does not hold for Hopper's warpgroup MMAs: the H100
+ResNet-50 b8 recording converts to 44.7 GFLOP against ~65 GFLOP of convolution work. So a
+kernel whose FLOPs include converted tensor instructions is `metrics_estimated` (with
+`estimated_because`); its DRAM bytes, time and occupancy are still Nsight Compute's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import io
+import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -31,6 +37,10 @@ from sidecar.profiling.gpu.demangle import base_name
 from sidecar.profiling.runners.base import LevelNotSupportedError, ProfilingError, RawSpan
 
 TENSOR_FLOPS_PER_INST = 2048
+TENSOR_ESTIMATE = (
+    "tensor-pipe FLOPs converted from instructions at 2048 per instruction (an m16n8k8 MMA); "
+    "Hopper's warpgroup MMAs do more per instruction, so these FLOPs may be undercounted"
+)
 METRICS = (
     "gpu__time_duration.sum",
     "dram__bytes_read.sum",
@@ -153,6 +163,9 @@ def kernel_attributes(k: NcuKernel) -> dict[str, Any]:
         attrs["tensor_flops_per_instruction"] = TENSOR_FLOPS_PER_INST
         flops += attrs["tensor_flops"]
         seen = True
+        if tensor > 0:
+            attrs["metrics_estimated"] = True
+            attrs["estimated_because"] = TENSOR_ESTIMATE
     if seen:
         attrs["flops"] = flops
     for metric, key in (
@@ -176,7 +189,10 @@ def match_kernels(
     have the same kernel name after demangling (the kernel's own identifier: CUPTI and Nsight
     Compute spell namespaces and template arguments differently). Anything else is an
     `NcuJoinError` naming the first disagreement; there is no partial match."""
-    ks = sorted((s for s in kernels if s.kind == "kernel"), key=lambda s: s.start_ns)
+    ks = sorted(  # launch order: Nsight Compute numbers kernels as they are launched
+        (s for s in kernels if s.kind == "kernel"),
+        key=lambda s: (int(s.attributes.get("correlation_id", 0)), s.start_ns),
+    )
     if len(ks) != len(profiled):
         raise NcuJoinError(
             f"Nsight Compute profiled {len(profiled)} kernels but the forward ran {len(ks)}: "
@@ -231,6 +247,10 @@ def ncu_command(tool: str, argv: Sequence[str], metrics: Sequence[str] = METRICS
         "off",
         "--target-processes",
         "all",
+        "--clock-control",  # the clocks the K run saw (ncu locks them to base by default)
+        "none",
+        "--config-file",  # a user's config.ncu-cfg must not add sections to the CSV
+        "off",
         "--metrics",
         ",".join(metrics),
         *argv,
@@ -254,23 +274,69 @@ def run_ncu(
         )
     cmd = ncu_command(tool, argv, metrics)
     t0 = time.perf_counter()
-    try:
-        out = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout_s, check=False, env=env
+    try:  # its own process group: a timeout must stop the profiled child too
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
         )
-    except subprocess.TimeoutExpired:
-        raise MetricsNotAvailableError(
-            f"Nsight Compute did not finish within {timeout_s:g} s"
-        ) from None
     except OSError as exc:
         raise MetricsNotAvailableError(f"Nsight Compute could not be started: {exc}") from None
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        stop_process_group(proc)
+        raise MetricsNotAvailableError(
+            f"Nsight Compute did not finish within {timeout_s:g} s (stopped, with the "
+            "process it profiled)"
+        ) from None
     wall = time.perf_counter() - t0
+    out = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     if out.returncode != 0:
         tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
         raise MetricsNotAvailableError(
-            f"Nsight Compute failed (exit {out.returncode}): {' | '.join(tail)}"
+            f"Nsight Compute failed (exit {out.returncode}): "
+            + " | ".join([*ncu_errors(out.stdout, out.stderr), *tail])
         )
     try:
         return parse_ncu_csv(out.stdout, origin="Nsight Compute's output"), wall
     except ProfilingError as exc:
-        raise MetricsNotAvailableError(str(exc)) from None
+        reasons = ncu_errors(out.stdout, out.stderr)
+        raise MetricsNotAvailableError(" | ".join([*reasons, str(exc)])) from None
+
+
+PERMISSION_HINT = (
+    "the GPU's performance counters are open to administrators only: load the driver with "
+    "NVreg_RestrictProfilingToAdminUsers=0 or run as root "
+    "(https://developer.nvidia.com/ERR_NVGPUCTRPERM)"
+)
+
+
+def ncu_errors(stdout: str, stderr: str) -> list[str]:
+    """Nsight Compute's own `==ERROR==` lines from both streams (the cause, which the last
+    lines of a failed run rarely hold), with a hint for the counters-permission error."""
+    lines = [
+        line.strip()
+        for line in (stdout + "\n" + stderr).splitlines()
+        if line.strip().startswith("==ERROR==")
+    ]
+    errors = list(dict.fromkeys(lines))
+    if any("ERR_NVGPUCTRPERM" in line for line in errors):
+        errors.append(PERMISSION_HINT)
+    return errors
+
+
+def stop_process_group(proc: subprocess.Popen[str], grace_s: float = 5.0) -> None:
+    """SIGTERM the process group `proc` leads (Nsight Compute and what it profiles), then
+    SIGKILL what is left after `grace_s`."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.communicate(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
