@@ -147,8 +147,9 @@ def measure_gpu_peak(device: str = "cuda:0", repeats: int = 5) -> Peak:  # pragm
                 best = min(best, e0.elapsed_time(e1))
             return best
 
-        mm = best_ms(lambda: torch.mm(a, b))
-        cp = best_ms(lambda: dst.copy_(src))
+        with torch.cuda.device(dev):  # events record on the current device's stream
+            mm = best_ms(lambda: torch.mm(a, b))
+            cp = best_ms(lambda: dst.copy_(src))
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
     flops = 2.0 * n**3 / (mm / 1e3)
