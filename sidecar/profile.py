@@ -149,9 +149,9 @@ def _run(options: ProfileOptions) -> int:
     peak = None
     gpu_peak_attrs: dict[str, Any] = {}
     if options.measure_peak and device.startswith("cuda"):
-        from sidecar.profiling.gpu.gpu_peak import get_gpu_peak
+        from sidecar.profiling.gpu.gpu_peak import get_gpu_peak, roof_attributes
 
-        gpu_peak = get_gpu_peak(device)
+        gpu_peak = get_gpu_peak(device, refresh=options.refresh_peak)
         peak, gpu_peak_attrs = gpu_peak.peak, gpu_peak.trace_attributes()
     elif options.measure_peak:
         from sidecar.profiling.peak import get_peak
@@ -182,7 +182,8 @@ def _run(options: ProfileOptions) -> int:
                     progress=lambda _level: bar.update(1),
                 )
                 result.trace.attributes["model_path"] = str(path)
-                result.trace.attributes.update(gpu_peak_attrs)
+                if gpu_peak_attrs:
+                    result.trace.attributes.update(roof_attributes(gpu_peak, result.spans))
                 if peak is not None and not gpu_peak_attrs:
                     peak = _check_peak(peak, result)
                 if store is not None:

@@ -172,3 +172,24 @@ def test_ncu_metrics_are_summed_per_layer(resnet_b8: Recording) -> None:
     assert plain.attributes["metrics_level"] == (
         "not captured: no Nsight Compute CSV was given with the recording"
     )
+
+
+def test_a_trace_whose_kernels_ran_on_the_tensor_pipe_gets_the_tensor_roof(
+    resnet_b8: Recording,
+) -> None:
+    """Live and recorded GPU traces pick their roof the same way (`roof_attributes`)."""
+    from sidecar.profiling.gpu.gpu_peak import GpuPeak, roof_attributes
+    from sidecar.profiling.peak import Peak
+
+    measured = GpuPeak(
+        Peak(51.0e12, 3.0e12, "gpu-microbenchmark", "NVIDIA H100 80GB HBM3", 1),
+        datasheet("NVIDIA H100 80GB HBM3"),
+    )
+    with_ncu = RecordingRunner(resnet_b8, ncu=read_ncu_csv(NCU_B8)).run({}, Level.KERNEL, 3, 0)
+    attrs = roof_attributes(measured, with_ncu.iterations[0].spans)
+    assert attrs["peak_flops_per_s"] == pytest.approx(494.7e12)
+    assert attrs["peak_source"].startswith("gpu-spec (tf32, ")
+    assert attrs["peak_measured"]["peak_flops_per_s"] == 51.0e12
+    plain = RecordingRunner(resnet_b8).run({}, Level.KERNEL, 3, 0)
+    attrs = roof_attributes(measured, plain.iterations[0].spans)
+    assert attrs["peak_flops_per_s"] == 51.0e12 and "peak_measured" not in attrs

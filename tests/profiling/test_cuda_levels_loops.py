@@ -107,6 +107,7 @@ def levels() -> CudaLevels:
 
 
 def test_model_level_is_paced_and_reruns_a_disturbed_iteration(levels: CudaLevels) -> None:
+    pacing.take_loops()  # forget loops other tests left
     with pacing.installed(InterruptFirst()), torch.inference_mode():
         its = levels.model_run([torch.rand(2, 4)], iterations=3, warmup=2)
     assert pacing.take_loops() == [pacing.LoopRecord(4, [0])]
@@ -121,6 +122,7 @@ def test_kernel_level_records_the_timed_runs_only_and_places_kernels_in_layers(
 ) -> None:
     monkeypatch.setattr(pytorch_cuda, "CuptiTracer", FakeTracer)
     Launching.calls = 0
+    pacing.take_loops()  # forget loops other tests left
     with pacing.installed(InterruptFirst()), torch.inference_mode():
         its, attrs = levels.kernel_run([torch.rand(2, 4)], iterations=3, warmup=5)
     assert pacing.take_loops() == [pacing.LoopRecord(4, [0])]

@@ -90,3 +90,14 @@ def test_hooks_are_removed_when_hooking_fails_midway(monkeypatch: pytest.MonkeyP
     with pytest.raises(RuntimeError, match="hook refused"), ModuleHooks(model, events=False):
         pass
     assert hooks_on(model) == 0  # the hooks put on `head` before the failure are gone
+
+
+def test_a_module_whose_children_never_run_is_a_leaf() -> None:
+    """nn.MultiheadAttention uses `out_proj.weight` without calling `out_proj`: the attention
+    call is a leaf (its time counts among the leaves), not an empty container."""
+    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True).eval()
+    with torch.inference_mode(), ModuleHooks(layer, events=False) as hooks:
+        layer(torch.rand(2, 4, 16))
+    leaf = {c.name: c.leaf for c in hooks.calls}
+    assert "self_attn.out_proj" not in leaf and leaf["self_attn"] is True
+    assert leaf["linear1"] is True and leaf["dropout1"] is True

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,31 @@ def datasheet_peak(device_name: str, compute: str = "fp32") -> GpuPeak:
     source = f"gpu-spec ({compute}, {spec.source})"
     peak = Peak(roofs[compute], spec.dram_bytes_per_s, source, device_name, 0)
     return GpuPeak(peak, spec)
+
+
+def ran_on_tensor_pipe(spans: Iterable[Any]) -> bool:
+    """Did any kernel among `spans` execute tensor-pipe instructions (Nsight Compute's
+    `tensor_pipe_instructions` on the kernel spans)?"""
+    return any(float(s.attributes.get("tensor_pipe_instructions") or 0) > 0 for s in spans)
+
+
+def roof_attributes(gpu_peak: GpuPeak, spans: Iterable[Any]) -> dict[str, Any]:
+    """The roofs a GPU trace is judged against: the data sheet's TF32 tensor roof when its
+    kernels ran on the tensor pipe and the data sheet knows the GPU (an FP32 roof would put
+    those kernels above it), else `gpu_peak`'s own; the measured roof stays beside
+    (`peak_measured`). Recorded and live traces pick it the same way."""
+    attrs = gpu_peak.trace_attributes()
+    spec = gpu_peak.datasheet
+    if spec is None or not ran_on_tensor_pipe(spans):
+        return attrs
+    keys = ("peak_flops_per_s", "peak_dram_bytes_per_s", "peak_source")
+    attrs["peak_measured"] = {k: attrs[k] for k in keys}
+    attrs.update(
+        peak_flops_per_s=spec.tf32_tensor_flops,
+        peak_dram_bytes_per_s=spec.dram_bytes_per_s,
+        peak_source=f"gpu-spec (tf32, {spec.source})",
+    )
+    return attrs
 
 
 def measure_gpu_peak(device: str = "cuda:0", repeats: int = 5) -> Peak:  # pragma: no cover

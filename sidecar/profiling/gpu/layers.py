@@ -7,7 +7,7 @@ there is one (`time_base` = `gpu_events`) and keeps the host interval beside it
 (`host_start_ns`/`host_end_ns`). A module called n times in one forward (torchvision's
 Bottleneck calls its one `relu` three times) gives n spans named `relu`, `relu#1`,
 `relu#2`, so every call stays visible in the analyses. `parent_layer` names the enclosing
-call, `depth` its depth in the module tree and `leaf` whether it has children.
+call, `depth` its depth in the module tree and `leaf` whether no module call ran inside it.
 """
 
 from __future__ import annotations

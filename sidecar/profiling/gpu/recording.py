@@ -36,7 +36,7 @@ from sidecar.profiling.gpu.attribution import (
     subtree_envelopes,
 )
 from sidecar.profiling.gpu.clock_check import DEFAULT_TOLERANCE_NS, require_clock
-from sidecar.profiling.gpu.gpu_peak import GpuPeak, datasheet_peak
+from sidecar.profiling.gpu.gpu_peak import GpuPeak, datasheet_peak, roof_attributes
 from sidecar.profiling.gpu.layers import ModuleCall, call_spans, calls_from_leaves
 from sidecar.profiling.gpu.metrics_level import layer_metric_sums, recorded_status
 from sidecar.profiling.gpu.ncu import NcuKernel, join_metrics, read_ncu_csv
@@ -256,9 +256,8 @@ def profile_recording(
         batch_size=batch_size,
     )
     if peak is None:
-        tensor = any(k.value("sm__inst_executed_pipe_tensor.sum") for k in ncu or ())
-        peak = datasheet_peak(rec.device, "tf32" if tensor else "fp32")
-    result.trace.attributes.update(peak.trace_attributes())
+        peak = datasheet_peak(rec.device, "fp32")
+    result.trace.attributes.update(roof_attributes(peak, result.spans))
     return result
 
 

@@ -45,6 +45,7 @@ from sidecar.profiling.runners.base import (
     model_span,
     timed_loop,
 )
+from sidecar.profiling.stats import trimmed_mean
 from sidecar.trace.spans import Level
 
 MODEL_MARK = "xsp::model"
@@ -212,6 +213,8 @@ class PyTorchRunner:
         with self._context():
             if level is Level.MODEL:
                 its = levels.model_run(args, iterations, warmup)
+                gpu = [int(it.spans[0].attributes["gpu_time_ns"]) for it in its]
+                extra["model_gpu_time_ns"] = round(trimmed_mean(gpu))  # CUDA events around M
             elif level is Level.LAYER and not self.scripted:
                 its = levels.layer_run(args, iterations, warmup)
                 extra["layer_time_base"] = "gpu_events"

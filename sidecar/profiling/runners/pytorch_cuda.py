@@ -64,7 +64,6 @@ class ModuleHooks:
         import torch
 
         clock = time.perf_counter_ns
-        children = {name: bool(list(m.children())) for name, m in self.model.named_modules()}
 
         def pre(name: str, type_: str) -> Any:
             def hook(module: Any, inputs: Any) -> None:
@@ -73,8 +72,10 @@ class ModuleHooks:
                     ev = torch.cuda.Event(enable_timing=True)
                     ev.record()
                 parent = self._stack[-1] if self._stack else None
+                if parent is not None:  # a call is a leaf until a module call opens inside it
+                    self.calls[parent].leaf = False
                 depth = name.count(".") + 1
-                call = ModuleCall(name, type_, clock(), 0, depth, parent, not children[name])
+                call = ModuleCall(name, type_, clock(), 0, depth, parent)
                 self._stack.append(len(self.calls))
                 self.calls.append(call)
                 self.marks.append((ev, None))
