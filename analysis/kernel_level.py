@@ -246,6 +246,13 @@ def gpu_vs_non_gpu(fr: Frames) -> AnalysisResult:
         return miss
     kn = fr.kernels
     dev = kn[kn["kind"].isin(DEVICE_KINDS) & kn["layer"].notna()]
+    if dev.empty and kn["kind"].isin(DEVICE_KINDS).any():
+        return not_captured(
+            "A13",
+            TITLES["A13"],
+            "GPU work was recorded, but no kernel belongs to a layer: the traces have no layer "
+            "spans (a TorchScript model on CUDA is profiled at M and K only)",
+        )
     if dev.empty:
         return not_captured(
             "A13",
@@ -266,9 +273,9 @@ def gpu_vs_non_gpu(fr: Frames) -> AnalysisResult:
             )
         else:
             reason = (
-                "these GPU traces have no layer run timed on the GPU timeline (e.g. a CUDA-graph "
-                "replay, or a trace written before `layer_time_base` was recorded), so there is "
-                "no layer time to compare with kernel times"
+                "these GPU traces have no layer run timed on the GPU timeline (the layer level "
+                "was not run, a CUDA-graph replay, or a trace written before `layer_time_base` "
+                "was recorded), so there is no layer time to compare with kernel times"
             )
         return not_captured("A13", TITLES["A13"], reason)
     ly = fr.layers[fr.layers["tkey"].isin(comparable)]

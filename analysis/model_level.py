@@ -7,7 +7,7 @@ import math
 import pandas as pd
 
 from analysis.common import GROUP, AnalysisResult, Frames, across_traces, empty_result
-from analysis.roofline import above_roof_note, classify, layer_metrics
+from analysis.roofline import above_roof_note, classify, gpu_run_metrics, layer_metrics
 from sidecar.profiling.stats import decide_batch, trimmed_mean_rse
 
 A1_TITLE = "Model throughput and latency per batch size"
@@ -83,7 +83,14 @@ def model_aggregate(fr: Frames) -> AnalysisResult:
     if fr.data.empty:
         return empty_result("A15", A15_TITLE)
     metrics, source = layer_metrics(fr)
-    if metrics.empty:
+    per_gpu_run = gpu_run_metrics(fr)
+    if not per_gpu_run.empty:
+        source = "kernel counters (every kernel of the run)" + (
+            f" and {source}"
+            if not metrics[~metrics["tkey"].isin(per_gpu_run["tkey"])].empty
+            else ""
+        )
+    if metrics.empty and per_gpu_run.empty:
         return AnalysisResult(
             "A15",
             A15_TITLE,
@@ -93,6 +100,10 @@ def model_aggregate(fr: Frames) -> AnalysisResult:
         )
     per_trace = metrics.groupby("tkey", as_index=False).agg(
         flops=("flops", "sum"), dram_bytes=("dram_bytes", "sum"), estimated=("estimated", "max")
+    )
+    per_trace = pd.concat(  # GPU runs with counters: all their kernels, layered or not
+        [per_gpu_run, per_trace[~per_trace["tkey"].isin(per_gpu_run["tkey"])]],
+        ignore_index=True,
     )
     df = fr.model_latency.merge(per_trace, on="tkey", how="inner")
     df["estimated"] = df["estimated"].astype(float)

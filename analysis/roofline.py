@@ -175,11 +175,31 @@ def layer_metrics(fr: Frames) -> tuple[pd.DataFrame, str]:
     return out, " and ".join(sources) or "nowhere"
 
 
+def gpu_run_metrics(fr: Frames) -> pd.DataFrame:
+    """Per trace with GPU kernel counters: FLOPs and DRAM bytes summed over every kernel of
+    the run, in a layer or not (a TorchScript model on CUDA has no layers at all)."""
+    kn = fr.kernels
+    kn = kn[(kn["kind"] == "kernel") & (kn["flops"].notna() | kn["dram_read_bytes"].notna())]
+    kn = kn.assign(dram_bytes=kn["dram_read_bytes"].fillna(0) + kn["dram_write_bytes"].fillna(0))
+    return kn.groupby("tkey", as_index=False).agg(
+        flops=("flops", "sum"),
+        dram_bytes=("dram_bytes", "sum"),
+        estimated=("metrics_estimated", "max"),
+    )
+
+
 def layer_roofline(fr: Frames) -> AnalysisResult:
     """A14: each layer on the roofline (FLOPs and bytes over the layer's latency)."""
     if fr.data.empty:
         return empty_result("A14", A14_TITLE)
     metrics, source = layer_metrics(fr)
+    if metrics.empty and not gpu_run_metrics(fr).empty:
+        return not_captured(
+            "A14",
+            A14_TITLE,
+            "kernel counters were captured, but no kernel belongs to a layer: the traces have "
+            "no layer spans (a TorchScript model on CUDA is profiled at M and K only)",
+        )
     if metrics.empty:
         return not_captured(
             "A14",

@@ -439,3 +439,35 @@ def test_h100_metrics_analyses_say_where_metrics_came_from(h100: TraceAnalysis) 
         )
         assert any(n.startswith("metrics_level: not captured") and "b1" in n for n in notes)
         assert any(n.startswith("pm_sampling: not captured") for n in notes)
+
+
+def test_a_gpu_trace_without_layers_says_so_and_still_sums_the_run(
+    tmp_path: pytest.TempPathFactory,
+) -> None:
+    """What a TorchScript model on CUDA stores (M and K, no layer spans): built from the
+    ResNet-50 b8 recording with its layer spans taken out. A15 sums every kernel's counters;
+    A13 and A14 say why they have nothing, not "CPU ops only" or "not captured"."""
+    from dataclasses import replace
+
+    from sidecar.profiling.gpu.ncu import kernel_attributes, read_ncu_csv
+    from sidecar.profiling.gpu.recording import profile_recording
+    from sidecar.trace.spans import Level
+    from sidecar.trace.store import TraceStore
+    from tests.gpu.conftest import NCU_B8, RESNET_B8
+
+    r = profile_recording(RESNET_B8, model="resnet50", batch_size=8, ncu_csv=NCU_B8)
+    spans = [
+        replace(s, parent_id=None) if s.level is Level.KERNEL else s
+        for s in r.spans
+        if s.level is not Level.LAYER
+    ]
+    db = tmp_path / "traces.sqlite"  # type: ignore[operator]
+    with TraceStore(db) as store:
+        store.write_trace(r.trace, spans, r.level_stats)
+    ta = TraceAnalysis.from_paths([db])
+    assert "no kernel belongs to a layer" in ta.result("A13").reason
+    assert "no kernel belongs to a layer" in ta.result("A14").reason
+    a15 = ta.result("A15")
+    assert a15.ok
+    total = sum(kernel_attributes(k)["flops"] for k in read_ncu_csv(NCU_B8))
+    assert a15.table.iloc[0]["flops"] == pytest.approx(total, rel=1e-6)
