@@ -39,3 +39,23 @@ class JobResult:
     overhead_ratio: dict[str, float] = field(default_factory=dict)
     layer_type_share: dict[str, float] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
+
+
+# Errors after which this process cannot profile as before: CUDA's sticky errors (a
+# device-side assert leaves the context unusable until the process ends; out-of-memory is not
+# one) and a second CUPTI client asked for where another already ran (`gpu.owner`).
+_POISONING = (
+    ("CUDA error:", "a CUDA error leaves this process's CUDA context unusable"),
+    ("CUDA failure", "a CUDA error leaves this process's CUDA context unusable"),
+    ("CuptiOwnerError", "another CUPTI client already used this process"),
+)
+
+
+def needs_fresh_process(result: JobResult) -> str | None:
+    """Why the worker must hand the next job to a fresh process after `result`, or None."""
+    if result.outcome not in ("error", "store_error"):
+        return None
+    for marker, why in _POISONING:
+        if marker in result.error:
+            return why
+    return None

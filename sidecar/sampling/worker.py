@@ -40,7 +40,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from sidecar.profiling import pacing
-from sidecar.replay.jobs import JobResult, ProfileJob
+from sidecar.replay.jobs import JobResult, ProfileJob, needs_fresh_process
 from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.pressure import ServingPressure
 from sidecar.sampling.ratelog import RateLimitedLog
@@ -145,6 +145,9 @@ def _worker_main(
         if gate is not None:
             result.details.update(wall_s=wall, waited_s=waited, iterations_interrupted=interrupted)
         conn.send(("result", result))
+        if (why := needs_fresh_process(result)) is not None:
+            log.warning("profiling worker exits after %r failed: %s", job.model, why)
+            return  # the supervisor starts a fresh process for the next job
 
 
 class ProfilingWorker:

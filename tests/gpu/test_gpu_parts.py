@@ -81,6 +81,7 @@ def test_gpu_datasheet_peaks() -> None:
     assert datasheet("Tesla T4") is None
     assert datasheet("NVIDIA GH200 480GB") is None  # not the H200's 4.8 TB/s
     assert datasheet("NVIDIA H200 NVL") is None  # not the SXM part's roofs
+    assert datasheet("NVIDIA H100 80GB HBM3 MIG 1g.10gb") is None  # a slice of the part
     attrs = h100.trace_attributes()
     assert attrs["peak_source"].startswith("gpu-spec")
     assert attrs["peak_datasheet"]["tf32_tensor_flops_per_s"] == pytest.approx(494.7e12)

@@ -67,6 +67,23 @@ def test_crash_hang_and_error_are_recorded_and_the_worker_comes_back() -> None:
         worker.stop()
 
 
+def test_after_a_sticky_cuda_error_the_next_job_gets_a_fresh_process() -> None:
+    """A device-side assert leaves the CUDA context unusable until the process ends (the
+    errors are what torch raises; no GPU here): the worker exits after storing the result
+    and the supervisor starts another. Out-of-memory is not sticky: same process."""
+    worker, results = start("by_model")
+    try:
+        for n, model in enumerate(["m", "oom", "m", "cuda-assert", "m"]):
+            assert worker.submit(job(model, n))
+        out = [results.get(timeout=90) for _ in range(5)]
+        assert [r.outcome for r in out] == ["ok", "error", "ok", "error", "ok"]
+        assert out[0].details["pid"] == out[2].details["pid"]  # out-of-memory: same process
+        assert out[2].details["pid"] != out[4].details["pid"]  # after the assert: a new one
+        assert worker.restarts == 1
+    finally:
+        worker.stop()
+
+
 def test_queue_is_bounded_in_request_bytes_too() -> None:
     worker = ProfilingWorker(worker_config("echo_pid", queue_bytes=100), lambda result: None)
     big = dataclasses.replace(job("m", 1), request_message=b"x" * 60)
@@ -148,3 +165,18 @@ def test_busy_time_is_wall_time_less_waits_or_cpu_time_when_more() -> None:
 
     assert busy_seconds(wall_s=0.5, waited_s=0.1, cpu_s=0.05) == 0.4  # mostly on the GPU
     assert busy_seconds(wall_s=0.5, waited_s=0.0, cpu_s=0.9) == 0.9  # two busy CPU threads
+
+
+def test_which_failures_need_a_fresh_worker_process() -> None:
+    from sidecar.replay.jobs import needs_fresh_process
+
+    def failed(error: str, outcome: str = "error") -> JobResult:
+        return JobResult("0" * 32, "m", outcome, 0.1, error=error)
+
+    owner = "CuptiOwnerError: CuptiTracer cannot trace in this process: torch.profiler already"
+    assert needs_fresh_process(failed(owner)) == "another CUPTI client already used this process"
+    assert needs_fresh_process(failed("RuntimeError: CUDA error: device-side assert triggered"))
+    assert needs_fresh_process(failed("Fail: CUDA failure 710: device-side assert triggered"))
+    assert needs_fresh_process(failed("OutOfMemoryError: CUDA out of memory. Tried to")) is None
+    assert needs_fresh_process(failed("ValueError: model exploded")) is None
+    assert needs_fresh_process(failed("", outcome="ok")) is None

@@ -56,6 +56,10 @@ def by_model(job: ProfileJob, context: dict[str, Any]) -> JobResult:
         time.sleep(3600)
     if job.model == "raise":
         raise ValueError("model exploded")
+    if job.model == "cuda-assert":  # what torch raises after a device-side assert
+        raise RuntimeError("CUDA error: device-side assert triggered")
+    if job.model == "oom":  # not sticky: the process goes on
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
     if job.model == "slow":
         time.sleep(0.5)
     return echo_pid(job, context)

@@ -58,8 +58,11 @@ DATASHEETS: dict[str, GpuSpec] = {
 def datasheet(device_name: str) -> GpuSpec | None:
     """The data-sheet entry for a device name as CUDA reports it, e.g.
     `NVIDIA H100 80GB HBM3` (the SXM5 part), `NVIDIA H100 PCIe`, `NVIDIA H200`. Parts with
-    other figures (GH200, H200 NVL) have no entry: None rather than another part's roofs."""
+    other figures (GH200, H200 NVL, a MIG slice) have no entry: None rather than another part's
+    roofs."""
     n = device_name.upper()
+    if "MIG" in n:  # a MIG slice has a fraction of the part's SMs and bandwidth
+        return None
     if re.search(r"\bH200\b", n):
         return None if "NVL" in n else DATASHEETS["H200"]
     if re.search(r"\bH100\b", n):
