@@ -56,10 +56,12 @@ RUN apt-get update \
 FROM base-gpu AS build-gpu
 ARG EXTRAS
 ARG PIP_EXTRA_INDEX_URL=""
-# onnxruntime-gpu replaces onnxruntime (same `onnxruntime` module); cupti-python must match the
-# CUDA major version of the base image.
+# onnxruntime-gpu replaces onnxruntime (same `onnxruntime` module). cupti-python 13 is the first
+# that records runtime API calls (ActivityKind.RUNTIME), which the kernel level needs for the
+# launches of most kernels; it brings its own CUDA 13 CUPTI, so the node's driver must be
+# >= 580 (as PyPI's CUDA 13 torch wheels need too); CUDA 12 libraries run on that driver.
 ARG ORT_GPU_SPEC="onnxruntime-gpu>=1.20,<1.27"
-ARG CUPTI_SPEC="cupti-python~=12.8.0"
+ARG CUPTI_SPEC="cupti-python>=13.0.1,<14"
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 # a C compiler and Python's headers for the relay's frame walker; build stage only
@@ -72,6 +74,7 @@ COPY analysis ./analysis
 RUN python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install ".${EXTRAS}" "${CUPTI_SPEC}" \
     && /opt/venv/bin/python -c "import sidecar.proxy._framewalk" \
+    && /opt/venv/bin/python -c "from cupti import cupti; cupti.ActivityKind.RUNTIME" \
     && /opt/venv/bin/pip uninstall -y onnxruntime \
     && /opt/venv/bin/pip install "${ORT_GPU_SPEC}"
 

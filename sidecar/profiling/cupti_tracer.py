@@ -260,6 +260,11 @@ class CuptiTracer:
             raise GpuNotAvailableError(
                 f"kernel level needs cupti-python ({exc}); pip install cupti-python"
             ) from None
+        if not hasattr(cupti.ActivityKind, "RUNTIME"):  # before cupti-python 13
+            raise GpuNotAvailableError(
+                "kernel level needs cupti-python 13 or newer: this one cannot record the "
+                "runtime API calls that launch most kernels (ActivityKind.RUNTIME)"
+            )
         self.owner.check(CUPTI_TRACER)
         kinds = [
             cupti.ActivityKind.CONCURRENT_KERNEL,

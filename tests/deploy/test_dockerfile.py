@@ -102,6 +102,9 @@ def test_cpu_image_is_python_slim_and_gpu_image_is_cuda() -> None:
         _stage(stages, "build-gpu").all("RUN") + _stage(stages, "build-gpu").all("ARG")
     )
     assert "onnxruntime-gpu" in gpu_build and "cupti-python" in gpu_build
+    # cupti-python 12 cannot record runtime API calls: the build checks it can
+    assert 'CUPTI_SPEC="cupti-python>=13.0.1,<14"' in gpu_build
+    assert "cupti.ActivityKind.RUNTIME" in gpu_build
     assert "pip uninstall -y onnxruntime" in gpu_build  # the CPU wheel would shadow the GPU one
     # documented: the GPU variant with PyTorch, under the tag the chart's sidecar.gpu uses
     header = DOCKERFILE.read_text().split("\nARG ", 1)[0]

@@ -161,3 +161,18 @@ def test_without_switches_every_call_is_recorded_and_filtered_at_stop(
     tracer = started()
     assert tracer.api_filter == "after-stop"
     assert fake.records("runtime", "cudaLaunchKernel") and fake.records("runtime", "cudaMalloc")
+
+
+def test_a_cupti_python_that_cannot_record_runtime_calls_is_named(
+    fake: FakeCuptiSwitches, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cupti-python 12 has no ActivityKind.RUNTIME (13.0 added it): K says so, instead of
+    "needs an NVIDIA GPU and driver"."""
+    kinds = types.SimpleNamespace(
+        **{k: getattr(cupti.ActivityKind, k) for k in ("CONCURRENT_KERNEL", "MEMCPY", "MEMSET")}
+    )
+    monkeypatch.setattr(FakeCuptiSwitches, "ActivityKind", kinds)
+    owner = CuptiOwner()
+    with pytest.raises(ct.GpuNotAvailableError, match="needs cupti-python 13 or newer"):
+        ct.CuptiTracer(owner=owner).start()
+    assert owner.owner is None
