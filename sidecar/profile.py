@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from sidecar.profiling.experiment import LeveledProfile, run_experiment
+from sidecar.profiling.gpu.gpu_peak import GpuPeak, get_gpu_peak, roof_attributes
 from sidecar.profiling.inputs import (
     InputError,
     InputSpec,
@@ -147,12 +148,10 @@ def _run(options: ProfileOptions) -> int:
         path, device=device, optimizations=options.optimizations, ncu_metrics=options.ncu_metrics
     )
     peak = None
-    gpu_peak_attrs: dict[str, Any] = {}
+    gpu_peak: GpuPeak | None = None
     if options.measure_peak and device.startswith("cuda"):
-        from sidecar.profiling.gpu.gpu_peak import get_gpu_peak, roof_attributes
-
         gpu_peak = get_gpu_peak(device, refresh=options.refresh_peak)
-        peak, gpu_peak_attrs = gpu_peak.peak, gpu_peak.trace_attributes()
+        peak = gpu_peak.peak
     elif options.measure_peak:
         from sidecar.profiling.peak import get_peak
 
@@ -182,9 +181,9 @@ def _run(options: ProfileOptions) -> int:
                     progress=lambda _level: bar.update(1),
                 )
                 result.trace.attributes["model_path"] = str(path)
-                if gpu_peak_attrs:
+                if gpu_peak is not None:
                     result.trace.attributes.update(roof_attributes(gpu_peak, result.spans))
-                if peak is not None and not gpu_peak_attrs:
+                elif peak is not None:
                     peak = _check_peak(peak, result)
                 if store is not None:
                     store.write_trace(result.trace, result.spans, result.level_stats)

@@ -294,18 +294,17 @@ def run_ncu(
             "process it profiled)"
         ) from None
     wall = time.perf_counter() - t0
-    out = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
-    if out.returncode != 0:
-        tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
+    if proc.returncode != 0:
+        tail = (stderr or stdout).strip().splitlines()[-3:]
         raise MetricsNotAvailableError(
-            f"Nsight Compute failed (exit {out.returncode}): "
-            + " | ".join([*ncu_errors(out.stdout, out.stderr), *tail])
+            f"Nsight Compute failed (exit {proc.returncode}): "
+            + " | ".join([*ncu_errors(stdout, stderr), *tail])
         )
     try:
-        return parse_ncu_csv(out.stdout, origin="Nsight Compute's output"), wall
+        return parse_ncu_csv(stdout, origin="Nsight Compute's output"), wall
     except ProfilingError as exc:
-        reasons = ncu_errors(out.stdout, out.stderr)
-        raise MetricsNotAvailableError(" | ".join([*reasons, str(exc)])) from None
+        reasons = [*ncu_errors(stdout, stderr), str(exc)]
+        raise MetricsNotAvailableError(" | ".join(reasons)) from None
 
 
 PERMISSION_HINT = (

@@ -197,19 +197,17 @@ class OnnxRuntimeRunner:
                     "session.optimized_model_external_initializers_min_size_in_bytes", "64"
                 )
             session = self._make_session(so)
+            # Warm up before CUPTI records: warm-up launches lie outside every timed wall and
+            # would fail the clock check (cuDNN's algorithm search among them).
+            warm_up(lambda: session.run(None, feed), warmup)
             tracer = None
-            timed_warmup = warmup
             if kernels:
                 from sidecar.profiling.cupti_tracer import CuptiTracer
 
-                # Warm up before CUPTI records: warm-up launches lie outside every timed
-                # wall and would fail the clock check (cuDNN's algorithm search among them).
-                warm_up(lambda: session.run(None, feed), warmup)
-                timed_warmup = 0
                 tracer = CuptiTracer()
                 tracer.start()
             try:
-                walls, _ = timed_loop(lambda: session.run(None, feed), iterations, timed_warmup)
+                walls, _ = timed_loop(lambda: session.run(None, feed), iterations, 0)
             finally:
                 records = tracer.stop() if tracer is not None else []
             events = json.loads(Path(session.end_profiling()).read_text())
