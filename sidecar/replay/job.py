@@ -30,13 +30,8 @@ from sidecar.profiling.inputs import InputError, InputSpec, random_inputs, saved
 from sidecar.profiling.peak import Peak, get_peak
 from sidecar.profiling.runners.base import ProfilingError, Runner
 from sidecar.profiling.runners.select import ModelFormat, runner_for
-from sidecar.replay.device import (
-    CudaProbe,
-    DeviceChoice,
-    driver_device_name,
-    resolve,
-    runtime_devices,
-)
+from sidecar.replay.context import ReplayContext
+from sidecar.replay.device import DeviceChoice, driver_device_name, resolve
 from sidecar.replay.jobs import JobResult, ProfileJob
 from sidecar.replay.kserve_decode import decode_model_infer_request
 from sidecar.replay.model_repository import ModelLocation, TensorSpec, find_model
@@ -44,7 +39,6 @@ from sidecar.replay.options import ReplayOptions
 from sidecar.replay.tf_decode import decode_predict_request
 from sidecar.trace.errors import TraceStoreError
 from sidecar.trace.spans import Level, LevelStats, Span, Trace
-from sidecar.trace.store import TraceStore
 
 log = logging.getLogger(__name__)
 
@@ -101,18 +95,10 @@ def decode_request(job: ProfileJob) -> DecodedInputs | None:
     return decoder(job.request_message)
 
 
-def _device(location: ModelLocation, context: dict[str, Any]) -> DeviceChoice:
+def _device(location: ModelLocation, context: ReplayContext) -> DeviceChoice:
     """Where this model's replay runs (see `replay.device`). What each runtime can use is
-    asked once per worker process (`context["cuda_probe"]` replaces the probe in tests)."""
-    probes: dict[ModelFormat, CudaProbe] = context.setdefault("cuda_probes", {})
-    probe = context.get("cuda_probe", runtime_devices)
-
-    def cached(fmt: ModelFormat) -> CudaProbe:
-        if fmt not in probes:
-            probes[fmt] = probe(fmt)
-        return probes[fmt]
-
-    return resolve(context["options"].device, location.format, location.config, cached)
+    asked once per worker process (`ReplayContext.cuda_probe` replaces the probe in tests)."""
+    return resolve(context.options.device, location.format, location.config, context.probe)
 
 
 def _peak(device: str) -> Peak | None:
@@ -133,11 +119,9 @@ def _gpu_peak(device: str) -> Peak | None:
         return None
 
 
-def _runner(location: ModelLocation, context: dict[str, Any], device: str = "cpu") -> Runner:
+def _runner(location: ModelLocation, context: ReplayContext, device: str = "cpu") -> Runner:
     """A runner for the model on `device`, from a small LRU of loaded sessions."""
-    cache: collections.OrderedDict[str, Runner] = context.setdefault(
-        "runners", collections.OrderedDict()
-    )
+    cache = context.runners
     key = f"{location.path}:{location.path.stat().st_mtime_ns}:{device}"
     if key in cache:
         cache.move_to_end(key)
@@ -146,7 +130,7 @@ def _runner(location: ModelLocation, context: dict[str, Any], device: str = "cpu
         location.path,
         location.format,
         device=device,
-        threads=context["options"].threads,
+        threads=context.options.threads,
         name=location.name,
     )
     cache[key] = runner
@@ -205,31 +189,23 @@ def _raw_inputs(inputs: dict[str, np.ndarray]) -> dict[str, Any]:
     }
 
 
-def _store(context: dict[str, Any]) -> TraceStore:
-    store: TraceStore | None = context.get("store")
-    if store is None:
-        store = TraceStore(context["options"].db_path)
-        context["store"] = store
-    return store
-
-
 def _write(
-    context: dict[str, Any],
+    context: ReplayContext,
     trace: Trace,
     spans: list[Span],
     level_stats: list[LevelStats] | tuple[()] = (),
 ) -> str | None:
     """Store the trace; the reason as text if the store failed."""
     try:
-        _store(context).write_trace(trace, spans, level_stats)
+        context.store.write_trace(trace, spans, level_stats)
     except TraceStoreError as exc:
         return str(exc)
     return None
 
 
-def replay_job(job: ProfileJob, context: dict[str, Any]) -> JobResult:
+def replay_job(job: ProfileJob, context: ReplayContext) -> JobResult:
     """Profile one sampled request; the worker's `ReplayFunction`."""
-    options: ReplayOptions = context["options"]
+    options: ReplayOptions = context.options
     started = time.perf_counter()
     trace = Trace(
         trace_id=job.trace_id,

@@ -40,6 +40,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from sidecar.profiling import pacing
+from sidecar.replay.context import ReplayContext
 from sidecar.replay.jobs import JobResult, ProfileJob, needs_fresh_process
 from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.pressure import ServingPressure
@@ -49,14 +50,15 @@ from sidecar.sampling.slices import SliceGate, SliceSettings
 log = logging.getLogger(__name__)
 _IDLE = object()  # `_next_job` found no job within the liveness interval
 
-ReplayFunction = Callable[[ProfileJob, dict[str, Any]], JobResult]
+ReplayFunction = Callable[[ProfileJob, ReplayContext], JobResult]
 
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerConfig:
     """How the worker process runs. `replay` names the function that profiles one job, as
-    `module:function` (imported in the worker process); `options` are passed to it unchanged.
-    `options`, `queue_size` and `job_timeout_s` come from the serve config (no defaults here)."""
+    `module:function` (imported in the worker process); it is given the job and the process's
+    `ReplayContext`, which carries `options` unchanged. `options`, `queue_size` and
+    `job_timeout_s` come from the serve config (no defaults here)."""
 
     replay: str = "sidecar.replay.job:replay_job"
     options: ReplayOptions
@@ -104,7 +106,7 @@ def _worker_main(
     threads = config.options.threads
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(threads)
-    context: dict[str, Any] = {"options": config.options}  # the replay's state between jobs
+    context = ReplayContext(config.options)  # the replay's state between jobs
     replay = _resolve(config.replay)
     # created after the imports: start-up CPU is not profiling work to pay back
     gate = SliceGate(pressure, config.slices) if pressure is not None else None

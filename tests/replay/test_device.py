@@ -166,8 +166,7 @@ def _simple_cnn_job() -> Any:
 def test_auto_replays_a_kind_gpu_model_on_the_cpu_without_cuda_and_says_why(
     gpu_repo: Path, tmp_path: Path
 ) -> None:
-    ctx = context(gpu_repo, tmp_path / "t.db")
-    ctx["cuda_probe"] = fake_probe(0)
+    ctx = context(gpu_repo, tmp_path / "t.db", cuda_probe=fake_probe(0))
     the_job = _simple_cnn_job()
     result = replay_job(the_job, ctx)
     assert result.outcome == "ok", result.error
@@ -202,8 +201,8 @@ def test_a_gpu_the_probe_sees_but_onnxruntime_cannot_use_fails_that_replay(
 
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("this onnxruntime has the CUDA execution provider")
-    ctx = context(gpu_repo, tmp_path / "t.db")
-    ctx["cuda_probe"] = fake_probe(1)  # says a GPU is visible: the runner must refuse
+    # the probe says a GPU is visible: the runner must refuse
+    ctx = context(gpu_repo, tmp_path / "t.db", cuda_probe=fake_probe(1))
     the_job = _simple_cnn_job()
     result = replay_job(the_job, ctx)
     assert result.outcome == "error"

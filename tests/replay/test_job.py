@@ -13,6 +13,7 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from sidecar.localtriton.model_repo import build_model_repository
+from sidecar.replay.context import ReplayContext
 from sidecar.replay.job import ReplayError, decode_request, replay_job
 from sidecar.replay.jobs import ProfileJob
 from sidecar.replay.kserve_decode import KServeDecodeError
@@ -36,9 +37,10 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def context(
-    repo: Path, db: Path, store_raw_inputs: bool = False, device: str = "auto"
-) -> dict[str, Any]:
-    """What the worker hands the replay: the options and, across jobs, its caches."""
+    repo: Path, db: Path, store_raw_inputs: bool = False, device: str = "auto", **fields: Any
+) -> ReplayContext:
+    """What the worker hands the replay: the options and, across jobs, its caches; `fields`
+    replace the probe or the store's opening."""
     options = ReplayOptions(
         model_repository=repo,
         db_path=db,
@@ -48,7 +50,7 @@ def context(
         store_raw_inputs=store_raw_inputs,
         device=device,
     )
-    return {"options": options}
+    return ReplayContext(options, **fields)
 
 
 def predict_request(model: str, inputs: dict[str, np.ndarray], version: int | None = None) -> bytes:

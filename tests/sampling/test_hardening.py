@@ -132,8 +132,7 @@ def full_store(path: Path) -> TraceStore:
 def test_replay_into_a_full_store_is_an_outcome_not_an_exception(
     repo: Path, tmp_path: Path
 ) -> None:
-    ctx = context(repo, tmp_path / "t.db")
-    ctx["store"] = full_store(tmp_path / "t.db")
+    ctx = context(repo, tmp_path / "t.db", open_store=full_store)
     x = np.ones((1, 3, 32, 32), np.float32)
     result = replay_job(job("simple_cnn", infer_request("simple_cnn", x)), ctx)
     assert result.outcome == "store_error"

@@ -6,15 +6,19 @@ survive (a worker that dies, hangs or raises); the replay itself is tested elsew
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from pathlib import Path
 from typing import Any
 
+from sidecar.replay.context import ReplayContext
 from sidecar.replay.jobs import JobResult, ProfileJob
 from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.worker import WorkerConfig
 from sidecar.trace.spans import Level
+
+_JOBS_IN_THIS_PROCESS = itertools.count(1)  # the worker process is spawned: starts at 1
 
 
 def worker_config(replay: str, threads: int = 1, **config: Any) -> WorkerConfig:
@@ -33,7 +37,7 @@ def worker_config(replay: str, threads: int = 1, **config: Any) -> WorkerConfig:
     return WorkerConfig(replay=f"tests.sampling.worker_replays:{replay}", options=options, **config)
 
 
-def echo_pid(job: ProfileJob, context: dict[str, Any]) -> JobResult:
+def echo_pid(job: ProfileJob, context: ReplayContext) -> JobResult:
     return JobResult(
         job.trace_id,
         job.model,
@@ -42,13 +46,13 @@ def echo_pid(job: ProfileJob, context: dict[str, Any]) -> JobResult:
         details={
             "pid": os.getpid(),
             "nice": os.nice(0),
-            "threads": context["options"].threads,
+            "threads": context.options.threads,
             "policy": os.sched_getscheduler(0),
         },
     )
 
 
-def by_model(job: ProfileJob, context: dict[str, Any]) -> JobResult:
+def by_model(job: ProfileJob, context: ReplayContext) -> JobResult:
     """`crash` exits the process, `hang` sleeps forever, `raise` raises, anything else is ok."""
     if job.model == "crash":
         os._exit(3)
@@ -65,7 +69,7 @@ def by_model(job: ProfileJob, context: dict[str, Any]) -> JobResult:
     return echo_pid(job, context)
 
 
-def gate_view(job: ProfileJob, context: dict[str, Any]) -> JobResult:
+def gate_view(job: ProfileJob, context: ReplayContext) -> JobResult:
     """What the worker's pacer sees of the relay's counters (the `SliceGate` when the
     supervisor was given a `ServingPressure`)."""
     from sidecar.profiling import pacing
@@ -78,12 +82,12 @@ def gate_view(job: ProfileJob, context: dict[str, Any]) -> JobResult:
     return JobResult(job.trace_id, job.model, "ok", 0.001, details=details)
 
 
-def one_at_a_time(job: ProfileJob, context: dict[str, Any]) -> JobResult:
+def one_at_a_time(job: ProfileJob, context: ReplayContext) -> JobResult:
     """Records the process, its job count (the state a CUDA context lives in) and its
     interval; sleeps 0.1 s without CPU, a stand-in for waiting on `torch.cuda.synchronize()`."""
     started = time.time_ns()
-    context["jobs"] = context.get("jobs", 0) + 1
+    jobs = next(_JOBS_IN_THIS_PROCESS)
     time.sleep(0.1)
-    details = {"pid": os.getpid(), "jobs": context["jobs"], "start": started}
+    details = {"pid": os.getpid(), "jobs": jobs, "start": started}
     details["end"] = time.time_ns()
     return JobResult(job.trace_id, job.model, "ok", 0.0, details=details)

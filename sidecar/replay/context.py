@@ -1,0 +1,46 @@
+"""What a replay keeps in its worker process between jobs.
+
+The profiling worker builds one `ReplayContext` from its `ReplayOptions` when it starts and
+hands it to every job it runs (`sidecar.sampling.worker`): the options, the loaded runners and
+what each runtime can use of the GPU stay with the process, not with a job.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sidecar.profiling.runners.base import Runner
+from sidecar.profiling.runners.select import ModelFormat
+from sidecar.replay.device import CudaProbe, runtime_devices
+from sidecar.replay.options import ReplayOptions
+from sidecar.trace.store import TraceStore
+
+
+@dataclass(frozen=True, eq=False)
+class ReplayContext:
+    """The replay's state in one worker process. The fields are fixed; `runners` and
+    `cuda_probes` fill up as jobs run, and `store` opens on first use."""
+
+    options: ReplayOptions
+    # what a runtime can use of CUDA here, asked once per format (tests give a fake)
+    cuda_probe: Callable[[ModelFormat], CudaProbe] = runtime_devices
+    # how the trace store is opened (tests give one that is full or broken)
+    open_store: Callable[[Path], TraceStore] = TraceStore
+    # loaded runners by model file, modification time and device; least recently used first
+    runners: collections.OrderedDict[str, Runner] = field(default_factory=collections.OrderedDict)
+    cuda_probes: dict[ModelFormat, CudaProbe] = field(default_factory=dict)
+
+    @functools.cached_property
+    def store(self) -> TraceStore:
+        """The trace store the replay writes to, opened by the first job that stores."""
+        return self.open_store(self.options.db_path)
+
+    def probe(self, fmt: ModelFormat) -> CudaProbe:
+        """What runtime `fmt` can use of CUDA in this process (asked once)."""
+        if fmt not in self.cuda_probes:
+            self.cuda_probes[fmt] = self.cuda_probe(fmt)
+        return self.cuda_probes[fmt]
