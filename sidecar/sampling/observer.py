@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from sidecar.proxy.streams import ConnectionInfo, HeaderDecision, RequestStart, StreamEnd
 from sidecar.replay.jobs import ProfileJob
@@ -52,42 +52,53 @@ def first_message(body: bytes) -> bytes | None:
     return body[5 : 5 + length]
 
 
+class SampleHandler(Protocol):
+    """What the hub hands sampled requests to and asks about them; `SamplingPipeline` is the
+    product's, a test gives an in-memory one. Called on the relay's threads: nothing may block.
+    """
+
+    def model_label(self, model: str | None) -> str:
+        """The model's name bounded for a metric label."""
+
+    def known_model(self, model: str) -> bool:
+        """False for a model the replay cannot find (not in the model repository): its
+        sampled request is dropped before it is queued."""
+
+    def on_sampled(self, start: RequestStart, trace_id: str, span_id: str) -> object:
+        """A request was picked at header time (its body is not read yet)."""
+
+    def submit(self, job: ProfileJob) -> bool:
+        """Queue a job for the profiling worker; False when the queue is full."""
+
+    def remember(self, model: str, method: str, message: bytes) -> object:
+        """Keep the last sampled request of a model (for the admin API)."""
+
+    def store_spans(self, trace_id: str, spans: list[Span]) -> object:
+        """Hand live spans (the proxy's request span) to the trace writer."""
+
+    def record_exemplar(self, method: str, model: str, duration_s: float, trace_id: str) -> object:
+        """At stream end, a call whose request span went to the store: its bounded labels and
+        the relay's duration, to link the latency histogram to the trace."""
+
+
 class SamplingHub:
     """Shared sampling state of the relay; `observer_factory` gives each connection a hook.
 
-    `submit` queues a job for the worker (never blocks); `store_spans` hands live spans to the
-    trace writer; `model_label` bounds model names for metric labels; `remember` keeps the last
-    sampled request per model for the admin API; a request for a model `known_model` rejects
-    (not in the model repository) is dropped before it is queued. `on_sampled(start, trace_id,
-    span_id)` hears of each request picked at header time (it must not block);
-    `record_exemplar(method, model, duration_s, trace_id)` hears, at stream end, of each call
-    whose request span went to the store (its bounded labels and the relay's duration), to link
-    the latency histogram to the trace (`ProxyMetrics.record_exemplar`).
+    The hook decides with `sampler`, counts in `metrics` and `pressure`, and hands what it
+    samples to `handler` (`SampleHandler`).
     """
 
     def __init__(
         self,
         sampler: Sampler,
         metrics: SamplingMetrics,
-        submit: Callable[[ProfileJob], bool],
-        store_spans: Callable[[str, list[Span]], object],
-        model_label: Callable[[str | None], str],
-        remember: Callable[[str, str, bytes], object] | None = None,
-        known_model: Callable[[str], bool] | None = None,
-        on_sampled: Callable[[RequestStart, str, str], object] | None = None,
-        record_exemplar: Callable[[str, str, float, str], object] | None = None,
+        handler: SampleHandler,
         pressure: ServingPressure | None = None,
     ) -> None:
         self.sampler = sampler
         self.pressure = pressure or ServingPressure()
         self.metrics = metrics
-        self.submit = submit
-        self.store_spans = store_spans
-        self.model_label = model_label
-        self.remember = remember
-        self.known_model = known_model
-        self.on_sampled = on_sampled
-        self.record_exemplar = record_exemplar
+        self.handler = handler
         self.sampled_trace_ids: set[str] = set()
         self._lock = threading.Lock()
 
@@ -141,8 +152,7 @@ class SamplingObserver:
             new_trace_id(), new_span_id(), tentative, REPLAYABLE_METHODS[start.method]
         )
         self._pending[start.stream_id] = pending
-        if hub.on_sampled is not None:
-            hub.on_sampled(start, pending.trace_id, pending.span_id)
+        hub.handler.on_sampled(start, pending.trace_id, pending.span_id)
         traceparent = f"00-{pending.trace_id}-{pending.span_id}-01"
         return HeaderDecision(
             extra_headers=(("traceparent", traceparent),),
@@ -155,7 +165,7 @@ class SamplingObserver:
         if pending is None:
             return
         hub = self._hub
-        label = hub.model_label(model)
+        label = hub.handler.model_label(model)
         decision = hub.sampler.at_body(label, pending.tentative)
         pending.decision = decision
         hub.metrics.record_decision(label, decision)
@@ -166,7 +176,7 @@ class SamplingObserver:
             hub.sampler.duty.cancel()
             hub.metrics.dropped.labels(label, "unreadable_request").inc()
             return
-        if hub.known_model is not None and not hub.known_model(model):
+        if not hub.handler.known_model(model):
             hub.sampler.duty.cancel()
             hub.metrics.dropped.labels(label, "unknown_model").inc()
             return
@@ -179,11 +189,10 @@ class SamplingObserver:
             reason="forced" if pending.tentative is Tentative.FORCED else "random",
             received_ns=time.time_ns(),
         )
-        if hub.submit(job):
+        if hub.handler.submit(job):
             pending.queued = True
             hub.mark_sampled(pending.trace_id)
-            if hub.remember is not None:
-                hub.remember(model, pending.method, message)
+            hub.handler.remember(model, pending.method, message)
         else:
             hub.sampler.duty.cancel()
             hub.metrics.dropped.labels(label, "queue_full").inc()
@@ -195,15 +204,15 @@ class SamplingObserver:
         if end.method not in REPLAYABLE_METHODS:
             return
         if pending is None:  # every request not picked at header time
-            hub.metrics.record_decision(hub.model_label(end.model), Decision.SKIPPED_RATE)
+            hub.metrics.record_decision(hub.handler.model_label(end.model), Decision.SKIPPED_RATE)
             return
         if pending.tentative is Tentative.GATED or pending.tentative is Tentative.STORE_FAILING:
-            label = hub.model_label(end.model)
+            label = hub.handler.model_label(end.model)
             hub.metrics.record_decision(label, hub.sampler.at_body(label, pending.tentative))
             return
         if pending.decision is None:  # picked, but its body never arrived whole
             # counted as sampled, like every other sample dropped before profiling
-            label = hub.model_label(end.model)
+            label = hub.handler.model_label(end.model)
             hub.metrics.record_decision(label, Decision.SAMPLED)
             hub.metrics.dropped.labels(label, "body_unavailable").inc()
             return
@@ -229,11 +238,10 @@ class SamplingObserver:
             },
         )
         try:
-            hub.store_spans(pending.trace_id, [span])
+            hub.handler.store_spans(pending.trace_id, [span])
         except Exception:
             hub.metrics.store_write_failures.inc()
             log.exception("could not hand the request span to the trace writer")
             return
-        if hub.record_exemplar is not None:
-            label = hub.model_label(end.model)
-            hub.record_exemplar(end.method, label, end.duration_s, pending.trace_id)
+        label = hub.handler.model_label(end.model)
+        hub.handler.record_exemplar(end.method, label, end.duration_s, pending.trace_id)

@@ -85,7 +85,8 @@ class SamplingConfig:
 
 
 class SamplingPipeline:
-    """Owns the sampler, the worker, the trace writer and the OTLP receiver."""
+    """Owns the sampler, the worker, the trace writer and the OTLP receiver; the relay's hub
+    hands it what it samples (it is the hub's `SampleHandler`)."""
 
     def __init__(
         self,
@@ -98,7 +99,8 @@ class SamplingPipeline:
         self.metrics = SamplingMetrics(registry)
         self.sampler = Sampler(config.settings)
         self._model_label = model_label
-        self.last_requests = LastRequests(self._known_model)
+        self._record_exemplar = record_exemplar
+        self.last_requests = LastRequests(self.known_model)
         self._log = RateLimitedLog(log, interval_s=30.0)
         self.disabled_reason: str | None = None
         self.export: OtlpTraceExport | None = None
@@ -139,18 +141,7 @@ class SamplingPipeline:
                 on_spans=self._on_backend_spans,
             )
             TfCaptureMetricsCollector(self.tf_capture, registry)
-        self.hub = SamplingHub(
-            self.sampler,
-            self.metrics,
-            self.worker.submit,
-            self._store_spans,
-            model_label,
-            remember=self.last_requests.remember,
-            known_model=self._known_model,
-            on_sampled=self._on_sampled if self.tf_capture is not None else None,
-            record_exemplar=record_exemplar,
-            pressure=self.pressure,
-        )
+        self.hub = SamplingHub(self.sampler, self.metrics, self, pressure=self.pressure)
         self.collector = TritonSpanCollector(self._on_backend_trace)
         self.receiver: OtlpReceiver | None = None
         if config.otlp_port is not None and self.enabled:
@@ -204,19 +195,24 @@ class SamplingPipeline:
         if self.export is not None:
             self.export.close()
 
-    # -- callbacks (other threads) ---------------------------------------------------------
-    def _known_model(self, model: str) -> bool:
+    # -- the hub's `SampleHandler` (the relay's threads) -------------------------------------
+    def model_label(self, model: str | None) -> str:
+        return self._model_label(model)
+
+    def known_model(self, model: str) -> bool:
         return model_in_repository(self.config.model_repository, model)
 
-    def _skip_job(self, job: ProfileJob) -> bool:
-        """Drop queued live samples while the store fails (admin requests still run)."""
-        if job.reason == "admin" or not self.sampler.store.closed():
-            return False
-        self.sampler.duty.cancel()
-        self.metrics.dropped.labels(self._model_label(job.model), "store_failing").inc()
-        return True
+    def submit(self, job: ProfileJob) -> bool:
+        return self.worker.submit(job)
 
-    def _on_sampled(self, start: RequestStart, trace_id: str, span_id: str) -> None:
+    def remember(self, model: str, method: str, message: bytes) -> None:
+        self.last_requests.remember(model, method, message)
+
+    def record_exemplar(self, method: str, model: str, duration_s: float, trace_id: str) -> None:
+        if self._record_exemplar is not None:
+            self._record_exemplar(method, model, duration_s, trace_id)
+
+    def on_sampled(self, start: RequestStart, trace_id: str, span_id: str) -> None:
         """A request picked at header time: a Predict gets a capture of the backend's side."""
         if self.tf_capture is None or start.path != TF_PREDICT_PATH:
             return
@@ -225,7 +221,7 @@ class SamplingPipeline:
         except Exception:  # e.g. no thread could be started: the request goes on regardless
             self._log.log("tf_capture", logging.WARNING, "could not start a capture", exc_info=True)
 
-    def _store_spans(self, trace_id: str, spans: list[Span]) -> bool:
+    def store_spans(self, trace_id: str, spans: list[Span]) -> bool:
         if self.tf_capture is not None:
             for span in spans:  # the proxy's span: the window of the backend's op events
                 if span.level is Level.REQUEST and span.source is Source.PROXY:
@@ -234,6 +230,15 @@ class SamplingPipeline:
         if not accepted:
             self.metrics.store_write_failures.inc()
         return accepted
+
+    # -- callbacks of the worker, the writer and the receivers (other threads) -------------
+    def _skip_job(self, job: ProfileJob) -> bool:
+        """Drop queued live samples while the store fails (admin requests still run)."""
+        if job.reason == "admin" or not self.sampler.store.closed():
+            return False
+        self.sampler.duty.cancel()
+        self.metrics.dropped.labels(self._model_label(job.model), "store_failing").inc()
+        return True
 
     def _store_failed(self, error: Exception) -> None:
         self.metrics.store_write_failures.inc()
@@ -283,7 +288,7 @@ class SamplingPipeline:
         a request picked at header time may still be dropped before it is profiled)."""
         if not self.hub.is_sampled_trace(trace_id):
             return False
-        self._store_spans(trace_id, spans)
+        self.store_spans(trace_id, spans)
         return True
 
     def _on_backend_trace(self, trace: TritonTrace) -> None:

@@ -41,6 +41,7 @@ from sidecar.sampling.sampler import Sampler
 from sidecar.sampling.settings import SamplingSettings
 from sidecar.trace.spans import Level, Source, Span, new_span_id, new_trace_id
 from sidecar.trace.store import TraceStore
+from tests.sampling.test_observer import InMemoryHandler
 from tests.sampling.test_pipeline import sampling_config as pipeline_config
 
 REPO = Path(__file__).parents[2]
@@ -247,14 +248,14 @@ def test_the_pipeline_stores_the_capture_of_a_sampled_predict_under_its_proxy_sp
     )
     registry = CollectorRegistry()
     pipeline = SamplingPipeline(config, registry, lambda model: model or "_other")
-    assert pipeline.tf_capture is not None and pipeline.hub.on_sampled is not None
+    assert pipeline.tf_capture is not None and pipeline.hub.handler is pipeline
     try:
         ignored = RequestStart(1, 1, INFER_PATH, "ModelInfer", [])  # not a Predict
-        pipeline.hub.on_sampled(ignored, new_trace_id(), new_span_id())
+        pipeline.on_sampled(ignored, new_trace_id(), new_span_id())
         assert pipeline.tf_capture.wait_idle(0) and sum(pipeline.tf_capture.counts().values()) == 0
         trace_id, span_id = new_trace_id(), new_span_id()
         start = RequestStart(1, 3, TF_PREDICT_PATH, "Predict", [])
-        pipeline.hub.on_sampled(start, trace_id, span_id)
+        pipeline.on_sampled(start, trace_id, span_id)
         time.sleep(0.3)
         run_start, run_end = backend.run()
         pipeline.hub.mark_sampled(trace_id)  # queued for replay, as the observer does
@@ -262,7 +263,7 @@ def test_the_pipeline_stores_the_capture_of_a_sampled_predict_under_its_proxy_sp
             trace_id, span_id, None, Level.REQUEST, TF_PREDICT_PATH, "Predict",
             run_start - 100_000, run_end + 100_000, Source.PROXY,
         )  # fmt: skip
-        assert pipeline._store_spans(trace_id, [proxy])
+        assert pipeline.store_spans(trace_id, [proxy])
         assert pipeline.tf_capture.wait_idle(20)
         assert pipeline.writer is not None and pipeline.writer.flush(10)
         text = scrape_registry(registry)
@@ -280,20 +281,17 @@ def test_the_pipeline_stores_the_capture_of_a_sampled_predict_under_its_proxy_sp
 
 
 def test_the_hub_tells_of_each_request_picked_at_header_time() -> None:
-    heard: list[tuple[str, str, str]] = []
+    handler = InMemoryHandler()
     hub = SamplingHub(
         Sampler(SamplingSettings(rate=1.0, budget_per_minute=60)),
         SamplingMetrics(CollectorRegistry()),
-        submit=lambda job: True,
-        store_spans=lambda trace_id, spans: True,
-        model_label=lambda model: model or "_other",
-        on_sampled=lambda start, trace_id, span_id: heard.append((start.path, trace_id, span_id)),
+        handler,
     )
     observer = hub.observer_factory(ConnectionInfo(1, "127.0.0.1:1"))
     decision = observer.on_request_headers(RequestStart(1, 1, INFER_PATH, "ModelInfer", []))
     assert decision is not None
     [(name, traceparent)] = decision.extra_headers
-    [(path, trace_id, span_id)] = heard
+    [(path, trace_id, span_id)] = handler.picked
     assert (name, path, traceparent) == ("traceparent", INFER_PATH, f"00-{trace_id}-{span_id}-01")
 
 

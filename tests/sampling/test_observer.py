@@ -1,6 +1,6 @@
 """The relay's sampling hook on its own: a real `Sampler` on a manual clock and real
 `SamplingMetrics` on a fresh registry; the worker queue, the trace writer and the admin API's
-request memory are in-memory fakes handed to `SamplingHub` as callables."""
+request memory are one in-memory `SampleHandler`."""
 
 from __future__ import annotations
 
@@ -37,41 +37,47 @@ class ManualClock:
 
 
 @dataclass
-class FakeWorkerQueue:
-    """Stands in for `ProfilingWorker.submit`: keeps jobs, or refuses them when `full`."""
+class InMemoryHandler:
+    """The hub's `SampleHandler` in memory: keeps the jobs it is given (or refuses them while
+    `queue_full`), the spans (or raises while `store_broken`), the requests remembered for the
+    admin API, the header-time picks and the exemplars. `known` lists the models in the
+    repository (None: every model)."""
 
-    full: bool = False
+    known: set[str] | None = None
+    queue_full: bool = False
+    store_broken: bool = False
     jobs: list[ProfileJob] = field(default_factory=list)
+    spans: list[tuple[str, list[Span]]] = field(default_factory=list)
+    remembered: list[tuple[str, str, bytes]] = field(default_factory=list)
+    picked: list[tuple[str, str, str]] = field(default_factory=list)  # path, trace, span
+    exemplars: list[tuple[str, str, float, str]] = field(default_factory=list)
+
+    def model_label(self, model: str | None) -> str:
+        return model or "_unknown"
+
+    def known_model(self, model: str) -> bool:
+        return self.known is None or model in self.known
+
+    def on_sampled(self, start: RequestStart, trace_id: str, span_id: str) -> None:
+        self.picked.append((start.path, trace_id, span_id))
 
     def submit(self, job: ProfileJob) -> bool:
-        if self.full:
+        if self.queue_full:
             return False
         self.jobs.append(job)
         return True
 
+    def remember(self, model: str, method: str, message: bytes) -> None:
+        self.remembered.append((model, method, message))
 
-@dataclass
-class FakeSpanStore:
-    """Stands in for the trace writer's `submit_spans`; raises when `broken`."""
-
-    broken: bool = False
-    spans: list[tuple[str, list[Span]]] = field(default_factory=list)
-
-    def store(self, trace_id: str, spans: list[Span]) -> bool:
-        if self.broken:
+    def store_spans(self, trace_id: str, spans: list[Span]) -> bool:
+        if self.store_broken:
             raise RuntimeError("the writer is gone")
         self.spans.append((trace_id, spans))
         return True
 
-
-@dataclass
-class FakeLastRequests:
-    """Stands in for the admin API's memory of the last sampled request per model."""
-
-    remembered: list[tuple[str, str, bytes]] = field(default_factory=list)
-
-    def remember(self, model: str, method: str, message: bytes) -> None:
-        self.remembered.append((model, method, message))
+    def record_exemplar(self, method: str, model: str, duration_s: float, trace_id: str) -> None:
+        self.exemplars.append((method, model, duration_s, trace_id))
 
 
 class Setup:
@@ -95,18 +101,8 @@ class Setup:
         self.clock = ManualClock()
         self.sampler = Sampler(settings, clock=self.clock)
         self.registry = CollectorRegistry()
-        self.queue = FakeWorkerQueue()
-        self.store = FakeSpanStore()
-        self.last = FakeLastRequests()
-        self.hub = SamplingHub(
-            self.sampler,
-            SamplingMetrics(self.registry),
-            self.queue.submit,
-            self.store.store,
-            lambda name: name or "_unknown",
-            remember=self.last.remember,
-            known_model=None if known is None else known.__contains__,
-        )
+        self.handler = InMemoryHandler(known)
+        self.hub = SamplingHub(self.sampler, SamplingMetrics(self.registry), self.handler)
         self.observer = self.hub.observer_factory(CONNECTION)
         self._next_stream = 1
 
@@ -162,18 +158,20 @@ def test_a_sampled_request_is_marked_copied_queued_remembered_and_spanned() -> N
     traceparent = s.request("resnet")
     assert traceparent is not None
     trace_id, span_id = TRACEPARENT.fullmatch(traceparent).groups()  # type: ignore[union-attr]
-    (job,) = s.queue.jobs
+    (job,) = s.handler.jobs
     assert (job.trace_id, job.parent_span_id, job.model) == (trace_id, span_id, "resnet")
     assert (job.request_message, job.reason, job.method) == (b"resnet", "random", "ModelInfer")
-    assert s.last.remembered == [("resnet", "ModelInfer", b"resnet")]
+    assert s.handler.remembered == [("resnet", "ModelInfer", b"resnet")]
     assert s.hub.is_sampled_trace(trace_id)
-    ((stored_id, (span,)),) = s.store.spans
+    ((stored_id, (span,)),) = s.handler.spans
     assert stored_id == trace_id and (span.trace_id, span.span_id) == (trace_id, span_id)
     assert (span.level, span.source, span.kind, span.parent_id) == (
         Level.REQUEST, Source.PROXY, "ModelInfer", None,
     )  # fmt: skip
     assert span.end_ns - span.start_ns == 2_000_000
     assert span.attributes["grpc_code"] == "OK" and span.attributes["model"] == "resnet"
+    assert s.handler.exemplars == [("ModelInfer", "resnet", 0.002, trace_id)]
+    assert s.handler.picked == [(INFER, trace_id, span_id)]
     assert (
         s.registry.get_sample_value(
             "xsp_sampling_decisions_total", {"model": "resnet", "decision": "sampled"}
@@ -186,13 +184,13 @@ def test_each_sampled_request_gets_its_own_trace() -> None:
     s = Setup()
     first, second = s.request(), s.request()
     assert first is not None and second is not None and first != second
-    assert len({job.trace_id for job in s.queue.jobs}) == 2
+    assert len({job.trace_id for job in s.handler.jobs}) == 2
 
 
 def test_unpicked_requests_get_no_traceparent_and_count_as_skipped_rate() -> None:
     s = Setup(rate=0.0)
     assert [s.request() for _ in range(3)] == [None] * 3
-    assert s.queue.jobs == [] and s.store.spans == [] and s.last.remembered == []
+    assert s.handler.jobs == [] and s.handler.spans == [] and s.handler.remembered == []
     assert s.decisions() == {"skipped_rate": 3}
 
 
@@ -201,7 +199,7 @@ def test_the_force_header_samples_at_rate_zero() -> None:
     assert s.request(headers=((b"x-xsp-profile", b"1"),)) is not None
     assert s.request(headers=((b"x-xsp-profile", b"0"),)) is None
     assert s.request(headers=((b"x-other", b"1"),)) is None
-    assert [job.reason for job in s.queue.jobs] == ["forced"]
+    assert [job.reason for job in s.handler.jobs] == ["forced"]
     assert s.decisions() == {"sampled": 1, "skipped_rate": 2}
 
 
@@ -211,7 +209,7 @@ def test_a_custom_force_header_or_none() -> None:
     assert custom.request(headers=((b"x-xsp-profile", b"1"),)) is None
     off = Setup(rate=0.0, force_header=None)
     assert off.request(headers=((b"x-xsp-profile", b"1"),)) is None
-    assert off.queue.jobs == []
+    assert off.handler.jobs == []
 
 
 def test_methods_that_cannot_be_replayed_are_neither_sampled_nor_counted() -> None:
@@ -219,7 +217,7 @@ def test_methods_that_cannot_be_replayed_are_neither_sampled_nor_counted() -> No
     assert s.request(method="ModelMetadata") is None
     assert s.request(method="GetModelMetadata") is None
     assert s.request(method="Classify") is None
-    assert s.decisions() == {} and s.queue.jobs == []
+    assert s.decisions() == {} and s.handler.jobs == []
 
 
 @pytest.mark.parametrize(
@@ -231,10 +229,10 @@ def test_a_sampled_request_keeps_the_method_its_message_is_decoded_by(
 ) -> None:
     s = Setup()
     assert s.request("keras_cnn", method=method) is not None
-    (job,) = s.queue.jobs
+    (job,) = s.handler.jobs
     assert (job.method, job.model, job.request_message) == (job_method, "keras_cnn", b"keras_cnn")
-    assert s.last.remembered == [("keras_cnn", job_method, b"keras_cnn")]
-    ((_, (span,)),) = s.store.spans
+    assert s.handler.remembered == [("keras_cnn", job_method, b"keras_cnn")]
+    ((_, (span,)),) = s.handler.spans
     assert span.kind == method  # the proxy span names the call as it was made
     assert s.sample("xsp_sampling_decisions_total", "keras_cnn", decision="sampled") == 1
 
@@ -249,7 +247,7 @@ def test_every_replayable_request_counts_under_exactly_one_decision() -> None:
     s.request()
     s.request(headers=((b"x-xsp-profile", b"1"),))  # forced: the budget still applies
     assert s.decisions() == {"sampled": 3, "skipped_budget": 4, "skipped_rate": 1}
-    assert len(s.queue.jobs) == 3
+    assert len(s.handler.jobs) == 3
 
 
 def test_a_closed_duty_cycle_gate_skips_before_the_body_is_copied() -> None:
@@ -273,15 +271,15 @@ def test_a_failing_store_skips_new_samples() -> None:
 
 def test_a_full_queue_drops_the_sample_and_frees_the_worker_slot() -> None:
     s = Setup(duty_cycle=0.5)
-    s.queue.full = True
+    s.handler.queue_full = True
     traceparent = s.request()
     assert traceparent is not None
     assert s.dropped("queue_full") == 1 and s.decisions() == {"sampled": 1}
     trace_id = TRACEPARENT.fullmatch(traceparent).group(1)  # type: ignore[union-attr]
     assert not s.hub.is_sampled_trace(trace_id)
-    assert s.last.remembered == [] and s.store.spans == []  # nothing to hang a span under
-    s.queue.full = False
-    assert s.request() is not None and len(s.queue.jobs) == 1  # the gate was not left closed
+    assert s.handler.remembered == [] and s.handler.spans == []  # nothing to hang a span under
+    s.handler.queue_full = False
+    assert s.request() is not None and len(s.handler.jobs) == 1  # the gate was not left closed
 
 
 @pytest.mark.parametrize(
@@ -299,7 +297,7 @@ def test_unreadable_requests_are_dropped(model: str | None, body: bytes) -> None
     label = model or "_unknown"
     assert s.dropped("unreadable_request", label) == 1
     assert s.sample("xsp_sampling_decisions_total", label, decision="sampled") == 1
-    assert s.queue.jobs == [] and s.store.spans == []
+    assert s.handler.jobs == [] and s.handler.spans == []
     assert s.request() is not None  # the worker slot was given back
 
 
@@ -307,9 +305,9 @@ def test_models_the_repository_does_not_have_are_dropped() -> None:
     s = Setup(known={"resnet"}, duty_cycle=0.5)
     assert s.request("typo") is not None
     assert s.dropped("unknown_model", "typo") == 1
-    assert s.queue.jobs == [] and s.last.remembered == []
+    assert s.handler.jobs == [] and s.handler.remembered == []
     s.request("resnet")
-    assert [job.model for job in s.queue.jobs] == ["resnet"]
+    assert [job.model for job in s.handler.jobs] == ["resnet"]
 
 
 def test_a_body_that_never_arrives_is_dropped_and_counted_once() -> None:
@@ -317,14 +315,14 @@ def test_a_body_that_never_arrives_is_dropped_and_counted_once() -> None:
     assert s.request(send_body=False) is not None  # e.g. cancelled, or over the capture limit
     assert s.dropped("body_unavailable") == 1
     assert s.decisions() == {"sampled": 1}
-    assert s.queue.jobs == [] and s.store.spans == []
+    assert s.handler.jobs == [] and s.handler.spans == []
 
 
 def test_a_failing_span_store_is_counted_not_raised() -> None:
     s = Setup()
-    s.store.broken = True
+    s.handler.store_broken = True
     assert s.request() is not None  # on_stream_end did not raise into the relay
-    assert len(s.queue.jobs) == 1
+    assert len(s.handler.jobs) == 1
     assert s.registry.get_sample_value("xsp_trace_store_write_failures_total") == 1
 
 
@@ -342,7 +340,7 @@ def test_observers_of_different_connections_share_the_hub() -> None:
     other = s.hub.observer_factory(ConnectionInfo(2, "127.0.0.1:6"))
     assert isinstance(other, SamplingObserver) and other is not s.observer
     s.request()
-    assert len(s.queue.jobs) == 1 and s.hub.is_sampled_trace(s.queue.jobs[0].trace_id)
+    assert len(s.handler.jobs) == 1 and s.hub.is_sampled_trace(s.handler.jobs[0].trace_id)
 
 
 def test_first_message() -> None:

@@ -130,7 +130,7 @@ def test_a_store_that_cannot_be_opened_turns_sampling_off(
         assert value(registry, "xsp_sampling_enabled") == 0
         assert value(registry, "xsp_sampling_disabled", reason="store_unavailable") == 1
         assert value(registry, "xsp_sampling_disabled", reason="store_failing") == 0
-        assert not sampling._store_spans("ab" * 16, [])
+        assert not sampling.store_spans("ab" * 16, [])
         assert value(registry, "xsp_trace_store_write_failures_total") == 1
     finally:
         sampling.stop()
@@ -216,8 +216,8 @@ def test_queued_live_samples_are_skipped_while_the_store_fails(
 def test_known_models_are_the_folders_of_the_model_repository(
     pipeline: SamplingPipeline,
 ) -> None:
-    assert pipeline._known_model("resnet") and pipeline._known_model("bert")
+    assert pipeline.known_model("resnet") and pipeline.known_model("bert")
     for model in ("gpt", "", ".", "..", "../models", "resnet/1"):
-        assert not pipeline._known_model(model), model
+        assert not pipeline.known_model(model), model
     assert pipeline.last_requests.remember("resnet", "ModelInfer", b"x")
     assert not pipeline.last_requests.remember("gpt", "ModelInfer", b"x")

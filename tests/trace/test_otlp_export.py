@@ -130,7 +130,7 @@ def test_a_stored_trace_reaches_an_otlp_http_collector_whole(
     request, replay, trace, stats = worker_trace()
     try:
         assert pipeline.export is not None
-        assert pipeline._store_spans(request.trace_id, [request])  # the relay's span
+        assert pipeline.store_spans(request.trace_id, [request])  # the relay's span
         with TraceStore(tmp_path / "traces.db") as worker_store:  # the worker process's write
             worker_store.write_trace(trace, replay, stats)
         pipeline._on_result(JobResult(request.trace_id, "resnet50", "ok", 0.1))
