@@ -1,4 +1,5 @@
-"""The data plane: a transparent HTTP/2 relay that watches gRPC calls (see DESIGN.md).
+"""The data plane: a transparent HTTP/2 relay that watches gRPC calls (why it is built so:
+docs/architecture.md, "The data plane").
 
 `relay.Relay` pairs each client connection with a backend connection and forwards bytes
 unchanged; `frames.FrameScanner` + `streams.ConnectionTracker` observe them; `metrics`
