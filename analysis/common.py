@@ -20,6 +20,16 @@ from analysis.tracedb import TraceData
 from sidecar.profiling.stats import TRIM
 
 GROUP = ["model", "batch_size"]
+# The columns that name one trace's run: its store, its id, the model and what it ran on
+TRACE_IDENTITY = (
+    "source_db",
+    "trace_id",
+    "model",
+    "model_version",
+    "batch_size",
+    "device",
+    "runtime",
+)
 DEVICE_KINDS = ("kernel", "memcpy", "memset")  # work that runs on the accelerator
 KERNEL_TABLE_KINDS = (*DEVICE_KINDS, "cpu_op")  # rows of the kernel table (A8)
 
@@ -244,13 +254,7 @@ class Frames:
         """Per trace: tkey, model, batch_size and what the analyses group by."""
         cols = [
             "tkey",
-            "source_db",
-            "trace_id",
-            "model",
-            "model_version",
-            "batch_size",
-            "device",
-            "runtime",
+            *TRACE_IDENTITY,
             "kernel_level",
             "peak_flops_per_s",
             "peak_dram_bytes_per_s",

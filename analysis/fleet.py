@@ -22,23 +22,13 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from analysis.common import layer_type
+from analysis.common import TRACE_IDENTITY, layer_type
 from analysis.live import BACKEND_PHASES, PERCENTILES, PHASES, TF_OP_KIND
 from analysis.tracedb import TraceFilter, load_traces
 from sidecar.profiling.stats import TRIM
 
 TABLES = ("traces", "spans", "level_stats")
-TRACE_COLUMNS = (
-    "source_db",
-    "trace_id",
-    "model",
-    "model_version",
-    "batch_size",
-    "device",
-    "runtime",
-    "status",
-    "created_ns",
-)
+TRACE_COLUMNS = (*TRACE_IDENTITY, "status", "created_ns")
 SPAN_COLUMNS = (
     "source_db",
     "trace_id",

@@ -7,7 +7,13 @@ import math
 import pandas as pd
 
 from analysis.common import GROUP, AnalysisResult, Frames, across_traces, empty_result
-from analysis.roofline import above_roof_note, classify, gpu_run_metrics, layer_metrics
+from analysis.roofline import (
+    ROOFLINE_MEASURES,
+    above_roof_note,
+    classify,
+    gpu_run_metrics,
+    layer_metrics,
+)
 from sidecar.profiling.stats import decide_batch, trimmed_mean_rse
 
 A1_TITLE = "Model throughput and latency per batch size"
@@ -122,13 +128,7 @@ def model_aggregate(fr: Frames) -> AnalysisResult:
     ]
     cols = [
         *GROUP,
-        "latency_ms",
-        "flops",
-        "dram_bytes",
-        "arithmetic_intensity",
-        "arithmetic_throughput_gflops",
-        "attainable_gflops",
-        "ridge_point",
+        *ROOFLINE_MEASURES,
         "utilization",
         "bound",
         "verdict",

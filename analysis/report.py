@@ -109,6 +109,12 @@ def _filters(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _sets(p: argparse.ArgumentParser, what: str = "") -> None:
+    """`--base` and `--new`: the two trace sets a comparison sets side by side."""
+    p.add_argument("--base", metavar="SEL", help=f"{what}base set: {SELECTOR_HELP}")
+    p.add_argument("--new", metavar="SEL", help=f"{what}new set (same syntax)")
+
+
 def _outputs(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
     g.add_argument(
@@ -165,8 +171,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         metavar="KEYS",
         help=f"comma-separated analyses to run, from: {', '.join(ANALYSES)}, comparison",
     )
-    rep.add_argument("--base", metavar="SEL", help=f"comparison base set: {SELECTOR_HELP}")
-    rep.add_argument("--new", metavar="SEL", help="comparison new set (same syntax)")
+    _sets(rep, "comparison ")
     cmp_ = sub.add_parser(
         "compare",
         help="compare two sets of traces",
@@ -175,8 +180,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     )
     _filters(cmp_)
     _outputs(cmp_)
-    cmp_.add_argument("--base", metavar="SEL", help=f"base set: {SELECTOR_HELP}")
-    cmp_.add_argument("--new", metavar="SEL", help="new set (same syntax)")
+    _sets(cmp_)
     tl = sub.add_parser(
         "timeline",
         help="export one trace as trace-event JSON",
