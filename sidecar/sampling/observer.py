@@ -113,6 +113,12 @@ class SamplingHub:
         with self._lock:
             self.sampled_trace_ids.discard(trace_id)
 
+    def drop(self, label: str, reason: str) -> None:
+        """A sample taken at body time is dropped before it runs: its share of the duty cycle
+        is given back, and it is counted by `reason`."""
+        self.sampler.duty.cancel()
+        self.metrics.dropped.labels(label, reason).inc()
+
     def mark_sampled(self, trace_id: str) -> None:
         with self._lock:
             if len(self.sampled_trace_ids) > 10_000:  # bounded: drop the oldest guesses
@@ -173,12 +179,10 @@ class SamplingObserver:
             return
         message = first_message(body)
         if message is None or model is None:
-            hub.sampler.duty.cancel()
-            hub.metrics.dropped.labels(label, "unreadable_request").inc()
+            hub.drop(label, "unreadable_request")
             return
         if not hub.handler.known_model(model):
-            hub.sampler.duty.cancel()
-            hub.metrics.dropped.labels(label, "unknown_model").inc()
+            hub.drop(label, "unknown_model")
             return
         job = ProfileJob(
             trace_id=pending.trace_id,
@@ -194,8 +198,7 @@ class SamplingObserver:
             hub.mark_sampled(pending.trace_id)
             hub.handler.remember(model, pending.method, message)
         else:
-            hub.sampler.duty.cancel()
-            hub.metrics.dropped.labels(label, "queue_full").inc()
+            hub.drop(label, "queue_full")
 
     def on_stream_end(self, end: StreamEnd) -> None:
         hub = self._hub

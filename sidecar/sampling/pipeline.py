@@ -236,8 +236,7 @@ class SamplingPipeline:
         """Drop queued live samples while the store fails (admin requests still run)."""
         if job.reason == "admin" or not self.sampler.store.closed():
             return False
-        self.sampler.duty.cancel()
-        self.metrics.dropped.labels(self._model_label(job.model), "store_failing").inc()
+        self.hub.drop(self._model_label(job.model), "store_failing")
         return True
 
     def _store_failed(self, error: Exception) -> None:

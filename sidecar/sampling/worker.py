@@ -98,6 +98,12 @@ def busy_seconds(wall_s: float, waited_s: float, cpu_s: float) -> float:
     return max(wall_s - waited_s, cpu_s)
 
 
+def _unfinished(job: ProfileJob, outcome: str, started: float, error: str) -> JobResult:
+    """The result of a job that did not finish its profile: `outcome` (`error`, `timeout`,
+    `crash`), the time since it `started` (`time.perf_counter()`) and why."""
+    return JobResult(job.trace_id, job.model, outcome, time.perf_counter() - started, error=error)
+
+
 def _worker_main(
     config: WorkerConfig, conn: Connection, pressure: ServingPressure | None = None
 ) -> None:
@@ -132,13 +138,7 @@ def _worker_main(
             failures.log(
                 type(exc).__name__, logging.ERROR, "profiling %r failed", job.model, exc_info=True
             )
-            result = JobResult(
-                trace_id=job.trace_id,
-                model=job.model,
-                outcome="error",
-                busy_s=time.perf_counter() - started,
-                error=f"{type(exc).__name__}: {exc}",
-            )
+            result = _unfinished(job, "error", started, f"{type(exc).__name__}: {exc}")
         wall = time.perf_counter() - started
         if gate is not None:
             gate.settle()
@@ -382,13 +382,8 @@ class ProfilingWorker:
                 return self._crashed(job, started) if began else None
             if time.perf_counter() >= deadline:
                 self._restart(f"overran the {self.config.job_timeout_s:.0f} s job timeout")
-                return JobResult(
-                    job.trace_id,
-                    job.model,
-                    "timeout",
-                    time.perf_counter() - started,
-                    error=f"profile did not finish in {self.config.job_timeout_s:.0f} s",
-                )
+                why = f"profile did not finish in {self.config.job_timeout_s:.0f} s"
+                return _unfinished(job, "timeout", started, why)
 
     def _crashed(self, job: ProfileJob, started: float) -> JobResult:
         code = None
@@ -396,10 +391,4 @@ class ProfilingWorker:
             self._process.join(2.0)  # the pipe closes a moment before the exit is reaped
             code = self._process.exitcode
         self._restart(f"died (exit code {code})")
-        return JobResult(
-            job.trace_id,
-            job.model,
-            "crash",
-            time.perf_counter() - started,
-            error=f"profiling worker died with exit code {code}",
-        )
+        return _unfinished(job, "crash", started, f"profiling worker died with exit code {code}")
