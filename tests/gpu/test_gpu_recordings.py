@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.profiling.cupti_tracer import launch_records_only, records_to_spans
 from sidecar.profiling.experiment import run_experiment
 from sidecar.profiling.gpu.attribution import GRAPH_NODES_NOT_OBSERVED, attribute_raw
 from sidecar.profiling.gpu.clock_check import ClockCheckError, check_clock
+from sidecar.profiling.gpu.cupti_tracer import launch_records_only, records_to_spans
 from sidecar.profiling.gpu.demangle import base_name
 from sidecar.profiling.gpu.recording import (
     Recording,

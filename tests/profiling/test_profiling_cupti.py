@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.profiling import cupti_tracer as ct
 from sidecar.profiling.containment import assign_parents
+from sidecar.profiling.gpu import cupti_tracer as ct
 from sidecar.trace.spans import Level, Source, Span
 
 T0 = 1_000_000  # CUPTI clock ns

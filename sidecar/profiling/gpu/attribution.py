@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sidecar.profiling.containment import GPU_ASYNC_KINDS
-from sidecar.profiling.runners.base import RawSpan, keyed
+from sidecar.profiling.vocabulary import RawSpan, keyed
 from sidecar.trace.spans import Level, Span
 
 API_KINDS = frozenset({"runtime", "driver"})

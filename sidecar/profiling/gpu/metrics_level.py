@@ -45,7 +45,7 @@ from sidecar.profiling.gpu.ncu import (
     run_ncu,
 )
 from sidecar.profiling.gpu.ncu_child import ChildArgs, child_command
-from sidecar.profiling.runners.base import Iteration, ProfilingError, RawSpan
+from sidecar.profiling.vocabulary import Iteration, ProfilingError, RawSpan
 
 METRICS_TIMEOUT_S = 900.0  # kernel replay is ~100x a forward, plus start-up and warm-up
 

@@ -21,12 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from sidecar.profiling.cupti_tracer import (
-    launch_records_only,
-    records_to_spans,
-    split_records,
-    split_spans,
-)
 from sidecar.profiling.experiment import LeveledProfile, run_experiment
 from sidecar.profiling.gpu.attribution import (
     GraphNodeTable,
@@ -36,11 +30,17 @@ from sidecar.profiling.gpu.attribution import (
     subtree_envelopes,
 )
 from sidecar.profiling.gpu.clock_check import DEFAULT_TOLERANCE_NS, require_clock
+from sidecar.profiling.gpu.cupti_tracer import (
+    launch_records_only,
+    records_to_spans,
+    split_records,
+    split_spans,
+)
 from sidecar.profiling.gpu.gpu_peak import GpuPeak, datasheet_peak, roof_attributes
 from sidecar.profiling.gpu.layers import ModuleCall, call_spans, calls_from_leaves
 from sidecar.profiling.gpu.metrics_level import layer_metric_sums, recorded_status
 from sidecar.profiling.gpu.ncu import NcuKernel, join_metrics, read_ncu_csv
-from sidecar.profiling.runners.base import (
+from sidecar.profiling.vocabulary import (
     Iteration,
     LevelNotSupportedError,
     LevelRun,

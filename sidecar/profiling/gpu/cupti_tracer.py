@@ -32,7 +32,7 @@ from typing import Any
 from sidecar.profiling.containment import GPU_ASYNC_KINDS, place_by_interval
 from sidecar.profiling.gpu.demangle import demangle, short_name
 from sidecar.profiling.gpu.owner import CUPTI_TRACER, PROCESS_OWNER, CuptiOwner
-from sidecar.profiling.runners.base import LevelNotSupportedError, RawSpan, keyed
+from sidecar.profiling.vocabulary import LevelNotSupportedError, RawSpan, keyed
 from sidecar.trace.spans import Level, Span
 
 # CUpti_ActivityKind values (cupti_activity.h).
