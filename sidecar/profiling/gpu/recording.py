@@ -24,8 +24,8 @@ import numpy as np
 from sidecar.profiling.experiment import LeveledProfile, run_experiment
 from sidecar.profiling.gpu.attribution import (
     GraphNodeTable,
-    attribute_raw,
     group_graph_replays,
+    kernel_layers,
     map_graph_nodes,
     subtree_envelopes,
 )
@@ -203,7 +203,7 @@ class RecordingRunner:
             spans.extend(kernels)
             if self.ncu is not None:
                 join_metrics(kernels, self.ncu)
-                layer_metric_sums(attribute_raw(spans), spans)
+                layer_metric_sums(kernel_layers(spans), spans)
             out.append(spans)
         return out
 
@@ -215,7 +215,7 @@ class RecordingRunner:
         for (w0, w1), calls, k_spans in zip(
             self.rec.walls, self.rec.calls, self.kernel_iterations(), strict=True
         ):
-            env = subtree_envelopes(k_spans, attribute_raw(k_spans))
+            env = subtree_envelopes(k_spans, kernel_layers(k_spans))
             spans = [self._model(w0, w1)]
             for layer in call_spans(calls, self.rec.perf_offset_ns):
                 if not layer.attributes["leaf"] and layer.name in env:
