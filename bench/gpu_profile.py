@@ -157,7 +157,7 @@ def child_torch_profiler(case: str, iterations: int, warmup: int) -> dict[str, A
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from sidecar.profiling.runners.pytorch import transformer_fastpath_off
+    from sidecar.profiling.torch_modules import transformer_fastpath_off
 
     model, inputs = build(case)
     model = model.cuda()
@@ -184,7 +184,7 @@ def child_ncu_forward(case: str) -> None:
     """One forward between cudaProfilerStart/Stop (what `ncu --profile-from-start off` sees)."""
     import torch
 
-    from sidecar.profiling.runners.pytorch import transformer_fastpath_off
+    from sidecar.profiling.torch_modules import transformer_fastpath_off
 
     model, inputs = build(case)
     model = model.cuda()

@@ -35,8 +35,8 @@ import onnxruntime as ort
 from sidecar.profiling import testmodels
 from sidecar.profiling.experiment import run_experiment
 from sidecar.profiling.inputs import onnx_input_specs, random_inputs
-from sidecar.profiling.runners.base import Iteration, Runner
 from sidecar.profiling.runners.onnxruntime import OnnxRuntimeRunner
+from sidecar.profiling.vocabulary import Iteration, Runner
 from sidecar.trace.spans import Level
 
 MODELS: dict[str, Callable[[], Any]] = {

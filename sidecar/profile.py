@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from sidecar.profiling.experiment import LeveledProfile, run_experiment
+from sidecar.profiling.formats import ModelFormat, format_of, savedmodel_dir, savedmodel_name
 from sidecar.profiling.gpu.gpu_peak import GpuPeak, get_gpu_peak, roof_attributes
 from sidecar.profiling.inputs import (
     InputError,
@@ -32,16 +33,10 @@ from sidecar.profiling.inputs import (
 )
 from sidecar.profiling.levels import parse_levels
 from sidecar.profiling.peak import Peak, remeasure_if_beaten
-from sidecar.profiling.runners.base import ProfilingError
-from sidecar.profiling.runners.select import (
-    ModelFormat,
-    format_of,
-    runner_for,
-    savedmodel_dir,
-    savedmodel_name,
-)
+from sidecar.profiling.runners.select import runner_for
 from sidecar.profiling.summary import as_dict, render, render_sweep
 from sidecar.profiling.sweep import Settled, batch_of, settle
+from sidecar.profiling.vocabulary import ProfilingError
 from sidecar.trace.spans import Level
 
 log = logging.getLogger(__name__)

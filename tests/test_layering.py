@@ -110,3 +110,171 @@ def test_an_import_that_runs_back_up_is_caught(monkeypatch: pytest.MonkeyPatch) 
     source = sampling.read_text() + "\nfrom sidecar.admin.service import ProfilerService\n"
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: source)
     assert violations([sampling]) == {"sidecar.sampling.pipeline": ["sidecar.admin.service"]}
+
+
+# -- import cycles ------------------------------------------------------------------------------
+# Inside a unit the table says nothing, so a circle can grow there: module A imports B, which
+# imports A, usually kept alive by moving one import into a function. These checks read the
+# module graph (sidecar.* and analysis.* modules, lazy imports included).
+
+
+def module_imports(path: Path, known: set[str]) -> list[tuple[str, int, str | None]]:
+    """`(module, line, function)` for each of our modules `path` imports; `function` names
+    the function the import sits in (None at module level, `if` blocks included).
+
+    `from package import name` counts as importing `package.name` where that is a module, else
+    `package` itself. The packages Python initialises on the way to a module are not counted."""
+    found: list[tuple[str, int, str | None]] = []
+
+    def visit(node: ast.AST, function: str | None) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                visit(child, child.name if function is None else f"{function}.{child.name}")
+                continue
+            targets: list[str] = []
+            if isinstance(child, ast.Import):
+                targets = [alias.name for alias in child.names]
+            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                targets = [
+                    f"{child.module}.{alias.name}"
+                    if f"{child.module}.{alias.name}" in known
+                    else child.module
+                    for alias in child.names
+                ]
+            # a module with no source here (the C `_framewalk`) is no part of a circle
+            found.extend((t, child.lineno, function) for t in targets if t in known)
+            visit(child, function)
+
+    visit(ast.parse(path.read_text(), str(path)), None)
+    return found
+
+
+def module_graph(paths: list[Path]) -> dict[str, dict[str, list[tuple[int, str | None]]]]:
+    """`{module: {imported module: [(line, function), ...]}}` over `paths`."""
+    names = {module_name(p): p for p in paths}
+    graph: dict[str, dict[str, list[tuple[int, str | None]]]] = {}
+    for module, path in names.items():
+        edges: dict[str, list[tuple[int, str | None]]] = {}
+        for target, line, function in module_imports(path, set(names)):
+            if target == module:
+                continue
+            sites = edges.setdefault(target, [])
+            if (line, function) not in sites:  # `from m import (a, b)`: one site
+                sites.append((line, function))
+        graph[module] = edges
+    return graph
+
+
+def path_between(graph: dict[str, dict[str, list]], start: str, goal: str) -> list[str] | None:
+    """The shortest import chain `start -> ... -> goal` (breadth first), or None."""
+    came: dict[str, str | None] = {start: None}
+    queue = [start]
+    for node in queue:
+        for nxt in sorted(graph.get(node, {})):
+            if nxt in came:
+                continue
+            came[nxt] = node
+            if nxt == goal:
+                chain = [nxt]
+                while (prev := came[chain[-1]]) is not None:
+                    chain.append(prev)
+                return chain[::-1]
+            queue.append(nxt)
+    return None
+
+
+def import_cycles(paths: list[Path]) -> list[list[str]]:
+    """Each import circle as its modules (sorted), one list per strongly connected group."""
+    graph = module_graph(paths)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def connect(node: str) -> None:  # Tarjan; the graph is small, recursion is fine
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                connect(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return sorted(groups)
+
+
+def hidden_cycle_imports(paths: list[Path]) -> list[str]:
+    """Imports placed inside a function that close a circle: the function-level import of B
+    in A, where B (through anything) imports A at module level or lazily."""
+    graph = module_graph(paths)
+    found = []
+    for module, edges in sorted(graph.items()):
+        for target, sites in sorted(edges.items()):
+            back = path_between(graph, target, module)
+            if back is None:
+                continue
+            for line, function in sites:
+                if function is not None:
+                    found.append(
+                        f"{module}:{line} imports {target} inside {function}(), closing "
+                        + " -> ".join([module, *back])
+                    )
+    return found
+
+
+def test_no_import_cycles() -> None:
+    assert import_cycles(sources()) == []
+
+
+def test_no_import_hidden_in_a_function_closes_a_cycle() -> None:
+    assert hidden_cycle_imports(sources()) == []
+
+
+def planted(monkeypatch: pytest.MonkeyPatch, path: Path, extra: str) -> None:
+    """`path` reads as its source plus `extra` (the other files as they are)."""
+    read = Path.read_text
+    source = read(path) + extra
+    monkeypatch.setattr(
+        Path, "read_text", lambda self, *a, **k: source if self == path else read(self, *a, **k)
+    )
+
+
+def test_a_cycle_inside_a_package_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gpu/ncu.py` imports `gpu/demangle.py`; a module-level import back closes a circle."""
+    demangle = REPO / "sidecar" / "profiling" / "gpu" / "demangle.py"
+    planted(monkeypatch, demangle, "\nfrom sidecar.profiling.gpu.ncu import read_ncu_csv\n")
+    circle = ["sidecar.profiling.gpu.demangle", "sidecar.profiling.gpu.ncu"]
+    assert import_cycles(sources()) == [circle]
+    assert hidden_cycle_imports(sources()) == []  # in plain sight, not hidden
+
+
+def test_an_import_hidden_in_a_function_that_closes_a_cycle_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    demangle = REPO / "sidecar" / "profiling" / "gpu" / "demangle.py"
+    lazy = "\n\ndef _late() -> None:\n    from sidecar.profiling.gpu import ncu  # noqa\n"
+    planted(monkeypatch, demangle, lazy)
+    circle = ["sidecar.profiling.gpu.demangle", "sidecar.profiling.gpu.ncu"]
+    assert import_cycles(sources()) == [circle]
+    (hidden,) = hidden_cycle_imports(sources())
+    assert hidden.startswith("sidecar.profiling.gpu.demangle:")
+    assert hidden.endswith(
+        "imports sidecar.profiling.gpu.ncu inside _late(), closing sidecar.profiling.gpu.demangle"
+        " -> sidecar.profiling.gpu.ncu -> sidecar.profiling.gpu.demangle"
+    )

@@ -6,19 +6,36 @@ it on the trace's single clock. When the candidates nest (module `layer1` contai
 do not nest contain a span (parallel layers) the span is flagged `parent_ambiguous` with its
 `parent_candidates` and left without a parent rather than guessed; a span no candidate
 contains is flagged `parent_missing`.
-Asynchronous GPU activity (kernels, memcpys, memsets) is placed by its launch instead, see
-`cupti_tracer.attach_gpu_activity`.
+Asynchronous GPU activity (kernels, memcpys, memsets) is placed by its launch instead, with
+the same innermost rule on the layers' host intervals: see `gpu.attribution`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from sidecar.trace.spans import Level, Span
 
 GPU_ASYNC_KINDS = frozenset({"kernel", "memcpy", "memset"})
+API_KINDS = frozenset({"runtime", "driver"})  # CUDA calls on the host, launches among them
+
+
+class Interval(Protocol):
+    """A span as containment reads it: a stored `Span` or a runner's `RawSpan`."""
+
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+
+
+S = TypeVar("S", bound=Interval)
+
+
+def own_interval(span: Interval) -> tuple[int, int]:
+    return span.start_ns, span.end_ns
 
 
 def is_gpu_async(span: Span) -> bool:
@@ -46,10 +63,16 @@ def assign_parents(spans: Sequence[Span]) -> None:
 
 
 def _place(child: Span, candidates: list[Span]) -> None:
+    set_parent(child, candidates, innermost(candidates))
+
+
+def set_parent(child: Span, candidates: Sequence[Span], inner: Span | None) -> None:
+    """Give `child` the parent `inner` chose among `candidates` (the spans containing it), or
+    flag it: `parent_ambiguous` with `parent_candidates` when some did but none was innermost,
+    `parent_missing` when none did."""
     child.attributes.pop("parent_ambiguous", None)
     child.attributes.pop("parent_candidates", None)
     child.attributes.pop("parent_missing", None)
-    inner = _innermost(candidates)
     if inner is not None:
         child.parent_id = inner.span_id
         return
@@ -61,25 +84,29 @@ def _place(child: Span, candidates: list[Span]) -> None:
         child.attributes["parent_missing"] = True
 
 
-def _innermost(candidates: list[Span]) -> Span | None:
-    """The one candidate inside all others (nested layers), or None."""
+def innermost(
+    candidates: Sequence[S], interval: Callable[[S], tuple[int, int]] = own_interval
+) -> S | None:
+    """The one candidate inside all others (nested layers), or None: the shortest `interval`,
+    the deeper `depth` attribute among equal ones; None if another candidate does not contain
+    it (parallel layers)."""
     if not candidates:
         return None
     if len(candidates) == 1:
         return candidates[0]
-    ordered = sorted(
-        candidates, key=lambda c: (c.end_ns - c.start_ns, -int(c.attributes.get("depth", 0)))
-    )
+
+    def length(c: S) -> int:
+        start, end = interval(c)
+        return end - start
+
+    ordered = sorted(candidates, key=lambda c: (length(c), -int(c.attributes.get("depth", 0))))
     inner = ordered[0]
+    i0, i1 = interval(inner)
     for outer in ordered[1:]:
-        if not (outer.start_ns <= inner.start_ns and inner.end_ns <= outer.end_ns):
+        o0, o1 = interval(outer)
+        if not (o0 <= i0 and i1 <= o1):
             return None
     return inner
-
-
-def place_by_interval(child: Span, start_ns: int, end_ns: int, parents: Sequence[Span]) -> None:
-    """Give `child` the one parent in `parents` containing [start_ns, end_ns] (or flag it)."""
-    _place(child, [p for p in parents if p.start_ns <= start_ns and end_ns <= p.end_ns])
 
 
 def number_siblings(spans: Sequence[Span]) -> None:

@@ -1,8 +1,10 @@
 """Device names the profiler accepts: `cpu`, `cuda` (= `cuda:0`) and `cuda:N`, plus `auto`
-where a setting lets the model decide (`serve --replay-device`). Pure text, no runtime import."""
+where a setting lets the model decide (`serve --replay-device`), and the CPU's own name.
+No runtime import."""
 
 from __future__ import annotations
 
+import platform
 import re
 
 AUTO = "auto"
@@ -28,3 +30,15 @@ def cuda_index(name: str) -> int | None:
     """The CUDA device index of a device name, None for the CPU."""
     canonical = device_name(name)
     return None if canonical == CPU else int(canonical.split(":")[1])
+
+
+def cpu_name() -> str:
+    """The CPU model as /proc/cpuinfo names it (or the platform's machine string)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return f"{line.split(':', 1)[1].strip()} (CPU)"
+    except OSError:
+        pass
+    return f"{platform.machine()} (CPU)"

@@ -29,12 +29,11 @@ import numpy as np
 from sidecar import __version__
 from sidecar.profiling import flops, pacing
 from sidecar.profiling.containment import assign_parents, number_siblings
-from sidecar.profiling.cupti_tracer import attach_gpu_activity
-from sidecar.profiling.gpu.attribution import retime_layers
+from sidecar.profiling.gpu.attribution import attach_gpu_activity, retime_layers
 from sidecar.profiling.gpu.metrics_level import record_overhead
 from sidecar.profiling.peak import Peak
-from sidecar.profiling.runners.base import Iteration, LevelRun, ProfilingError, Runner
 from sidecar.profiling.stats import median, representative_index, trimmed_mean
+from sidecar.profiling.vocabulary import Iteration, LevelRun, ProfilingError, Runner
 from sidecar.trace.spans import (
     REPLAY_LEVELS,
     Level,

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from sidecar.profiling.experiment import LeveledProfile
-from sidecar.profiling.runners.base import Runner
 from sidecar.profiling.stats import BatchDecision, decide_batch, pct, trimmed_mean_rse
+from sidecar.profiling.vocabulary import Runner
 from sidecar.trace.spans import Level
 
 

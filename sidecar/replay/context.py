@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sidecar.profiling.runners.base import Runner
-from sidecar.profiling.runners.select import ModelFormat
+from sidecar.profiling.formats import ModelFormat
+from sidecar.profiling.vocabulary import Runner
 from sidecar.replay.device import CudaProbe, runtime_devices
 from sidecar.replay.options import ReplayOptions
 from sidecar.trace.store import TraceStore

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.profiling.devices import AUTO, CPU, device_name
-from sidecar.profiling.runners.base import ProfilingError
-from sidecar.profiling.runners.select import ModelFormat
+from sidecar.profiling.formats import ModelFormat
+from sidecar.profiling.vocabulary import ProfilingError
 
 KIND_GPU = 1  # inference.ModelInstanceGroup.Kind.KIND_GPU
 DRIVER_LIBRARIES = ("libcuda.so.1", "libcuda.so")

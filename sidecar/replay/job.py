@@ -26,10 +26,11 @@ import numpy as np
 import sidecar.profiling.runners.onnxruntime  # noqa: F401  ONNX Runtime loads at worker start
 from sidecar import __version__
 from sidecar.profiling.experiment import LeveledProfile, describe_inputs, run_experiment
+from sidecar.profiling.formats import ModelFormat
 from sidecar.profiling.inputs import InputError, InputSpec, random_inputs, savedmodel_input_specs
 from sidecar.profiling.peak import Peak, get_peak
-from sidecar.profiling.runners.base import ProfilingError, Runner
-from sidecar.profiling.runners.select import ModelFormat, runner_for
+from sidecar.profiling.runners.select import runner_for
+from sidecar.profiling.vocabulary import ProfilingError, Runner
 from sidecar.replay.context import ReplayContext
 from sidecar.replay.device import DeviceChoice, driver_device_name, resolve
 from sidecar.replay.jobs import JobResult, ProfileJob

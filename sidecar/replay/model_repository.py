@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sidecar.profiling.runners.select import ModelFormat, format_of
+from sidecar.profiling.formats import ModelFormat, format_of
 
 if TYPE_CHECKING:  # loaded on first use: the relay's process asks only `model_in_repository`
     from tritonclient.grpc import model_config_pb2

@@ -17,7 +17,7 @@ from sidecar.profiling.gpu.ncu import (
 )
 from sidecar.profiling.gpu.owner import CuptiOwner, CuptiOwnerError
 from sidecar.profiling.gpu.recording import Recording, RecordingRunner
-from sidecar.profiling.runners.base import LevelNotSupportedError
+from sidecar.profiling.vocabulary import LevelNotSupportedError
 from sidecar.trace.spans import Level, Source, Span
 from tests.gpu.conftest import NCU_B8
 
@@ -110,7 +110,7 @@ def test_one_cupti_owner_per_process() -> None:
 
 
 def test_cupti_tracer_claims_the_process_owner() -> None:
-    from sidecar.profiling.cupti_tracer import CuptiTracer
+    from sidecar.profiling.gpu.cupti_tracer import CuptiTracer
 
     owner = CuptiOwner()
     owner.claim("torch.profiler")

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.profiling.cupti_tracer import launch_records_only, records_to_spans
 from sidecar.profiling.experiment import run_experiment
-from sidecar.profiling.gpu.attribution import GRAPH_NODES_NOT_OBSERVED, attribute_raw
+from sidecar.profiling.gpu.attribution import GRAPH_NODES_NOT_OBSERVED, kernel_layers
 from sidecar.profiling.gpu.clock_check import ClockCheckError, check_clock
+from sidecar.profiling.gpu.cupti_tracer import launch_records_only, records_to_spans
 from sidecar.profiling.gpu.demangle import base_name
 from sidecar.profiling.gpu.recording import (
     Recording,
@@ -118,7 +118,7 @@ def test_gpu_records_without_their_launch_are_rejected(resnet_b8: Recording) -> 
 
 def test_every_resnet_kernel_gets_a_layer(resnet_b8: Recording) -> None:
     for spans in RecordingRunner(resnet_b8).kernel_iterations():
-        owner = attribute_raw(spans)
+        owner = kernel_layers(spans)
         assert len(owner) == 232 and all(v is not None for v in owner.values())
         layers = [s for s in spans if s.level is Level.LAYER]
         leaves = [s for s in layers if s.attributes["leaf"]]
@@ -139,7 +139,7 @@ def test_every_resnet_kernel_gets_a_layer(resnet_b8: Recording) -> None:
 def test_b1_recording_attributes_kernels_and_memsets() -> None:
     rec = load_recording(RESNET_B1)
     (spans,) = RecordingRunner(rec).kernel_iterations()
-    owner = attribute_raw(spans)
+    owner = kernel_layers(spans)
     kinds = Counter(s.kind for s in spans if id(s) in owner)
     assert kinds == Counter({"kernel": 218, "memset": 9})
     assert all(v is not None for v in owner.values())
@@ -148,7 +148,7 @@ def test_b1_recording_attributes_kernels_and_memsets() -> None:
 def test_bert_kernels_outside_every_module_are_reported_not_guessed() -> None:
     rec = load_recording(BERT_B8)
     for spans in RecordingRunner(rec).kernel_iterations():
-        owner = attribute_raw(spans)
+        owner = kernel_layers(spans)
         missing = [s for s in spans if id(s) in owner and owner[id(s)] is None]
         # BertModel.forward itself launches one gather before its first submodule runs
         assert len(missing) == 1 and "gather" in missing[0].name
@@ -204,7 +204,7 @@ def synthetic_graph_node_table(graph: Recording) -> dict[int, tuple[str, str]]:
     graph's node ids (kernel order) are paired with the layers the eager b8 recording
     attributes its kernels to, in the same order. The kernel names agree one by one."""
     eager = RecordingRunner(load_recording(RESNET_B8)).kernel_iterations()[0]
-    owner = attribute_raw(eager)
+    owner = kernel_layers(eager)
     ek = sorted((s for s in eager if s.kind == "kernel"), key=lambda s: s.start_ns)
     gk = sorted((r for r in graph.records if r["kind"] == 10), key=lambda r: r["start"])
     assert [base_name(s.attributes.get("mangled_name", s.name)) for s in ek] == [

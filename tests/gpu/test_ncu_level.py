@@ -27,7 +27,7 @@ from sidecar.profiling.gpu.ncu import (
 )
 from sidecar.profiling.gpu.ncu_child import ChildArgs, ChildError, child_command, parse_args
 from sidecar.profiling.gpu.recording import Recording, RecordingRunner
-from sidecar.profiling.runners.base import Iteration, ProfilingError
+from sidecar.profiling.vocabulary import Iteration, ProfilingError
 from sidecar.trace.spans import Level
 from tests.gpu.conftest import NCU_B8
 

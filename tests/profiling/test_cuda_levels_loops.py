@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from sidecar.profiling import pacing
-from sidecar.profiling.gpu.attribution import attribute_raw
+from sidecar.profiling.gpu.attribution import kernel_layers
 from sidecar.profiling.runners import pytorch_cuda
 from sidecar.profiling.runners.pytorch_cuda import CudaLevels
 from sidecar.trace.spans import Level
@@ -131,5 +131,5 @@ def test_kernel_level_records_the_timed_runs_only_and_places_kernels_in_layers(
     for it in its:
         (kernel,) = [s for s in it.spans if s.kind == "kernel"]
         assert kernel.level is Level.KERNEL
-        layer = attribute_raw(it.spans)[id(kernel)]
+        layer = kernel_layers(it.spans)[id(kernel)]
         assert layer is not None and layer.name == "0"  # the Launching layer, by its launch

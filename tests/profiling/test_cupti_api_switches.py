@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.profiling import cupti_tracer as ct
+from sidecar.profiling.gpu import cupti_tracer as ct
 from sidecar.profiling.gpu.owner import CuptiOwner
 
 cupti = pytest.importorskip("cupti.cupti")

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.profiling import cupti_tracer as ct
 from sidecar.profiling.containment import assign_parents
+from sidecar.profiling.gpu import cupti_tracer as ct
+from sidecar.profiling.gpu.attribution import attach_gpu_activity
 from sidecar.trace.spans import Level, Source, Span
 
 T0 = 1_000_000  # CUPTI clock ns
@@ -135,7 +136,7 @@ def test_kernels_join_their_launch_and_its_layer() -> None:
             )
         )
     assign_parents(spans)  # API calls by containment; GPU activity is skipped here
-    ct.attach_gpu_activity(spans)
+    attach_gpu_activity(spans)
     by_name = {s.name: s for s in spans}
     assert by_name["cudaMemcpyAsync"].parent_id == "A"
     assert by_name["cuLaunchKernel"].parent_id == "A"

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from sidecar.profiling.experiment import run_experiment
-from sidecar.profiling.runners.base import LevelNotSupportedError
 from sidecar.profiling.runners.onnxruntime import OnnxRuntimeRunner
 from sidecar.profiling.testmodels import SMALL_CNN_LAYERS
+from sidecar.profiling.vocabulary import LevelNotSupportedError
 from sidecar.trace.spans import Level
 
 
@@ -137,7 +137,7 @@ def test_a_session_that_fell_back_to_the_cpu_is_never_a_gpu_run(
     import onnxruntime as ort
 
     from sidecar.profiling.runners import onnxruntime as ort_runner
-    from sidecar.profiling.runners.base import ProfilingError
+    from sidecar.profiling.vocabulary import ProfilingError
 
     real = ort.get_available_providers()
     monkeypatch.setattr(
@@ -199,9 +199,9 @@ def test_kernel_level_warms_up_before_cupti_records(
     """Warm-up runs launch outside every timed wall; recorded, they failed the clock check."""
     import onnxruntime as ort
 
-    from sidecar.profiling import cupti_tracer
+    from sidecar.profiling.runners import onnxruntime as ort_runner
 
-    monkeypatch.setattr(cupti_tracer, "CuptiTracer", FakeTracer)
+    monkeypatch.setattr(ort_runner, "CuptiTracer", FakeTracer)
     runner = OnnxRuntimeRunner(cnn_onnx)
     runner.provider_names = ["CUDAExecutionProvider", "CPUExecutionProvider"]  # FAKE GPU
     monkeypatch.setattr(

@@ -10,8 +10,8 @@ import numpy as np
 
 from sidecar.profiling import pacing
 from sidecar.profiling.experiment import run_experiment
-from sidecar.profiling.runners.base import timed_loop
 from sidecar.profiling.runners.onnxruntime import OnnxRuntimeRunner
+from sidecar.profiling.runners.timing import timed_loop
 from sidecar.trace.spans import Level
 
 

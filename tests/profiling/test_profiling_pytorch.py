@@ -9,8 +9,8 @@ import pytest
 
 from sidecar.profiling import testmodels
 from sidecar.profiling.experiment import LeveledProfile, run_experiment
-from sidecar.profiling.runners.base import LevelNotSupportedError, ProfilingError
 from sidecar.profiling.runners.pytorch import PyTorchRunner
+from sidecar.profiling.vocabulary import LevelNotSupportedError, ProfilingError
 from sidecar.trace.spans import Level
 
 MODULES = ["conv1", "relu1", "pool", "conv2", "relu2", "gap", "flatten", "fc", "softmax"]

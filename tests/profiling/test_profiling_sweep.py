@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from sidecar.profiling.experiment import LeveledProfile, run_experiment
-from sidecar.profiling.runners.base import Iteration, LevelRun, RawSpan, RuntimeInfo
 from sidecar.profiling.summary import render_sweep
 from sidecar.profiling.sweep import Round, settle, sweep_decision
+from sidecar.profiling.vocabulary import Iteration, LevelRun, RawSpan, RuntimeInfo
 from sidecar.trace.spans import Level
 
 # true latencies (ms): 1->2 pays (+67% throughput), 2->4 and 4->8 stop (-8%, 0%): optimum 2

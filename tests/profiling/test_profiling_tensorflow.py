@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from sidecar.profiling.experiment import LeveledProfile, run_experiment
+from sidecar.profiling.formats import ModelFormat, format_of
 from sidecar.profiling.runners import tf_ops
-from sidecar.profiling.runners.base import ProfilingError
-from sidecar.profiling.runners.select import ModelFormat, format_of, runner_for
+from sidecar.profiling.runners.select import runner_for
 from sidecar.profiling.runners.tf_trace import TFClockError, TFEvent, XTrace, assign
+from sidecar.profiling.vocabulary import ProfilingError
 from sidecar.trace.spans import Level
 
 tf = pytest.importorskip("tensorflow")

@@ -10,8 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from sidecar.profiling.runners.pytorch import PyTorchRunner, hookable_modules
+from sidecar.profiling.runners.pytorch import PyTorchRunner
 from sidecar.profiling.runners.pytorch_cuda import ModuleHooks
+from sidecar.profiling.torch_modules import hookable_modules
 from sidecar.trace.spans import Level
 
 

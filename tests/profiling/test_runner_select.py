@@ -6,16 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.profiling.runners.base import ProfilingError
+from sidecar.profiling.formats import ModelFormat, UnsupportedFormatError, format_of
 from sidecar.profiling.runners.onnxruntime import OnnxRuntimeRunner
 from sidecar.profiling.runners.pytorch import PyTorchRunner
-from sidecar.profiling.runners.select import (
-    ModelFormat,
-    UnsupportedFormatError,
-    format_of,
-    ort_providers,
-    runner_for,
-)
+from sidecar.profiling.runners.select import ort_providers, runner_for
+from sidecar.profiling.vocabulary import ProfilingError
 
 
 def test_the_extension_names_the_format(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from sidecar.localtriton.model_repo import build_model_repository
-from sidecar.profiling.runners.select import ModelFormat
+from sidecar.profiling.formats import ModelFormat
 from sidecar.replay.device import (
     CudaProbe,
     ReplayDeviceError,

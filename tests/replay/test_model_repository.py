@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.localtriton.model_repo import build_model_repository
-from sidecar.profiling.runners.select import ModelFormat
+from sidecar.profiling.formats import ModelFormat
 from sidecar.replay.model_repository import (
     ModelConfigError,
     ModelNotFoundError,

@@ -1,5 +1,6 @@
 """The GPU path of the leveled experiment (CUDA, CUPTI, Nsight Compute).
 
+- `cupti_tracer`: CUPTI's activity records (`CuptiTracer`) and their kernel-level spans.
 - `owner`: one CUPTI client per process (torch.profiler and `CuptiTracer` never meet).
 - `clock_check`: CUPTI records must lie on the host clock of the walls they were taken in.
 - `attribution`: GPU record -> launch (correlation id) -> innermost module call; CUDA graphs.

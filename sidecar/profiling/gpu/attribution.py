@@ -1,9 +1,31 @@
 """GPU work -> layer (XSP correlation), CUDA graph replays, and layers on the GPU timeline.
 
-A kernel (memcpy, memset) is joined to its launch, the runtime/driver call with the same
-`correlation_id`; the launch goes to the innermost module call whose host interval contains
-it (`containment`). Kernels a container launches between its children (the residual add of
-a Bottleneck) thus belong to the container.
+**The attribution rule.** One implementation, `attribute`, serves the runners' raw spans (the
+metrics level's per-layer sums, a recording's container envelopes: `kernel_layers`) and the
+stored trace (`attach_gpu_activity`). For each kernel, memcpy or memset:
+
+1. *Its launch* is the runtime/driver API call with the same `correlation_id` (0 is no id).
+   Where several calls share an id (a driver call made inside the runtime call), the
+   **outermost** wins: the earliest to start, and of calls starting together the longest. That
+   is the call the framework made between its module's hooks; what it calls inside is the
+   driver's business, and no timing noise decides. On the H100 recordings every id has exactly
+   one API call (CUPTI 13 gives a runtime call's inner driver calls ids of their own), so the
+   rule is checked on a constructed case (`tests/gpu/test_attribution_rule.py`).
+2. *Its layer* is the innermost **host layer** whose host interval (`host_start_ns` ..
+   `host_end_ns` where the layer carries them, else its own interval: the launch is a host
+   event) contains the launch: the shortest, the deeper `depth` of equal ones, and inside every
+   other candidate (`containment.innermost`). Host layers are all layers but the GPU-timeline
+   spans of a CUDA graph (a replay: `graph_launch_correlation_id`; a graph-node layer:
+   `graph_node_source`), which launch nothing. Kernels a container launches between its
+   children (the residual add of a Bottleneck) thus belong to the container.
+3. A *graph-launched* span (`launched_by_graph`) goes to the layer its graph node maps to
+   (`graph_node_layer`) where there is one, else to its replay: never by launch time.
+4. Otherwise it has no layer and the trace says why: no launch recorded or no host layer
+   contains it (`parent_missing`), or several unnested ones do (`parent_ambiguous` with
+   `parent_candidates`). Reported, not guessed.
+
+A layer's GPU interval (`retime_layers`, `subtree_envelopes`) is the envelope of the GPU work
+of the layer and its descendants, walking up `parent_layer` (`ancestors`: the one walk).
 
 In a CUDA graph replay every kernel carries the one correlation id of `cudaGraphLaunch`, so
 launch time says nothing about layers. The kernels are grouped under a layer-level span for
@@ -21,14 +43,14 @@ so (`graph_node_layers` = `GRAPH_NODES_NOT_OBSERVED`).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
 
-from sidecar.profiling.containment import GPU_ASYNC_KINDS
-from sidecar.profiling.runners.base import RawSpan, keyed
+from sidecar.profiling.containment import API_KINDS, GPU_ASYNC_KINDS, innermost, set_parent
+from sidecar.profiling.vocabulary import RawSpan, keyed
 from sidecar.trace.spans import Level, Span
 
-API_KINDS = frozenset({"runtime", "driver"})
 GRAPH_KIND = "CUDAGraph"
 GRAPH_NODES_NOT_OBSERVED = (
     "not observed: no capture of this graph (cudaStreamBeginCapture..EndCapture with its "
@@ -161,90 +183,141 @@ def map_graph_nodes(spans: Sequence[RawSpan], table: GraphNodeTable, source: str
     return out
 
 
-def graph_parent(
-    span: Span, replays: dict[int, Span], by_name: Mapping[str, Span] | None = None
-) -> Span | None:
-    """The layer a graph-launched GPU span belongs to: its mapped graph node's layer where
-    there is one, else the replay (by the launch correlation id)."""
-    if not span.attributes.get("launched_by_graph"):
-        return None
-    mapped = span.attributes.get("graph_node_layer")
-    if mapped is not None and by_name is not None and mapped in by_name:
-        return by_name[mapped]
-    return replays.get(int(span.attributes.get("correlation_id", 0)))
+class Traced(Protocol):
+    """What attribution reads of a span: a runner's `RawSpan` or a stored `Span`."""
+
+    level: Level
+    name: str
+    kind: str
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
 
 
-def innermost_host_layer(start_ns: int, end_ns: int, layers: Sequence[RawSpan]) -> RawSpan | None:
-    """The innermost layer whose host interval contains [start_ns, end_ns] (None if none,
-    or if two unnested layers both contain it)."""
-    hits = [ly for ly in layers if _host(ly)[0] <= start_ns and end_ns <= _host(ly)[1]]
-    if not hits:
-        return None
-    hits.sort(key=lambda ly: (_host(ly)[1] - _host(ly)[0], -int(ly.attributes.get("depth", 0))))
-    inner = hits[0]
-    for other in hits[1:]:
-        if not (_host(other)[0] <= _host(inner)[0] and _host(inner)[1] <= _host(other)[1]):
-            return None
-    return inner
+S = TypeVar("S", bound=Traced)
 
 
-def _host(span: RawSpan) -> tuple[int, int]:
+@dataclass
+class Attribution(Generic[S]):
+    """Where one GPU span belongs (`layer`; None: not attributed) and how it was decided."""
+
+    layer: S | None
+    launch: S | None = None  # the API call that launched it
+    candidates: list[S] = field(default_factory=list)  # host layers containing the launch
+    by_graph: bool = False  # placed by its CUDA graph (replay or graph node), not by launch
+
+
+def host_interval(span: Traced) -> tuple[int, int]:
+    """Where a layer ran on the host (its kernels' launches lie inside)."""
     a = span.attributes
     return int(a.get("host_start_ns", span.start_ns)), int(a.get("host_end_ns", span.end_ns))
 
 
-def attribute_raw(spans: Sequence[RawSpan]) -> dict[int, RawSpan | None]:
-    """For one iteration's raw spans: id(GPU span) -> its layer (None: not attributed)."""
+def is_graph_layer(span: Traced) -> bool:
+    """A CUDA graph replay or a graph-node layer inside one: GPU timeline, no launches."""
+    return (
+        "graph_launch_correlation_id" in span.attributes or "graph_node_source" in span.attributes
+    )
+
+
+def launches(spans: Iterable[S]) -> dict[int, S]:
+    """Correlation id -> the outermost API call with that id (earliest start, then longest)."""
+    out: dict[int, S] = {}
+    for span in spans:
+        if span.level is not Level.KERNEL or span.kind not in API_KINDS:
+            continue
+        cid = int(span.attributes.get("correlation_id", 0) or 0)
+        if not cid:
+            continue
+        prev = out.get(cid)
+        if prev is None or (span.start_ns, -span.end_ns) < (prev.start_ns, -prev.end_ns):
+            out[cid] = span
+    return out
+
+
+def attribute(spans: Sequence[S]) -> dict[int, Attribution[S]]:
+    """id(GPU span) -> its `Attribution`, for the spans of one iteration (the module's rule)."""
     layers = [s for s in spans if s.level is Level.LAYER]
     replays = {
         int(s.attributes["graph_launch_correlation_id"]): s
         for s in layers
         if "graph_launch_correlation_id" in s.attributes
     }
-    host_layers = [
-        s for s in layers if s.kind != GRAPH_KIND and "graph_node_source" not in s.attributes
-    ]
-    by_name = {s.name: s for s in layers if "graph_node_source" in s.attributes}
-    launches: dict[int, RawSpan] = {}
-    for s in spans:
-        if s.kind in API_KINDS:
-            cid = int(s.attributes.get("correlation_id", 0))
-            prev = launches.get(cid)
-            if prev is None or s.duration_ns > prev.duration_ns:
-                launches[cid] = s
-    out: dict[int, RawSpan | None] = {}
-    for s in spans:
-        if s.kind not in GPU_ASYNC_KINDS:
+    graph_nodes = {s.name: s for s in layers if "graph_node_source" in s.attributes}
+    host_layers = [(host_interval(s), s) for s in layers if not is_graph_layer(s)]
+    by_cid = launches(spans)
+    out: dict[int, Attribution[S]] = {}
+    for span in spans:
+        if span.level is not Level.KERNEL or span.kind not in GPU_ASYNC_KINDS:
             continue
-        cid = int(s.attributes.get("correlation_id", 0))
-        if s.attributes.get("launched_by_graph") and cid in replays:
-            mapped = by_name.get(str(s.attributes.get("graph_node_layer")))
-            out[id(s)] = mapped if mapped is not None else replays[cid]
+        cid = int(span.attributes.get("correlation_id", 0) or 0)
+        launch = by_cid.get(cid)
+        if span.attributes.get("launched_by_graph"):
+            graph = graph_nodes.get(str(span.attributes.get("graph_node_layer"))) or replays.get(
+                cid
+            )
+            if graph is not None:
+                out[id(span)] = Attribution(graph, launch, [graph], by_graph=True)
+                continue
+        if launch is None:
+            out[id(span)] = Attribution(None)
             continue
-        launch = launches.get(cid)
-        out[id(s)] = (
-            innermost_host_layer(launch.start_ns, launch.end_ns, host_layers) if launch else None
-        )
+        hits = [ly for (h0, h1), ly in host_layers if h0 <= launch.start_ns and launch.end_ns <= h1]
+        out[id(span)] = Attribution(innermost(hits, host_interval), launch, hits)
     return out
 
 
+def kernel_layers(spans: Sequence[S]) -> dict[int, S | None]:
+    """For one iteration's spans: id(GPU span) -> its layer (None: not attributed)."""
+    return {key: found.layer for key, found in attribute(spans).items()}
+
+
+def attach_gpu_activity(spans: Sequence[Span]) -> None:
+    """Give each GPU kernel/memcpy/memset span of a stored trace its layer, in place, with
+    `launch_span_id` / `launch_name` where its launch was recorded; one without a layer is
+    flagged (`parent_missing`, or `parent_ambiguous` with its `parent_candidates`)."""
+    found = attribute(spans)
+    for span in spans:
+        if (placed := found.get(id(span))) is None:
+            continue
+        if placed.launch is not None:
+            span.attributes["launch_span_id"] = placed.launch.span_id
+            span.attributes["launch_name"] = placed.launch.name
+        set_parent(span, placed.candidates, placed.layer)
+
+
+def ancestors(layer: S | None, by_name: Mapping[str, S]) -> Iterator[S]:
+    """`layer`, then the layers enclosing it (its `parent_layer` chain), each once."""
+    seen: set[str] = set()
+    while layer is not None and layer.name not in seen:
+        seen.add(layer.name)
+        yield layer
+        parent = layer.attributes.get("parent_layer")
+        layer = by_name.get(parent) if parent else None
+
+
+def gpu_envelopes(
+    owned: Iterable[tuple[S, Traced]], layers: Iterable[S]
+) -> dict[int, tuple[S, int, int]]:
+    """id(layer) -> (layer, first start, last end) of the GPU work of the layer and its
+    descendants, from (layer, GPU span) pairs."""
+    by_name = {s.name: s for s in layers}
+    env: dict[int, tuple[S, int, int]] = {}
+    for layer, work in owned:
+        for up in ancestors(layer, by_name):
+            _, s0, s1 = env.get(id(up), (up, work.start_ns, work.end_ns))
+            env[id(up)] = (up, min(s0, work.start_ns), max(s1, work.end_ns))
+    return env
+
+
 def subtree_envelopes(
-    spans: Sequence[RawSpan], owner: dict[int, RawSpan | None]
+    spans: Sequence[RawSpan], owner: Mapping[int, RawSpan | None]
 ) -> dict[str, tuple[int, int]]:
     """Layer name -> [first start, last end] of the GPU work of the layer and its
     descendants (`parent_layer` chain)."""
-    by_name = {s.name: s for s in spans if s.level is Level.LAYER}
-    env: dict[str, tuple[int, int]] = {}
-    for s in spans:
-        layer = owner.get(id(s))
-        seen: set[str] = set()
-        while layer is not None and layer.name not in seen:
-            seen.add(layer.name)
-            s0, s1 = env.get(layer.name, (s.start_ns, s.end_ns))
-            env[layer.name] = (min(s0, s.start_ns), max(s1, s.end_ns))
-            parent = layer.attributes.get("parent_layer")
-            layer = by_name.get(parent) if parent else None
-    return env
+    owned = [(layer, s) for s in spans if (layer := owner.get(id(s))) is not None]
+    layers = [s for s in spans if s.level is Level.LAYER]
+    return {ly.name: (s0, s1) for ly, s0, s1 in gpu_envelopes(owned, layers).values()}
 
 
 def retime_layers(spans: Sequence[Span]) -> None:
@@ -252,21 +325,14 @@ def retime_layers(spans: Sequence[Span]) -> None:
     first to the last GPU activity of the layer and its descendants (kernels already have
     their parents). Layers without GPU work keep their host interval."""
     layers = {s.span_id: s for s in spans if s.level is Level.LAYER}
-    by_name = {s.name: s for s in layers.values()}
-    env: dict[str, tuple[int, int]] = {}
-    for s in spans:
-        if s.level is not Level.KERNEL or s.kind not in GPU_ASYNC_KINDS:
-            continue
-        layer = layers.get(s.parent_id or "")
-        seen: set[str] = set()
-        while layer is not None and layer.span_id not in seen:
-            seen.add(layer.span_id)
-            s0, s1 = env.get(layer.span_id, (s.start_ns, s.end_ns))
-            env[layer.span_id] = (min(s0, s.start_ns), max(s1, s.end_ns))
-            parent = layer.attributes.get("parent_layer")
-            layer = by_name.get(parent) if parent else None
-    for span_id, (start, end) in env.items():
-        layer = layers[span_id]
+    owned = [
+        (layer, s)
+        for s in spans
+        if s.level is Level.KERNEL
+        and s.kind in GPU_ASYNC_KINDS
+        and (layer := layers.get(s.parent_id or "")) is not None
+    ]
+    for layer, start, end in gpu_envelopes(owned, layers.values()).values():
         if "host_start_ns" not in layer.attributes or layer.kind == GRAPH_KIND:
             continue
         layer.start_ns, layer.end_ns = start, end

@@ -20,10 +20,9 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sidecar.profiling.containment import GPU_ASYNC_KINDS
-from sidecar.profiling.runners.base import ProfilingError, RawSpan
+from sidecar.profiling.containment import API_KINDS, GPU_ASYNC_KINDS
+from sidecar.profiling.vocabulary import ProfilingError, RawSpan
 
-API_KINDS = frozenset({"runtime", "driver"})
 DEFAULT_TOLERANCE_NS = 50_000
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.profiling.runners.base import RawSpan, keyed
+from sidecar.profiling.vocabulary import RawSpan, keyed
 from sidecar.trace.spans import Level
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from sidecar.profiling.gpu.attribution import attribute_raw
+from sidecar.profiling.gpu.attribution import kernel_layers
 from sidecar.profiling.gpu.ncu import (
     METRICS,
     MetricsNotAvailableError,
@@ -45,7 +45,7 @@ from sidecar.profiling.gpu.ncu import (
     run_ncu,
 )
 from sidecar.profiling.gpu.ncu_child import ChildArgs, child_command
-from sidecar.profiling.runners.base import Iteration, ProfilingError, RawSpan
+from sidecar.profiling.vocabulary import Iteration, ProfilingError, RawSpan
 
 METRICS_TIMEOUT_S = 900.0  # kernel replay is ~100x a forward, plus start-up and warm-up
 
@@ -115,7 +115,7 @@ def live_metrics_level(
         return level_status(NCU_FAILED + str(exc))
     for it, its_pairs in zip(iterations, pairs, strict=True):
         apply_metrics(its_pairs)
-        layer_metric_sums(attribute_raw(it.spans), it.spans)
+        layer_metric_sums(kernel_layers(it.spans), it.spans)
     return {
         **level_status(
             f"captured: Nsight Compute (ncu, live), {len(profiled)} kernels of one forward"

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.profiling.gpu.demangle import base_name
-from sidecar.profiling.runners.base import LevelNotSupportedError, ProfilingError, RawSpan
+from sidecar.profiling.vocabulary import LevelNotSupportedError, ProfilingError, RawSpan
 
 TENSOR_FLOPS_PER_INST = 2048
 TENSOR_ESTIMATE = (

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sidecar.profiling.torch_modules import transformer_fastpath_off
+
 CHILD_MODULE = "sidecar.profiling.gpu.ncu_child"
 KINDS = ("torchscript", "module")
 
@@ -124,8 +126,6 @@ def load_model(torch: Any, args: ChildArgs) -> Any:
 def _context(torch: Any, scripted: bool) -> Iterator[None]:
     """As the PyTorch runner: inference mode, the fused transformer path off (the K run it
     is matched with ran without it), TorchScript's optimized execution off."""
-    from sidecar.profiling.runners.pytorch import transformer_fastpath_off
-
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.inference_mode())
         stack.enter_context(transformer_fastpath_off(torch))

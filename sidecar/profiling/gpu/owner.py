@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 
-from sidecar.profiling.runners.base import LevelNotSupportedError
+from sidecar.profiling.vocabulary import LevelNotSupportedError
 
 TORCH_PROFILER = "torch.profiler"
 CUPTI_TRACER = "CuptiTracer"

@@ -21,26 +21,26 @@ from typing import Any
 
 import numpy as np
 
-from sidecar.profiling.cupti_tracer import (
+from sidecar.profiling.experiment import LeveledProfile, run_experiment
+from sidecar.profiling.gpu.attribution import (
+    GraphNodeTable,
+    group_graph_replays,
+    kernel_layers,
+    map_graph_nodes,
+    subtree_envelopes,
+)
+from sidecar.profiling.gpu.clock_check import DEFAULT_TOLERANCE_NS, require_clock
+from sidecar.profiling.gpu.cupti_tracer import (
     launch_records_only,
     records_to_spans,
     split_records,
     split_spans,
 )
-from sidecar.profiling.experiment import LeveledProfile, run_experiment
-from sidecar.profiling.gpu.attribution import (
-    GraphNodeTable,
-    attribute_raw,
-    group_graph_replays,
-    map_graph_nodes,
-    subtree_envelopes,
-)
-from sidecar.profiling.gpu.clock_check import DEFAULT_TOLERANCE_NS, require_clock
 from sidecar.profiling.gpu.gpu_peak import GpuPeak, datasheet_peak, roof_attributes
 from sidecar.profiling.gpu.layers import ModuleCall, call_spans, calls_from_leaves
 from sidecar.profiling.gpu.metrics_level import layer_metric_sums, recorded_status
 from sidecar.profiling.gpu.ncu import NcuKernel, join_metrics, read_ncu_csv
-from sidecar.profiling.runners.base import (
+from sidecar.profiling.vocabulary import (
     Iteration,
     LevelNotSupportedError,
     LevelRun,
@@ -203,7 +203,7 @@ class RecordingRunner:
             spans.extend(kernels)
             if self.ncu is not None:
                 join_metrics(kernels, self.ncu)
-                layer_metric_sums(attribute_raw(spans), spans)
+                layer_metric_sums(kernel_layers(spans), spans)
             out.append(spans)
         return out
 
@@ -215,7 +215,7 @@ class RecordingRunner:
         for (w0, w1), calls, k_spans in zip(
             self.rec.walls, self.rec.calls, self.kernel_iterations(), strict=True
         ):
-            env = subtree_envelopes(k_spans, attribute_raw(k_spans))
+            env = subtree_envelopes(k_spans, kernel_layers(k_spans))
             spans = [self._model(w0, w1)]
             for layer in call_spans(calls, self.rec.perf_offset_ns):
                 if not layer.attributes["leaf"] and layer.name in env:

@@ -31,22 +31,21 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from sidecar.profiling.devices import cpu_name
+from sidecar.profiling.gpu.clock_check import require_clock
+from sidecar.profiling.gpu.cupti_tracer import CuptiTracer, records_to_spans, split_spans
 from sidecar.profiling.gpu.owner import ORT_CUDA_PROFILER, PROCESS_OWNER
 from sidecar.profiling.runners import onnx_graph
-from sidecar.profiling.runners.base import (
+from sidecar.profiling.runners.timing import align_offset, check_iterations, timed_loop, warm_up
+from sidecar.profiling.vocabulary import (
     Iteration,
     LevelNotSupportedError,
     LevelRun,
     ProfilingError,
     RawSpan,
     RuntimeInfo,
-    align_offset,
-    check_iterations,
-    cpu_name,
     keyed,
     model_span,
-    timed_loop,
-    warm_up,
 )
 from sidecar.trace.spans import Level
 
@@ -202,8 +201,6 @@ class OnnxRuntimeRunner:
             warm_up(lambda: session.run(None, feed), warmup)
             tracer = None
             if kernels:
-                from sidecar.profiling.cupti_tracer import CuptiTracer
-
                 tracer = CuptiTracer()
                 tracer.start()
             try:
@@ -222,9 +219,6 @@ class OnnxRuntimeRunner:
                 mapping = onnx_graph.attribute(self.original, graph)
         iterations_out, attrs = self._parse(events, walls, mapping, graph)
         if tracer is not None:
-            from sidecar.profiling.cupti_tracer import records_to_spans, split_spans
-            from sidecar.profiling.gpu.clock_check import require_clock
-
             spans_all = records_to_spans(records, tracer.offset_ns)
             check = require_clock(spans_all, walls)  # raises ClockCheckError: nothing stored
             for it, spans in zip(iterations_out, split_spans(spans_all, walls), strict=True):

@@ -29,62 +29,36 @@ from typing import Any
 
 import numpy as np
 
+from sidecar.profiling.devices import cpu_name
+from sidecar.profiling.gpu.metrics_level import (
+    ModelSource,
+    live_metrics_level,
+    not_requested_status,
+)
 from sidecar.profiling.gpu.owner import PROCESS_OWNER, TORCH_PROFILER
-from sidecar.profiling.runners.base import (
+from sidecar.profiling.runners.pytorch_cuda import CudaLevels
+from sidecar.profiling.runners.timing import (
+    align_offset,
+    check_iterations,
+    epoch_offset_ns,
+    timed_loop,
+)
+from sidecar.profiling.stats import trimmed_mean
+from sidecar.profiling.torch_modules import hookable_modules, transformer_fastpath_off
+from sidecar.profiling.vocabulary import (
     Iteration,
     LevelNotSupportedError,
     LevelRun,
     ProfilingError,
     RawSpan,
     RuntimeInfo,
-    align_offset,
-    check_iterations,
-    cpu_name,
-    epoch_offset_ns,
     keyed,
     model_span,
-    timed_loop,
 )
-from sidecar.profiling.stats import trimmed_mean
 from sidecar.trace.spans import Level
 
 MODEL_MARK = "xsp::model"
 LAYER_MARK = "xsp::layer::"
-
-
-def hookable_modules(model: Any) -> list[tuple[str, Any]]:
-    """`model.named_modules()` without TorchScript submodules and what lies under them:
-    PyTorch refuses hooks on a ScriptModule, so a scripted part of an eager model is timed
-    inside its parent's span only."""
-    import torch
-
-    scripted: list[str] = []
-    out: list[tuple[str, Any]] = []
-    for name, module in model.named_modules():
-        if any(name == p or name.startswith(p + ".") for p in scripted):
-            continue
-        if name and isinstance(module, torch.jit.ScriptModule):
-            scripted.append(name)
-            continue
-        out.append((name, module))
-    return out
-
-
-@contextlib.contextmanager
-def transformer_fastpath_off(torch: Any) -> Iterator[None]:
-    """Every level runs `nn.TransformerEncoderLayer`'s plain path: PyTorch leaves its fused
-    path (`aten::_transformer_encoder_layer_fwd`) as soon as any submodule has a hook, so
-    with the fused path on, M would time a different program than L and K hook."""
-    mha = getattr(torch.backends, "mha", None)
-    if mha is None or not hasattr(mha, "set_fastpath_enabled"):
-        yield
-        return
-    before = mha.get_fastpath_enabled()
-    mha.set_fastpath_enabled(False)
-    try:
-        yield
-    finally:
-        mha.set_fastpath_enabled(before)
 
 
 class PyTorchRunner:
@@ -187,13 +161,6 @@ class PyTorchRunner:
         iterations: int,
         warmup: int,
     ) -> LevelRun:
-        from sidecar.profiling.gpu.metrics_level import (
-            ModelSource,
-            live_metrics_level,
-            not_requested_status,
-        )
-        from sidecar.profiling.runners.pytorch_cuda import CudaLevels
-
         def attrs(module: Any, inputs: Any, output: Any) -> dict[str, Any]:
             out = self._module_attrs(module, inputs, output)
             out["provider"] = str(self.device)

@@ -24,19 +24,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sidecar.profiling.cupti_tracer import CuptiTracer, records_to_spans, split_spans
 from sidecar.profiling.gpu.attribution import group_graph_replays
 from sidecar.profiling.gpu.clock_check import require_clock
+from sidecar.profiling.gpu.cupti_tracer import CuptiTracer, records_to_spans, split_spans
 from sidecar.profiling.gpu.layers import ModuleCall, call_spans
-from sidecar.profiling.runners.base import (
-    Iteration,
-    RawSpan,
-    epoch_offset_ns,
-    model_span,
-    paced_runs,
-    warm_up,
-)
-from sidecar.profiling.runners.pytorch import hookable_modules
+from sidecar.profiling.runners.timing import epoch_offset_ns, paced_runs, warm_up
+from sidecar.profiling.torch_modules import hookable_modules
+from sidecar.profiling.vocabulary import Iteration, RawSpan, model_span
 
 
 class ModuleHooks:

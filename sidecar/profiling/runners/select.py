@@ -1,72 +1,22 @@
 """Which runner profiles a model file: the one place that maps model formats to runtimes.
 
-`runner_for(path)` infers the format from the file's extension (`xsp-sidecar profile`); replay
-passes the format it resolved from the model repository. Runtimes are imported on first use.
+`runner_for(path)` infers the format from the file's extension (`formats.format_of`, as
+`xsp-sidecar profile` does); replay passes the format it resolved from the model repository.
+Runtimes are imported on first use: importing this module loads no ONNX Runtime, PyTorch or
+TensorFlow.
 """
 
 from __future__ import annotations
 
 import logging
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from sidecar.profiling.devices import cuda_index
-from sidecar.profiling.runners.base import ProfilingError, Runner
+from sidecar.profiling.formats import SUPPORTED, ModelFormat, UnsupportedFormatError, format_of
+from sidecar.profiling.vocabulary import ProfilingError, Runner
 
 log = logging.getLogger(__name__)
-
-
-class ModelFormat(StrEnum):
-    """What kind of model file a path holds."""
-
-    ONNX = "onnx"
-    TORCHSCRIPT = "torchscript"
-    SAVEDMODEL = "savedmodel"
-
-
-SUFFIXES: dict[ModelFormat, tuple[str, ...]] = {
-    ModelFormat.ONNX: (".onnx",),
-    ModelFormat.TORCHSCRIPT: (".pt", ".pth", ".torchscript", ".ts"),
-    ModelFormat.SAVEDMODEL: (".savedmodel",),
-}
-SUPPORTED = "ONNX through ONNX Runtime, TorchScript through PyTorch, SavedModel through TensorFlow"
-
-
-class UnsupportedFormatError(ProfilingError):
-    """No runner here profiles this kind of model."""
-
-
-def format_of(path: Path) -> ModelFormat | None:
-    """The format a file's extension (or a SavedModel folder's layout) says, else None.
-
-    A folder with `saved_model.pb` is a SavedModel, and so is a TF-Serving model folder
-    (`<name>/<version>/saved_model.pb`); its runner takes the highest version."""
-    suffix = path.suffix.lower()
-    for fmt, suffixes in SUFFIXES.items():
-        if suffix in suffixes:
-            return fmt
-    if savedmodel_dir(path) is not None:
-        return ModelFormat.SAVEDMODEL
-    return None
-
-
-def savedmodel_dir(path: Path) -> Path | None:
-    """The SavedModel folder `path` names: itself, or for a TF-Serving model folder
-    (`<name>/<version>/saved_model.pb`) its highest numeric version; else None."""
-    if (path / "saved_model.pb").is_file():
-        return path
-    if not path.is_dir():
-        return None
-    versions = [p for p in path.iterdir() if p.name.isdigit() and (p / "saved_model.pb").is_file()]
-    return max(versions, key=lambda p: int(p.name)) if versions else None
-
-
-def savedmodel_name(path: Path) -> str:
-    """A SavedModel's model name: its folder, or the model folder above a version folder."""
-    path = savedmodel_dir(path) or path
-    resolved = path.resolve()
-    return resolved.parent.name if resolved.name.isdigit() else resolved.name
 
 
 def runner_for(

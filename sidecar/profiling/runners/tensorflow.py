@@ -31,22 +31,22 @@ from typing import Any
 
 import numpy as np
 
+from sidecar.profiling.devices import cpu_name
+from sidecar.profiling.formats import savedmodel_dir, savedmodel_name
+from sidecar.profiling.gpu.owner import PROCESS_OWNER
 from sidecar.profiling.runners import tf_ops
-from sidecar.profiling.runners.base import (
+from sidecar.profiling.runners.tf_trace import TFEvent, assign, read_xspace
+from sidecar.profiling.runners.timing import check_iterations, timed_loop
+from sidecar.profiling.vocabulary import (
     Iteration,
     LevelNotSupportedError,
     LevelRun,
     ProfilingError,
     RawSpan,
     RuntimeInfo,
-    check_iterations,
-    cpu_name,
     keyed,
     model_span,
-    timed_loop,
 )
-from sidecar.profiling.runners.select import savedmodel_dir, savedmodel_name
-from sidecar.profiling.runners.tf_trace import TFEvent, assign, read_xspace
 from sidecar.trace.spans import Level
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -181,8 +181,6 @@ class TensorFlowRunner:
     def _profiled_run(self, step: Any, level: Level, iterations: int, warmup: int) -> LevelRun:
         profiler = self.tf.profiler.experimental
         if self.gpus:
-            from sidecar.profiling.gpu.owner import PROCESS_OWNER
-
             PROCESS_OWNER.claim(TF_PROFILER)
         options = profiler.ProfilerOptions(
             host_tracer_level=HOST_TRACER_LEVEL, python_tracer_level=0, device_tracer_level=0

@@ -18,7 +18,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sidecar.profiling.runners.base import ProfilingError, align_offset
+from sidecar.profiling.runners.timing import align_offset
+from sidecar.profiling.vocabulary import ProfilingError
 
 DEFAULT_TOLERANCE_NS = 50_000
 

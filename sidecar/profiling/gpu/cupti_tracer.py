@@ -4,8 +4,9 @@ CUPTI delivers asynchronous activity records: kernels (CONCURRENT_KERNEL), memcp
 and the CUDA runtime/driver API calls that launched them (RUNTIME, DRIVER). A GPU record is
 joined to its launch API call by `correlation_id`; the launch, which runs on the CPU inside
 a layer, is placed under its layer by time containment; the GPU record then gets that layer
-as parent. Records become kernel spans (level K) with `kind` kernel / memcpy / memset /
-runtime / driver and the attributes of docs/contracts.md.
+as parent (`gpu.attribution`, where the rule is written). Records become kernel spans
+(level K) with `kind` kernel / memcpy / memset / runtime / driver and the attributes of
+docs/contracts.md.
 
 The tracer records only what attribution needs: kernels, memcpys, memsets and the API calls
 that launch them: the runtime and driver kinds are enabled, then CUPTI's per-callback-id
@@ -29,11 +30,11 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sidecar.profiling.containment import GPU_ASYNC_KINDS, place_by_interval
+from sidecar.profiling.containment import API_KINDS, GPU_ASYNC_KINDS
 from sidecar.profiling.gpu.demangle import demangle, short_name
 from sidecar.profiling.gpu.owner import CUPTI_TRACER, PROCESS_OWNER, CuptiOwner
-from sidecar.profiling.runners.base import LevelNotSupportedError, RawSpan, keyed
-from sidecar.trace.spans import Level, Span
+from sidecar.profiling.vocabulary import LevelNotSupportedError, RawSpan, keyed
+from sidecar.trace.spans import Level
 
 # CUpti_ActivityKind values (cupti_activity.h).
 KIND_MEMCPY, KIND_MEMSET, KIND_KERNEL, KIND_DRIVER, KIND_RUNTIME = 1, 2, 3, 4, 5
@@ -60,7 +61,6 @@ COPY_KINDS = {
     9: "HtoH",
     10: "PtoP",
 }
-API_KINDS = frozenset({"runtime", "driver"})
 # Runtime/driver calls that put work on the GPU (kernels, graphs, copies, sets), by name.
 LAUNCH_API = re.compile(
     r"^(cuda|cu|cu64)(LaunchKernel|LaunchCooperativeKernel|LaunchGrid|Launch_|Launch$"
@@ -172,56 +172,6 @@ def records_to_spans(records: Iterable[Any], offset_ns: int) -> list[RawSpan]:
     for span, key in zip(spans, keyed([f"{s.kind}:{s.name}" for s in spans]), strict=True):
         span.key = key
     return spans
-
-
-def attach_gpu_activity(spans: Sequence[Span]) -> None:
-    """Give each GPU kernel/memcpy/memset span the layer of its launch (XSP), in place.
-
-    The launch is the runtime/driver span with the same `correlation_id`; it must already
-    have its layer parent (interval containment: the innermost module call). A GPU span whose
-    launch is missing is flagged `parent_missing`; one whose launch has no unique layer
-    inherits the flag. Kernels of a CUDA graph replay go under the replay's span.
-    """
-    from sidecar.profiling.gpu.attribution import graph_parent
-
-    launches: dict[int, Span] = {}
-    for span in spans:
-        if span.level is Level.KERNEL and span.kind in API_KINDS:
-            cid = span.attributes.get("correlation_id")
-            if cid:  # the driver call under a runtime call shares its id; keep the outer
-                prev = launches.get(cid)
-                if prev is None or span.timeline_ns > prev.timeline_ns:
-                    launches[cid] = span
-    layers = [s for s in spans if s.level is Level.LAYER]
-    replays = {
-        int(s.attributes["graph_launch_correlation_id"]): s
-        for s in layers
-        if "graph_launch_correlation_id" in s.attributes
-    }
-    host_layers = [
-        s
-        for s in layers
-        if "graph_launch_correlation_id" not in s.attributes
-        and "graph_node_source" not in s.attributes
-    ]
-    graph_layers = {s.name: s for s in layers if "graph_node_source" in s.attributes}
-    for span in spans:
-        if span.level is not Level.KERNEL or span.kind not in GPU_ASYNC_KINDS:
-            continue
-        launch = launches.get(span.attributes.get("correlation_id", 0))
-        if launch is not None:
-            span.attributes["launch_span_id"] = launch.span_id
-            span.attributes["launch_name"] = launch.name
-        replay = graph_parent(span, replays, graph_layers)
-        if replay is not None:
-            span.parent_id = replay.span_id
-            span.attributes.pop("parent_missing", None)
-            continue
-        if launch is None:
-            span.parent_id = None
-            span.attributes["parent_missing"] = True
-            continue
-        place_by_interval(span, launch.start_ns, launch.end_ns, host_layers)
 
 
 def non_launch_cbids(table: Any) -> list[int]:

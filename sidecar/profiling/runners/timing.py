@@ -1,105 +1,21 @@
-"""The small interface every runtime runner implements, and the records it returns.
+"""The timed loops and clock offsets every runner uses.
 
-A runner executes one model on one input with profilers enabled down to a level and returns
-the model latency of every timed iteration plus the spans each iteration produced, already
-on the Unix-epoch ns clock (one offset per run). The leveled experiment does the rest.
+Each timed run is one slice of the profile (`sidecar.profiling.pacing`); intervals come back
+on the Unix-epoch ns clock (`epoch_offset_ns`), and a profiler's own clock is mapped onto it
+with one offset per run (`align_offset`).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, runtime_checkable
-
-import numpy as np
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from sidecar.profiling import pacing
-from sidecar.trace.spans import Level
+from sidecar.profiling.vocabulary import ProfilingError
 
 T = TypeVar("T")
-
-
-class ProfilingError(Exception):
-    """A profile could not be taken; the message says what to change."""
-
-
-class LevelNotSupportedError(ProfilingError):
-    """The runner cannot capture the requested level on this machine."""
-
-
-@dataclass(frozen=True)
-class RuntimeInfo:
-    """What ran the model: e.g. `onnxruntime`, `1.20.1`, `CPUExecutionProvider`, CPU name."""
-
-    runtime: str
-    version: str
-    provider: str
-    device: str
-    notes: Mapping[str, str] = field(default_factory=dict)  # level name -> why not captured
-
-    @property
-    def label(self) -> str:
-        return f"{self.runtime} {self.version} ({self.provider})"
-
-
-@dataclass
-class RawSpan:
-    """A span as a runner measured it; `key` identifies it across iterations and runs."""
-
-    level: Level
-    name: str
-    kind: str
-    start_ns: int
-    end_ns: int
-    key: str = ""
-    attributes: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not self.key:
-            self.key = self.name
-
-    @property
-    def duration_ns(self) -> int:
-        return self.end_ns - self.start_ns
-
-
-@dataclass
-class Iteration:
-    """One timed model execution: its latency and the spans it produced (model span first)."""
-
-    latency_ns: int
-    spans: list[RawSpan] = field(default_factory=list)
-
-
-@dataclass
-class LevelRun:
-    """All timed iterations of the run whose deepest enabled level is `level`."""
-
-    level: Level
-    iterations: list[Iteration]
-    warmup: int
-    attributes: dict[str, Any] = field(default_factory=dict)  # goes to the trace's attributes
-
-    @property
-    def latencies_ns(self) -> list[int]:
-        return [it.latency_ns for it in self.iterations]
-
-
-@runtime_checkable
-class Runner(Protocol):
-    """A runtime that can execute a model with profilers enabled down to a level."""
-
-    name: str
-
-    def describe(self) -> RuntimeInfo: ...
-
-    def supported_levels(self) -> tuple[Level, ...]: ...
-
-    def run(
-        self, inputs: Mapping[str, np.ndarray], level: Level, iterations: int, warmup: int
-    ) -> LevelRun: ...
 
 
 def epoch_offset_ns() -> int:
@@ -188,37 +104,8 @@ def paced_runs(run_once: Callable[[], tuple[T, int]], iterations: int) -> list[T
     return results
 
 
-def model_span(name: str, start_ns: int, end_ns: int, **attributes: Any) -> RawSpan:
-    return RawSpan(Level.MODEL, name, "model", start_ns, end_ns, key="model", attributes=attributes)
-
-
 def check_iterations(iterations: int, warmup: int) -> None:
     if iterations < 1:
         raise ProfilingError(f"--iterations must be at least 1, got {iterations}")
     if warmup < 0:
         raise ProfilingError(f"--warmup must be 0 or more, got {warmup}")
-
-
-def keyed(names: Sequence[str]) -> list[str]:
-    """Stable keys for spans in execution order: the name, plus `#n` for repeats."""
-    seen: dict[str, int] = {}
-    keys = []
-    for name in names:
-        n = seen.get(name, 0)
-        seen[name] = n + 1
-        keys.append(name if n == 0 else f"{name}#{n}")
-    return keys
-
-
-def cpu_name() -> str:
-    """The CPU model as /proc/cpuinfo names it (or the platform's machine string)."""
-    import platform
-
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return f"{line.split(':', 1)[1].strip()} (CPU)"
-    except OSError:
-        pass
-    return f"{platform.machine()} (CPU)"
