@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.proxy.streams import ConnectionInfo, HeaderDecision, RequestStart, StreamEnd
-from sidecar.replay.jobs import ProfileJob
+from sidecar.replay.job_records import ProfileJob
 from sidecar.sampling.metrics import SamplingMetrics
 from sidecar.sampling.pressure import ServingPressure
 from sidecar.sampling.sampler import Decision, Sampler, Tentative

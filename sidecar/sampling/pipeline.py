@@ -33,7 +33,7 @@ from sidecar.live.tf_profiler import (
 )
 from sidecar.live.triton_spans import TritonSpanCollector, TritonTrace
 from sidecar.proxy.streams import RequestStart
-from sidecar.replay.jobs import JobResult, ProfileJob
+from sidecar.replay.job_records import JobResult, ProfileJob
 from sidecar.replay.model_repository import model_in_repository
 from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.last_requests import LastRequests

@@ -40,7 +40,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from sidecar.profiling import pacing
-from sidecar.replay.jobs import JobResult, ProfileJob, needs_fresh_process
+from sidecar.replay.job_records import JobResult, ProfileJob, needs_fresh_process
 from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.pressure import ServingPressure
 from sidecar.sampling.ratelog import RateLimitedLog
@@ -58,7 +58,7 @@ class WorkerConfig:
     `module:function` (imported in the worker process); `options` are passed to it unchanged.
     `options`, `queue_size` and `job_timeout_s` come from the serve config (no defaults here)."""
 
-    replay: str = "sidecar.replay.job:replay_job"
+    replay: str = "sidecar.replay.replay_job:replay_job"
     options: ReplayOptions
     queue_size: int
     queue_bytes: int = 128 << 20  # request bytes the queue holds at most, all jobs together

@@ -28,7 +28,7 @@ from sidecar.replay.device import (
     runtime_devices,
     torch_devices,
 )
-from sidecar.replay.job import replay_job
+from sidecar.replay.replay_job import replay_job
 from sidecar.replay.model_repository import read_config
 from sidecar.trace.spans import Level
 from sidecar.trace.store import TraceStore

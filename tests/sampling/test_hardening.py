@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from sidecar.localtriton.model_repo import build_model_repository
-from sidecar.replay.job import replay_job
-from sidecar.replay.jobs import ProfileJob
+from sidecar.replay.replay_job import replay_job
+from sidecar.replay.job_records import ProfileJob
 from sidecar.sampling.ratelog import RateLimitedLog
 from sidecar.sampling.sampler import Decision, Sampler
 from sidecar.sampling.settings import SamplingSettings, SamplingSettingsError

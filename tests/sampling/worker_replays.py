@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sidecar.replay.jobs import JobResult, ProfileJob
+from sidecar.replay.job_records import JobResult, ProfileJob
 from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.worker import WorkerConfig
 from sidecar.trace.spans import Level

@@ -37,7 +37,7 @@ from sidecar.replay.device import (
     resolve,
     runtime_devices,
 )
-from sidecar.replay.jobs import JobResult, ProfileJob
+from sidecar.replay.job_records import JobResult, ProfileJob
 from sidecar.replay.kserve_decode import decode_model_infer_request
 from sidecar.replay.model_repository import ModelLocation, TensorSpec, find_model
 from sidecar.replay.options import ReplayOptions
