@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from sidecar.backends.model_repository import read_config
 from sidecar.localtriton.model_repo import build_model_repository
 from sidecar.profiling.runners.select import ModelFormat
 from sidecar.replay.device import (
@@ -29,10 +30,9 @@ from sidecar.replay.device import (
     torch_devices,
 )
 from sidecar.replay.replay_job import replay_job
-from sidecar.replay.model_repository import read_config
 from sidecar.trace.spans import Level
 from sidecar.trace.store import TraceStore
-from tests.replay.test_job import context, infer_request, job
+from tests.replay.test_replay_job import context, infer_request, job
 
 
 def config(tmp_path: Path, instance_group: str) -> Any:
