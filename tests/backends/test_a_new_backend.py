@@ -111,10 +111,15 @@ def test_a_replayable_call_is_sampled_decoded_and_replayed(toy: Backend, tmp_pat
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]),
               str(tmp_path / "ranker.onnx"))  # fmt: skip
     jobs: list[ProfileJob] = []
+
+    def submit(job: ProfileJob) -> bool:
+        jobs.append(job)
+        return True
+
     hub = SamplingHub(
         Sampler(SamplingSettings(rate=1.0, budget_per_minute=60)),
         SamplingMetrics(CollectorRegistry()),
-        submit=lambda job: jobs.append(job) is None,
+        submit=submit,
         store_spans=lambda trace_id, spans: True,
         model_label=lambda model: model or "_unknown",
         known_model=lambda model: toy.repository.contains(tmp_path, model),
