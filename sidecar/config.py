@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from sidecar import config_parsers as parsers
-from sidecar.config_parsers import BACKEND_PROTOCOLS, ConfigError
+from sidecar.backends import BACKENDS
+from sidecar.config_parsers import ConfigError
 from sidecar.endpoint import Endpoint
 from sidecar.profiling.levels import format_levels
 from sidecar.trace.otlp_target import OTLP_PROTOCOLS, OtlpExportError, parse_target
@@ -175,7 +176,7 @@ class ServeConfig:
             parsers.protocol,
             None,
             "backend kind, for the readiness check",
-            choices=BACKEND_PROTOCOLS,
+            choices=tuple(BACKENDS),
         ),
     )
     model_repository: Path | None = field(

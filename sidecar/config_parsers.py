@@ -9,11 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sidecar.backends import BACKENDS
 from sidecar.profiling.devices import device_name
 from sidecar.profiling.levels import parse_levels
 from sidecar.trace.spans import Level
-
-BACKEND_PROTOCOLS = ("triton", "tfserving")
 
 
 class ConfigError(ValueError):
@@ -103,11 +102,10 @@ def path(value: Any, setting: str) -> Path:
 
 
 def protocol(value: Any, setting: str) -> str:
+    """The name of a registered backend (`sidecar.backends`)."""
     name = str(value).lower()
-    if name not in BACKEND_PROTOCOLS:
-        raise ConfigError(
-            f"{setting}: expected one of {', '.join(BACKEND_PROTOCOLS)}, got {value!r}"
-        )
+    if name not in BACKENDS:
+        raise ConfigError(f"{setting}: expected one of {', '.join(BACKENDS)}, got {value!r}")
     return name
 
 

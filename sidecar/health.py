@@ -1,8 +1,9 @@
 """The sidecar's own gRPC port: standard health service and server reflection.
 
-Health is `SERVING` only while the backend accepts TCP connections *and* answers its
-readiness check: Triton's `inference.GRPCInferenceService/ServerReady` returning ready, or
-for TF-Serving (no readiness RPC without a model name) a successful HTTP/2 connection. A
+Health is `SERVING` only while the backend accepts TCP connections *and* answers the
+readiness check its record declares (`sidecar.backends`): Triton's
+`inference.GRPCInferenceService/ServerReady` returning ready, or for TF-Serving (no readiness
+RPC without a model name) a successful HTTP/2 connection. A
 background thread re-checks every `interval` seconds and mirrors the result into
 `xsp_backend_up`.
 
@@ -24,11 +25,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from sidecar.backends import backend_named
 from sidecar.endpoint import Endpoint, port_in_use
 
 log = logging.getLogger(__name__)
 
-SERVER_READY = "/inference.GRPCInferenceService/ServerReady"
 _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
@@ -76,6 +77,7 @@ class BackendChecker:
     def __init__(self, endpoint: Endpoint, protocol: str = "triton", timeout: float = 1.0) -> None:
         self.endpoint = endpoint
         self.protocol = protocol
+        self.readiness = backend_named(protocol).readiness
         self.timeout = timeout
         self._channel: grpc.Channel | None = None
 
@@ -92,14 +94,14 @@ class BackendChecker:
             return False
         try:
             channel = self._get_channel()
-            if self.protocol == "tfserving":
+            if self.readiness.rpc is None:
                 grpc.channel_ready_future(channel).result(timeout=self.timeout)
                 return True
             call = channel.unary_unary(
-                SERVER_READY, request_serializer=None, response_deserializer=None
+                self.readiness.rpc, request_serializer=None, response_deserializer=None
             )
             response = call(b"", timeout=self.timeout, wait_for_ready=True)
-            return bool(response == b"\x08\x01")  # ServerReadyResponse{ready: true}
+            return bool(response == self.readiness.ready_response)
         except (grpc.RpcError, grpc.FutureTimeoutError) as exc:
             log.debug("backend readiness check failed: %s", exc)
             self.close()  # a fresh channel next time: no reconnect back-off in the way

@@ -21,6 +21,7 @@ import grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
 
+from sidecar.backends import BACKENDS, SpanSource, backend_named
 from sidecar.config import TF_PROFILER_AT_BACKEND, ConfigError, ServeConfig
 from sidecar.endpoint import Endpoint, PortInUseError, translate_bind_errors
 from sidecar.health import BackendChecker, HealthServer, add_port, tcp_accepts
@@ -196,8 +197,11 @@ def sampling_config(config: ServeConfig) -> SamplingConfig:
     )
     tf_profiler = None
     if config.tf_profiler_address:
-        if config.backend_protocol != "tfserving":
-            raise ConfigError("--tf-profiler-address needs --backend-protocol tfserving")
+        if backend_named(config.backend_protocol).spans is not SpanSource.PROFILER_CAPTURE:
+            capturing = [b.name for b in BACKENDS.values() if b.capture_path is not None]
+            raise ConfigError(
+                f"--tf-profiler-address needs --backend-protocol {' or '.join(capturing)}"
+            )
         address = config.tf_profiler_address
         tf_profiler = TfProfilerSettings(
             address=config.backend if address == TF_PROFILER_AT_BACKEND else address,

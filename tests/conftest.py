@@ -5,6 +5,7 @@ models."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +54,10 @@ def tfserving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TfServingSer
     base = build_model_base(root / "models")
     with TfServingServer(base, root / "tfserving.log", profiler=True) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def tf_model_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A TF-Serving model base path with the Keras sample models, built once for the replay and
+    backend tests: `<base>/keras_cnn/1/saved_model.pb`, `<base>/keras_transformer/1/...`."""
+    return build_model_base(tmp_path_factory.mktemp("tfserving-base") / "models")

@@ -19,9 +19,9 @@ import grpc
 from tritonclient.grpc import service_pb2
 
 from sidecar.admin._proto.xsp.v1 import profiler_pb2, profiler_pb2_grpc
-from sidecar.replay.jobs import ProfileJob
-from sidecar.replay.kserve_decode import NUMPY_DTYPES
-from sidecar.replay.model_repository import model_in_repository
+from sidecar.backends.kserve_decode import NUMPY_DTYPES
+from sidecar.backends.model_repository import model_in_repository
+from sidecar.replay.job_records import ProfileJob
 from sidecar.sampling.last_requests import LastRequests
 from sidecar.sampling.sampler import Sampler
 from sidecar.sampling.settings import SamplingSettings, SamplingSettingsError, check_name

@@ -25,7 +25,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
-from sidecar.proxy.model_name import METHODS, UNKNOWN_MODEL
+from sidecar.backends import METHODS
+from sidecar.proxy.model_name import UNKNOWN_MODEL
 
 OTHER = "_other"
 MAX_MODEL_NAME = 256  # longer names are not taken as label values
@@ -41,7 +42,6 @@ DURATION_BUCKETS = (
 OBSERVER_HOOKS = ("connection", "request_headers", "request_body", "stream_end")
 
 _LE = [floatToGoString(b) for b in DURATION_BUCKETS] + ["+Inf"]
-_KNOWN_METHODS = frozenset(info.name for info in METHODS.values())
 
 
 class _CallStats:
@@ -194,7 +194,8 @@ class ProxyMetrics:
             registry=registry,
         )
         self._models: set[str] = set()
-        self._methods: set[str] = set(_KNOWN_METHODS)
+        self._methods: set[str] = {info.name for info in METHODS.values()}  # the backends'
+        self._known_methods = len(self._methods)
         self._lock = threading.Lock()
 
     def model_label(self, name: str | None) -> str:
@@ -216,7 +217,7 @@ class ProxyMetrics:
         if name in self._methods:
             return name
         with self._lock:
-            if len(self._methods) < len(_KNOWN_METHODS) + self.max_methods:
+            if len(self._methods) < self._known_methods + self.max_methods:
                 self._methods.add(name)
                 return name
         return OTHER

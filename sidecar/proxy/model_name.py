@@ -1,5 +1,8 @@
 """Which gRPC methods carry a model name, and reading it from a message's first bytes.
 
+The methods and their model name fields are the backends' tables (`sidecar.backends`: each
+backend's record lists its methods).
+
 No protobuf parse: the model name is (nearly always) the first field of the request, so the
 relay keeps only the first few hundred bytes of a request's first message and walks the wire
 format down a field path, e.g. `ModelInferRequest.model_name` = (1,) and TF-Serving's
@@ -8,59 +11,10 @@ format down a field path, e.g. `ModelInferRequest.model_name` = (1,) and TF-Serv
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from sidecar.backends import METHODS, MethodInfo
 
 UNKNOWN_MODEL = "_unknown"
 HEAD_LIMIT = 5 + 1024  # gRPC prefix + protobuf bytes we are willing to hold per request
-
-
-@dataclass(frozen=True, slots=True)
-class MethodInfo:
-    """A gRPC method: its short name (the `method` label) and where its model name lives."""
-
-    name: str
-    model_field: tuple[int, ...] | None  # protobuf field path of the model name, or None
-
-
-_TRITON = "/inference.GRPCInferenceService/"
-_TF_PREDICT = "/tensorflow.serving.PredictionService/"
-_TF_MODEL = "/tensorflow.serving.ModelService/"
-
-_TABLE: dict[str, tuple[int, ...] | None] = {
-    # KServe v2 / Triton
-    _TRITON + "ModelInfer": (1,),
-    _TRITON + "ModelStreamInfer": (1,),
-    _TRITON + "ModelMetadata": (1,),
-    _TRITON + "ModelReady": (1,),
-    _TRITON + "ModelConfig": (1,),
-    _TRITON + "ModelStatistics": (1,),
-    _TRITON + "RepositoryModelLoad": (2,),
-    _TRITON + "RepositoryModelUnload": (2,),
-    _TRITON + "TraceSetting": (2,),
-    _TRITON + "LogSettings": None,
-    _TRITON + "ServerLive": None,
-    _TRITON + "ServerReady": None,
-    _TRITON + "ServerMetadata": None,
-    _TRITON + "RepositoryIndex": None,
-    _TRITON + "SystemSharedMemoryStatus": None,
-    _TRITON + "SystemSharedMemoryRegister": None,
-    _TRITON + "SystemSharedMemoryUnregister": None,
-    _TRITON + "CudaSharedMemoryStatus": None,
-    _TRITON + "CudaSharedMemoryRegister": None,
-    _TRITON + "CudaSharedMemoryUnregister": None,
-    # TensorFlow Serving: every request starts with `ModelSpec model_spec = 1` (name = 1)
-    _TF_PREDICT + "Predict": (1, 1),
-    _TF_PREDICT + "Classify": (1, 1),
-    _TF_PREDICT + "Regress": (1, 1),
-    _TF_PREDICT + "GetModelMetadata": (1, 1),
-    _TF_PREDICT + "MultiInference": (1, 1, 1),  # tasks[0].model_spec.name
-    _TF_MODEL + "GetModelStatus": (1, 1),
-    _TF_MODEL + "HandleReloadConfigRequest": None,
-}
-
-METHODS: dict[bytes, MethodInfo] = {
-    path.encode(): MethodInfo(path.rsplit("/", 1)[-1], field) for path, field in _TABLE.items()
-}
 
 
 def method_info(path: bytes) -> MethodInfo:

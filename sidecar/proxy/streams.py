@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote
 
+from sidecar.backends import MethodInfo
 from sidecar.proxy.frames import (
     FLAG_ACK,
     GOAWAY,
@@ -55,7 +56,6 @@ from sidecar.proxy.model_name import (
     HEAD_LIMIT,
     NEED_MORE,
     UNKNOWN_MODEL,
-    MethodInfo,
     extract_model_name,
     method_info,
 )

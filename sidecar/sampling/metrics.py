@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from sidecar.replay.jobs import JobResult
+from sidecar.replay.job_records import JobResult
 from sidecar.sampling.sampler import Decision
 
 # Why sampling is off (`xsp_sampling_disabled{reason}`).

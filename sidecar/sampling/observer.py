@@ -16,8 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+from sidecar.backends import REPLAYABLE
 from sidecar.proxy.streams import ConnectionInfo, HeaderDecision, RequestStart, StreamEnd
-from sidecar.replay.jobs import ProfileJob
+from sidecar.replay.job_records import ProfileJob
 from sidecar.sampling.metrics import SamplingMetrics
 from sidecar.sampling.pressure import ServingPressure
 from sidecar.sampling.sampler import Decision, Sampler, Tentative
@@ -25,10 +26,6 @@ from sidecar.trace.spans import Level, Source, Span, new_span_id, new_trace_id
 
 log = logging.getLogger(__name__)
 
-# Methods whose request message can be replayed -> the job's method (the replay's decoder):
-# KServe v2 inference (a stream's first message is a ModelInferRequest) and TF-Serving Predict.
-REPLAYABLE_METHODS = {"ModelInfer": "ModelInfer", "ModelStreamInfer": "ModelInfer",
-                      "Predict": "Predict"}  # fmt: skip
 MAX_SAMPLED_BODY = 64 << 20
 
 
@@ -138,7 +135,7 @@ class SamplingObserver:
     def on_request_headers(self, start: RequestStart) -> HeaderDecision | None:
         hub = self._hub
         hub.pressure.request_started()
-        if start.method not in REPLAYABLE_METHODS:
+        if start.method not in REPLAYABLE:
             return None
         forced = False
         header = hub.sampler.settings.force_header
@@ -154,9 +151,7 @@ class SamplingObserver:
         if tentative is Tentative.GATED or tentative is Tentative.STORE_FAILING:
             self._pending[start.stream_id] = _Pending("", "", tentative)
             return None
-        pending = _Pending(
-            new_trace_id(), new_span_id(), tentative, REPLAYABLE_METHODS[start.method]
-        )
+        pending = _Pending(new_trace_id(), new_span_id(), tentative, REPLAYABLE[start.method])
         self._pending[start.stream_id] = pending
         hub.handler.on_sampled(start, pending.trace_id, pending.span_id)
         traceparent = f"00-{pending.trace_id}-{pending.span_id}-01"
@@ -204,7 +199,7 @@ class SamplingObserver:
         hub = self._hub
         hub.pressure.request_ended()
         pending = self._pending.pop(end.stream_id, None)
-        if end.method not in REPLAYABLE_METHODS:
+        if end.method not in REPLAYABLE:
             return
         if pending is None:  # every request not picked at header time
             hub.metrics.record_decision(hub.handler.model_label(end.model), Decision.SKIPPED_RATE)

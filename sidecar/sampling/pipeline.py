@@ -23,6 +23,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from sidecar.backends import CAPTURE_PATHS
+from sidecar.backends.model_repository import model_in_repository
 from sidecar.live.otlp_metrics import OtlpMetricsCollector
 from sidecar.live.otlp_receiver import OtlpReceiver
 from sidecar.live.tf_profiler import (
@@ -33,8 +35,7 @@ from sidecar.live.tf_profiler import (
 )
 from sidecar.live.triton_spans import TritonSpanCollector, TritonTrace
 from sidecar.proxy.streams import RequestStart
-from sidecar.replay.jobs import JobResult, ProfileJob
-from sidecar.replay.model_repository import model_in_repository
+from sidecar.replay.job_records import JobResult, ProfileJob
 from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.last_requests import LastRequests
 from sidecar.sampling.metrics import SamplingMetrics
@@ -55,9 +56,6 @@ from sidecar.trace.writer import TraceWriter
 __all__ = ["SamplingConfig", "SamplingPipeline", "TfProfilerSettings"]
 
 log = logging.getLogger(__name__)
-
-# TF-Serving's Predict: the requests whose server side the backend's profiler captures
-TF_PREDICT_PATH = "/tensorflow.serving.PredictionService/Predict"
 
 
 @dataclass(frozen=True)
@@ -213,8 +211,9 @@ class SamplingPipeline:
             self._record_exemplar(method, model, duration_s, trace_id)
 
     def on_sampled(self, start: RequestStart, trace_id: str, span_id: str) -> None:
-        """A request picked at header time: a Predict gets a capture of the backend's side."""
-        if self.tf_capture is None or start.path != TF_PREDICT_PATH:
+        """A request picked at header time: a call on a backend's capture path (TF-Serving's
+        Predict) gets a capture of the backend's side."""
+        if self.tf_capture is None or start.path not in CAPTURE_PATHS:
             return
         try:
             self.tf_capture.request(SampledRequest(trace_id, span_id, time.time_ns()))

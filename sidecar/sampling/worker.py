@@ -41,7 +41,7 @@ from typing import Any
 
 from sidecar.profiling import pacing
 from sidecar.replay.context import ReplayContext
-from sidecar.replay.jobs import JobResult, ProfileJob, needs_fresh_process
+from sidecar.replay.job_records import JobResult, ProfileJob, needs_fresh_process
 from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.pressure import ServingPressure
 from sidecar.sampling.ratelog import RateLimitedLog
@@ -60,7 +60,7 @@ class WorkerConfig:
     `ReplayContext`, which carries `options` unchanged. `options`, `queue_size` and
     `job_timeout_s` come from the serve config (no defaults here)."""
 
-    replay: str = "sidecar.replay.job:replay_job"
+    replay: str = "sidecar.replay.replay_job:replay_job"
     options: ReplayOptions
     queue_size: int
     queue_bytes: int = 128 << 20  # request bytes the queue holds at most, all jobs together

@@ -15,8 +15,8 @@ import pytest
 
 from sidecar.admin._proto.xsp.v1 import profiler_pb2
 from sidecar.admin.service import DEFAULT_LIST_LIMIT, MAX_INPUTS, ProfilerService
-from sidecar.replay.jobs import ProfileJob
-from sidecar.replay.kserve_decode import decode_model_infer_request
+from sidecar.backends.kserve_decode import decode_model_infer_request
+from sidecar.replay.job_records import ProfileJob
 from sidecar.sampling.last_requests import LastRequests
 from sidecar.sampling.sampler import Sampler
 from sidecar.sampling.settings import SamplingSettings

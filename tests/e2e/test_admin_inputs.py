@@ -17,7 +17,7 @@ import pytest
 
 from sidecar.admin._proto.xsp.v1 import profiler_pb2, profiler_pb2_grpc
 from sidecar.admin.service import ProfilerService, add_to_server
-from sidecar.replay.jobs import ProfileJob
+from sidecar.replay.job_records import ProfileJob
 from sidecar.sampling.last_requests import LastRequests
 from sidecar.sampling.sampler import Decision, Sampler
 from sidecar.sampling.settings import SamplingSettings

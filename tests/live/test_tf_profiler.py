@@ -22,6 +22,7 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sidecar.backends.tfserving import PREDICT_PATH
 from sidecar.live.tf_profiler import (
     CAPTURE_OUTCOMES,
     SPAN_KIND,
@@ -36,7 +37,7 @@ from sidecar.metrics_text import sample_map, scrape_registry
 from sidecar.proxy.streams import ConnectionInfo, RequestStart
 from sidecar.sampling.metrics import SamplingMetrics
 from sidecar.sampling.observer import SamplingHub
-from sidecar.sampling.pipeline import TF_PREDICT_PATH, SamplingPipeline, TfProfilerSettings
+from sidecar.sampling.pipeline import SamplingPipeline, TfProfilerSettings
 from sidecar.sampling.sampler import Sampler
 from sidecar.sampling.settings import SamplingSettings
 from sidecar.trace.spans import Level, Source, Span, new_span_id, new_trace_id
@@ -254,13 +255,13 @@ def test_the_pipeline_stores_the_capture_of_a_sampled_predict_under_its_proxy_sp
         pipeline.on_sampled(ignored, new_trace_id(), new_span_id())
         assert pipeline.tf_capture.wait_idle(0) and sum(pipeline.tf_capture.counts().values()) == 0
         trace_id, span_id = new_trace_id(), new_span_id()
-        start = RequestStart(1, 3, TF_PREDICT_PATH, "Predict", [])
+        start = RequestStart(1, 3, PREDICT_PATH, "Predict", [])
         pipeline.on_sampled(start, trace_id, span_id)
         time.sleep(0.3)
         run_start, run_end = backend.run()
         pipeline.hub.mark_sampled(trace_id)  # queued for replay, as the observer does
         proxy = Span(
-            trace_id, span_id, None, Level.REQUEST, TF_PREDICT_PATH, "Predict",
+            trace_id, span_id, None, Level.REQUEST, PREDICT_PATH, "Predict",
             run_start - 100_000, run_end + 100_000, Source.PROXY,
         )  # fmt: skip
         assert pipeline.store_spans(trace_id, [proxy])

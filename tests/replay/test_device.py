@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from sidecar.backends.model_repository import read_config
 from sidecar.localtriton.model_repo import build_model_repository
 from sidecar.profiling.formats import ModelFormat
 from sidecar.replay.device import (
@@ -28,11 +29,10 @@ from sidecar.replay.device import (
     runtime_devices,
     torch_devices,
 )
-from sidecar.replay.job import replay_job
-from sidecar.replay.model_repository import read_config
+from sidecar.replay.replay_job import replay_job
 from sidecar.trace.spans import Level
 from sidecar.trace.store import TraceStore
-from tests.replay.test_job import context, infer_request, job
+from tests.replay.test_replay_job import context, infer_request, job
 
 
 def config(tmp_path: Path, instance_group: str) -> Any:

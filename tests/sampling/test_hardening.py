@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from sidecar.localtriton.model_repo import build_model_repository
-from sidecar.replay.job import replay_job
-from sidecar.replay.jobs import ProfileJob
+from sidecar.replay.job_records import ProfileJob
+from sidecar.replay.replay_job import replay_job
 from sidecar.sampling.ratelog import RateLimitedLog
 from sidecar.sampling.sampler import Decision, Sampler
 from sidecar.sampling.settings import SamplingSettings, SamplingSettingsError
@@ -23,7 +23,7 @@ from sidecar.sampling.worker import ProfilingWorker
 from sidecar.trace.errors import StoreFullError
 from sidecar.trace.store import TraceStore
 from sidecar.trace.synthetic import make_trace
-from tests.replay.test_job import context, infer_request, job
+from tests.replay.test_replay_job import context, infer_request, job
 from tests.sampling.test_sampler import ManualClock, decide
 from tests.sampling.worker_replays import worker_config
 

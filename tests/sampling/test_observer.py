@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.proxy.streams import ConnectionInfo, RequestStart, StreamEnd
-from sidecar.replay.jobs import ProfileJob
+from sidecar.replay.job_records import ProfileJob
 from sidecar.sampling.metrics import SamplingMetrics
 from sidecar.sampling.observer import (
     MAX_SAMPLED_BODY,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.replay.jobs import JobResult, ProfileJob
+from sidecar.replay.job_records import JobResult, ProfileJob
 from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.pipeline import SamplingConfig, SamplingPipeline
 from sidecar.sampling.sampler import StoreBackoff

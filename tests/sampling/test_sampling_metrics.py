@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.replay.jobs import JobResult
+from sidecar.replay.job_records import JobResult
 from sidecar.sampling.metrics import DISABLED_REASONS, PHASE_BUCKETS, SamplingMetrics
 from sidecar.sampling.sampler import Decision
 

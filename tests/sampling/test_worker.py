@@ -8,7 +8,7 @@ import queue
 import time
 from typing import Any
 
-from sidecar.replay.jobs import JobResult, ProfileJob
+from sidecar.replay.job_records import JobResult, ProfileJob
 from sidecar.sampling.pressure import ServingPressure
 from sidecar.sampling.worker import ProfilingWorker
 from tests.sampling.worker_replays import worker_config
@@ -168,7 +168,7 @@ def test_busy_time_is_wall_time_less_waits_or_cpu_time_when_more() -> None:
 
 
 def test_which_failures_need_a_fresh_worker_process() -> None:
-    from sidecar.replay.jobs import needs_fresh_process
+    from sidecar.replay.job_records import needs_fresh_process
 
     def failed(error: str, outcome: str = "error") -> JobResult:
         return JobResult("0" * 32, "m", outcome, 0.1, error=error)

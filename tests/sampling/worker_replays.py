@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.replay.context import ReplayContext
-from sidecar.replay.jobs import JobResult, ProfileJob
+from sidecar.replay.job_records import JobResult, ProfileJob
 from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.worker import WorkerConfig
 from sidecar.trace.spans import Level

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.live.otlp_payload import OtlpSpan, parse_otlp_protobuf
 from sidecar.live.otlp_receiver import OtlpReceiver
 from sidecar.metrics_text import sample_value, scrape_registry
-from sidecar.replay.jobs import JobResult
+from sidecar.replay.job_records import JobResult
 from sidecar.sampling.pipeline import SamplingPipeline
 from sidecar.trace.otlp_export import OtlpExportCollector, OtlpTraceExport
 from sidecar.trace.otlp_target import OtlpExportError, parse_target

@@ -1,7 +1,8 @@
 """Replay one sampled request with leveled profiling (runs inside the profiling worker).
 
-Decode the request's tensors (a KServe `ModelInferRequest` or a TF-Serving `PredictRequest`,
-by the job's method), find the model in the mounted repository, run the leveled
+Decode the request's tensors (a KServe `ModelInferRequest` or a TF-Serving `PredictRequest`:
+the decoder the job's method has in `sidecar.backends`), find the model in the mounted
+repository (as that backend finds it), run the leveled
 experiment on a local runtime, hang the replay under the proxy's span, store the trace and
 return the numbers the Prometheus aggregates need. The device it runs on is decided per model
 (`replay.device`, `--replay-device`) and stored on the trace and its model spans. A failure
@@ -18,13 +19,16 @@ import collections
 import functools
 import logging
 import time
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import sidecar.profiling.runners.onnxruntime  # noqa: F401  ONNX Runtime loads at worker start
 from sidecar import __version__
+from sidecar.backends import DECODERS, backend_replaying
+from sidecar.backends.base import DecodedInputs
+from sidecar.backends.model_repository import ModelLocation, TensorSpec
 from sidecar.profiling.experiment import LeveledProfile, describe_inputs, run_experiment
 from sidecar.profiling.formats import ModelFormat
 from sidecar.profiling.inputs import InputError, InputSpec, random_inputs, savedmodel_input_specs
@@ -33,11 +37,8 @@ from sidecar.profiling.runners.select import runner_for
 from sidecar.profiling.vocabulary import ProfilingError, Runner
 from sidecar.replay.context import ReplayContext
 from sidecar.replay.device import DeviceChoice, driver_device_name, resolve
-from sidecar.replay.jobs import JobResult, ProfileJob
-from sidecar.replay.kserve_decode import decode_model_infer_request
-from sidecar.replay.model_repository import ModelLocation, TensorSpec, find_model
+from sidecar.replay.job_records import JobResult, ProfileJob
 from sidecar.replay.options import ReplayOptions
-from sidecar.replay.tf_decode import decode_predict_request
 from sidecar.trace.errors import TraceStoreError
 from sidecar.trace.spans import Level, LevelStats, Span, Trace
 
@@ -55,45 +56,27 @@ class ReplayError(Exception):
     """The sampled request cannot be replayed; the message says why."""
 
 
-@dataclass(frozen=True)
-class DecodedInputs:
-    """A sampled request's tensors, whatever protocol carried them."""
-
-    inputs: dict[str, np.ndarray]
-    version: str = ""  # the model version the request asks for ("": as the job says)
-    attributes: dict[str, Any] | None = None  # protocol details for the trace
-
-
-def _decode_kserve(message: bytes) -> DecodedInputs:
-    return DecodedInputs(dict(decode_model_infer_request(message).inputs))
-
-
-def _decode_predict(message: bytes) -> DecodedInputs:
-    request = decode_predict_request(message)
-    attributes = {"signature_name": request.signature_name}
-    if request.version_label:
-        attributes["version_label"] = request.version_label
-    return DecodedInputs(request.inputs, request.model_version, attributes)
-
-
-# job.method -> the decoder of its request message
-DECODERS = {
-    "ModelInfer": _decode_kserve,
-    "ModelStreamInfer": _decode_kserve,
-    "Predict": _decode_predict,
-}
-
-
 def decode_request(job: ProfileJob) -> DecodedInputs | None:
-    """The job's request as arrays (None without a message: an admin profile)."""
+    """The job's request as arrays (None without a message: an admin profile), by the decoder
+    a backend declares for the job's method."""
     if not job.request_message:
         return None
     decoder = DECODERS.get(job.method)
     if decoder is None:
-        raise ReplayError(
-            f"cannot decode {job.method} requests (replayable: {', '.join(DECODERS)})"
-        )
+        raise ReplayError(_not_replayable(job.method))
     return decoder(job.request_message)
+
+
+def _not_replayable(method: str) -> str:
+    return f"cannot decode {method} requests (replayable: {', '.join(DECODERS)})"
+
+
+def _find_model(job: ProfileJob, repository: Path, version: str) -> ModelLocation:
+    """The model in the repository, looked up as the backend that serves the job's method."""
+    backend = backend_replaying(job.method)
+    if backend is None:
+        raise ReplayError(_not_replayable(job.method))
+    return backend.repository.find(repository, job.model, version or None)
 
 
 def _device(location: ModelLocation, context: ReplayContext) -> DeviceChoice:
@@ -220,7 +203,7 @@ def replay_job(job: ProfileJob, context: ReplayContext) -> JobResult:
     try:
         request = decode_request(job)
         version = job.model_version or (request.version if request else "")
-        location = find_model(options.model_repository, job.model, version or None)
+        location = _find_model(job, options.model_repository, version)
         if request is None:
             inputs, input_source = _random_inputs(location), "random"
         else:

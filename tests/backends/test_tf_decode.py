@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from sidecar.replay.tf_decode import (
+from sidecar.backends.tf_decode import (
     DTYPES,
     MAX_TENSOR_BYTES,
     DecodedPredict,

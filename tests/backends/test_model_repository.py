@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.localtriton.model_repo import build_model_repository
-from sidecar.profiling.formats import ModelFormat
-from sidecar.replay.model_repository import (
+from sidecar.backends.model_repository import (
     ModelConfigError,
     ModelNotFoundError,
     ModelVersionNotFoundError,
@@ -20,6 +18,8 @@ from sidecar.replay.model_repository import (
     find_model,
     model_in_repository,
 )
+from sidecar.localtriton.model_repo import build_model_repository
+from sidecar.profiling.formats import ModelFormat
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from tritonclient.grpc import service_pb2
 from tritonclient.grpc._utils import _get_inference_request
 from tritonclient.utils import serialize_byte_tensor
 
-from sidecar.replay.kserve_decode import (
+from sidecar.backends.kserve_decode import (
     CONTENTS_FIELDS,
     KServeDecodeError,
     decode_model_infer_request,

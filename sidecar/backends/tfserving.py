@@ -1,0 +1,73 @@
+"""TensorFlow Serving, over its gRPC API (`tensorflow.serving.PredictionService`, `ModelService`).
+
+Model names: every request starts with `ModelSpec model_spec = 1` (its `name` = 1);
+`MultiInference` names the model of its first task. Replayed: `Predict`, decoded by
+`tf_decode` (TensorFlow loads on first use, in the profiling worker). Models: a model base
+path, `<base>/<model>/<version>/saved_model.pb`, no per-model configuration; the version
+folder itself is the SavedModel. Ready: no readiness call without a model name, so a gRPC
+connection that opens is enough. Its own spans: a capture by TensorFlow's `ProfilerService`
+for each sampled `Predict` (`live/tf_profiler`, needs --tf-profiler-address).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sidecar.backends.base import Backend, DecodedInputs, Readiness, Repository, SpanSource
+
+if TYPE_CHECKING:
+    from sidecar.backends.model_repository import ModelLocation
+
+PREDICTION_SERVICE = "/tensorflow.serving.PredictionService/"
+MODEL_SERVICE = "/tensorflow.serving.ModelService/"
+PREDICT_PATH = PREDICTION_SERVICE + "Predict"
+
+
+def decode_predict(message: bytes) -> DecodedInputs:
+    """A `PredictRequest`'s tensors, the version it asks for, its signature (and label)."""
+    from sidecar.backends.tf_decode import decode_predict_request
+
+    request = decode_predict_request(message)
+    attributes = {"signature_name": request.signature_name}
+    if request.version_label:
+        attributes["version_label"] = request.version_label
+    return DecodedInputs(request.inputs, request.model_version, attributes)
+
+
+def has_model(root: Path, model: str) -> bool:
+    from sidecar.backends.model_repository import model_in_repository
+
+    return model_in_repository(root, model)
+
+
+def find_model(root: Path, model: str, version: str | int | None = None) -> ModelLocation:
+    """The lookup Triton's repository uses too: without a `config.pbtxt`, a version folder
+    holding `saved_model.pb` is the SavedModel."""
+    from sidecar.backends import model_repository
+
+    return model_repository.find_model(root, model, version)
+
+
+TF_SERVING = Backend(
+    name="tfserving",
+    methods={
+        PREDICT_PATH: (1, 1),
+        PREDICTION_SERVICE + "Classify": (1, 1),
+        PREDICTION_SERVICE + "Regress": (1, 1),
+        PREDICTION_SERVICE + "GetModelMetadata": (1, 1),
+        PREDICTION_SERVICE + "MultiInference": (1, 1, 1),  # tasks[0].model_spec.name
+        MODEL_SERVICE + "GetModelStatus": (1, 1),
+        MODEL_SERVICE + "HandleReloadConfigRequest": None,
+    },
+    replayable={"Predict": "Predict"},
+    decoders={"Predict": decode_predict},
+    repository=Repository(
+        layout="<base>/<model>/<version>/saved_model.pb (the version folder is the SavedModel)",
+        contains=has_model,
+        find=find_model,
+    ),
+    readiness=Readiness(rpc=None),  # a connection that opens
+    spans=SpanSource.PROFILER_CAPTURE,
+    capture_path=PREDICT_PATH,
+)
