@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.localtfserving.models import build_model_base
+from tests.harness.tfserving.models import build_model_base
 
 
 @pytest.fixture(scope="session")

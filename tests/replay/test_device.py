@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sidecar.localtriton.model_repo import build_model_repository
 from sidecar.profiling.runners.select import ModelFormat
 from sidecar.replay.device import (
     CudaProbe,
@@ -32,6 +31,7 @@ from sidecar.replay.job import replay_job
 from sidecar.replay.model_repository import read_config
 from sidecar.trace.spans import Level
 from sidecar.trace.store import TraceStore
+from tests.harness.triton.model_repo import build_model_repository
 from tests.replay.test_job import context, infer_request, job
 
 

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
-from sidecar.localtriton.model_repo import build_model_repository
 from sidecar.replay.job import ReplayError, decode_request, replay_job
 from sidecar.replay.jobs import ProfileJob
 from sidecar.replay.kserve_decode import KServeDecodeError
 from sidecar.replay.options import ReplayOptions
 from sidecar.trace.spans import Level, new_span_id, new_trace_id
 from sidecar.trace.store import TraceStore
+from tests.harness.triton.model_repo import build_model_repository
 
 
 def infer_request(model: str, x: np.ndarray) -> bytes:

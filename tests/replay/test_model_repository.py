@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.localtriton.model_repo import build_model_repository
 from sidecar.profiling.runners.select import ModelFormat
 from sidecar.replay.model_repository import (
     ModelConfigError,
@@ -20,6 +19,7 @@ from sidecar.replay.model_repository import (
     find_model,
     model_in_repository,
 )
+from tests.harness.triton.model_repo import build_model_repository
 
 
 @pytest.fixture(scope="module")

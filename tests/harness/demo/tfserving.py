@@ -2,7 +2,7 @@
 models, the sidecar in front (sampling, the server's side captured by TensorFlow's
 ProfilerService), Predict traffic and forced samples, the console summary and the report.
 
-The stand-in is real TensorFlow behind TF-Serving's gRPC API (`sidecar.localtfserving`): the
+The stand-in is real TensorFlow behind TF-Serving's gRPC API (`tests.harness.tfserving`): the
 binary cannot be installed here. Everything runs on this machine on free ports and ends by
 itself; the results stay in the output folder. This process loads TensorFlow (it builds the
 Keras models and encodes the Predict requests); the sidecar itself does not.
@@ -20,7 +20,9 @@ import grpc
 import numpy as np
 from tqdm import tqdm
 
-from sidecar.demo import (
+from sidecar.trace.spans import Level
+from sidecar.trace.store import TraceStore
+from tests.harness.demo.triton import (
     BUDGET_PER_MINUTE,
     DUTY_CYCLE,
     DemoOptions,
@@ -31,12 +33,10 @@ from sidecar.demo import (
     say,
     send_forced,
 )
-from sidecar.localtfserving.models import CNN, TRANSFORMER, build_model_base
-from sidecar.localtfserving.process import TfServingServer
-from sidecar.localtriton.sidecar_process import SidecarProcess
-from sidecar.metrics_text import sums_by
-from sidecar.trace.spans import Level
-from sidecar.trace.store import TraceStore
+from tests.harness.metrics_text import sums_by
+from tests.harness.sidecar_process import SidecarProcess
+from tests.harness.tfserving.models import CNN, TRANSFORMER, build_model_base
+from tests.harness.tfserving.process import TfServingServer
 
 FORCEABLE = (CNN, TRANSFORMER)
 PREDICT = "/tensorflow.serving.PredictionService/Predict"

@@ -18,15 +18,15 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tqdm import tqdm
 
-from sidecar.localtriton.model_repo import build_model_repository
-from sidecar.localtriton.server import free_port
-from sidecar.localtriton.sidecar_process import SidecarProcess
-from sidecar.localtriton.tracing import traced_server
-from sidecar.metrics_text import sample_sum, scrape, sums_by
 from sidecar.trace.store import count_traces, failed_traces
+from tests.harness import REPO_ROOT
+from tests.harness.metrics_text import sample_sum, scrape, sums_by
+from tests.harness.process import free_port
+from tests.harness.sidecar_process import SidecarProcess
+from tests.harness.triton.model_repo import build_model_repository
+from tests.harness.triton.tracing import traced_server
 
 log = logging.getLogger(__name__)
-REPO_ROOT = Path(__file__).resolve().parents[1]
 DECISIONS = "xsp_sampling_decisions_total"
 PROFILES = "xsp_profiles_total"
 DROPPED = "xsp_samples_dropped_total"
