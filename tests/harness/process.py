@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import subprocess
 import time
@@ -39,6 +40,27 @@ def stop_child(process: subprocess.Popen[bytes] | None, timeout: float = 15.0) -
         process.wait(5)
 
 
+class StartError(RuntimeError):
+    """A child process exited during start-up or was not ready in time.
+
+    `summary` says which and how, `reason` is the log's most telling line ("" if none),
+    `log_path` where the whole log is; the message adds the log's tail."""
+
+    def __init__(
+        self, summary: str, log_path: Path | None = None, reason: str = "", tail: str = ""
+    ) -> None:
+        where = f"; last lines of {log_path}:\n{tail}" if log_path is not None else ""
+        super().__init__(summary + where)
+        self.summary = summary
+        self.log_path = log_path
+        self.reason = reason
+
+
+# a Python logging prefix, e.g. "2025-01-01 10:00:00,000 ERROR sidecar.serve: "
+_LOG_PREFIX = re.compile(r"^.*?\b(?:ERROR|CRITICAL)\s+[\w.]+:\s*")
+_ERROR_WORDS = re.compile(r"error|exception|in use|failed|refused", re.IGNORECASE)
+
+
 def with_repo_on_path(env: dict[str, str]) -> dict[str, str]:
     """`env` with this checkout first on `PYTHONPATH`, so a child `python -m sidecar` or
     `python -m tests.harness...` runs this checkout's code whatever its working folder."""
@@ -51,13 +73,13 @@ class ChildProcess:
 
     Subclasses (dataclasses) hold `log_path` and `process` and give `command()`, `child_env()`
     and `readiness()`; `NAME` names the server in errors, `READY` says what ready means,
-    `START_ERROR` is the exception a failed start raises. Use as a context manager or call
-    `start()` / `stop()`.
+    `START_ERROR` (a `StartError`) is what a failed start raises. Use as a context manager or
+    call `start()` / `stop()`.
     """
 
     NAME: ClassVar[str]
     READY: ClassVar[str] = "ready"
-    START_ERROR: ClassVar[type[Exception]] = RuntimeError
+    START_ERROR: ClassVar[type[StartError]] = StartError
     STOP_TIMEOUT: ClassVar[float] = 15.0
     POLL_S: ClassVar[float] = 0.2
     NEW_SESSION: ClassVar[bool] = True  # the terminal's Ctrl-C reaches the parent only
@@ -113,17 +135,29 @@ class ChildProcess:
         with self.readiness() as ready:
             while time.monotonic() < deadline:
                 if self.process is not None and self.process.poll() is not None:
-                    raise self.START_ERROR(
-                        f"{self.NAME} exited with code {self.process.returncode} during "
-                        f"start-up; last lines of {self.log_path}:\n{self.log_tail()}"
-                    )
+                    code = self.process.returncode
+                    raise self.start_error(f"{self.NAME} exited with code {code} during start-up")
                 if ready():
                     return
                 time.sleep(self.POLL_S)
-        raise self.START_ERROR(
-            f"{self.NAME} did not report {self.ready_means()} within {timeout:g} s; last lines of "
-            f"{self.log_path}:\n{self.log_tail()}"
+        raise self.start_error(
+            f"{self.NAME} did not report {self.ready_means()} within {timeout:g} s"
         )
+
+    def start_error(self, summary: str) -> StartError:
+        return self.START_ERROR(summary, self.log_path, self.reason_in_log(), self.log_tail())
+
+    def reason_in_log(self) -> str:
+        """The log's most telling line: the last that speaks of an error, else its last line
+        (without a Python logging prefix); "" for an empty or missing log."""
+        try:
+            lines = [ln.strip() for ln in self.log_path.read_text(errors="replace").splitlines()]
+        except OSError:
+            return ""
+        lines = [ln for ln in lines if ln]
+        errors = [ln for ln in lines if _ERROR_WORDS.search(ln)]
+        line = errors[-1] if errors else lines[-1] if lines else ""
+        return _LOG_PREFIX.sub("", line)[:300]
 
     def log(self, tail: int = 4000) -> str:
         """The last `tail` characters of the log."""

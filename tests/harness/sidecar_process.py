@@ -20,10 +20,10 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.harness.metrics_text import sample_sum, scrape
-from tests.harness.process import ChildProcess, free_port, with_repo_on_path
+from tests.harness.process import ChildProcess, StartError, free_port, with_repo_on_path
 
 
-class SidecarStartError(RuntimeError):
+class SidecarStartError(StartError):
     """The sidecar exited during start-up or did not report SERVING in time (with its log)."""
 
 
@@ -38,7 +38,7 @@ class SidecarProcess(ChildProcess):
 
     NAME: ClassVar[str] = "the sidecar"
     READY: ClassVar[str] = "SERVING"
-    START_ERROR: ClassVar[type[Exception]] = SidecarStartError
+    START_ERROR: ClassVar[type[StartError]] = SidecarStartError
     STOP_TIMEOUT: ClassVar[float] = 20.0
     POLL_S: ClassVar[float] = 0.1
     NEW_SESSION: ClassVar[bool] = False

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 PROG = "python -m tests.harness.demo"
 DESCRIPTION = (
     "Run a local Triton (or the TF-Serving stand-in) with sample models, put the sidecar in "
@@ -82,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     from tests.harness.demo import triton
+    from tests.harness.demo.failures import explain
 
     forceable, run_demo = triton.FORCEABLE, triton.run_demo
     if args.backend == "tfserving":
@@ -99,16 +101,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"error: --forced-models takes {', '.join(forceable)} with --backend "
             f"{args.backend}; got {given!r}"
         )
-    return run_demo(
-        triton.DemoOptions(
-            out=args.out,
-            requests=args.requests,
-            sample_rate=args.sample_rate,
-            forced=args.forced,
-            forced_models=forced_models,
-            report_format=args.format,
-        )
+    options = triton.DemoOptions(
+        out=args.out,
+        requests=args.requests,
+        sample_rate=args.sample_rate,
+        forced=args.forced,
+        forced_models=forced_models,
+        report_format=args.format,
     )
+    try:
+        return run_demo(options)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        log.debug("the demo failed", exc_info=True)
+        known = explain(exc)
+        line = known or (
+            f"the demo failed: {type(exc).__name__}: {exc}".splitlines()[0]
+            + " (run it again with --log-level DEBUG for the traceback)"
+        )
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        return 1
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from sidecar.trace.spans import Level
 from sidecar.trace.store import TraceStore
+from tests.harness.demo.failures import tensorflow_missing
 from tests.harness.demo.triton import (
     BUDGET_PER_MINUTE,
     DUTY_CYCLE,
@@ -39,6 +40,7 @@ from tests.harness.tfserving.models import CNN, TRANSFORMER, build_model_base
 from tests.harness.tfserving.process import TfServingServer
 
 FORCEABLE = (CNN, TRANSFORMER)
+MODEL_FOLDER = "tfserving-models"  # in the output folder; the Triton demo has its own
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 CAPTURES = "xsp_backend_captures_total"
 CAPTURE_MS = 500  # long enough for a Predict to run inside the capture that its arrival starts
@@ -131,12 +133,16 @@ def trace_lines(db: Path) -> list[str]:
 
 
 def run_tfserving_demo(options: DemoOptions) -> int:
+    missing = tensorflow_missing()
+    if missing:
+        raise missing
     out = options.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     db = fresh_database(out / "traces.db")
-    base = out / "models"
+    base = out / MODEL_FOLDER
     shutil.rmtree(base, ignore_errors=True)
-    say(f"building the Keras sample models ({CNN}, {TRANSFORMER}) in a TF-Serving model base")
+    say(f"building the Keras sample models ({CNN}, {TRANSFORMER}) in a TF-Serving model base, "
+        f"{base}")  # fmt: skip
     build_model_base(base)
     say("starting the stand-in for tensorflow_model_server (real TensorFlow, TF-Serving's gRPC "
         "API; its ProfilerService on a second port)")  # fmt: skip

@@ -7,6 +7,7 @@ output folder (trace database, report, metrics, logs).
 from __future__ import annotations
 
 import logging
+import shutil
 import subprocess
 import sys
 import time
@@ -33,6 +34,7 @@ DROPPED = "xsp_samples_dropped_total"
 BUDGET_PER_MINUTE = 60
 DUTY_CYCLE = 0.5
 FORCEABLE = ("simple_cnn", "add_sub")
+MODEL_FOLDER = "triton-models"  # in the output folder; the TF-Serving demo has its own
 
 
 @dataclass(frozen=True)
@@ -355,8 +357,10 @@ def run_demo(options: DemoOptions) -> int:
     db = fresh_database(out / "traces.db")
     otlp_port, admin_port = free_port(), free_port()
 
-    say("building the sample model repository (add_sub, simple_cnn, sleep)")
-    repo = build_model_repository(out / "models")
+    repo = out / MODEL_FOLDER
+    say(f"building the sample model repository (add_sub, simple_cnn, sleep) in {repo}")
+    shutil.rmtree(repo, ignore_errors=True)  # Triton serves every model in it: only ours
+    build_model_repository(repo)
     say("starting Triton (OpenTelemetry tracing to the sidecar's OTLP receiver)")
     otlp_url = f"http://127.0.0.1:{otlp_port}/v1/traces"
     triton = traced_server(repo, out / "tritonserver.log", otlp_url, 200)

@@ -19,7 +19,7 @@ from typing import ClassVar, Self
 
 import grpc
 
-from tests.harness.process import ChildProcess, free_port, with_repo_on_path
+from tests.harness.process import ChildProcess, StartError, free_port, with_repo_on_path
 from tests.harness.tfserving.layout import model_versions
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ GET_MODEL_STATUS = "/tensorflow.serving.ModelService/GetModelStatus"
 AVAILABLE = 30  # tensorflow.serving.ModelVersionStatus.State.AVAILABLE
 
 
-class TfServingStartError(RuntimeError):
+class TfServingStartError(StartError):
     """The stand-in exited during start-up or its models were not AVAILABLE in time (with its
     log's tail)."""
 
@@ -99,7 +99,7 @@ class TfServingServer(ChildProcess):
     """
 
     NAME: ClassVar[str] = "the TF-Serving stand-in"
-    START_ERROR: ClassVar[type[Exception]] = TfServingStartError
+    START_ERROR: ClassVar[type[StartError]] = TfServingStartError
 
     model_base: Path
     log_path: Path

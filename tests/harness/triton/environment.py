@@ -63,7 +63,10 @@ class TritonEnvironment:
 def _site_packages(venv: Path) -> Path:
     candidates = sorted((venv / "lib").glob("python3*/site-packages"))
     if not candidates:
-        raise TritonSetupError(f"no site-packages under {venv}/lib; delete {venv} and retry")
+        raise TritonSetupError(
+            f"no site-packages under {venv}/lib; delete {venv} and run `bash scripts/setup.sh` "
+            "again"
+        )
     return candidates[0]
 
 

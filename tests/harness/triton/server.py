@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import subprocess
 import urllib.error
 import urllib.request
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Self
 
-from tests.harness.process import ChildProcess, free_port, polled
+from tests.harness.process import ChildProcess, StartError, free_port, polled
 from tests.harness.triton.environment import (
     TritonEnvironment,
     TritonSetupError,
@@ -20,6 +21,14 @@ from tests.harness.triton.environment import (
 )
 
 log = logging.getLogger(__name__)
+# Triton's log prefix, e.g. "E0612 10:11:12.123456 1234 model_lifecycle.cc:654] "
+# errors Triton logs on every machine without a GPU, whatever else goes wrong
+_NO_GPU_NOISE = ("CudaDriverHelper has not been initialized",)
+_TRITON_PREFIX = re.compile(r"^[EWI]\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] ")
+
+
+class TritonStartError(TritonSetupError, StartError):
+    """`tritonserver` exited during start-up or was not ready in time (with its log's tail)."""
 
 
 @dataclass
@@ -33,7 +42,7 @@ class TritonServer(ChildProcess):
 
     NAME: ClassVar[str] = "tritonserver"
     READY: ClassVar[str] = "ready (/v2/health/ready)"
-    START_ERROR: ClassVar[type[Exception]] = TritonSetupError
+    START_ERROR: ClassVar[type[StartError]] = TritonStartError
 
     model_repository: Path
     log_path: Path
@@ -104,3 +113,17 @@ class TritonServer(ChildProcess):
             return "(no log)"
         errors = [line for line in text if line.startswith("E") or "error" in line.lower()]
         return "\n".join(["errors:", *errors[-20:], "last lines:", *text[-lines:]])
+
+    def reason_in_log(self) -> str:
+        """Triton's first error line (the cause; later ones follow from it), its prefix cut;
+        the error every machine without a GPU logs is not one."""
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        errors = [
+            _TRITON_PREFIX.sub("", line).strip('"')
+            for line in text
+            if line.startswith("E") and not any(noise in line for noise in _NO_GPU_NOISE)
+        ]
+        return errors[0][:300] if errors else super().reason_in_log()
