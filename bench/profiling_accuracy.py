@@ -27,22 +27,24 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.harness
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
-from sidecar.profiling import testmodels
 from sidecar.profiling.experiment import run_experiment
 from sidecar.profiling.inputs import onnx_input_specs, random_inputs
 from sidecar.profiling.runners.onnxruntime import OnnxRuntimeRunner
 from sidecar.profiling.vocabulary import Iteration, Runner
 from sidecar.trace.spans import Level
+from tests.harness import models
 
 MODELS: dict[str, Callable[[], Any]] = {
-    "small_cnn": testmodels.small_cnn_onnx,
-    "resnet50": testmodels.resnet50_onnx,
-    "transformer": testmodels.transformer_encoder_onnx,
+    "small_cnn": models.small_cnn_onnx,
+    "resnet50": models.resnet50_onnx,
+    "transformer": models.transformer_encoder_onnx,
 }
 TF_MODELS = ("tf_resnet50",)
 
@@ -52,7 +54,7 @@ def tf_resnet50(base: Path, image_size: int) -> Path:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
 
-    from sidecar.localtfserving.models import save_model
+    from tests.harness.tfserving.models import save_model
 
     keras.utils.set_random_seed(0)
     model = keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3))
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 feed = random_inputs(savedmodel_input_specs(path, args.batch_size))
                 plain_fn, make = tf_plain_samples_ns, TensorFlowRunner
             else:
-                path = testmodels.save_onnx(MODELS[name](), Path(tmp) / f"{name}.onnx")
+                path = models.save_onnx(MODELS[name](), Path(tmp) / f"{name}.onnx")
                 feed = random_inputs(onnx_input_specs(path, args.batch_size))
                 plain_fn, make = plain_samples_ns, OnnxRuntimeRunner
             # the plain loop runs before and after the profile so that drift hits both alike

@@ -1,6 +1,6 @@
 """What the relay costs: the same closed-loop load direct to Triton and through the relay.
 
-One run, one process tree: a real `tritonserver` (started here from `sidecar.localtriton`
+One run, one process tree: a real `tritonserver` (started here from `tests.harness.triton`
 unless `--backend` points at a running one), the relay as an `xsp-sidecar serve` subprocess,
 and closed-loop clients in separate processes (one in-flight unary ModelInfer on `add_sub`
 each, `--concurrency` processes) so the clients' CPU does not hide the relay's. For each
@@ -35,7 +35,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from sidecar.localtriton.server import free_port
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.harness
+
+from tests.harness.process import free_port
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -307,8 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.backend:
             backend, triton_pid = args.backend, args.triton_pid
         else:
-            from sidecar.localtriton.model_repo import build_model_repository
-            from sidecar.localtriton.server import TritonServer
+            from tests.harness.triton.model_repo import build_model_repository
+            from tests.harness.triton.server import TritonServer
 
             repo = build_model_repository(Path(tmp) / "models")
             server = TritonServer(model_repository=repo, log_path=Path(tmp) / "triton.log")

@@ -25,10 +25,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.harness
 
 from proxy_overhead import await_listening, run_load
 
-from sidecar.localtriton.server import free_port
+from tests.harness.process import free_port
 
 CLOCK_READ_US = 0.5  # one thread-CPU clock read, roughly; each timed section pays two
 
@@ -49,9 +50,9 @@ def replay(chunks: list[tuple[str, bytes]], repeats: int = 5) -> tuple[float, in
     """Best-of-`repeats` thread-CPU µs per call of observing `chunks`, and the calls counted."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from sidecar.metrics_text import sample_sum
     from sidecar.proxy.metrics import ProxyMetrics
     from sidecar.proxy.streams import ConnectionTracker
+    from tests.harness.metrics_text import sample_sum
 
     best = float("inf")
     counted = 0
@@ -75,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=4, help="client processes")
     args = parser.parse_args(argv)
 
-    from sidecar.localtriton.model_repo import build_model_repository
-    from sidecar.localtriton.server import TritonServer
+    from tests.harness.triton.model_repo import build_model_repository
+    from tests.harness.triton.server import TritonServer
 
     with tempfile.TemporaryDirectory(prefix="xsp-breakdown-") as tmp:
         repo = build_model_repository(Path(tmp) / "models")

@@ -148,7 +148,7 @@ def generate_fleet(out: Path, n_dbs: int, n_traces: int, n_layers: int) -> int:
     """Write a fleet's export as Parquet with DuckDB SQL; returns the number of spans."""
     import duckdb
 
-    from sidecar.trace.synthetic import BASE_NS
+    from tests.harness.traces.synthetic import BASE_NS
 
     sql = {
         "spans": _FLEET_SPANS,

@@ -2,7 +2,7 @@
 and through one that samples (and profiles in its worker process) as fast as its duty-cycle
 cap allows.
 
-One run, one process tree: a real `tritonserver` from `sidecar.localtriton`, two
+One run, one process tree: a real `tritonserver` from `tests.harness.triton`, two
 `xsp-sidecar serve` subprocesses in front of it (sampling off: no --model-repository;
 sampling on: every request is a candidate, the budget is unlimited, so the worker's duty
 cycle is the only limit), and closed-loop clients in separate processes sending unary
@@ -33,9 +33,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.harness
 from proxy_overhead import Result, cpu_seconds, infer_request, start_relay, tree_cpu_seconds
 
-from sidecar.metrics_text import sample_sum, scrape
+from tests.harness.metrics_text import sample_sum, scrape
 
 
 def metrics_port(proc_args: list[str]) -> int:
@@ -182,8 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
 
-    from sidecar.localtriton.model_repo import build_model_repository
-    from sidecar.localtriton.server import TritonServer, free_port
+    from tests.harness.process import free_port
+    from tests.harness.triton.model_repo import build_model_repository
+    from tests.harness.triton.server import TritonServer
 
     with tempfile.TemporaryDirectory(prefix="xsp-bench-") as tmp:
         repo = build_model_repository(Path(tmp) / "models")

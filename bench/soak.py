@@ -1,6 +1,6 @@
 """Soak: attack a real `xsp-sidecar serve` from outside for a while, then check it came back.
 
-One process tree on loopback: a real `tritonserver` 2.51 (from `sidecar.localtriton`) in
+One process tree on loopback: a real `tritonserver` 2.51 (from `tests.harness.triton`) in
 OpenTelemetry trace mode, and `xsp-sidecar serve` in front of it with sampling, a trace
 database, the OTLP receiver and the admin API on. A well-formed client calls through the
 sidecar the whole time while rounds of attacks run, each bounded in count and time:
@@ -54,17 +54,20 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.harness
+
 import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
 from prometheus_client.metrics_core import Metric
 
 from sidecar.admin._proto.xsp.v1 import profiler_pb2, profiler_pb2_grpc
-from sidecar.localtriton.model_repo import build_model_repository
-from sidecar.localtriton.server import TritonServer, free_port
-from sidecar.localtriton.sidecar_process import SidecarProcess, SidecarStartError
-from sidecar.localtriton.tracing import traced_server
-from sidecar.metrics_text import families, sample_sum, scrape
+from tests.harness.metrics_text import families, sample_sum, scrape
+from tests.harness.process import free_port
+from tests.harness.sidecar_process import SidecarProcess, SidecarStartError
+from tests.harness.triton.model_repo import build_model_repository
+from tests.harness.triton.server import TritonServer
+from tests.harness.triton.tracing import traced_server
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 FORCE = {"x-xsp-profile": "1"}

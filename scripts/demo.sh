@@ -6,4 +6,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
-exec xsp-sidecar demo "$@"
+# the demo is part of the test harness (tests/harness/demo/), not of the installed package
+exec python -m tests.harness.demo "$@"

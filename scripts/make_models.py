@@ -11,18 +11,18 @@ import sys
 import time
 from pathlib import Path
 
-from sidecar.profiling import testmodels
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.harness
+
+from tests.harness import models
 
 BUILDERS = {
     "small_cnn": lambda d: [
-        testmodels.save_onnx(testmodels.small_cnn_onnx(), d / "small_cnn.onnx"),
-        testmodels.small_cnn_torchscript(d / "small_cnn.pt"),
+        models.save_onnx(models.small_cnn_onnx(), d / "small_cnn.onnx"),
+        models.small_cnn_torchscript(d / "small_cnn.pt"),
     ],
-    "resnet50": lambda d: [
-        testmodels.save_onnx(testmodels.resnet50_onnx(), d / "resnet50_v1_5.onnx")
-    ],
+    "resnet50": lambda d: [models.save_onnx(models.resnet50_onnx(), d / "resnet50_v1_5.onnx")],
     "transformer": lambda d: [
-        testmodels.save_onnx(testmodels.transformer_encoder_onnx(), d / "transformer_encoder.onnx")
+        models.save_onnx(models.transformer_encoder_onnx(), d / "transformer_encoder.onnx")
     ],
 }
 

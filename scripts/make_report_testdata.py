@@ -6,7 +6,7 @@ Three scenarios, each a trace store written with `sidecar.trace.store.TraceStore
 `Trace` / `Span` / `LevelStats` records of `sidecar.trace.spans`:
 
 - `cpu/traces.sqlite`: REAL profiles made by `xsp-sidecar profile` of the project's small CNN
-  (sidecar.profiling.testmodels.small_cnn_onnx) on ONNX Runtime CPU at batch sizes 1, 2, 4,
+  (tests.harness.models.small_cnn_onnx) on ONNX Runtime CPU at batch sizes 1, 2, 4,
   run 5 times (so 5 traces per batch size for the trimmed means), 10 iterations each. M and
   L runs; the kernel level is not captured on CPU (trace attribute `kernel_level` says why);
   layer FLOPs/bytes are estimates. Timings are this machine's, so they change on each run.
@@ -18,8 +18,8 @@ Three scenarios, each a trace store written with `sidecar.trace.store.TraceStore
   backend's server spans (request, queue, compute, compute_input/infer/output) and the M/L
   replay of the same inputs. SYNTHETIC timings.
 
-The synthetic records are built by `sidecar.trace.report_scenarios`, with the ids and
-conventions of `sidecar.trace.synthetic` (what the trace store's tests build traces with).
+The synthetic records are built by `tests.harness.traces.report_scenarios`, with the ids and
+conventions of `tests.harness.traces.synthetic` (what the trace store's tests build traces with).
 Generation is deterministic (fixed seeds), so the files only change when those modules do.
 """
 
@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import argparse
 import sqlite3
+import sys
 from pathlib import Path
 
-from sidecar.trace.report_scenarios import cpu_records, gpu_records, live_records
-from sidecar.trace.synthetic import TraceParts
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.harness
+
+from tests.harness.traces.report_scenarios import cpu_records, gpu_records, live_records
+from tests.harness.traces.synthetic import TraceParts
 
 
 def write_db(path: Path, records: list[TraceParts]) -> None:
@@ -58,13 +61,13 @@ def profile_cpu_db(path: Path, runs: int = 5) -> None:
     import sys
     import tempfile
 
-    from sidecar.profiling import testmodels
+    from tests.harness import models
 
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        model = testmodels.save_onnx(testmodels.small_cnn_onnx(), Path(tmp) / "small_cnn.onnx")
+        model = models.save_onnx(models.small_cnn_onnx(), Path(tmp) / "small_cnn.onnx")
         for _ in range(runs):
             subprocess.run(
                 [

@@ -35,4 +35,4 @@ else
 fi
 
 echo "==> preparing the local Triton server (nvidia-pytriton in .triton/venv)"
-python -m sidecar.localtriton.environment
+python -m tests.harness.triton.environment

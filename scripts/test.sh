@@ -17,6 +17,6 @@ echo "==> ruff"
 ruff check .
 ruff format --check .
 echo "==> mypy"
-mypy sidecar analysis
+mypy sidecar analysis tests/harness
 echo "==> pytest"
 pytest -q "$@"

@@ -25,7 +25,6 @@ Run 'xsp-sidecar COMMAND --help' for a command's options and defaults.
 COMMAND_MODULES = (
     "sidecar.commands.serve",
     "sidecar.commands.profile",
-    "sidecar.commands.demo",
 )
 
 

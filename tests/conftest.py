@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.localtfserving.models import build_model_base
-from sidecar.localtfserving.process import TfServingServer
-from sidecar.localtriton.model_repo import build_model_repository
-from sidecar.localtriton.server import TritonServer, free_port
-from sidecar.localtriton.tracing import traced_server
+from tests.harness.process import free_port
+from tests.harness.tfserving.models import build_model_base
+from tests.harness.tfserving.process import TfServingServer
+from tests.harness.triton.model_repo import build_model_repository
+from tests.harness.triton.server import TritonServer
+from tests.harness.triton.tracing import traced_server
 
 
 @pytest.fixture(scope="session")

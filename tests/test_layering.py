@@ -26,7 +26,6 @@ ALLOWED: dict[str, set[str]] = {
     "sidecar": set(),
     "sidecar.trace": set(),
     "sidecar.endpoint": set(),
-    "sidecar.metrics_text": set(),
     "sidecar.backends": units("profiling"),
     "sidecar.proxy": units("backends", "endpoint"),
     "sidecar.profiling": units("trace"),
@@ -41,13 +40,7 @@ ALLOWED: dict[str, set[str]] = {
         "admin", "backends", "config", "endpoint", "health", "proxy", "replay", "sampling", "trace"
     ),
     "sidecar.profile": units("profiling", "trace"),
-    "sidecar.localtriton": units("metrics_text", "profiling"),
-    "sidecar.localtfserving": units("localtriton", "metrics_text", "profiling", "replay"),
-    "sidecar.demo": units("localtriton", "metrics_text", "trace"),
-    "sidecar.demo_tfserving": units(
-        "demo", "localtfserving", "localtriton", "metrics_text", "trace"
-    ),
-    "sidecar.commands": units("config", "demo", "demo_tfserving", "profile", "serve"),
+    "sidecar.commands": units("config", "profile", "serve"),
     "sidecar.cli": units("commands"),
     "sidecar.__main__": units("cli"),
     "analysis": units("profiling", "trace"),
@@ -60,8 +53,9 @@ def unit_of(module: str) -> str:
     return parts[0] if parts[0] == "analysis" or len(parts) == 1 else ".".join(parts[:2])
 
 
-def imports(path: Path) -> set[str]:
-    """Absolute module names `path` imports (anywhere in it, lazy imports included)."""
+def imports(path: Path, roots: tuple[str, ...] = ("sidecar", "analysis")) -> set[str]:
+    """Absolute module names under `roots` that `path` imports (anywhere in it, lazy imports
+    included)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -74,7 +68,7 @@ def imports(path: Path) -> set[str]:
                 )
             else:
                 names.add(node.module)
-    return {n for n in names if n.split(".")[0] in ("sidecar", "analysis")}
+    return {n for n in names if n.split(".")[0] in roots}
 
 
 def sources() -> list[Path]:
@@ -279,3 +273,17 @@ def test_an_import_hidden_in_a_function_that_closes_a_cycle_is_caught(
         "imports sidecar.profiling.gpu.ncu inside _late(), closing sidecar.profiling.gpu.demangle"
         " -> sidecar.profiling.gpu.ncu -> sidecar.profiling.gpu.demangle"
     )
+
+
+def test_the_product_never_imports_the_test_harness() -> None:
+    """The local servers, test models, synthetic traces and the demo live in `tests/harness/`;
+    nothing under `sidecar/` or `analysis/` imports `tests` (the wheel does not carry it)."""
+    found = {module_name(path): sorted(imports(path, ("tests",))) for path in sources()}
+    assert {module: names for module, names in found.items() if names} == {}
+
+
+def test_an_import_of_the_harness_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    serve = REPO / "sidecar" / "serve.py"
+    source = serve.read_text() + "\n    from tests.harness.process import free_port\n"
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: source)
+    assert imports(serve, ("tests",)) == {"tests.harness.process"}

@@ -38,7 +38,8 @@ _LEVEL_ORDER = (
 
 
 class TraceStoreLike(Protocol):
-    """The small interface shared by `TraceStore` and `memory.InMemoryTraceStore`."""
+    """The small interface shared by `TraceStore` and the tests' in-memory store
+    (`tests/harness/traces/memory.py`)."""
 
     def write_trace(
         self, trace: Trace, spans: Sequence[Span], level_stats: Sequence[LevelStats] = ()

@@ -60,7 +60,7 @@ _STORE_WIDE = {
 class TraceWriter:
     """Owns one store (opened here, so a bad path fails at start-up) and one writer thread.
 
-    `path` may also be a store object (`TraceStore`, `InMemoryTraceStore`); the writer then
+    `path` may also be a store object (`TraceStoreLike`, e.g. a test double); the writer then
     owns it and closes it on `close()`. Counters (plain ints, exported on /metrics by
     `sidecar.trace.metrics.TraceWriterCollector`): `written` and `failed` count submitted items
     (a trace, or one `submit_spans` batch), `dropped` those refused because the queue was full

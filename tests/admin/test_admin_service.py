@@ -22,7 +22,7 @@ from sidecar.sampling.sampler import Sampler
 from sidecar.sampling.settings import SamplingSettings
 from sidecar.trace.spans import Level
 from sidecar.trace.store import TraceStore
-from sidecar.trace.synthetic import make_trace
+from tests.harness.traces.synthetic import make_trace
 
 
 class Aborted(Exception):

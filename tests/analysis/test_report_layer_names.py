@@ -18,10 +18,10 @@ import pytest
 
 from analysis.report import main as report_main
 from sidecar.cli import main as sidecar_main
-from sidecar.profiling import testmodels
 from sidecar.profiling.summary import NAME_WIDTH, cut
 from sidecar.trace.spans import Level
 from sidecar.trace.store import TraceStore
+from tests.harness import models
 
 PREFIX = "/encoder/layers.3/layers.3.1/block"  # long, as torch.onnx.export names nodes
 
@@ -48,7 +48,7 @@ def _long_names(model: onnx.ModelProto) -> onnx.ModelProto:
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, list]:
     tmp = tmp_path_factory.mktemp("names")
-    path = testmodels.save_onnx(_long_names(testmodels.small_cnn_onnx()), tmp / "named.onnx")
+    path = models.save_onnx(_long_names(models.small_cnn_onnx()), tmp / "named.onnx")
     db = tmp / "t.db"
     console = io.StringIO()
     with contextlib.redirect_stdout(console):

@@ -18,8 +18,8 @@ from sidecar.backends.model_repository import (
     find_model,
     model_in_repository,
 )
-from sidecar.localtriton.model_repo import build_model_repository
 from sidecar.profiling.formats import ModelFormat
+from tests.harness.triton.model_repo import build_model_repository
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from proxy_overhead import await_listening, forking_relay_cpu_seconds
 
-from sidecar.localtriton.server import free_port
+from tests.harness.process import free_port
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
 

@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 import pytest
 import tritonclient.grpc as grpcclient
 
-from sidecar.localtriton.server import TritonServer, free_port
-from sidecar.localtriton.sidecar_process import SidecarProcess
-from sidecar.metrics_text import families
 from tests.deploy.helpers import dashboard, dashboard_exprs, render
 from tests.e2e.helpers import cnn_infer, wait_until
+from tests.harness.metrics_text import families
+from tests.harness.process import free_port
+from tests.harness.sidecar_process import SidecarProcess
+from tests.harness.triton.server import TritonServer
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 

@@ -2,8 +2,9 @@
 setuptools warnings, no pip banners.
 
 It runs the real script in a scratch copy of the checkout's set-up inputs (the script and
-pyproject.toml) whose `.venv` is the environment running the tests, so it reuses that
-environment's set-up stamp and never touches the checkout.
+pyproject.toml) whose `.venv` is the environment running the tests and whose `tests/` is the
+checkout's (the harness that prepares Triton), so it reuses that environment's set-up stamp and
+the checkout's Triton and never touches the checkout.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ def test_second_setup_run_is_quiet(tmp_path: Path) -> None:
     for name in ("pyproject.toml", "scripts/setup.sh"):
         (tmp_path / name).write_bytes((ROOT / name).read_bytes())
     (tmp_path / ".venv").symlink_to(VENV, target_is_directory=True)
+    # its last step runs `python -m tests.harness.triton.environment`, which finds the
+    # checkout's `.triton/` through the link
+    (tmp_path / "tests").symlink_to(ROOT / "tests", target_is_directory=True)
     run = subprocess.run(
         ["bash", str(tmp_path / "scripts" / "setup.sh")],
         capture_output=True,

@@ -1,6 +1,6 @@
 """Helpers of the end-to-end tests: traffic for the sample CNN, polling.
 
-The sidecar itself runs as `sidecar.localtriton.sidecar_process.SidecarProcess`; trace counts
+The sidecar itself runs as `tests.harness.sidecar_process.SidecarProcess`; trace counts
 come from `sidecar.trace.store.count_traces`.
 """
 

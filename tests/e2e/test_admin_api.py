@@ -10,9 +10,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from sidecar.admin._proto.xsp.v1 import profiler_pb2, profiler_pb2_grpc
-from sidecar.localtriton.server import TritonServer, free_port
-from sidecar.localtriton.sidecar_process import SidecarProcess
 from tests.e2e.helpers import cnn_infer, wait_until
+from tests.harness.process import free_port
+from tests.harness.sidecar_process import SidecarProcess
+from tests.harness.triton.server import TritonServer
 
 pytestmark = [pytest.mark.triton]
 

@@ -22,7 +22,7 @@ from sidecar.sampling.last_requests import LastRequests
 from sidecar.sampling.sampler import Decision, Sampler
 from sidecar.sampling.settings import SamplingSettings
 from sidecar.trace.store import TraceStore
-from sidecar.trace.synthetic import make_trace
+from tests.harness.traces.synthetic import make_trace
 
 Stub = profiler_pb2_grpc.ProfilerStub
 

@@ -1,6 +1,6 @@
-"""The real demo (`xsp-sidecar demo`, small): its console adds up against the /metrics scrape
-it writes (demo-out/metrics.txt), names why profiles were skipped or failed, and its progress
-bars count each profile's own work."""
+"""The real demo (`python -m tests.harness.demo`, small): its console adds up against the
+/metrics scrape it writes (demo-out/metrics.txt), names why profiles were skipped or failed,
+and its progress bars count each profile's own work."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.metrics_text import sample_sum, sums_by
 from sidecar.trace.store import count_traces
+from tests.harness import REPO_ROOT
+from tests.harness.metrics_text import sample_sum, sums_by
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
@@ -25,11 +26,11 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, Path]:
     simple_cnn and then add_sub (a Python model the profiler cannot replay: a failed profile)."""
     out = tmp_path_factory.mktemp("demo") / "demo-out"
     cmd = [
-        sys.executable, "-m", "sidecar", "demo", "--requests", str(REQUESTS),
+        sys.executable, "-m", "tests.harness.demo", "--requests", str(REQUESTS),
         "--forced", str(FORCED), "--forced-models", "simple_cnn,add_sub", "--out", str(out),
     ]  # fmt: skip
     run = subprocess.run(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, timeout=240
     )
     assert run.returncode == 0, run.stdout[-4000:]
     return run.stdout, (out / "metrics.txt").read_text(), out

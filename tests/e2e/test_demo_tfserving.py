@@ -1,6 +1,6 @@
-"""The demo on TF-Serving (`xsp-sidecar demo --backend tfserving`, small): the stand-in with the
-Keras models, the sidecar in front with the ProfilerService capture, forced Predicts turned
-into traces with Keras layers and server op spans, and the report on them."""
+"""The demo on TF-Serving (`python -m tests.harness.demo --backend tfserving`, small): the
+stand-in with the Keras models, the sidecar in front with the ProfilerService capture, forced
+Predicts turned into traces with Keras layers and server op spans, and the report on them."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.localtfserving.models import CNN_LAYERS, TRANSFORMER_LAYERS
-from sidecar.metrics_text import sample_sum, sums_by
 from sidecar.trace.store import count_traces
+from tests.harness import REPO_ROOT
+from tests.harness.metrics_text import sample_sum, sums_by
+from tests.harness.tfserving.models import CNN_LAYERS, TRANSFORMER_LAYERS
 
 pytestmark = [pytest.mark.tfserving, pytest.mark.slow]
 
@@ -25,11 +26,11 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, Path]:
     """(console, metrics.txt, output folder) of one small TF-Serving demo run."""
     out = tmp_path_factory.mktemp("demo-tfserving") / "demo-out"
     cmd = [
-        sys.executable, "-m", "sidecar", "demo", "--backend", "tfserving",
+        sys.executable, "-m", "tests.harness.demo", "--backend", "tfserving",
         "--requests", str(REQUESTS), "--forced", str(FORCED), "--out", str(out),
     ]  # fmt: skip
     run = subprocess.run(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, timeout=300
     )
     assert run.returncode == 0, run.stdout[-4000:]
     return run.stdout.replace("\r", "\n"), (out / "metrics.txt").read_text(), out

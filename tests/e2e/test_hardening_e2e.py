@@ -20,10 +20,10 @@ import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from sidecar.localtriton.server import TritonServer
-from sidecar.localtriton.sidecar_process import SidecarProcess
-from sidecar.metrics_text import families
 from tests.e2e.helpers import cnn_infer, wait_until
+from tests.harness.metrics_text import families
+from tests.harness.sidecar_process import SidecarProcess
+from tests.harness.triton.server import TritonServer
 
 pytestmark = [pytest.mark.triton]
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as grpcclient
 
-from sidecar.localtriton.server import TritonServer
-from sidecar.localtriton.sidecar_process import SidecarProcess
-from sidecar.metrics_text import exemplars, sample_sum, scrape
 from sidecar.trace.spans import Level, Source
 from sidecar.trace.store import TraceStore, count_traces
 from tests.e2e.helpers import cnn_infer, wait_until
+from tests.harness.metrics_text import exemplars, sample_sum, scrape
+from tests.harness.sidecar_process import SidecarProcess
+from tests.harness.triton.server import TritonServer
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 

@@ -22,9 +22,9 @@ from tensorflow_serving.apis import (
     predict_pb2,
 )
 
-from sidecar.localtfserving.models import CNN, TRANSFORMER
-from sidecar.localtfserving.process import TfServingServer
-from sidecar.localtriton.sidecar_process import SidecarProcess
+from tests.harness.sidecar_process import SidecarProcess
+from tests.harness.tfserving.models import CNN, TRANSFORMER
+from tests.harness.tfserving.process import TfServingServer
 
 pytestmark = [pytest.mark.tfserving]
 

@@ -30,13 +30,13 @@ from tensorflow_serving.apis import predict_pb2
 
 from analysis.trace_analysis import TraceAnalysis
 from sidecar.live.tf_profiler import CAPTURE_OUTCOMES, SPAN_KIND
-from sidecar.localtfserving.models import CNN, CNN_LAYERS, TRANSFORMER, TRANSFORMER_LAYERS
-from sidecar.localtfserving.process import TfServingServer
-from sidecar.localtriton.sidecar_process import SidecarProcess
-from sidecar.metrics_text import sample_sum, sums_by
 from sidecar.trace.spans import Level, Source, Span
 from sidecar.trace.store import TraceStore, count_traces
 from tests.e2e.helpers import wait_until
+from tests.harness.metrics_text import sample_sum, sums_by
+from tests.harness.sidecar_process import SidecarProcess
+from tests.harness.tfserving.models import CNN, CNN_LAYERS, TRANSFORMER, TRANSFORMER_LAYERS
+from tests.harness.tfserving.process import TfServingServer
 
 pytestmark = [pytest.mark.tfserving, pytest.mark.slow]
 

@@ -80,8 +80,8 @@ def test_child_loads_what_the_parent_saves(tmp_path: Path) -> None:
     loader; loaded on the CPU here, as the child would on `cuda:N`."""
     import torch
 
-    from sidecar.profiling import testmodels
     from sidecar.profiling.gpu.ncu_child import load_model
+    from tests.harness import models
 
     seq = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
     x = torch.ones(2, 4)
@@ -93,7 +93,7 @@ def test_child_loads_what_the_parent_saves(tmp_path: Path) -> None:
         assert kind == saved_as
         args = ChildArgs(tmp_path / name, "cpu", Path("x.npz"), Path("r.json"), kind)
         assert torch.equal(load_model(torch, args)(x), seq(x))
-    script = testmodels.small_cnn_torchscript(tmp_path / "cnn.pt")
+    script = models.small_cnn_torchscript(tmp_path / "cnn.pt")
     args = ChildArgs(script, "cpu", Path("x.npz"), Path("r.json"))
     assert isinstance(load_model(torch, args), torch.jit.ScriptModule)
     bad = tmp_path / "bad.pt"
@@ -299,10 +299,10 @@ def test_without_ncu_on_path_the_level_says_so(
 def test_a_module_that_cannot_be_pickled_fails_the_level(
     fake_ncu: Path, resnet_b8: Recording
 ) -> None:
-    from sidecar.profiling import testmodels
+    from tests.harness import models
 
     its = _k_run(resnet_b8)
-    local_class = testmodels.small_cnn_torch()  # its class is defined inside a function
+    local_class = models.small_cnn_torch()  # its class is defined inside a function
     attrs = ml.live_metrics_level(ml.ModelSource(model=local_class), INPUTS, "cuda:0", its)
     assert attrs["metrics_level"].startswith(
         "not captured: the Nsight Compute run failed: the model cannot be saved for the "
@@ -319,14 +319,14 @@ GPU_AND_NCU = pytest.mark.skipif(
 
 @GPU_AND_NCU
 def test_live_metrics_level_on_a_gpu(tmp_path: Path) -> None:  # pragma: no cover - GPU only
-    from sidecar.profiling import testmodels
     from sidecar.profiling.experiment import run_experiment
     from sidecar.profiling.gpu.owner import PROCESS_OWNER
     from sidecar.profiling.runners.pytorch import PyTorchRunner
+    from tests.harness import models
 
     if PROCESS_OWNER.owner not in (None, "CuptiTracer"):
         pytest.skip("torch.profiler already used CUPTI in this process")
-    path = testmodels.small_cnn_torchscript(tmp_path / "small_cnn.pt")
+    path = models.small_cnn_torchscript(tmp_path / "small_cnn.pt")
     runner = PyTorchRunner(path, device="cuda", ncu_metrics=True)
     x = {"input": np.random.default_rng(0).random((8, 3, 32, 32), dtype=np.float32)}
     res = run_experiment(runner, x, model="cnn", iterations=3, warmup=2)
@@ -341,13 +341,13 @@ def test_live_metrics_level_on_a_gpu(tmp_path: Path) -> None:  # pragma: no cove
 def test_the_metrics_level_is_asked_for_never_run_by_default(tmp_path: Path) -> None:
     """`ncu` reruns the model (minutes for a large one): only `--ncu-metrics` asks for it, and
     only PyTorch on a CUDA device has it; a K run without it says it was not requested."""
-    from sidecar.profiling import testmodels
     from sidecar.profiling.runners.select import runner_for
+    from tests.harness import models
 
     assert ml.not_requested_status() == {
         "metrics_level": ml.NCU_NOT_REQUESTED,
         "pm_sampling": ml.PM_SAMPLING,
     }
-    path = testmodels.small_cnn_torchscript(tmp_path / "small_cnn.pt")
+    path = models.small_cnn_torchscript(tmp_path / "small_cnn.pt")
     with pytest.raises(ProfilingError, match=r"--ncu-metrics.*PyTorch models on a CUDA device"):
         runner_for(path, ncu_metrics=True)  # the CPU

@@ -29,7 +29,7 @@ from sidecar.live.otlp_receiver import (
     parse_otlp_protobuf,
 )
 from sidecar.live.triton_spans import TritonSpanCollector
-from sidecar.metrics_text import sample_map, scrape_registry
+from tests.harness.metrics_text import sample_map, scrape_registry
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "otlp" / "triton-2.51-two-requests.json"
 

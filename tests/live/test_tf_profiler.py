@@ -32,8 +32,6 @@ from sidecar.live.tf_profiler import (
     clock_problem,
 )
 from sidecar.live.xspace import HostCapture, OpEvent, split_op_name
-from sidecar.localtriton.server import free_port
-from sidecar.metrics_text import sample_map, scrape_registry
 from sidecar.proxy.streams import ConnectionInfo, RequestStart
 from sidecar.sampling.metrics import SamplingMetrics
 from sidecar.sampling.observer import SamplingHub
@@ -42,6 +40,8 @@ from sidecar.sampling.sampler import Sampler
 from sidecar.sampling.settings import SamplingSettings
 from sidecar.trace.spans import Level, Source, Span, new_span_id, new_trace_id
 from sidecar.trace.store import TraceStore
+from tests.harness.metrics_text import sample_map, scrape_registry
+from tests.harness.process import free_port
 from tests.sampling.test_observer import InMemoryHandler
 from tests.sampling.test_pipeline import sampling_config as pipeline_config
 

@@ -18,8 +18,8 @@ import tritonclient.grpc as grpcclient
 
 from sidecar.live.otlp_receiver import OtlpReceiver
 from sidecar.live.triton_spans import TritonSpanCollector, TritonTrace
-from sidecar.localtriton.model_repo import build_model_repository
-from sidecar.localtriton.server import TritonServer
+from tests.harness.triton.model_repo import build_model_repository
+from tests.harness.triton.server import TritonServer
 from tests.live.test_triton_spans import check_tree
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]

@@ -17,7 +17,7 @@ def main(port: int, base: Path) -> None:
     import numpy as np
     import tensorflow as tf
 
-    from sidecar.localtfserving.models import CNN, keras_cnn, save_model
+    from tests.harness.tfserving.models import CNN, keras_cnn, save_model
 
     path = save_model(keras_cnn(), base, CNN)
     predict = tf.saved_model.load(str(path)).signatures["serving_default"]

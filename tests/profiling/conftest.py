@@ -5,19 +5,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sidecar.profiling import testmodels
+from tests.harness import models
 
 
 @pytest.fixture(scope="session")
 def cnn_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return testmodels.save_onnx(
-        testmodels.small_cnn_onnx(), tmp_path_factory.mktemp("models") / "small_cnn.onnx"
+    return models.save_onnx(
+        models.small_cnn_onnx(), tmp_path_factory.mktemp("models") / "small_cnn.onnx"
     )
 
 
 @pytest.fixture(scope="session")
 def cnn_torchscript(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return testmodels.small_cnn_torchscript(tmp_path_factory.mktemp("models") / "small_cnn.pt")
+    return models.small_cnn_torchscript(tmp_path_factory.mktemp("models") / "small_cnn.pt")
 
 
 @pytest.fixture()

@@ -196,11 +196,11 @@ def test_profile_cli_device_cuda_without_gpu(tmp_path: pytest.TempPathFactory) -
     import torch
 
     from sidecar.cli import main
-    from sidecar.profiling import testmodels
+    from tests.harness import models
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU exists")
-    model = testmodels.small_cnn_torchscript(tmp_path / "m.pt")  # type: ignore[operator]
+    model = models.small_cnn_torchscript(tmp_path / "m.pt")  # type: ignore[operator]
     code = main(["profile", str(model), "--device", "cuda", "--input", "x:1x3x32x32:float32"])
     assert code == 2
 
@@ -212,7 +212,7 @@ def test_profile_cli_provider_cuda_is_device_cuda(
 
     from sidecar.cli import main
     from sidecar.commands.profile import device_of
-    from sidecar.profiling import testmodels
+    from tests.harness import models
 
     assert device_of("cpu", "cuda") == "cuda"
     assert device_of("cuda:1", "cuda") == "cuda:1"
@@ -221,7 +221,7 @@ def test_profile_cli_provider_cuda_is_device_cuda(
         device_of("cuda:1", "cpu")
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("this onnxruntime has the CUDA execution provider")
-    model = testmodels.save_onnx(testmodels.small_cnn_onnx(), tmp_path / "m.onnx")
+    model = models.save_onnx(models.small_cnn_onnx(), tmp_path / "m.onnx")
     code = main(["profile", str(model), "--provider", "cuda", "--no-peak"])
     assert code == 2
     assert "--device cuda needs onnxruntime-gpu" in capsys.readouterr().err

@@ -9,9 +9,9 @@ import pytest
 
 from sidecar.profiling.experiment import run_experiment
 from sidecar.profiling.runners.onnxruntime import OnnxRuntimeRunner
-from sidecar.profiling.testmodels import SMALL_CNN_LAYERS
 from sidecar.profiling.vocabulary import LevelNotSupportedError
 from sidecar.trace.spans import Level
+from tests.harness.models import SMALL_CNN_LAYERS
 
 
 def test_unoptimized_profile_has_one_layer_per_node(
@@ -106,7 +106,7 @@ def test_residual_block_fusions_are_attributed(tmp_path: Path) -> None:
     """Conv+BN+Add+Relu with the residual as an extra input: every node finds its layer."""
     from onnx import TensorProto, helper
 
-    from sidecar.profiling.testmodels import _GraphBuilder, save_onnx
+    from tests.harness.models import _GraphBuilder, save_onnx
 
     g = _GraphBuilder()
     x = g.one("Relu", [g.bn(g.conv("input", 8, 16, 3, bias=False), 16)])

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sidecar.profiling import testmodels
 from sidecar.profiling.experiment import LeveledProfile, run_experiment
 from sidecar.profiling.runners.pytorch import PyTorchRunner
 from sidecar.profiling.vocabulary import LevelNotSupportedError, ProfilingError
 from sidecar.trace.spans import Level
+from tests.harness import models
 
 MODULES = ["conv1", "relu1", "pool", "conv2", "relu2", "gap", "flatten", "fc", "softmax"]
 CLASSES = [
@@ -58,7 +58,7 @@ def check_tree(res: LeveledProfile) -> None:
 
 
 def test_nn_module_profile(cnn_inputs: dict[str, np.ndarray]) -> None:
-    runner = PyTorchRunner(testmodels.small_cnn_torch(), name="small_cnn")
+    runner = PyTorchRunner(models.small_cnn_torch(), name="small_cnn")
     res = run_experiment(runner, cnn_inputs, model="small_cnn", iterations=5, warmup=2)
     check_tree(res)
     conv1 = next(s for s in res.spans_at(Level.LAYER) if s.name == "conv1")
@@ -75,7 +75,7 @@ def test_torchscript_profile(cnn_torchscript: Path, cnn_inputs: dict[str, np.nda
 
 
 def test_layer_level_durations_come_from_the_layer_run(cnn_inputs: dict[str, np.ndarray]) -> None:
-    runner = PyTorchRunner(testmodels.small_cnn_torch())
+    runner = PyTorchRunner(models.small_cnn_torch())
     res = run_experiment(runner, cnn_inputs, model="cnn", iterations=5, warmup=1)
     layer_run = res.runs[Level.LAYER]
     conv1 = [s.duration_ns for it in layer_run.iterations for s in it.spans if s.key == "conv1"]
@@ -91,12 +91,12 @@ CUDA = pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="n
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA GPU exists")
 def test_cuda_without_a_gpu_gives_clear_error() -> None:
     with pytest.raises(LevelNotSupportedError, match=r"cuda:1 needs a CUDA GPU"):
-        PyTorchRunner(testmodels.small_cnn_torch(), device="cuda:1")
+        PyTorchRunner(models.small_cnn_torch(), device="cuda:1")
 
 
 def test_unknown_device_is_rejected() -> None:
     with pytest.raises(ProfilingError, match="unknown device 'tpu'"):
-        PyTorchRunner(testmodels.small_cnn_torch(), device="tpu")
+        PyTorchRunner(models.small_cnn_torch(), device="tpu")
 
 
 def test_hooks_on_every_module_nest_and_give_one_span_per_call() -> None:
@@ -143,7 +143,7 @@ def test_cpu_kernel_level_claims_cupti_only_with_cuda() -> None:
 
     from sidecar.profiling.gpu.owner import PROCESS_OWNER
 
-    runner = PyTorchRunner(testmodels.small_cnn_torch())
+    runner = PyTorchRunner(models.small_cnn_torch())
     x = {"input": np.zeros((1, 3, 32, 32), dtype=np.float32)}
     runner.run(x, Level.KERNEL, iterations=1, warmup=0)
     if torch.cuda.is_available():
@@ -160,7 +160,7 @@ def test_cuda_levels_on_a_gpu() -> None:  # pragma: no cover - GPU only
 
     if PROCESS_OWNER.owner not in (None, "CuptiTracer"):
         pytest.skip("torch.profiler already used CUPTI in this process")
-    runner = PyTorchRunner(testmodels.small_cnn_torch(), device="cuda")
+    runner = PyTorchRunner(models.small_cnn_torch(), device="cuda")
     x = {"input": np.zeros((8, 3, 32, 32), dtype=np.float32)}
     res = run_experiment(runner, x, model="cnn", iterations=5, warmup=2)
     (model,) = res.spans_at(Level.MODEL)

@@ -1,5 +1,5 @@
 """Leveled profiles of SavedModels with real TensorFlow (CPU): the Keras CNN and transformer
-block of `sidecar.localtfserving.models`, the runner, `profile` on a SavedModel folder, and the
+block of `tests.harness.tfserving.models`, the runner, `profile` on a SavedModel folder, and the
 pure parts (scopes, layer classes, FLOPs, the clock check) on their own."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from sidecar.trace.spans import Level
 
 tf = pytest.importorskip("tensorflow")
 
-from sidecar.localtfserving import models  # noqa: E402
 from sidecar.profiling.runners.tensorflow import TensorFlowRunner  # noqa: E402
+from tests.harness.tfserving import models  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,6 @@ import h2.events
 import pytest
 
 from sidecar.endpoint import Endpoint
-from sidecar.localtriton.server import free_port
 from sidecar.proxy.drain import CUT_MESSAGE, DRAIN_PING, RefusingFilter, cut_frames
 from sidecar.proxy.frames import (
     CANCEL,
@@ -37,6 +36,7 @@ from sidecar.proxy.frames import (
     ping_frame,
 )
 from sidecar.proxy.streams import ConnectionTracker
+from tests.harness.process import free_port
 from tests.proxy.proxy_h2build import (
     Conversation,
     data_frames,

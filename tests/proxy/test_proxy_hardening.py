@@ -26,12 +26,12 @@ from prometheus_client import CollectorRegistry
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from sidecar.endpoint import Endpoint
-from sidecar.localtriton.server import free_port
 from sidecar.proxy import HeaderDecision, RequestStart, StreamEnd
 from sidecar.proxy.frames import FLAG_END_HEADERS, HEADERS, MAX_HEADER_BLOCK, frame_header
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.relay import Relay
 from sidecar.proxy.streams import ConnectionTracker
+from tests.harness.process import free_port
 from tests.proxy.proxy_h2build import (
     Conversation,
     data_frames,

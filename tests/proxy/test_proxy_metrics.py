@@ -6,8 +6,8 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from sidecar.metrics_text import exemplars, sample_value, scrape_registry
 from sidecar.proxy.metrics import OTHER, ProxyMetrics
+from tests.harness.metrics_text import exemplars, sample_value, scrape_registry
 
 
 def test_model_labels_are_capped() -> None:

@@ -24,10 +24,10 @@ from tritonclient.grpc import service_pb2
 
 from sidecar.endpoint import Endpoint
 from sidecar.health import BackendChecker
-from sidecar.localtriton.server import free_port
-from sidecar.metrics_text import sample_value, samples, scrape, scrape_registry
 from sidecar.proxy.streams import ConnectionInfo, HeaderDecision, RequestStart, StreamEnd
 from sidecar.serve import tls_context
+from tests.harness.metrics_text import sample_value, samples, scrape, scrape_registry
+from tests.harness.process import free_port
 from tests.proxy.proxy_harness import (
     RelayThread,
     SidecarThread,

@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from sidecar.localtriton.server import free_port
+from tests.harness.process import free_port
 from tests.proxy.proxy_harness import grpc_backend, unary
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from sidecar.metrics_text import sample_value, scrape
+from tests.harness.metrics_text import sample_value, scrape
 from tests.proxy.proxy_harness import SidecarThread
 
 PREDICT = "/tensorflow.serving.PredictionService/Predict"

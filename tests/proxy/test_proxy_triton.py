@@ -12,8 +12,8 @@ import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from sidecar.endpoint import Endpoint
-from sidecar.metrics_text import sample_value, scrape
 from sidecar.proxy import HeaderDecision, RequestStart, StreamEnd
+from tests.harness.metrics_text import sample_value, scrape
 from tests.proxy.proxy_harness import RelayThread, SidecarThread
 
 pytestmark = pytest.mark.triton

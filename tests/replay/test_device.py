@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from sidecar.backends.model_repository import read_config
-from sidecar.localtriton.model_repo import build_model_repository
 from sidecar.profiling.formats import ModelFormat
 from sidecar.replay.device import (
     CudaProbe,
@@ -32,6 +31,7 @@ from sidecar.replay.device import (
 from sidecar.replay.replay_job import replay_job
 from sidecar.trace.spans import Level
 from sidecar.trace.store import TraceStore
+from tests.harness.triton.model_repo import build_model_repository
 from tests.replay.test_replay_job import context, infer_request, job
 
 

@@ -13,13 +13,13 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from sidecar.backends.kserve_decode import KServeDecodeError
-from sidecar.localtriton.model_repo import build_model_repository
 from sidecar.replay.context import ReplayContext
 from sidecar.replay.job_records import ProfileJob
 from sidecar.replay.options import ReplayOptions
 from sidecar.replay.replay_job import ReplayError, decode_request, replay_job
 from sidecar.trace.spans import Level, new_span_id, new_trace_id
 from sidecar.trace.store import TraceStore
+from tests.harness.triton.model_repo import build_model_repository
 
 
 def infer_request(model: str, x: np.ndarray) -> bytes:

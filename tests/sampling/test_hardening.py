@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sidecar.localtriton.model_repo import build_model_repository
 from sidecar.replay.job_records import ProfileJob
 from sidecar.replay.replay_job import replay_job
 from sidecar.sampling.ratelog import RateLimitedLog
@@ -22,7 +21,8 @@ from sidecar.sampling.settings import SamplingSettings, SamplingSettingsError
 from sidecar.sampling.worker import ProfilingWorker
 from sidecar.trace.errors import StoreFullError
 from sidecar.trace.store import TraceStore
-from sidecar.trace.synthetic import make_trace
+from tests.harness.traces.synthetic import make_trace
+from tests.harness.triton.model_repo import build_model_repository
 from tests.replay.test_replay_job import context, infer_request, job
 from tests.sampling.test_sampler import ManualClock, decide
 from tests.sampling.worker_replays import worker_config

@@ -27,15 +27,15 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.live.otlp_payload import OtlpSpan, parse_otlp_protobuf
 from sidecar.live.otlp_receiver import OtlpReceiver
-from sidecar.metrics_text import sample_value, scrape_registry
 from sidecar.replay.job_records import JobResult
 from sidecar.sampling.pipeline import SamplingPipeline
 from sidecar.trace.otlp_export import OtlpExportCollector, OtlpTraceExport
 from sidecar.trace.otlp_target import OtlpExportError, parse_target
 from sidecar.trace.spans import Level, LevelStats, Source, Span, Trace
 from sidecar.trace.store import TraceStore
-from sidecar.trace.synthetic import Ids, make_trace
 from sidecar.trace.writer import TraceWriter
+from tests.harness.metrics_text import sample_value, scrape_registry
+from tests.harness.traces.synthetic import Ids, make_trace
 from tests.sampling.test_pipeline import model_label, sampling_config
 
 

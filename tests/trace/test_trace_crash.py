@@ -24,7 +24,7 @@ CHILD = textwrap.dedent(
     import random, sys
     from sidecar.trace.store import TraceStore
     from sidecar.trace.writer import TraceWriter
-    from sidecar.trace.synthetic import make_trace
+    from tests.harness.traces.synthetic import make_trace
 
     path, mode = sys.argv[1], sys.argv[2]
     rng = random.Random()

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from sidecar.metrics_text import SampleKey, sample_map, scrape_registry
 from sidecar.trace.metrics import WRITE_OUTCOMES, TraceWriterCollector
 from sidecar.trace.retention import RetentionPolicy
 from sidecar.trace.store import TraceStore
-from sidecar.trace.synthetic import make_trace
 from sidecar.trace.writer import TraceWriter
+from tests.harness.metrics_text import SampleKey, sample_map, scrape_registry
+from tests.harness.traces.synthetic import make_trace
 
 Samples = dict[SampleKey, float]
 

@@ -11,7 +11,7 @@ import pytest
 from sidecar.trace.retention import RetentionPolicy, used_bytes
 from sidecar.trace.spans import Level, Source, Span, new_span_id, new_trace_id
 from sidecar.trace.store import TraceStore
-from sidecar.trace.synthetic import make_trace
+from tests.harness.traces.synthetic import make_trace
 
 HOUR_NS = 3600 * 10**9
 

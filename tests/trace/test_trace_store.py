@@ -13,7 +13,7 @@ import pytest
 from sidecar.trace.errors import SchemaTooNewError, StoreFullError, TraceStoreError
 from sidecar.trace.spans import Level, LevelStats, Source, Span, Trace, new_span_id
 from sidecar.trace.store import TraceStore
-from sidecar.trace.synthetic import make_trace
+from tests.harness.traces.synthetic import make_trace
 
 SPAN_COLUMNS = [
     "trace_id", "span_id", "parent_id", "level", "name", "kind", "start_ns", "end_ns",

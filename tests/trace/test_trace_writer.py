@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from sidecar.trace.errors import StoreFullError, TraceStoreError
-from sidecar.trace.memory import InMemoryTraceStore
 from sidecar.trace.retention import RetentionPolicy
 from sidecar.trace.spans import Level, Source, Span, new_span_id
 from sidecar.trace.store import TraceStore
-from sidecar.trace.synthetic import make_trace
 from sidecar.trace.writer import TraceWriter
+from tests.harness.traces.memory import InMemoryTraceStore
+from tests.harness.traces.synthetic import make_trace
 
 
 def _wait_until(cond: object, timeout: float = 5.0) -> bool:

@@ -6,12 +6,11 @@ model also keeps its `model.onnx` in the version folder, where the profiling wor
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
 import onnx
 
-from sidecar.profiling.testmodels import small_cnn_onnx
+from tests.harness.models import small_cnn_onnx
 
 ADD_SUB_CONFIG = """\
 name: "add_sub"
@@ -50,6 +49,7 @@ instance_group [ { kind: KIND_CPU count: 2 } ]
 """
 
 SAMPLE_MODELS = ("add_sub", "simple_cnn", "sleep")
+TEMPLATES = Path(__file__).resolve().parent / "models"  # the Python backend's model.py files
 
 
 def simple_cnn(seed: int = 0) -> onnx.ModelProto:
@@ -59,7 +59,7 @@ def simple_cnn(seed: int = 0) -> onnx.ModelProto:
 
 
 def _template(name: str) -> str:
-    return resources.files("sidecar.localtriton").joinpath("models", name).read_text()
+    return (TEMPLATES / name).read_text()
 
 
 def _write_model(repo: Path, name: str, config: str, model_py: str) -> Path:

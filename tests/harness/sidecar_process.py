@@ -1,38 +1,47 @@
 """`xsp-sidecar serve` as a child process on free local ports, for the demo, tests and benches.
 
-Started with this Python (`python -m sidecar serve`), ready once its gRPC health service says
-SERVING, stopped with SIGTERM (then SIGKILL after 20 s); its /metrics is scraped over HTTP.
+Started with this Python (`python -m sidecar serve`, this checkout first on its path), ready
+once its gRPC health service says SERVING, stopped with SIGTERM (then SIGKILL after 20 s); its
+/metrics is scraped over HTTP.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sidecar.localtriton.server import free_port, stop_child
-from sidecar.metrics_text import sample_sum, scrape
+from tests.harness.metrics_text import sample_sum, scrape
+from tests.harness.process import ChildProcess, StartError, free_port, with_repo_on_path
 
 
-class SidecarStartError(RuntimeError):
+class SidecarStartError(StartError):
     """The sidecar exited during start-up or did not report SERVING in time (with its log)."""
 
 
 @dataclass
-class SidecarProcess:
+class SidecarProcess(ChildProcess):
     """`xsp-sidecar serve` in front of `backend`, on free ports, logging to `log_path`.
 
     `args` are further `serve` flags. The child gets this process's environment without its
     `XSP_*` variables (flags only), unless `keep_xsp_env` passes the user's settings through;
     `extra_env` is added on top. Use as a context manager or call `start()` / `stop()`.
     """
+
+    NAME: ClassVar[str] = "the sidecar"
+    READY: ClassVar[str] = "SERVING"
+    START_ERROR: ClassVar[type[StartError]] = SidecarStartError
+    STOP_TIMEOUT: ClassVar[float] = 20.0
+    POLL_S: ClassVar[float] = 0.1
+    NEW_SESSION: ClassVar[bool] = False
 
     backend: str
     log_path: Path
@@ -53,71 +62,39 @@ class SidecarProcess:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
-    @property
-    def pid(self) -> int:
-        if self.process is None:
-            raise RuntimeError("the sidecar was not started")
-        return self.process.pid
-
-    def start(self, timeout: float = 60.0) -> SidecarProcess:
-        """Start the sidecar and wait until it reports SERVING."""
-        cmd = [
+    def command(self) -> list[str]:
+        return [
             sys.executable, "-m", "sidecar", "serve", "--backend", self.backend,
             "--listen", self.address, "--metrics-port", str(self.metrics_port),
             "--grpc-port", str(self.grpc_port), *self.args,
         ]  # fmt: skip
-        env = {k: v for k, v in os.environ.items() if self.keep_xsp_env or not k.startswith("XSP_")}
-        env.update(self.extra_env)
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            self.wait_serving(timeout)
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
-    def wait_serving(self, timeout: float = 60.0) -> None:
-        """Poll the gRPC health service until SERVING; SidecarStartError if the process exits
-        or `timeout` seconds pass first."""
-        deadline = time.monotonic() + timeout
+    def child_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if self.keep_xsp_env or not k.startswith("XSP_")}
+        return with_repo_on_path({**env, **self.extra_env})
+
+    def start(self, timeout: float = 60.0) -> SidecarProcess:
+        """Start the sidecar and wait until it reports SERVING."""
+        return super().start(timeout)
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last 4000 characters of its log (a whole traceback, usually)."""
+        return self.log()
+
+    @contextlib.contextmanager
+    def readiness(self) -> Iterator[Callable[[], bool]]:
+        """SERVING from its gRPC health service (one channel for the whole wait)."""
         with grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}") as channel:
             stub = health_pb2_grpc.HealthStub(channel)
-            while time.monotonic() < deadline:
-                if not self.alive():
-                    code = self.process.returncode if self.process else None
-                    raise SidecarStartError(
-                        f"the sidecar exited with code {code}; its log ({self.log_path}) ends:\n"
-                        + self.log()
-                    )
+
+            def serving() -> bool:
                 try:
                     reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
                 except grpc.RpcError:
-                    pass
-                time.sleep(0.1)
-        raise SidecarStartError(
-            f"the sidecar did not report SERVING within {timeout:g} s; its log "
-            f"({self.log_path}) ends:\n{self.log()}"
-        )
+                    return False
+                return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def log(self, tail: int = 4000) -> str:
-        """The last `tail` characters of the sidecar's log."""
-        return self.log_path.read_text(errors="replace")[-tail:]
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL if it has not exited after 20 s."""
-        stop_child(self.process, 20)
-
-    def __enter__(self) -> SidecarProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+            yield serving
 
     def metrics(self) -> str:
         """One scrape of its /metrics."""

@@ -15,7 +15,7 @@ TensorFlow behind them, for the tests and the demo:
 Models come from a model base path laid out as TF-Serving's (`<base>/<name>/<version>/`);
 errors are TF-Serving's codes and messages (`model_base.ServingError`).
 
-    python -m sidecar.localtfserving.server --port 8500 --model-base-path /models
+    python -m tests.harness.tfserving.server --port 8500 --model-base-path /models
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from sidecar.localtfserving.model_base import ModelBase, ServingError
+from tests.harness.tfserving.model_base import ModelBase, ServingError
 
-log = logging.getLogger("sidecar.localtfserving")
+log = logging.getLogger("tests.harness.tfserving")
 
 STAND_IN = "stand-in for tensorflow_model_server (which cannot be installed here)"
 SIGNATURE_DEF = "signature_def"
@@ -175,7 +175,7 @@ def start_profiler(port: int) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m sidecar.localtfserving.server",
+        prog="python -m tests.harness.tfserving.server",
         description=f"A {STAND_IN}: TF-Serving's PredictionService and ModelService over gRPC, "
         "running the SavedModels of a TF-Serving model base path with real TensorFlow. For "
         "tests and the demo only.",

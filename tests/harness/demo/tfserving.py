@@ -2,7 +2,7 @@
 models, the sidecar in front (sampling, the server's side captured by TensorFlow's
 ProfilerService), Predict traffic and forced samples, the console summary and the report.
 
-The stand-in is real TensorFlow behind TF-Serving's gRPC API (`sidecar.localtfserving`): the
+The stand-in is real TensorFlow behind TF-Serving's gRPC API (`tests.harness.tfserving`): the
 binary cannot be installed here. Everything runs on this machine on free ports and ends by
 itself; the results stay in the output folder. This process loads TensorFlow (it builds the
 Keras models and encodes the Predict requests); the sidecar itself does not.
@@ -20,7 +20,10 @@ import grpc
 import numpy as np
 from tqdm import tqdm
 
-from sidecar.demo import (
+from sidecar.trace.spans import Level
+from sidecar.trace.store import TraceStore
+from tests.harness.demo.failures import tensorflow_missing
+from tests.harness.demo.triton import (
     BUDGET_PER_MINUTE,
     DUTY_CYCLE,
     DemoOptions,
@@ -31,14 +34,13 @@ from sidecar.demo import (
     say,
     send_forced,
 )
-from sidecar.localtfserving.models import CNN, TRANSFORMER, build_model_base
-from sidecar.localtfserving.process import TfServingServer
-from sidecar.localtriton.sidecar_process import SidecarProcess
-from sidecar.metrics_text import sums_by
-from sidecar.trace.spans import Level
-from sidecar.trace.store import TraceStore
+from tests.harness.metrics_text import sums_by
+from tests.harness.sidecar_process import SidecarProcess
+from tests.harness.tfserving.models import CNN, TRANSFORMER, build_model_base
+from tests.harness.tfserving.process import TfServingServer
 
 FORCEABLE = (CNN, TRANSFORMER)
+MODEL_FOLDER = "tfserving-models"  # in the output folder; the Triton demo has its own
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 CAPTURES = "xsp_backend_captures_total"
 CAPTURE_MS = 500  # long enough for a Predict to run inside the capture that its arrival starts
@@ -131,12 +133,16 @@ def trace_lines(db: Path) -> list[str]:
 
 
 def run_tfserving_demo(options: DemoOptions) -> int:
+    missing = tensorflow_missing()
+    if missing:
+        raise missing
     out = options.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     db = fresh_database(out / "traces.db")
-    base = out / "models"
+    base = out / MODEL_FOLDER
     shutil.rmtree(base, ignore_errors=True)
-    say(f"building the Keras sample models ({CNN}, {TRANSFORMER}) in a TF-Serving model base")
+    say(f"building the Keras sample models ({CNN}, {TRANSFORMER}) in a TF-Serving model base, "
+        f"{base}")  # fmt: skip
     build_model_base(base)
     say("starting the stand-in for tensorflow_model_server (real TensorFlow, TF-Serving's gRPC "
         "API; its ProfilerService on a second port)")  # fmt: skip

@@ -26,7 +26,7 @@ from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 from tensorflow_serving.apis import model_pb2, predict_pb2
 
-from sidecar.localtfserving.layout import SAVED_MODEL, model_versions
+from tests.harness.tfserving.layout import SAVED_MODEL, model_versions
 
 DEFAULT_SIGNATURE = "serving_default"
 SERVE_TAG = "serve"

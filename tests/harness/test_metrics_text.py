@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from sidecar.metrics_text import families, sample_sum, sample_value, samples, scrape, sums_by
+from tests.harness.metrics_text import families, sample_sum, sample_value, samples, scrape, sums_by
 
 
 @pytest.fixture

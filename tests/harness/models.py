@@ -92,7 +92,7 @@ def small_cnn_onnx(
     """Conv-Relu-MaxPool-Conv-Relu-GlobalAveragePool-Flatten-Gemm-Softmax, 10 classes.
 
     Input `input` [N, 3, 32, 32], output tensor named `output` [N, 10]. `softmax=False` ends
-    at the Gemm's logits (the `simple_cnn` the local Triton serves: `localtriton.model_repo`).
+    at the Gemm's logits (the `simple_cnn` the local Triton serves: `triton.model_repo`).
     """
     g = _GraphBuilder(seed)
     x = g.conv("input", 3, 8, 3)

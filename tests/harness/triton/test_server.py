@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from sidecar.localtriton.environment import TritonSetupError
-from sidecar.localtriton.model_repo import SAMPLE_MODELS, build_model_repository, simple_cnn
-from sidecar.localtriton.server import TritonServer
+from tests.harness.triton.environment import TritonSetupError
+from tests.harness.triton.model_repo import SAMPLE_MODELS, build_model_repository, simple_cnn
+from tests.harness.triton.server import TritonServer
 
 
 def _input(name: str, array: np.ndarray, dtype: str) -> grpcclient.InferInput:
@@ -46,7 +48,7 @@ def test_simple_cnn_matches_onnxruntime_run_locally(triton: TritonServer) -> Non
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_failed_start_reports_the_server_log(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_failed_start_reports_the_server_log(tmp_path: Path) -> None:
     repo = build_model_repository(tmp_path / "models")
     (repo / "add_sub" / "config.pbtxt").write_text("this is not a model config {")
     server = TritonServer(

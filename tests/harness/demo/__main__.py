@@ -1,20 +1,27 @@
-"""`xsp-sidecar demo`: the whole product on this machine, start to finish."""
+"""The demo's command line: `python -m tests.harness.demo [--backend tfserving] [...]` (what
+`bash scripts/demo.sh` runs): the whole product on this machine, start to finish."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-NAME = "demo"
-HELP = (
-    "run a local Triton (or the TF-Serving stand-in) with sample models, put the sidecar in "
-    "front, send traffic, profile sampled requests and print a report (results stay in --out)"
+log = logging.getLogger(__name__)
+PROG = "python -m tests.harness.demo"
+DESCRIPTION = (
+    "Run a local Triton (or the TF-Serving stand-in) with sample models, put the sidecar in "
+    "front, send traffic, profile sampled requests and print a report (results stay in --out). "
+    "`bash scripts/demo.sh [OPTIONS]` sets up the environment and runs this."
 )
 BACKENDS = ("triton", "tfserving")
 DEFAULT_FORCED = {"triton": "simple_cnn", "tfserving": "keras_cnn,keras_transformer"}
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
     parser.add_argument(
         "--backend",
         default="triton",
@@ -59,16 +66,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["text", "markdown"],
         help="format of the report printed at the end (default: text)",
     )
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging verbosity of the demo itself (default: INFO)",
+    )
+    return parser
 
 
-def run(args: argparse.Namespace) -> int:
-    from sidecar import demo
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from tests.harness.demo import triton
+    from tests.harness.demo.failures import explain
 
-    forceable, run_demo = demo.FORCEABLE, demo.run_demo
+    forceable, run_demo = triton.FORCEABLE, triton.run_demo
     if args.backend == "tfserving":
-        from sidecar import demo_tfserving
+        from tests.harness.demo import tfserving
 
-        forceable, run_demo = demo_tfserving.FORCEABLE, demo_tfserving.run_tfserving_demo
+        forceable, run_demo = tfserving.FORCEABLE, tfserving.run_tfserving_demo
 
     if args.requests < 1:
         raise SystemExit("error: --requests must be at least 1")
@@ -80,13 +101,29 @@ def run(args: argparse.Namespace) -> int:
             f"error: --forced-models takes {', '.join(forceable)} with --backend "
             f"{args.backend}; got {given!r}"
         )
-    return run_demo(
-        demo.DemoOptions(
-            out=args.out,
-            requests=args.requests,
-            sample_rate=args.sample_rate,
-            forced=args.forced,
-            forced_models=forced_models,
-            report_format=args.format,
-        )
+    options = triton.DemoOptions(
+        out=args.out,
+        requests=args.requests,
+        sample_rate=args.sample_rate,
+        forced=args.forced,
+        forced_models=forced_models,
+        report_format=args.format,
     )
+    try:
+        return run_demo(options)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        log.debug("the demo failed", exc_info=True)
+        known = explain(exc)
+        line = known or (
+            f"the demo failed: {type(exc).__name__}: {exc}".splitlines()[0]
+            + " (run it again with --log-level DEBUG for the traceback)"
+        )
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

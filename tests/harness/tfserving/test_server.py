@@ -28,8 +28,8 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from sidecar.localtfserving.models import CNN, TRANSFORMER
-from sidecar.localtfserving.process import (
+from tests.harness.tfserving.models import CNN, TRANSFORMER
+from tests.harness.tfserving.process import (
     TfServingServer,
     available_versions,
     status_request,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sidecar.localtriton.server import TritonServer
+from tests.harness.triton.server import TritonServer
 
 
 def opentelemetry_args(otlp_url: str, schedule_delay_ms: int = 500) -> list[str]:

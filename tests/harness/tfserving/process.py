@@ -1,4 +1,4 @@
-"""Start and stop the stand-in for `tensorflow_model_server` (`sidecar.localtfserving.server`)
+"""Start and stop the stand-in for `tensorflow_model_server` (`tests.harness.tfserving.server`)
 as a child process on free local ports, ready once every model reports AVAILABLE.
 
 TensorFlow is loaded only in the child: the readiness poll speaks `GetModelStatus` in raw
@@ -7,28 +7,29 @@ protobuf bytes, so whoever starts the server (the demo, a test) does not import 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
+from typing import ClassVar, Self
 
 import grpc
 
-from sidecar.localtfserving.layout import model_versions
-from sidecar.localtriton.server import free_port, stop_child
+from tests.harness.process import ChildProcess, StartError, free_port, with_repo_on_path
+from tests.harness.tfserving.layout import model_versions
 
 log = logging.getLogger(__name__)
 
+SERVER_MODULE = "tests.harness.tfserving.server"
 GET_MODEL_STATUS = "/tensorflow.serving.ModelService/GetModelStatus"
 AVAILABLE = 30  # tensorflow.serving.ModelVersionStatus.State.AVAILABLE
 
 
-class TfServingStartError(RuntimeError):
+class TfServingStartError(StartError):
     """The stand-in exited during start-up or its models were not AVAILABLE in time (with its
     log's tail)."""
 
@@ -89,13 +90,16 @@ def available_versions(reply: bytes) -> list[int]:
 
 
 @dataclass
-class TfServingServer:
+class TfServingServer(ChildProcess):
     """The stand-in for `tensorflow_model_server` serving `model_base`, on free ports.
 
     Use as a context manager or call `start()` / `stop()`. With `profiler=True` it also serves
     TensorFlow's ProfilerService on `profiler_address`. The server's log is kept in `log_path`
     and its tail is included in the error when start-up fails.
     """
+
+    NAME: ClassVar[str] = "the TF-Serving stand-in"
+    START_ERROR: ClassVar[type[StartError]] = TfServingStartError
 
     model_base: Path
     log_path: Path
@@ -104,6 +108,9 @@ class TfServingServer:
     grpc_port: int = field(default_factory=free_port)
     profiler_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+
+    def ready_means(self) -> str:
+        return ", ".join(model_versions(self.model_base)) + " AVAILABLE"
 
     @property
     def grpc_address(self) -> str:
@@ -115,36 +122,32 @@ class TfServingServer:
             raise RuntimeError("this server was started without a profiler port")
         return f"{self.host}:{self.profiler_port}"
 
-    @property
-    def pid(self) -> int:
-        if self.process is None:
-            raise RuntimeError("the TF-Serving stand-in is not running")
-        return self.process.pid
-
     def command(self) -> list[str]:
         cmd = [
-            sys.executable, "-m", "sidecar.localtfserving.server", "--host", self.host,
+            sys.executable, "-m", SERVER_MODULE, "--host", self.host,
             "--port", str(self.grpc_port), "--model-base-path", str(self.model_base),
         ]  # fmt: skip
         return [*cmd, "--profiler-port", str(self.profiler_port)] if self.profiler else cmd
 
-    def start(self, timeout: float = 120.0) -> TfServingServer:
+    def child_env(self) -> dict[str, str]:
+        level = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")
+        return with_repo_on_path({**os.environ, "TF_CPP_MIN_LOG_LEVEL": level})
+
+    def before_start(self) -> None:
         if not model_versions(self.model_base):
             raise TfServingStartError(f"no SavedModel under {self.model_base}")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
-        with self.log_path.open("wb") as log_file:
-            self.process = subprocess.Popen(
-                self.command(), stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True,
-            )  # fmt: skip
-        try:
-            self.wait_ready(timeout)
-        except BaseException:
-            self.stop()
-            raise
+
+    def start(self, timeout: float = 120.0) -> Self:
+        super().start(timeout)
         log.info("TF-Serving stand-in ready: grpc %s", self.grpc_address)
         return self
+
+    @contextlib.contextmanager
+    def readiness(self) -> Iterator[Callable[[], bool]]:
+        """True once GetModelStatus answers AVAILABLE for every model (over one channel)."""
+        models = list(model_versions(self.model_base))
+        with grpc.insecure_channel(self.grpc_address) as channel:
+            yield lambda: self.is_ready(channel, models)
 
     def is_ready(self, channel: grpc.Channel, models: list[str]) -> bool:
         """True when GetModelStatus answers AVAILABLE for every model."""
@@ -153,41 +156,3 @@ class TfServingServer:
             return all(available_versions(status(status_request(m), timeout=1.0)) for m in models)
         except grpc.RpcError:
             return False
-
-    def wait_ready(self, timeout: float) -> None:
-        models = list(model_versions(self.model_base))
-        deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(self.grpc_address) as channel:
-            while time.monotonic() < deadline:
-                if self.process is not None and self.process.poll() is not None:
-                    raise TfServingStartError(
-                        f"the TF-Serving stand-in exited with code {self.process.returncode} "
-                        f"during start-up; last lines of {self.log_path}:\n{self.log_tail()}"
-                    )
-                if self.is_ready(channel, models):
-                    return
-                time.sleep(0.2)
-        raise TfServingStartError(
-            f"the TF-Serving stand-in did not report {', '.join(models)} AVAILABLE within "
-            f"{timeout:g} s; last lines of {self.log_path}:\n{self.log_tail()}"
-        )
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def stop(self, timeout: float = 15.0) -> None:
-        stop_child(self.process, timeout)
-
-    def __enter__(self) -> TfServingServer:
-        return self.start() if self.process is None else self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -15,6 +15,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.harness import REPO_ROOT
+
 log = logging.getLogger(__name__)
 
 TRITON_PACKAGES = ("nvidia-pytriton>=0.5,<0.8", "onnxruntime>=1.17,<2", "numpy<2")
@@ -26,14 +28,10 @@ class TritonSetupError(RuntimeError):
 
 
 def default_home() -> Path:
-    """Where the Triton venv lives: `$XSP_TRITON_HOME`, else `.triton/` in a source checkout,
-    else `~/.cache/xsp-sidecar/triton`."""
+    """Where the Triton venv lives: `$XSP_TRITON_HOME`, else `.triton/` in this checkout."""
     if os.environ.get(HOME_ENV):
         return Path(os.environ[HOME_ENV]).expanduser().resolve()
-    repo_root = Path(__file__).resolve().parents[2]
-    if (repo_root / "pyproject.toml").is_file():
-        return repo_root / ".triton"
-    return Path.home() / ".cache" / "xsp-sidecar" / "triton"
+    return REPO_ROOT / ".triton"
 
 
 @dataclass(frozen=True)
@@ -65,7 +63,10 @@ class TritonEnvironment:
 def _site_packages(venv: Path) -> Path:
     candidates = sorted((venv / "lib").glob("python3*/site-packages"))
     if not candidates:
-        raise TritonSetupError(f"no site-packages under {venv}/lib; delete {venv} and retry")
+        raise TritonSetupError(
+            f"no site-packages under {venv}/lib; delete {venv} and run `bash scripts/setup.sh` "
+            "again"
+        )
     return candidates[0]
 
 
@@ -83,7 +84,7 @@ def locate(venv: Path) -> TritonEnvironment:
         if not path.exists():
             raise TritonSetupError(
                 f"{path} is missing: the nvidia-pytriton install in {venv} is incomplete; "
-                f"delete {venv} and run `xsp-sidecar demo --setup-only` again"
+                f"delete {venv} and run `bash scripts/setup.sh` again"
             )
     _install_python_backend_stub(root, venv)
     return env
@@ -147,7 +148,7 @@ def ensure_environment(home: Path | None = None, *, python: str | None = None) -
 
 
 def main() -> int:
-    """`python -m sidecar.localtriton.environment`: create the Triton venv and say where it is."""
+    """`python -m tests.harness.triton.environment`: create the Triton venv and say where it is."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         env = ensure_environment()

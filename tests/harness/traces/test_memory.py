@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from sidecar.trace.errors import TraceStoreError
-from sidecar.trace.memory import InMemoryTraceStore
 from sidecar.trace.retention import RetentionPolicy
 from sidecar.trace.spans import Level, Source, Span, new_span_id
 from sidecar.trace.store import TraceStore, TraceStoreLike
-from sidecar.trace.synthetic import make_trace
+from tests.harness.traces.memory import InMemoryTraceStore
+from tests.harness.traces.synthetic import make_trace
 
 
 @pytest.fixture(params=["sqlite", "memory"])

@@ -7,6 +7,7 @@ output folder (trace database, report, metrics, logs).
 from __future__ import annotations
 
 import logging
+import shutil
 import subprocess
 import sys
 import time
@@ -18,21 +19,22 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tqdm import tqdm
 
-from sidecar.localtriton.model_repo import build_model_repository
-from sidecar.localtriton.server import free_port
-from sidecar.localtriton.sidecar_process import SidecarProcess
-from sidecar.localtriton.tracing import traced_server
-from sidecar.metrics_text import sample_sum, scrape, sums_by
 from sidecar.trace.store import count_traces, failed_traces
+from tests.harness import REPO_ROOT
+from tests.harness.metrics_text import sample_sum, scrape, sums_by
+from tests.harness.process import free_port
+from tests.harness.sidecar_process import SidecarProcess
+from tests.harness.triton.model_repo import build_model_repository
+from tests.harness.triton.tracing import traced_server
 
 log = logging.getLogger(__name__)
-REPO_ROOT = Path(__file__).resolve().parents[1]
 DECISIONS = "xsp_sampling_decisions_total"
 PROFILES = "xsp_profiles_total"
 DROPPED = "xsp_samples_dropped_total"
 BUDGET_PER_MINUTE = 60
 DUTY_CYCLE = 0.5
 FORCEABLE = ("simple_cnn", "add_sub")
+MODEL_FOLDER = "triton-models"  # in the output folder; the TF-Serving demo has its own
 
 
 @dataclass(frozen=True)
@@ -355,8 +357,10 @@ def run_demo(options: DemoOptions) -> int:
     db = fresh_database(out / "traces.db")
     otlp_port, admin_port = free_port(), free_port()
 
-    say("building the sample model repository (add_sub, simple_cnn, sleep)")
-    repo = build_model_repository(out / "models")
+    repo = out / MODEL_FOLDER
+    say(f"building the sample model repository (add_sub, simple_cnn, sleep) in {repo}")
+    shutil.rmtree(repo, ignore_errors=True)  # Triton serves every model in it: only ours
+    build_model_repository(repo)
     say("starting Triton (OpenTelemetry tracing to the sidecar's OTLP receiver)")
     otlp_url = f"http://127.0.0.1:{otlp_port}/v1/traces"
     triton = traced_server(repo, out / "tritonserver.log", otlp_url, 200)
