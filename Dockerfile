@@ -12,6 +12,14 @@
 #   docker build --build-arg EXTRAS=[tensorflow] -t xsp-sidecar:0.1.0-tensorflow .
 #     # beside TF-Serving: TensorFlow replays the sampled Predicts on the SavedModels
 #     # (helm/xsp-sidecar/values-tfserving.yaml uses this tag)
+#   docker build --build-arg EXTRAS=[analysis] -t xsp-sidecar:0.1.0-analysis .
+#     # also the analysis stack (pandas, matplotlib, duckdb), to run `python -m analysis.report`
+#     # inside the pod; extras combine: --build-arg EXTRAS=[tensorflow,analysis]
+#
+# Which image has what: every variant serves (relay, metrics, sampling, replay with ONNX
+# Runtime, trace store, OTLP); PyTorch, TensorFlow and the analysis stack are in an image only
+# when EXTRAS names them. The runtime images above have no pandas, matplotlib or duckdb:
+# reports are built offline from a copy of the pod's trace database (docs/deploy.md, section 4).
 #
 # Multi-stage: a build stage installs the package into /opt/venv the way the README does
 # (`pip install .` from the source tree); the runtime stage copies only that venv and runs as
@@ -23,7 +31,8 @@ ARG VARIANT=cpu
 ARG PYTHON_IMAGE=python:3.11-slim
 # The GPU variant: a CUDA 12 runtime with cuDNN 9 (what onnxruntime-gpu on PyPI is built for).
 ARG CUDA_BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
-# Optional extras of the package, e.g. "[pytorch]" or "[tensorflow]".
+# Optional extras of the package, e.g. "[pytorch]", "[tensorflow]", "[analysis]" or
+# "[tensorflow,analysis]"; none by default (the runtime image).
 ARG EXTRAS=""
 
 # ---------------------------------------------------------------- CPU: python:3.11-slim

@@ -19,7 +19,7 @@ from pathlib import Path
 if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)
 try:
-    import analysis  # noqa: F401
+    import analysis
 except ImportError:  # not installed: use the checkout this script lives in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -30,6 +30,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import analysis._extra  # noqa: F401  (first: one line, not a traceback, without the extra)
 from analysis import damage
 from analysis.common import AnalysisResult, records
 from analysis.render_text import Front

@@ -394,7 +394,7 @@ def _trace_attributes(traces: pd.DataFrame, source: str) -> tuple[pd.DataFrame, 
     for col in ("peak_flops_per_s", "peak_dram_bytes_per_s"):
         values, wrong = _as_float(list(traces[col]))
         traces[col] = values
-        for i in np.flatnonzero(wrong & keep):
+        for i in np.flatnonzero(wrong & keep).tolist():
             bad.append(
                 BadRow(
                     source,

@@ -1,15 +1,21 @@
 """NVIDIA's perf_analyzer (from the tritonclient 2.51 wheel) as a second load generator.
 
-The binary needs `libb64.so.0d` and `libcudart.so.12`; both ship in `nvidia_pytriton.libs`
+The sidecar's own tritonclient is newer and ships no perf_analyzer (the separate
+`perf-analyzer` wheels need glibc 2.38), so unless one is on PATH the binary is taken once
+from the tritonclient 2.51 wheel (`pip download`, nothing installed) into `.cache/`.
+It needs `libb64.so.0d` and `libcudart.so.12`; both ship in `nvidia_pytriton.libs`
 under hashed names, so they are linked under their plain names in a temporary folder.
 """
 
 from __future__ import annotations
 
 import csv
+import os
 import shutil
 import subprocess
+import sys
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,8 +29,41 @@ class PerfAnalyzerResult:
     p99_ms: float
 
 
+WHEEL_VERSION = "2.51.0"  # the tritonclient whose perf_analyzer runs on glibc 2.36
+CACHE = Path(__file__).resolve().parent.parent / ".cache" / f"perf_analyzer-{WHEEL_VERSION}"
+
+
 def find_binary() -> str | None:
-    return shutil.which("perf_analyzer")
+    """`perf_analyzer` on PATH, else the one taken from the tritonclient 2.51 wheel."""
+    found = shutil.which("perf_analyzer")
+    if found is not None:
+        return found
+    binary = CACHE / "perf_analyzer"
+    if not binary.exists():
+        try:
+            fetch(binary)
+        except (OSError, subprocess.SubprocessError, KeyError, StopIteration) as exc:
+            print(f"perf_analyzer: not on PATH, tritonclient {WHEEL_VERSION}'s not taken: {exc}")
+            return None
+    return str(binary)
+
+
+def fetch(binary: Path) -> None:
+    """Download the tritonclient 2.51 wheel (no dependencies) and keep only perf_analyzer."""
+    with tempfile.TemporaryDirectory(prefix="xsp-pa-wheel-") as tmp:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+             "--only-binary=:all:", f"tritonclient=={WHEEL_VERSION}", "--dest", tmp],
+            check=True, timeout=600,
+        )  # fmt: skip
+        wheel = next(Path(tmp).glob("tritonclient-*.whl"))
+        with zipfile.ZipFile(wheel) as archive:
+            data = archive.read(f"tritonclient-{WHEEL_VERSION}.data/data/bin/perf_analyzer")
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    partial = binary.with_suffix(".partial")
+    partial.write_bytes(data)
+    partial.chmod(0o755)
+    os.replace(partial, binary)
 
 
 def library_dir(pytriton_libs: Path, into: Path) -> Path:

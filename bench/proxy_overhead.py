@@ -10,8 +10,9 @@ stubs included), read from /proc/<pid>/stat.
 
 With `socat` on PATH it also relays the same load through socat (a C byte copier, one process
 per connection, no HTTP/2 parsing): the floor any relay pays on this machine for the extra hop,
-measured in the same run. With `perf_analyzer` on PATH (it ships in the tritonclient 2.51 wheel)
-and a local Triton, it also prints NVIDIA's load generator's numbers for both paths.
+measured in the same run. With a local Triton it also prints NVIDIA's load generator's numbers
+for both paths: `perf_analyzer` from PATH, else from the tritonclient 2.51 wheel
+(bench/perf_analyzer.py takes it once into `.cache/`).
 
     python bench/proxy_overhead.py --duration 10
 """
@@ -272,7 +273,7 @@ def perf_analyzer_report(
 
     binary = pa.find_binary()
     if binary is None:
-        print("\nperf_analyzer: not on PATH, skipped")
+        print("\nperf_analyzer: not found, skipped")
         return
     print("\nperf_analyzer (NVIDIA), add_sub, same two paths")
     print(f"  {'concurrency':12}{'':10}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}")

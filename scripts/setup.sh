@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Create .venv with xsp-sidecar (editable), its dev tools and the CPU build of PyTorch,
-# and the private Triton environment under .triton/. Safe to run again: when nothing that
-# goes into .venv changed (pyproject.toml, this script, the Python), it only checks the
-# environment and says so in one line. pip's output goes to .venv/setup.log, shown on failure.
+# Create .venv with xsp-sidecar (editable), its dev tools, the analysis extra (the tests need
+# it) and the CPU build of PyTorch, and the private Triton environment under .triton/. Safe to
+# run again: when nothing that goes into .venv changed (pyproject.toml, this script, the
+# Python), it only checks the environment and says so in one line. pip's output goes to
+# .venv/setup.log, shown on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,7 +19,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 STAMP=.venv/.xsp-setup-stamp
 LOG=.venv/setup.log
 want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1) $(python -V 2>&1)"
-check() { python -c "import sidecar, torch, onnxruntime, grpc, tritonclient.grpc, tensorflow_serving.apis.predict_pb2" 2>/dev/null; }
+check() { python -c "import sidecar, torch, onnxruntime, grpc, tritonclient.grpc, tensorflow_serving.apis.predict_pb2, pandas, matplotlib, duckdb" 2>/dev/null; }
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && check; then
     echo "==> .venv is up to date (pyproject.toml unchanged; log of the last install: $LOG)"
@@ -28,7 +29,7 @@ else
         pip install --quiet --upgrade pip || echo "(pip not upgraded; going on)"
         # The CPU build of PyTorch first: an unpinned torch would pull a multi-GB CUDA build.
         pip install --quiet torch==2.13.0
-        pip install --quiet -e '.[dev,pytorch,tensorflow]'
+        pip install --quiet -e '.[dev,analysis,pytorch,tensorflow]'
     } >"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; echo "setup failed: see $LOG" >&2; exit 1; }
     check || { echo "setup failed: the sidecar's environment is incomplete (see $LOG)" >&2; exit 1; }
     echo "$want" >"$STAMP"

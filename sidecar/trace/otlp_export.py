@@ -194,6 +194,7 @@ class OtlpTraceExport:
         self.last_error: str = ""
         self._lock = threading.Lock()
         self._closed = False
+        self._max_queue_size = max_queue_size
         self._processor = BatchSpanProcessor(
             _CountingExporter(exporter, self),
             max_queue_size=max_queue_size,
@@ -221,9 +222,12 @@ class OtlpTraceExport:
             return 0
         queued = 0
         processor = self._processor
+        # the SDK's span queue: its own `queue` in 1.26, its BatchProcessor's `_queue` in newer SDKs
+        inner = getattr(processor, "_batch_processor", None)
+        waiting = inner._queue if inner is not None else getattr(processor, "queue")  # noqa: B009
         for span in otel:
             # the SDK's queue drops its oldest span when full: count it here, once
-            if self._closed or len(processor.queue) >= processor.max_queue_size:
+            if self._closed or len(waiting) >= self._max_queue_size:
                 self._count("dropped", 1, None)
                 if self._closed:
                     continue

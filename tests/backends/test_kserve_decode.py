@@ -7,7 +7,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2
 from tritonclient.grpc._utils import _get_inference_request
-from tritonclient.utils import serialize_byte_tensor
+from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from sidecar.backends.kserve_decode import (
     CONTENTS_FIELDS,
@@ -76,13 +76,27 @@ def test_raw_contents_every_datatype(datatype: str, framed: bool) -> None:
         np.testing.assert_array_equal(got, data)
 
 
+def bf16_input(name: str, data: np.ndarray) -> tuple[grpcclient.InferInput, np.ndarray]:
+    """A BF16 input of float32 `data` and the float32 values its bits hold: since Triton's
+    r26.06 the client takes `ml_dtypes.bfloat16` arrays (rounded to nearest); older clients
+    (2.51 among them) took float32 and kept its 16 high bits."""
+    try:
+        import ml_dtypes
+
+        bf16 = data.astype(ml_dtypes.bfloat16)
+        return make_input(name, "BF16", bf16), bf16.astype(np.float32)
+    except (ImportError, InferenceServerException):
+        truncated = (data.view(np.uint32) & 0xFFFF0000).view(np.float32)
+        return make_input(name, "BF16", data), truncated
+
+
 def test_bf16_from_raw_is_widened_to_float32() -> None:
     data = np.array([[1.0, -2.5, 3.14159, 1e20]], dtype=np.float32)
-    decoded = decode_model_infer_request(request_bytes([make_input("x", "BF16", data)]))
+    tensor, sent = bf16_input("x", data)
+    decoded = decode_model_infer_request(request_bytes([tensor]))
     got = decoded.inputs["x"]
     assert decoded.datatypes == {"x": "BF16"} and got.dtype == np.float32
-    truncated = (data.view(np.uint32) & 0xFFFF0000).view(np.float32)  # bf16 keeps 16 high bits
-    np.testing.assert_array_equal(got, truncated)
+    np.testing.assert_array_equal(got, sent)
     np.testing.assert_allclose(got, data, rtol=1e-2)
 
 

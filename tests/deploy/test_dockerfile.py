@@ -134,6 +134,20 @@ def test_builds_install_the_package_from_the_source_tree() -> None:
     assert "--build-arg EXTRAS=[tensorflow]" in header  # documented
 
 
+def test_runtime_image_has_no_analysis_stack_unless_asked() -> None:
+    args, _ = parse()
+    assert args["EXTRAS"] == ""  # the default image: the sidecar's own dependencies only
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    stack = {"pandas", "matplotlib", "duckdb"}
+    runtime = {re.split(r"[\[<>=!~ ;]", req)[0].lower() for req in project["dependencies"]}
+    assert not stack & runtime
+    analysis = project["optional-dependencies"]["analysis"]
+    assert stack == {re.split(r"[\[<>=!~ ;]", req)[0].lower() for req in analysis}
+    header = DOCKERFILE.read_text().split("\nARG ", 1)[0]
+    assert "--build-arg EXTRAS=[analysis]" in header  # documented, with what it adds
+    assert "no pandas, matplotlib or duckdb" in header
+
+
 def test_final_image_runs_as_a_user_with_a_grpc_health_check() -> None:
     _, stages = parse()
     final = stages[-1]
