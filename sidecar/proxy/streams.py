@@ -131,10 +131,15 @@ class StreamEnd:
     grpc_code: str
     grpc_message: str
     start_ns: int  # wall clock (Unix epoch ns) at the request headers
-    duration_s: float
+    duration_s: float  # from the request headers to the response's end passed to the client
     request_bytes: int
     response_bytes: int
     sampled: bool = False
+    # The relay's own marks, seconds after the request headers (monotonic clock), None where
+    # the stream ended before it: the request's end forwarded to the backend, and the
+    # response's first frame (its headers) from the backend.
+    request_end_s: float | None = None
+    response_start_s: float | None = None
 
 
 class ConnectionObserver(Protocol):
@@ -163,6 +168,8 @@ class _Stream:
     body: bytearray | None = None
     capture_limit: int = 0
     start_ns: int = 0
+    request_end: float = 0.0  # perf_counter at the request's END_STREAM (0: not yet)
+    response_start: float = 0.0  # perf_counter at the response's first HEADERS (0: not yet)
     request_bytes: int = 0
     response_bytes: int = 0
     http_status: bytes = b""
@@ -300,6 +307,8 @@ class _RequestSide(_Side):
             return None
         t = self.tracker
         if frame_type != HEADERS or stream_id <= t.last_stream_id:
+            if end_stream:  # client trailers end the request
+                self.on_end_stream(stream_id)
             return None  # client trailers, or a push promise (never sent by clients)
         if t.refuse_above is not None:
             t.refuse(stream_id)  # decoded (the table stays in step), never a call
@@ -309,7 +318,9 @@ class _RequestSide(_Side):
             stream_id, path, t.metrics.method_label(info.name), info.model_field,
             time.perf_counter(), timeout,
         )  # fmt: skip
-        if info.model_field is not None and not end_stream:
+        if end_stream:
+            st.request_end = st.start  # a request of headers only
+        elif info.model_field is not None:
             st.head = bytearray()
         t.streams[stream_id] = st
         t.metrics.open_streams += 1
@@ -371,6 +382,8 @@ class _RequestSide(_Side):
         st = self.tracker.streams.get(stream_id)
         if st is None:
             return
+        # scanned right before (hold mode) or after (observe mode) the forwarding write
+        st.request_end = time.perf_counter()
         st.head = None
         if st.body is not None:
             body, st.body = st.body, None
@@ -395,6 +408,8 @@ class _ResponseSide(_Side):
         st = self.tracker.streams.get(stream_id)
         if st is None or frame_type != HEADERS:
             return None
+        if not st.response_start:
+            st.response_start = time.perf_counter()  # written to the client just before
         if status is not None:
             st.grpc_status = status
             st.grpc_message = message
@@ -409,8 +424,11 @@ class _ResponseSide(_Side):
     ) -> None:
         self.block_lost(reason)
         st = self.tracker.streams.get(stream_id)
-        if st is not None and frame_type == HEADERS and end_stream:
-            self.tracker.end_response(st)  # status unknown: counted as UNKNOWN
+        if st is not None and frame_type == HEADERS:
+            if not st.response_start:
+                st.response_start = time.perf_counter()
+            if end_stream:
+                self.tracker.end_response(st)  # status unknown: counted as UNKNOWN
 
     def on_data(self, stream_id: int, length: int) -> bool:
         st = self.tracker.streams.get(stream_id)
@@ -534,10 +552,13 @@ class ConnectionTracker:
             st.request_bytes, st.response_bytes,
         )  # fmt: skip
         if self.observer is not None:
+            start = st.start
             end = StreamEnd(
                 self.connection_id, st.sid, st.path.decode("utf-8", "replace"), st.method,
                 st.model, code, unquote(st.grpc_message.decode("utf-8", "replace")),
                 st.start_ns, duration, st.request_bytes, st.response_bytes, st.sampled,
+                st.request_end - start if st.request_end else None,
+                st.response_start - start if st.response_start else None,
             )  # fmt: skip
             try:
                 self.observer.on_stream_end(end)

@@ -49,6 +49,20 @@ def first_message(body: bytes) -> bytes | None:
     return body[5 : 5 + length]
 
 
+def relay_marks(end: StreamEnd) -> dict[str, int]:
+    """The relay's own timestamps of a call (request span attributes, docs/contracts.md), on
+    the span's clock: Unix epoch ns, the request's headers read at `start_ns` and every later
+    mark that many monotonic ns after it. A mark the call never reached is left out."""
+    start = end.start_ns
+    marks = {"relay_request_start_ns": start}
+    if end.request_end_s is not None:
+        marks["relay_request_end_ns"] = start + int(end.request_end_s * 1e9)
+    if end.response_start_s is not None:
+        marks["relay_response_start_ns"] = start + int(end.response_start_s * 1e9)
+    marks["relay_response_end_ns"] = start + int(end.duration_s * 1e9)
+    return marks
+
+
 class SampleHandler(Protocol):
     """What the hub hands sampled requests to and asks about them; `SamplingPipeline` is the
     product's, a test gives an in-memory one. Called on the relay's threads: nothing may block.
@@ -233,6 +247,7 @@ class SamplingObserver:
                 "response_bytes": end.response_bytes,
                 "path": end.path,
                 "model": end.model or "",
+                **relay_marks(end),
             },
         )
         try:

@@ -332,3 +332,50 @@ def test_random_frame_sequences_keep_flowing(
     else:
         assert len(out) + scanner.pending_bytes() == len(stream)
         assert stream.startswith(out)
+
+
+@pytest.mark.parametrize("chunk", [7, 1 << 20])  # split frames (Python scanner), whole (C walker)
+def test_relay_marks_each_call_in_order(chunk: int) -> None:
+    """Every call's marks: the request's end forwarded, then the response's first frame, each
+    after the request's headers and before the call ended, read when the scanner met them."""
+    import time
+
+    conv = Conversation()
+    conv.request(1, INFER, infer_request("add_sub"))  # headers, then DATA with END_STREAM
+    conv.request(3, INFER, None)  # a request of headers only
+    observer = Watcher()
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=observer)
+    server = Conversation()
+    server.response(1, b"\x0a\x07add_sub")
+    server.response(3, None, status=5, message="unknown")  # trailers-only
+
+    def feed(scanner: FrameScanner, data: bytes, hold: bool) -> None:
+        for i in range(0, len(data), chunk):
+            piece = data[i : i + chunk]
+            if hold:
+                scanner.process(piece)
+            else:
+                scanner.observe(piece)
+
+    feed(tracker.request_scanner, bytes(conv.client), hold=True)
+    time.sleep(0.002)  # the backend "works"
+    feed(tracker.response_scanner, bytes(server.server), hold=False)
+    ends = {e.stream_id: e for e in observer.ends}
+    assert set(ends) == {1, 3}
+    for end in ends.values():
+        assert end.request_end_s is not None and end.response_start_s is not None
+        assert 0 <= end.request_end_s <= end.response_start_s <= end.duration_s
+        assert end.response_start_s - end.request_end_s >= 0.0015
+    assert ends[3].request_end_s == 0.0  # headers only: the request ended with its headers
+    assert ends[3].response_start_s == pytest.approx(ends[3].duration_s, abs=1e-3)
+
+
+def test_a_call_cut_before_its_response_has_no_response_mark() -> None:
+    conv = Conversation()
+    conv.request(1, INFER, infer_request("add_sub"))
+    observer = Watcher()
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=observer)
+    tracker.request_scanner.process(bytes(conv.client))
+    tracker.close("CANCELLED")
+    (end,) = observer.ends
+    assert end.request_end_s is not None and end.response_start_s is None

@@ -18,6 +18,7 @@ from sidecar.sampling.observer import (
     SamplingHub,
     SamplingObserver,
     first_message,
+    relay_marks,
 )
 from sidecar.sampling.sampler import Decision, Sampler
 from sidecar.sampling.settings import DEFAULT_FORCE_HEADER, SamplingSettings
@@ -360,3 +361,23 @@ def test_every_request_is_counted_for_the_workers_view_of_serving_pressure() -> 
     setup.request(method="ServerLive")  # not replayable, still serving work
     setup.request()
     assert setup.hub.pressure.snapshot() == (3, 3)
+
+
+def test_the_request_span_carries_the_relays_marks_on_its_clock() -> None:
+    start = 1_700_000_000_000_000_000
+    end = StreamEnd(1, 1, INFER, "ModelInfer", "m", "OK", "", start, 0.004, 20, 30,
+                    request_end_s=0.0005, response_start_s=0.003)  # fmt: skip
+    assert relay_marks(end) == {
+        "relay_request_start_ns": start,
+        "relay_request_end_ns": start + 500_000,
+        "relay_response_start_ns": start + 3_000_000,
+        "relay_response_end_ns": start + 4_000_000,
+    }
+    cut = StreamEnd(1, 1, INFER, "ModelInfer", "m", "CANCELLED", "", start, 0.004, 20, 0,
+                    request_end_s=0.0005)  # fmt: skip
+    assert "relay_response_start_ns" not in relay_marks(cut)
+    s = Setup()
+    s.request("resnet")
+    ((_, (span,)),) = s.handler.spans
+    assert span.attributes["relay_request_start_ns"] == span.start_ns
+    assert span.attributes["relay_response_end_ns"] == span.end_ns
