@@ -24,6 +24,8 @@ MATMUL_SHARE = 0.3  # GEMM/conv kernels take at least this share of kernel time 
 TENSOR_CORE_SHARE = 0.2  # ... and tensor-core kernels less than this share of theirs
 OVERHEAD_ADDED = 0.5  # a level's profilers added at least 50% to the model latency
 QUEUE_SHARE = 0.25  # live: queue time is at least this share of the client's latency
+# live: backend work after the response left is at least this share of the client's latency
+AFTER_RESPONSE_SHARE = 0.25
 
 Results = Callable[[str], AnalysisResult]
 
@@ -294,6 +296,37 @@ def live_queue(results: Results, data: TraceData) -> list[Finding]:
     return out
 
 
+def post_response_work(results: Results, data: TraceData) -> list[Finding]:
+    """The backend goes on working after the response left: the instance stays busy, so the
+    next request waits although the client already has its answer."""
+    lb = results("live_breakdown")
+    if not lb.ok:
+        return []
+    t = lb.table
+    rows = t[
+        (t["phase"] == "server_after_response") & (t["share_of_client"] >= AFTER_RESPONSE_SHARE)
+    ]
+    out = []
+    for row in rows.itertuples(index=False):
+        out.append(
+            Finding(
+                "post_response_work",
+                str(row.model),
+                f"{row.model}: the backend works {row.mean_ms:.3g} ms per request after the "
+                f"response left ({_pct(row.share_of_client)} of the client's latency), holding "
+                "its instance busy after the answer",
+                f"live_breakdown: server_after_response {row.mean_ms:.3g} ms mean (p90 "
+                f"{row.p90_ms:.3g} ms) over {row.requests} sampled requests, placed on the "
+                "relay's clock",
+                "move cleanup out of the request (a Python backend's per-request teardown, "
+                "large output copies released late) or add instances so the next request "
+                "need not wait for it",
+                ("live_breakdown",),
+            )
+        )
+    return out
+
+
 def failed_profiles(results: Results, data: TraceData) -> list[Finding]:
     """Profiles that failed, and why (they are left out of every analysis)."""
     if not data.failed_reasons:
@@ -347,6 +380,7 @@ RULES: tuple[Callable[[Results, TraceData], list[Finding]], ...] = (
     tensor_cores_unused,
     memory_bound_layers,
     live_queue,
+    post_response_work,
     profiler_overhead,
     peak_below_achieved,
 )

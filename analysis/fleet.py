@@ -23,8 +23,17 @@ import duckdb
 import pandas as pd
 
 from analysis.common import TRACE_IDENTITY, layer_type
-from analysis.live import BACKEND_PHASES, PERCENTILES, PHASES, TF_OP_KIND
-from analysis.tracedb import TraceFilter, load_traces
+from analysis.live import (
+    BACKEND_PHASES,
+    OVERLAP_TOLERANCE,
+    PERCENTILES,
+    PHASES,
+    PLACEMENT_TOLERANCE_NS,
+    REQUEST_END,
+    RESPONSE_START,
+    TF_OP_KIND,
+)
+from analysis.tracedb import RELAY_OFFSET_COLUMNS, TraceFilter, load_traces
 from sidecar.profiling.stats import TRIM
 
 TABLES = ("traces", "spans", "level_stats")
@@ -43,6 +52,7 @@ SPAN_COLUMNS = (
     "idx",
     "layer_type",
     "flops",
+    *RELAY_OFFSET_COLUMNS.values(),  # the relay's marks on a live request span
 )
 STATS_COLUMNS = ("source_db", "trace_id", "level", "trimmed_mean_ns", "overhead_ratio")
 FLEET_ANALYSES = ("traces", "model_latency", "layer_types", "top_layers", "live_breakdown")
@@ -194,27 +204,56 @@ FROM shares WHERE rank <= $top ORDER BY model, batch_size, rank
 """
 
 _PHASE_SUMS = ", ".join(
-    f"sum(duration_ns) FILTER (WHERE kind = '{k}')::DOUBLE AS {k}"
-    for k in ("request", *BACKEND_PHASES)
+    f"sum(placed) FILTER (WHERE kind = '{k}') AS {k}" for k in ("request", *BACKEND_PHASES)
 )
 _PHASE_ANY = " OR ".join(f"{p} IS NOT NULL" for p in BACKEND_PHASES)
 _PHASE_TOTAL = " + ".join(f"coalesce({p}, 0)" for p in BACKEND_PHASES)
+_TOL = PLACEMENT_TOLERANCE_NS
+# The rules of analysis.live.request_phases: backend spans placed in the request's window at
+# the relay (cut at the response's first byte, else at its end), traces whose spans cannot be
+# placed left out.
 _LIVE = f"""
 WITH requests AS (
-    SELECT source_db, trace_id, arg_min(duration_ns, start_ns)::DOUBLE AS client_total
+    SELECT source_db, trace_id, arg_min(duration_ns, start_ns)::DOUBLE AS client_total,
+           min(start_ns) AS t0,
+           arg_min({REQUEST_END}, start_ns)::DOUBLE AS request_end,
+           arg_min({RESPONSE_START}, start_ns)::DOUBLE AS response_start
     FROM spans WHERE level = 'request' GROUP BY source_db, trace_id
+), win AS (
+    SELECT *, coalesce(response_start, client_total) AS cut,
+           response_start - request_end AS backend_response
+    FROM requests
+), placed AS (
+    SELECT s.source_db, s.trace_id, s.kind, a, b,
+           greatest(least(b, w.cut) - greatest(a, 0), 0) AS placed
+    FROM (SELECT *, (start_ns - w0.t0)::DOUBLE AS a, (end_ns - w0.t0)::DOUBLE AS b
+          FROM spans JOIN win w0 USING (source_db, trace_id) WHERE level = 'server') s
+    JOIN win w USING (source_db, trace_id)
 ), server AS (
     SELECT source_db, trace_id, {_PHASE_SUMS},
-           (max(end_ns) FILTER (WHERE kind = '{TF_OP_KIND}')
-            - min(start_ns) FILTER (WHERE kind = '{TF_OP_KIND}'))::DOUBLE AS tf_ops
-    FROM spans WHERE level = 'server' GROUP BY source_db, trace_id
-), per AS (
-    SELECT t.model, r.client_total, s.*,
-           r.client_total - s.request AS network_proxy,
-           s.request - CASE WHEN {_PHASE_ANY} THEN {_PHASE_TOTAL} END AS server_other,
-           r.client_total - s.tf_ops AS outside_tf_ops
-    FROM requests r JOIN traces t USING (source_db, trace_id)
+           min(a) FILTER (WHERE kind <> '{TF_OP_KIND}') AS first_start,
+           min(a) FILTER (WHERE kind = '{TF_OP_KIND}') AS op_start,
+           max(b) FILTER (WHERE kind = '{TF_OP_KIND}') AS op_end,
+           max(b) AS last_end
+    FROM placed GROUP BY source_db, trace_id
+), raw AS (
+    SELECT t.model, w.client_total, w.backend_response, w.cut, s.*,
+           w.client_total - s.request AS network_proxy,
+           s.request - CASE WHEN {_PHASE_ANY} THEN {_PHASE_TOTAL} END AS server_other_raw,
+           CASE WHEN s.op_end IS NOT NULL
+                THEN greatest(least(s.op_end, w.cut) - greatest(s.op_start, 0), 0) END AS tf_ops,
+           CASE WHEN s.last_end IS NOT NULL
+                THEN greatest(s.last_end - w.cut, 0) END AS server_after_response
+    FROM win w JOIN traces t USING (source_db, trace_id)
     LEFT JOIN server s USING (source_db, trace_id)
+), per AS (
+    SELECT *, CASE WHEN server_other_raw IS NOT NULL THEN greatest(server_other_raw, 0) END
+              AS server_other,  -- greatest() skips a NULL
+           client_total - tf_ops AS outside_tf_ops
+    FROM raw
+    WHERE NOT coalesce(first_start < -{_TOL} OR first_start > cut + {_TOL}
+                       OR op_start > cut + {_TOL} OR op_end < -{_TOL}
+                       OR server_other_raw < -{OVERLAP_TOLERANCE} * client_total, false)
 ), long AS (
     UNPIVOT (SELECT model, {", ".join(PHASES)} FROM per)
     ON {", ".join(PHASES)} INTO NAME phase VALUE ns

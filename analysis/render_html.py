@@ -226,13 +226,20 @@ def plot_roofline(res: AnalysisResult) -> list[str]:
 
 
 def plot_live(res: AnalysisResult) -> list[str]:
-    df = res.table[res.table["phase"] != "client_total"]
+    # the phases that add up to the client's latency, then the backend's work after the
+    # response (hatched: not part of it); backend_response is the relay's view of the same time
+    df = res.table[~res.table["phase"].isin(["client_total", "backend_response"])]
     wide = df.pivot_table(index="model", columns="phase", values="mean_ms", aggfunc="sum")
     wide = wide[[c for c in df["phase"].unique() if c in wide.columns]].fillna(0.0)
     fig, ax = _fig(7.5, max(2.2, 0.6 * len(wide) + 1.2))
     left = np.zeros(len(wide))
     for phase in wide.columns:
-        ax.barh(list(wide.index), wide[phase], left=left, label=phase)
+        after = phase == "server_after_response"
+        ax.barh(
+            list(wide.index), wide[phase], left=left, label=phase + (" (apart)" if after else ""),
+            hatch="//" if after else None, color="#ccc" if after else None,
+            edgecolor="#666" if after else None,
+        )  # fmt: skip
         left += wide[phase].to_numpy()
     ax.set_xlabel("mean latency (ms)")
     # Below the axes, so that it never covers a bar.

@@ -47,6 +47,10 @@ _WORK_SCALARS = (*SHARED_ATTRIBUTES, *WORK_ATTRIBUTES)
 # computes (ONNX Runtime: Conv+Relu -> one Conv node named after its output).
 _LAYER_JSON = ("input_shapes", "output_shapes")
 _LAYER_LISTS = ("original_nodes", "original_op_types")  # parsed with the scalars
+# The relay's marks on a live request span (docs/contracts.md), loaded as ns after the span's
+# start (exact in float64, which epoch ns are not), NaN where a store has none.
+RELAY_MARKS: tuple[str, ...] = ("relay_request_end_ns", "relay_response_start_ns")
+RELAY_OFFSET_COLUMNS = {k: k.removesuffix("_ns") + "_offset_ns" for k in RELAY_MARKS}
 _IS_LAYER = "s.level = 'layer'"
 _IS_WORK = "s.level = 'kernel' AND s.kind NOT IN ('runtime', 'driver')"
 # Trace attribute keys extracted into columns of `TraceData.traces`.
@@ -272,6 +276,12 @@ def _load_one(path: Path, flt: TraceFilter, guard_json: bool = False) -> Loaded:
                 f"CASE WHEN {valid}{_IS_LAYER} THEN json_extract(s.attributes, '$.{k}') END AS {k}"
                 for k in _LAYER_JSON
             ),
+            *(
+                f"CASE WHEN {valid}s.level = 'request' AND json_type(s.attributes, '$.{k}') = "
+                f"'integer' AND typeof(s.start_ns) = 'integer' THEN "
+                f"json_extract(s.attributes, '$.{k}') - s.start_ns END AS {col}"
+                for k, col in RELAY_OFFSET_COLUMNS.items()
+            ),
         ]
         sub = f"SELECT trace_id FROM traces{where}"
         # Selecting a few traces: let SQLite pick their rows. Otherwise reading every row and
@@ -465,6 +475,10 @@ def _normalize(
         "duration_ns": np.rint(spans["duration_ns"].to_numpy("float64")).astype("int64"),
         "idx": spans["idx"].to_numpy("int64"),
         **_unpack_attributes(spans, ignored),
+        **{
+            col: pd.to_numeric(spans[col], errors="coerce").to_numpy("float64")
+            for col in RELAY_OFFSET_COLUMNS.values()
+        },
     }
     for pos, key, value in ignored:
         bad.append(
@@ -478,7 +492,16 @@ def _normalize(
                 damage.IGNORED,
             )
         )
-    rest = spans.drop(columns=["_attrs", "start_ns", "end_ns", "duration_ns", "idx"])
+    rest = spans.drop(
+        columns=[
+            "_attrs",
+            "start_ns",
+            "end_ns",
+            "duration_ns",
+            "idx",
+            *RELAY_OFFSET_COLUMNS.values(),
+        ]
+    )
     spans = pd.concat([rest, pd.DataFrame(columns, index=spans.index)], axis=1)
     return traces, spans, stats, bad
 

@@ -11,6 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sidecar.trace.spans import Level, Source, Span, Trace, new_span_id
+from sidecar.trace.store import TraceStore
+
 DATA = Path(__file__).resolve().parent.parent / "data"
 CPU_DB = DATA / "cpu" / "traces.sqlite"
 GPU_DB = DATA / "gpu" / "traces.sqlite"
@@ -122,3 +125,49 @@ def close(a: Any, b: Any, rel: float = 1e-9) -> bool:
     if isinstance(a, float) and math.isnan(a):
         return isinstance(b, float) and math.isnan(b)
     return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
+
+
+MS = 1_000_000
+T0 = 1_790_000_000_000_000_001  # epoch ns: placement must not lose precision
+
+
+def relay_request(trace_id: str, span_id: str, marks: tuple[int, int, int, int] | None) -> Span:
+    """The proxy's request span; `marks` (request start, request end forwarded, response's
+    first byte, response end) in ns after T0, as the relay stores them (None: an old store)."""
+    attributes = {}
+    if marks is not None:
+        keys = ("relay_request_start_ns", "relay_request_end_ns", "relay_response_start_ns",
+                "relay_response_end_ns")  # fmt: skip
+        attributes = {k: T0 + v for k, v in zip(keys, marks, strict=True)}
+    end = marks[3] if marks else 10 * MS
+    return Span(trace_id, span_id, None, Level.REQUEST, "ModelInfer", "ModelInfer", T0,
+                T0 + end, Source.PROXY, attributes=attributes)  # fmt: skip
+
+
+def server_spans(trace_id: str, parent: str, spans: dict[str, tuple[float, float]]) -> list[Span]:
+    """Server spans of the given kinds, (start, end) in ms after T0."""
+    return [
+        Span(
+            trace_id,
+            new_span_id(),
+            parent,
+            Level.SERVER,
+            kind,
+            kind,
+            T0 + int(a * MS),
+            T0 + int(b * MS),
+            Source.BACKEND,
+        )
+        for kind, (a, b) in spans.items()
+    ]
+
+
+def write_live(db: Path, traces: list[tuple[str, list[Span]]]) -> list[str]:
+    store = TraceStore(db)
+    ids = []
+    for n, (model, spans) in enumerate(traces):
+        trace_id = spans[0].trace_id
+        store.write_trace(Trace(trace_id, model, created_ns=n + 1, batch_size=1), spans)
+        ids.append(trace_id)
+    store.close()
+    return ids

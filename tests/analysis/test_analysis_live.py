@@ -18,7 +18,18 @@ from analysis.tracedb import parse_since
 from sidecar.profiling.stats import trimmed_mean
 from sidecar.trace.spans import Level, Source, Span, Trace, new_span_id, new_trace_id
 from sidecar.trace.store import TraceStore
-from tests.analysis.helpers import LIVE_DB, close, layer_rows, q, tmean
+from tests.analysis.helpers import (
+    LIVE_DB,
+    MS,
+    T0,
+    close,
+    layer_rows,
+    q,
+    relay_request,
+    server_spans,
+    tmean,
+    write_live,
+)
 
 PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
 
@@ -52,6 +63,7 @@ def _expected_phases() -> dict[str, dict[str, list[float]]]:
         for p in PHASES:
             out[model][p].append(s[p] / 1e6)
         out[model]["server_other"].append((s["request"] - sum(s[p] for p in PHASES)) / 1e6)
+        out[model]["server_after_response"].append(0.0)  # every span ends inside the window
     return out
 
 
@@ -70,7 +82,14 @@ def test_live_breakdown_percentiles(ta: TraceAnalysis) -> None:
         assert close(row.share_of_client, np.mean(vals) / np.mean(exp[row.model]["client_total"]))
     # phases in order, client total first
     first = df[df["model"] == "small_cnn"]["phase"].tolist()
-    assert first[:2] == ["client_total", "network_proxy"] and first[-1] == "server_other"
+    assert first[:2] == ["client_total", "network_proxy"]
+    assert first[-2:] == ["server_other", "server_after_response"]
+    # the store predates the relay's marks: said, and the spans are cut at the response's end
+    (n_traces,) = q(LIVE_DB, "SELECT COUNT(*) FROM traces")[0]
+    assert any(
+        n.startswith(f"{n_traces} sampled requests were stored without the relay's timestamps")
+        for n in res.notes
+    )
     # requests without backend spans are counted and said
     (n_missing,) = q(
         LIVE_DB,
@@ -189,10 +208,88 @@ def test_tf_serving_op_spans_split_client_latency(tmp_path: Path) -> None:
     store.close()
     res = TraceAnalysis.from_paths([db]).result("live_breakdown")
     table = res.table.set_index("phase")
-    assert list(table.index) == ["client_total", "tf_ops", "outside_tf_ops"]
-    assert list(table["requests"]) == [3, 2, 2]
+    assert list(table.index) == [
+        "client_total", "tf_ops", "outside_tf_ops", "server_after_response"
+    ]  # fmt: skip
+    assert list(table["requests"]) == [3, 2, 2, 2]
     assert close(table.loc["client_total", "mean_ms"], 20.0)
     assert close(table.loc["tf_ops", "mean_ms"], (6 + 6) / 2)  # 2..8 and 3..9
     assert close(table.loc["outside_tf_ops", "mean_ms"], (4 + 14) / 2)
     assert any(n.startswith("tf_ops: ") for n in res.notes)
     assert any("1 sampled requests have no backend spans" in n for n in res.notes)
+
+
+def _live(db: Path) -> tuple[pd.DataFrame, list[str]]:
+    res = TraceAnalysis.from_paths([db]).result("live_breakdown")
+    return res.table.set_index("phase"), res.notes
+
+
+def test_server_work_after_the_response_is_placed_apart(tmp_path: Path) -> None:
+    """Triton stamps its ends after the response left: the phases are clipped to the response's
+    first byte at the relay, add up to the client's latency, none is negative, and what ran
+    after is `server_after_response`."""
+    db = tmp_path / "live.db"
+    tid, rid = new_trace_id(), new_span_id()
+    # client 0..5 ms; request forwarded at 0.2; response's first byte at 4.0
+    spans = [
+        relay_request(tid, rid, (0, 200_000, 4 * MS, 5 * MS)),
+        *server_spans(tid, rid, {
+            "request": (0.5, 6.0), "queue": (0.6, 1.0), "compute_input": (1.1, 1.5),
+            "compute_infer": (1.5, 3.8), "compute_output": (3.8, 5.5),
+        }),
+    ]  # fmt: skip
+    write_live(db, [("add_sub", spans)])
+    table, notes = _live(db)
+    mean = table["mean_ms"]
+    assert mean["client_total"] == pytest.approx(5.0)
+    assert mean["backend_response"] == pytest.approx(3.8)
+    assert mean["network_proxy"] == pytest.approx(0.5 + 1.0)  # 0..0.5 and 4.0..5.0
+    assert mean["compute_infer"] == pytest.approx(2.3)
+    assert mean["compute_output"] == pytest.approx(0.2)  # 3.8..4.0, the rest after
+    assert mean["server_after_response"] == pytest.approx(2.0)  # 4.0..6.0
+    summed = ("network_proxy", "queue", "compute_input", "compute_infer", "compute_output",
+              "server_other")  # fmt: skip
+    assert sum(mean[p] for p in summed) == pytest.approx(mean["client_total"], rel=1e-9)
+    assert (table["mean_ms"] >= 0).all()
+    assert not any("left out" in n or "without the relay's timestamps" in n for n in notes)
+
+
+def test_a_trace_whose_spans_start_before_the_request_is_left_out(tmp_path: Path) -> None:
+    db = tmp_path / "live.db"
+    good, bad, late = new_trace_id(), new_trace_id(), new_trace_id()
+    traces = []
+    for tid, server in (
+        (good, {"request": (0.5, 3.5), "queue": (0.6, 1.0)}),
+        (bad, {"request": (-2.0, 3.5), "queue": (0.6, 1.0)}),  # before the relay saw it
+        (late, {"request": (4.5, 4.9), "queue": (4.6, 4.7)}),  # after the response came back
+    ):
+        rid = new_span_id()
+        marks = (0, 100_000, 4 * MS, 5 * MS)
+        spans = [relay_request(tid, rid, marks), *server_spans(tid, rid, server)]
+        traces.append(("add_sub", spans))
+    write_live(db, traces)
+    table, notes = _live(db)
+    assert (table["requests"] == 1).all()  # client_total too: never averaged in
+    assert table.loc["network_proxy", "mean_ms"] == pytest.approx(5.0 - 3.0)
+    (early,) = [n for n in notes if "starts before the request reached the relay" in n]
+    assert early.startswith("1 sampled requests left out of the breakdown (add_sub)")
+    assert bad[:16] in early and good[:16] not in early
+    (after,) = [n for n in notes if "start after its response reached the relay" in n]
+    assert late[:16] in after
+
+
+def test_tf_ops_follow_the_same_rule(tmp_path: Path) -> None:
+    db = tmp_path / "tf.db"
+    tid, rid = new_trace_id(), new_span_id()
+    spans = [
+        relay_request(tid, rid, (0, 100_000, 6 * MS, 7 * MS)),
+        *(Span(tid, new_span_id(), rid, Level.SERVER, f"op{i}", "tf_op", T0 + a * MS,
+               T0 + b * MS, Source.BACKEND) for i, (a, b) in enumerate([(1, 3), (2, 8)])),
+    ]  # fmt: skip
+    write_live(db, [("keras_cnn", spans)])
+    table, _ = _live(db)
+    mean = table["mean_ms"]
+    assert mean["tf_ops"] == pytest.approx(5.0)  # 1..6: clipped at the response's first byte
+    assert mean["outside_tf_ops"] == pytest.approx(2.0)
+    assert mean["server_after_response"] == pytest.approx(2.0)  # 6..8
+    assert mean["backend_response"] == pytest.approx(5.9)

@@ -18,7 +18,18 @@ import pytest
 from analysis import findings
 from analysis.common import AnalysisResult
 from analysis.trace_analysis import TraceAnalysis
-from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB, REPO, q
+from sidecar.trace.spans import new_span_id, new_trace_id
+from tests.analysis.helpers import (
+    CPU_DB,
+    GPU_DB,
+    LIVE_DB,
+    MS,
+    REPO,
+    q,
+    relay_request,
+    server_spans,
+    write_live,
+)
 
 FIXTURES = REPO / "tests" / "data" / "gpu-fixtures"  # copies of the H100 recordings
 SCRIPT = REPO / "analysis" / "report.py"
@@ -103,21 +114,38 @@ def test_optimal_batch_silent_without_batch_sizes(tmp_path: Path) -> None:
     assert "optimal_batch" not in _rules(db)
 
 
+def _live_store(db: Path, server: dict[str, tuple[float, float]], n: int = 3) -> Path:
+    """`n` sampled add_sub requests (client 0..5 ms, response's first byte at 4 ms) with
+    these backend spans (ms after the request reached the relay)."""
+    traces = []
+    for _ in range(n):
+        tid, rid = new_trace_id(), new_span_id()
+        spans = [relay_request(tid, rid, (0, 100_000, 4 * MS, 5 * MS))]
+        traces.append(("add_sub", spans + server_spans(tid, rid, server)))
+    write_live(db, traces)
+    return db
+
+
 def test_live_queue_fires_when_requests_wait(
     tmp_path: Path, checked_in: dict[str, dict[str, list[findings.Finding]]]
 ) -> None:
     assert "live_queue" not in checked_in["live"]  # 6% and 14% of the client's latency
-    db = _changed(
-        LIVE_DB,
-        tmp_path,
-        "UPDATE spans SET duration_ns = (SELECT r.duration_ns / 2 FROM spans r WHERE "
-        "r.trace_id = spans.trace_id AND r.level = 'request') "
-        "WHERE level = 'server' AND kind = 'queue' AND trace_id IN (SELECT trace_id FROM "
-        "traces WHERE model = 'small_cnn')",
-    )
+    db = _live_store(tmp_path / "q.db", {"request": (0.2, 3.9), "queue": (0.3, 2.8)})
     (f,) = _rules(db)["live_queue"]
-    assert f.subject == "small_cnn" and "queue" in f.finding
+    assert f.subject == "add_sub" and "queue" in f.finding
     assert "instance_group" in f.action and "dynamic batching" in f.action
+
+
+def test_post_response_work_fires_when_the_backend_works_on(
+    tmp_path: Path, checked_in: dict[str, dict[str, list[findings.Finding]]]
+) -> None:
+    assert "post_response_work" not in checked_in["live"]
+    quick = _live_store(tmp_path / "a.db", {"request": (0.2, 4.5), "compute_infer": (0.5, 3.9)})
+    assert "post_response_work" not in _rules(quick)  # 0.5 ms after: 10 % of 5 ms
+    db = _live_store(tmp_path / "b.db", {"request": (0.2, 6.0), "compute_infer": (0.5, 5.5)})
+    (f,) = _rules(db)["post_response_work"]
+    assert f.subject == "add_sub" and "2 ms per request after the response left" in f.finding
+    assert "server_after_response 2 ms mean" in f.evidence and "instances" in f.action
 
 
 def test_failed_profiles_are_reported_with_their_reason(tmp_path: Path) -> None:

@@ -117,3 +117,41 @@ def test_the_fleet_command_exports_and_reports(
         assert f"== {key} ==" in text
     assert "tiny_resnet" in text and "compute_infer" in text
     assert report.main(["fleet", str(tmp_path / "nothing")]) == 1
+
+
+def test_the_live_breakdown_places_spans_as_the_report_does(tmp_path: Path) -> None:
+    """With the relay's marks: spans clipped at the response's first byte, work after it apart,
+    a trace whose spans start before the request left out, TF ops placed the same way."""
+    from sidecar.trace.spans import Level, Source, Span, new_span_id, new_trace_id
+    from tests.analysis.helpers import MS, T0, relay_request, server_spans, write_live
+
+    traces = []
+    for n, server in enumerate(
+        [
+            {"request": (0.5, 6.0), "queue": (0.6, 1.0), "compute_infer": (1.5, 5.5)},
+            {"request": (0.4, 3.0), "queue": (0.5, 0.9), "compute_infer": (1.0, 2.9)},
+            {"request": (-2.0, 3.5), "queue": (0.6, 1.0)},  # left out
+        ]
+    ):
+        tid, rid = new_trace_id(), new_span_id()
+        marks = (0, 100_000, (4 - n) * MS, 5 * MS)
+        traces.append(
+            ("add_sub", [relay_request(tid, rid, marks), *server_spans(tid, rid, server)])
+        )
+    tid, rid = new_trace_id(), new_span_id()
+    ops = [
+        Span(tid, new_span_id(), rid, Level.SERVER, f"op{i}", "tf_op", T0 + a * MS, T0 + b * MS,
+             Source.BACKEND)
+        for i, (a, b) in enumerate([(1, 3), (2, 8)])
+    ]  # fmt: skip
+    traces.append(("keras_cnn", [relay_request(tid, rid, (0, 100_000, 6 * MS, 7 * MS)), *ops]))
+    tid, rid = new_trace_id(), new_span_id()
+    traces.append(("add_sub", [relay_request(tid, rid, None), *server_spans(tid, rid, {})]))
+    db = tmp_path / "marks.db"
+    write_live(db, traces)
+    export_parquet([db], tmp_path / "fleet")
+    live = fleet_tables(tmp_path / "fleet")["live_breakdown"]
+    store = TraceAnalysis.from_paths([db]).result("live_breakdown").table
+    cols = ["requests", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "share_of_client"]
+    same(live, store, ["model", "phase"], cols)
+    assert "server_after_response" in set(live["phase"]) and (live["mean_ms"] >= 0).all()
