@@ -1,6 +1,7 @@
 """The live breakdown on the relay's own clock, end to end: the real Triton 2.51 in
 OpenTelemetry mode, the real `xsp-sidecar serve`, sampled requests of the Python-backend
-models (`add_sub`; `sleep`, which answers after the delay it is asked for).
+models (`add_sub`, `simple_cnn`: ONNX Runtime inside the Python backend; `sleep`, which
+answers after the delay it is asked for).
 
 Triton stamps COMPUTE_END and REQUEST_END when it releases the request, after the response
 left; placed on the relay's marks, every phase is >= 0, the phases add up to the client's
@@ -22,7 +23,7 @@ from analysis.trace_analysis import TraceAnalysis
 from analysis.tracedb import TraceFilter, load_traces
 from sidecar.trace.spans import Level, Source
 from sidecar.trace.store import TraceStore
-from tests.e2e.helpers import wait_until
+from tests.e2e.helpers import cnn_infer, wait_until
 from tests.harness.sidecar_process import SidecarProcess
 from tests.harness.triton.server import TritonServer
 
@@ -30,7 +31,9 @@ pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
 DELAY_MS = 60
 N_ADD_SUB = 6
+N_CNN = 4
 N_SLEEP = 3
+N_ALL = N_ADD_SUB + N_CNN + N_SLEEP
 
 
 def add_sub(client: grpcclient.InferenceServerClient) -> None:
@@ -53,7 +56,7 @@ def sleep(client: grpcclient.InferenceServerClient, delay_ms: int) -> None:
 def with_backend_spans(store: TraceStore) -> set[str]:
     return {
         t.trace_id
-        for t in store.list_traces(include_errors=True)
+        for t in store.list_traces()
         if any(s.source is Source.BACKEND and s.kind == "request" for s in store.spans(t.trace_id))
     }
 
@@ -74,12 +77,14 @@ def sampled(
         client = grpcclient.InferenceServerClient(proc.address)
         for _ in range(N_ADD_SUB):
             add_sub(client)
+        for _ in range(N_CNN):
+            cnn_infer(client, batch=8)
         for _ in range(N_SLEEP):
             sleep(client, DELAY_MS)
         store = TraceStore(db)
-        want = N_ADD_SUB + N_SLEEP - 2  # Triton 2.51 now and then exports no trace at all
+        want = N_ALL - 2  # Triton 2.51 now and then exports no trace at all
         assert wait_until(lambda: len(with_backend_spans(store)) >= want, 120), proc.log()
-        wait_until(lambda: len(with_backend_spans(store)) == N_ADD_SUB + N_SLEEP, 10)
+        wait_until(lambda: len(with_backend_spans(store)) == N_ALL, 10)
         store.close()
     return db
 
@@ -92,7 +97,7 @@ def phases(db: Path) -> pd.DataFrame:
 def test_phases_add_up_to_the_client_latency_and_none_is_negative(sampled: Path) -> None:
     per = phases(sampled)
     placed = per[per["network_proxy"].notna()]
-    assert len(placed) >= N_ADD_SUB + N_SLEEP - 2
+    assert len(placed) >= N_ALL - 2
     assert per["unplaced"].isna().all(), per["unplaced"].dropna().to_dict()
     assert per["relay_marks"].all()
     cols = [*TRITON_SUM, "backend_response", "server_after_response"]
@@ -135,8 +140,15 @@ def test_the_backends_time_to_respond_is_the_delay(sampled: Path) -> None:
     per = request_phases(Frames(data))
     assert len(per) >= N_SLEEP - 1
     respond_ms = per["backend_response"] / 1e6
-    # the model sleeps DELAY_MS in 5 ms polls; Triton, the Python backend's IPC and the
-    # loopback network add a few ms on a busy 2-core machine
-    assert (respond_ms >= DELAY_MS).all() and (respond_ms <= DELAY_MS + 40).all(), respond_ms
+    infer_ms = per["compute_infer"] / 1e6  # the model's execute, on Triton's clock
+    # The model sleeps DELAY_MS in 5 ms polls, which oversleep on a busy machine; Triton's
+    # own compute_infer says by how much. The relay's time to respond holds it, plus Triton's
+    # queue, input/output copies, the Python backend's IPC and two loopback hops. How much
+    # the sleep itself oversleeps depends on the machine's load (up to 2x seen on 2 busy
+    # cores), so the delay is checked against the backend's own measure of its sleep.
+    assert (respond_ms >= DELAY_MS).all(), respond_ms
+    gap = (respond_ms - infer_ms).dropna()  # requests whose Triton spans arrived
+    assert len(gap) >= N_SLEEP - 1 and ((gap >= 0) & (gap < 10)).all(), (respond_ms, infer_ms)
+    assert (respond_ms <= 10 * DELAY_MS).all(), respond_ms  # (no tighter bound: see above)
     # the client's latency holds the backend's time to respond, and little else
     assert ((per["client_total"] - per["backend_response"]) / 1e6 < 20).all()
