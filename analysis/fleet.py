@@ -22,29 +22,14 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from analysis.common import TRACE_IDENTITY, layer_type
+from analysis import columnar
 from analysis.live import BACKEND_PHASES, PERCENTILES, PHASES, TF_OP_KIND
-from analysis.tracedb import TraceFilter, load_traces
 from sidecar.profiling.stats import TRIM
 
 TABLES = ("traces", "spans", "level_stats")
-TRACE_COLUMNS = (*TRACE_IDENTITY, "status", "created_ns")
-SPAN_COLUMNS = (
-    "source_db",
-    "trace_id",
-    "span_id",
-    "level",
-    "name",
-    "kind",
-    "run_level",
-    "start_ns",
-    "end_ns",
-    "duration_ns",
-    "idx",
-    "layer_type",
-    "flops",
-)
-STATS_COLUMNS = ("source_db", "trace_id", "level", "trimmed_mean_ns", "overhead_ratio")
+TRACE_COLUMNS = columnar.TRACE_COLUMNS
+SPAN_COLUMNS = columnar.SPAN_COLUMNS
+STATS_COLUMNS = columnar.STATS_COLUMNS
 FLEET_ANALYSES = ("traces", "model_latency", "layer_types", "top_layers", "live_breakdown")
 
 
@@ -59,30 +44,24 @@ class ExportCounts:
 
 def export_parquet(dbs: Sequence[str | Path], out: Path) -> ExportCounts:
     """Write every trace of each store (failed profiles included, `status` says so) as
-    Parquet under `out`; returns the rows written."""
+    Parquet under `out`; returns the rows written. Streams: SQLite's rows reach DuckDB's
+    Parquet writer as Arrow record batches (`analysis.columnar`), a few at a time."""
     for table in TABLES:
         (out / table).mkdir(parents=True, exist_ok=True)
     counts = {t: 0 for t in TABLES}
     con = duckdb.connect()
     try:
         for i, db in enumerate(dbs):
-            data = load_traces([Path(db)], TraceFilter(include_errors=True))
-            # as the single-store report: ops outside every Keras layer are not layers
-            spans = data.spans[~data.spans["outside_layers"].eq(True)].copy()
-            is_layer = spans["level"] == "layer"
-            spans["layer_type"] = None
-            spans.loc[is_layer, "layer_type"] = layer_type(spans[is_layer])
-            frames = {
-                "traces": data.traces[list(TRACE_COLUMNS)],
-                "spans": spans[list(SPAN_COLUMNS)],
-                "level_stats": data.level_stats[list(STATS_COLUMNS)],
-            }
-            for table, frame in frames.items():
+            for table in TABLES:
                 target = out / table / f"{i:04d}-{Path(db).stem}.parquet"
-                con.register("frame", frame)
-                con.execute(f"COPY frame TO '{_quote(target)}' (FORMAT parquet)")
-                con.unregister("frame")
-                counts[table] += len(frame)
+                with columnar.record_batches(db, table) as batches:
+                    con.register("batches", batches)
+                    select = columnar.select_sql(table, str(db), "batches")
+                    row = con.execute(
+                        f"COPY ({select}) TO '{_quote(target)}' (FORMAT parquet)"
+                    ).fetchone()
+                    con.unregister("batches")
+                counts[table] += int(row[0]) if row else 0
     finally:
         con.close()
     return ExportCounts(**counts)

@@ -1,0 +1,261 @@
+"""A trace store read columnar: SQLite rows to Arrow record batches to DuckDB, no Python per row.
+
+ADBC's SQLite driver runs one query per table and hands its rows over as Arrow record batches
+(`batch_rows` at a time, in C); DuckDB reads those batches as they come and writes them
+(`COPY ... TO parquet`) or aggregates them. Memory stays that of a few batches, whatever the
+store's size, and the Python interpreter touches no row.
+
+The rows are the ones `analysis.tracedb` loads, by the same rules, written here as SQL that
+SQLite evaluates while it scans:
+
+- a damaged row (a duration that is NULL, negative or not a number, an end before its start,
+  attribute text that is not JSON, a trace without a sound batch size or creation time, a
+  statistic that is not a duration) is left out (`damage.py`'s checks), and so are the spans
+  and statistics of a damaged trace;
+- the CUDA runtime/driver API records (which only place kernels under their layers) are not
+  carried, nor the ops a TensorFlow profile found outside every Keras layer;
+- a layer's type is what it fused (`Conv+Relu` from `original_op_types`), else its `op_type`,
+  else its kind (`analysis.common.layer_type`); an attribute value that is not a number where
+  one is expected reads as missing.
+
+ADBC infers each column's Arrow type from the first batch and refuses a later value of
+another type, so every column is given one SQLite type (integers, reals or text) and the
+first row of each result is a typed sentinel that DuckDB drops.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from analysis import damage
+from analysis.tracedb import TraceDatabaseError, _connect_ro
+
+BATCH_ROWS = 65_536  # rows per Arrow record batch: a few MB of spans
+
+TRACE_COLUMNS = (
+    "source_db",
+    "trace_id",
+    "model",
+    "model_version",
+    "batch_size",
+    "device",
+    "runtime",
+    "status",
+    "created_ns",
+)
+# the spans' columns as SQLite hands them over (attributes still JSON text)
+_SPAN_ROWS = (
+    "source_db",
+    "trace_id",
+    "span_id",
+    "level",
+    "name",
+    "kind",
+    "run_level",
+    "start_ns",
+    "end_ns",
+    "duration_ns",
+    "idx",
+    "attributes",
+)
+SPAN_COLUMNS = (
+    "source_db",
+    "trace_id",
+    "span_id",
+    "level",
+    "name",
+    "kind",
+    "run_level",
+    "start_ns",
+    "end_ns",
+    "duration_ns",
+    "idx",
+    "layer_type",
+    "flops",
+)
+STATS_COLUMNS = ("source_db", "trace_id", "level", "trimmed_mean_ns", "overhead_ratio")
+_NAMES = {"traces": TRACE_COLUMNS, "spans": _SPAN_ROWS, "level_stats": STATS_COLUMNS}
+
+
+def _text(expr: str) -> str:
+    return f"CAST({expr} AS TEXT)"
+
+
+def _int(expr: str) -> str:
+    """An integer, or 0 where the value is not one (such rows are left out anyway)."""
+    return f"CASE WHEN typeof({expr}) = 'integer' THEN {expr} ELSE 0 END"
+
+
+def _rint(expr: str) -> str:
+    """A non-negative number of ns as an integer, reals rounded half to even (numpy's rint,
+    as the pandas loader rounds)."""
+    whole = f"CAST({expr} AS INTEGER)"
+    frac = f"({expr} - {whole})"
+    return (
+        f"CASE WHEN typeof({expr}) = 'integer' THEN {expr} "
+        f"WHEN typeof({expr}) = 'real' THEN {whole} + (CASE WHEN {frac} > 0.5 OR "
+        f"({frac} = 0.5 AND {whole} % 2 = 1) THEN 1 ELSE 0 END) END"
+    )
+
+
+def _real(expr: str) -> str:
+    return f"CASE WHEN typeof({expr}) IN ('integer', 'real') THEN CAST({expr} AS REAL) END"
+
+
+def trace_ok() -> str:
+    """SQL over `traces`: the trace is sound (its spans and statistics are kept)."""
+    checks = [
+        damage.integer("created_ns"),
+        damage.positive_integer("batch_size"),
+        ("model IS NULL", "'model: NULL'"),
+    ]
+    bad = " OR ".join(f"({c})" for c, _ in checks)
+    is_object = "(CASE WHEN json_valid(attributes) THEN json_type(attributes) END) = 'object'"
+    return f"NOT ({bad}) AND (attributes IS NULL OR attributes = '' OR {is_object})"
+
+
+def _span_ok() -> str:
+    checks = [
+        damage.integer("s.start_ns"),
+        damage.integer("s.end_ns"),
+        damage.ordered("s.start_ns", "s.end_ns"),
+        *damage.duration("s.duration_ns"),
+        damage.integer("s.idx", nullable=True),
+    ]  # and attribute text that is not JSON: DuckDB checks it (`SPANS_DUCKDB`)
+    return "NOT (" + " OR ".join(f"({c})" for c, _ in checks) + ")"
+
+
+def _stats_ok() -> str:
+    checks = [
+        *damage.duration("trimmed_mean_ns"),
+        *(c for col in ("median_ns", "min_ns", "max_ns") for c in damage.duration(col, True)),
+        *damage.ratio("overhead_ratio"),
+        damage.integer("iterations", nullable=True),
+        damage.integer("warmup", nullable=True),
+    ]
+    return "NOT (" + " OR ".join(f"({c})" for c, _ in checks) + ")"
+
+
+def _sentinel(table: str, types: Sequence[str]) -> str:
+    """A first row of the given SQLite types, so that ADBC infers them (DuckDB drops it),
+    which names the columns of the result."""
+    values = {"text": "''", "integer": "0", "real": "0.0"}
+    names = _NAMES[table][1:]
+    assert len(names) == len(types)
+    return "SELECT 1 AS _first, " + ", ".join(
+        f"{values[t]} AS {n}" for t, n in zip(types, names, strict=True)
+    )
+
+
+TRACES_SQL = (
+    _sentinel("traces", ["text"] * 3 + ["integer"] + ["text"] * 3 + ["integer"])
+    + " UNION ALL SELECT 0, trace_id, "
+    + ", ".join(_text(c) for c in ("model", "model_version"))
+    + ", CASE WHEN typeof(batch_size) = 'integer' THEN batch_size END, "
+    + ", ".join(_text(c) for c in ("device", "runtime", "status"))
+    + f", created_ns FROM traces WHERE {trace_ok()}"
+)
+
+SPANS_SQL = (
+    _sentinel("spans", ["text"] * 6 + ["integer"] * 4 + ["text"])
+    + " UNION ALL SELECT 0, s.trace_id, "
+    + ", ".join(_text(f"s.{c}") for c in ("span_id", "level", "name", "kind", "run_level"))
+    + f", s.start_ns, s.end_ns, {_rint('s.duration_ns')}, {_int('s.idx')}, "
+    "CAST(s.attributes AS TEXT) FROM spans s "
+    "WHERE NOT (s.level = 'kernel' AND s.kind IN ('runtime', 'driver')) "
+    f"AND {_span_ok()} AND s.trace_id IN (SELECT trace_id FROM traces WHERE {trace_ok()})"
+)
+STATS_SQL = (
+    _sentinel("level_stats", ["text", "text", "integer", "real"])
+    + " UNION ALL SELECT 0, trace_id, CAST(level AS TEXT), "
+    + f"{_rint('trimmed_mean_ns')}, {_real('overhead_ratio')} FROM level_stats "
+    f"WHERE {_stats_ok()} AND trace_id IN (SELECT trace_id FROM traces WHERE {trace_ok()})"
+)
+QUERIES = {"traces": TRACES_SQL, "spans": SPANS_SQL, "level_stats": STATS_SQL}
+
+
+def _uri(path: Path, immutable: bool) -> str:
+    return f"{path.resolve().as_uri()}?mode=ro" + ("&immutable=1" if immutable else "")
+
+
+def _immutable(path: Path) -> bool:
+    """Whether the store must be read as the file on disk (a WAL-mode store in a folder we
+    cannot write); checks that it is a trace store on the way (errors said for people)."""
+    _connect_ro(path).close()
+    try:
+        conn = sqlite3.connect(_uri(path, False), uri=True)
+        try:
+            conn.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
+        finally:
+            conn.close()
+        return False
+    except sqlite3.OperationalError:
+        return True
+
+
+@contextmanager
+def record_batches(db: str | Path, table: str) -> Iterator[Any]:
+    """A `pyarrow.RecordBatchReader` over one table's rows as the analyses take them, with a
+    leading `_first` column (true only on the typed sentinel row, which readers drop)."""
+    import adbc_driver_sqlite.dbapi as adbc
+
+    path = Path(db)
+    conn = adbc.connect(_uri(path, _immutable(path)))
+    try:
+        cur = conn.cursor()
+        try:
+            cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
+            cur.execute(QUERIES[table])
+            yield cur.fetch_record_batch()
+        finally:
+            cur.close()
+    except adbc.Error as exc:
+        raise TraceDatabaseError(f"{db}: cannot read the trace store ({exc})") from None
+    finally:
+        conn.close()
+
+
+def _number(path: str) -> str:
+    """DuckDB: an attribute as a DOUBLE where it is a JSON number (true reads as 1), else
+    NULL (a value that is not a number is ignored)."""
+    kind = f"json_type(attributes, '{path}')"
+    return (
+        f"CASE WHEN {kind} IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN "
+        f"json_extract(attributes, '{path}')::DOUBLE WHEN {kind} = 'BOOLEAN' THEN "
+        f"json_extract(attributes, '{path}')::BOOLEAN::DOUBLE END"
+    )
+
+
+_FUSED = "'$.original_op_types'"
+# DuckDB over the rows of `SPANS_SQL` (relation `{relation}`): JSON checked and read here
+# (yyjson), where it is parsed once per row and costs a fraction of SQLite's parser.
+SPANS_DUCKDB = f"""
+SELECT {{source}} AS source_db, trace_id, span_id, level, name, kind, run_level, start_ns,
+       end_ns, duration_ns, idx,
+       CASE WHEN level = 'layer' THEN
+           CASE WHEN json_type(attributes, {_FUSED}) = 'ARRAY'
+                     AND json_array_length(attributes, {_FUSED}) > 1
+                THEN array_to_string(json_extract_string(attributes, '$.original_op_types[*]'),
+                                     '+')
+                ELSE coalesce(json_extract_string(attributes, '$.op_type'), kind) END
+       END AS layer_type,
+       CASE WHEN level = 'layer' OR (level = 'kernel' AND kind NOT IN ('runtime', 'driver'))
+            THEN {_number("$.flops")} END AS flops
+FROM {{relation}}
+WHERE _first = 0 AND (attributes IS NULL OR json_valid(attributes))
+  AND NOT (level = 'layer' AND coalesce({_number("$.outside_layers")} > 0, false))
+"""
+
+
+def select_sql(table: str, source: str, relation: str) -> str:
+    """DuckDB SQL over a relation of `record_batches(db, table)`: the table's columns with
+    `source_db` in front, the sentinel row dropped (spans: attributes read)."""
+    quoted = "'" + source.replace("'", "''") + "'"
+    if table == "spans":
+        return SPANS_DUCKDB.format(source=quoted, relation=relation)
+    cols = ", ".join(f'"{c}"' for c in _NAMES[table][1:])
+    return f"SELECT {quoted} AS source_db, {cols} FROM {relation} WHERE _first = 0"
