@@ -35,6 +35,7 @@ from analysis import damage
 from analysis.tracedb import TraceDatabaseError, _connect_ro
 
 BATCH_ROWS = 65_536  # rows per Arrow record batch: a few MB of spans
+PART_ROWS = 200_000  # a store's spans are read in parallel parts of at least this many rows
 
 TRACE_COLUMNS = (
     "source_db",
@@ -198,18 +199,24 @@ def _immutable(path: Path) -> bool:
 
 
 @contextmanager
-def record_batches(db: str | Path, table: str) -> Iterator[Any]:
+def record_batches(
+    db: str | Path, table: str, rowids: tuple[int, int] | None = None
+) -> Iterator[Any]:
     """A `pyarrow.RecordBatchReader` over one table's rows as the analyses take them, with a
-    leading `_first` column (true only on the typed sentinel row, which readers drop)."""
+    leading `_first` column (true only on the typed sentinel row, which readers drop).
+    `rowids` (spans only): read the rows whose rowid lies in that closed range."""
     import adbc_driver_sqlite.dbapi as adbc
 
     path = Path(db)
+    query = QUERIES[table]
+    if rowids is not None:
+        query += f" AND s.rowid BETWEEN {int(rowids[0])} AND {int(rowids[1])}"
     conn = adbc.connect(_uri(path, _immutable(path)))
     try:
         cur = conn.cursor()
         try:
             cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
-            cur.execute(QUERIES[table])
+            cur.execute(query)
             yield cur.fetch_record_batch()
         finally:
             cur.close()
@@ -219,35 +226,52 @@ def record_batches(db: str | Path, table: str) -> Iterator[Any]:
         conn.close()
 
 
-def _number(path: str) -> str:
-    """DuckDB: an attribute as a DOUBLE where it is a JSON number (true reads as 1), else
-    NULL (a value that is not a number is ignored)."""
-    kind = f"json_type(attributes, '{path}')"
+def span_ranges(db: str | Path, parts: int) -> list[tuple[int, int] | None]:
+    """The spans table cut into up to `parts` rowid ranges of about `PART_ROWS` rows or more,
+    which separate readers scan at once (`[None]`: one reader for all)."""
+    conn = _connect_ro(Path(db))
+    try:
+        low, high, n = conn.execute("SELECT min(rowid), max(rowid), count(*) FROM spans").fetchone()
+    finally:
+        conn.close()
+    parts = min(parts, int(n or 0) // PART_ROWS)
+    if parts <= 1:
+        return [None]
+    step = (high - low + parts) // parts
+    return [(low + k * step, min(high, low + (k + 1) * step - 1)) for k in range(parts)]
+
+
+def _number(value: str) -> str:
+    """DuckDB: a JSON value as a DOUBLE where it is a number (true reads as 1), else NULL (a
+    value that is not a number is ignored)."""
+    kind = f"json_type({value})"
     return (
-        f"CASE WHEN {kind} IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN "
-        f"json_extract(attributes, '{path}')::DOUBLE WHEN {kind} = 'BOOLEAN' THEN "
-        f"json_extract(attributes, '{path}')::BOOLEAN::DOUBLE END"
+        f"CASE WHEN {kind} IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN {value}::DOUBLE "
+        f"WHEN {kind} = 'BOOLEAN' THEN {value}::BOOLEAN::DOUBLE END"
     )
 
 
-_FUSED = "'$.original_op_types'"
-# DuckDB over the rows of `SPANS_SQL` (relation `{relation}`): JSON checked and read here
-# (yyjson), where it is parsed once per row and costs a fraction of SQLite's parser.
+# DuckDB over the rows of `SPANS_SQL` (relation `{relation}`): the attribute JSON is checked
+# and read here (yyjson, one parse per row: the attributes a row needs in one list, NULL
+# where the text is not JSON), which costs a fraction of SQLite's parser.
+_LAYER_PATHS = "['$.op_type', '$.original_op_types', '$.flops', '$.outside_layers']"
+_IS_WORK = "level = 'kernel' AND kind NOT IN ('runtime', 'driver')"
 SPANS_DUCKDB = f"""
 SELECT {{source}} AS source_db, trace_id, span_id, level, name, kind, run_level, start_ns,
        end_ns, duration_ns, idx,
        CASE WHEN level = 'layer' THEN
-           CASE WHEN json_type(attributes, {_FUSED}) = 'ARRAY'
-                     AND json_array_length(attributes, {_FUSED}) > 1
-                THEN array_to_string(json_extract_string(attributes, '$.original_op_types[*]'),
-                                     '+')
-                ELSE coalesce(json_extract_string(attributes, '$.op_type'), kind) END
+           CASE WHEN json_type(a[2]) = 'ARRAY' AND json_array_length(a[2]) > 1
+                THEN array_to_string(json_extract_string(a[2], '$[*]'), '+')
+                ELSE coalesce(json_extract_string(a[1], '$'), kind) END
        END AS layer_type,
-       CASE WHEN level = 'layer' OR (level = 'kernel' AND kind NOT IN ('runtime', 'driver'))
-            THEN {_number("$.flops")} END AS flops
-FROM {{relation}}
-WHERE _first = 0 AND (attributes IS NULL OR json_valid(attributes))
-  AND NOT (level = 'layer' AND coalesce({_number("$.outside_layers")} > 0, false))
+       {_number("CASE WHEN level = 'layer' THEN a[3] ELSE a[1] END")} AS flops
+FROM (
+    SELECT *, CASE WHEN level = 'layer' THEN try(json_extract(attributes, {_LAYER_PATHS}))
+                   WHEN {_IS_WORK} THEN try(json_extract(attributes, ['$.flops'])) END AS a
+    FROM {{relation}} WHERE _first = 0
+)
+WHERE (attributes IS NULL OR a IS NOT NULL OR json_valid(attributes))
+  AND NOT (level = 'layer' AND coalesce({_number("a[4]")} > 0, false))
 """
 
 

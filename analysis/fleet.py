@@ -15,7 +15,9 @@ quantiles), which `tests/analysis/test_fleet.py` checks against it.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,26 +44,46 @@ class ExportCounts:
     level_stats: int = 0
 
 
-def export_parquet(dbs: Sequence[str | Path], out: Path) -> ExportCounts:
+def export_parquet(
+    dbs: Sequence[str | Path], out: Path, threads: int | None = None
+) -> ExportCounts:
     """Write every trace of each store (failed profiles included, `status` says so) as
     Parquet under `out`; returns the rows written. Streams: SQLite's rows reach DuckDB's
-    Parquet writer as Arrow record batches (`analysis.columnar`), a few at a time."""
+    Parquet writer as Arrow record batches (`analysis.columnar`), a few at a time, in
+    `threads` (default: one per core) readers at once, over stores and parts of a large
+    store's spans (each part its own file)."""
     for table in TABLES:
         (out / table).mkdir(parents=True, exist_ok=True)
-    counts = {t: 0 for t in TABLES}
+    workers = max(1, threads or os.cpu_count() or 1)
+    jobs: list[tuple[str | Path, str, Path, tuple[int, int] | None]] = []
+    for i, db in enumerate(dbs):
+        for table in TABLES:
+            stem = f"{i:04d}-{Path(db).stem}"
+            ranges = columnar.span_ranges(db, workers) if table == "spans" else [None]
+            for k, rowids in enumerate(ranges):
+                name = stem if len(ranges) == 1 else f"{stem}-{k:02d}"
+                jobs.append((db, table, out / table / f"{name}.parquet", rowids))
     con = duckdb.connect()
+    con.execute(f"SET threads = {workers}")
+
+    def write(job: tuple[str | Path, str, Path, tuple[int, int] | None]) -> tuple[str, int]:
+        db, table, target, rowids = job
+        cur = con.cursor()
+        try:
+            with columnar.record_batches(db, table, rowids) as batches:
+                cur.register("batches", batches)
+                select = columnar.select_sql(table, str(db), "batches")
+                row = cur.execute(f"COPY ({select}) TO '{_quote(target)}' (FORMAT parquet)")
+                n = row.fetchone()
+            return table, int(n[0]) if n else 0
+        finally:
+            cur.close()
+
+    counts = {t: 0 for t in TABLES}
     try:
-        for i, db in enumerate(dbs):
-            for table in TABLES:
-                target = out / table / f"{i:04d}-{Path(db).stem}.parquet"
-                with columnar.record_batches(db, table) as batches:
-                    con.register("batches", batches)
-                    select = columnar.select_sql(table, str(db), "batches")
-                    row = con.execute(
-                        f"COPY ({select}) TO '{_quote(target)}' (FORMAT parquet)"
-                    ).fetchone()
-                    con.unregister("batches")
-                counts[table] += int(row[0]) if row else 0
+        with ThreadPoolExecutor(workers) as pool:  # ADBC and DuckDB run without the GIL
+            for table, n in pool.map(write, jobs):
+                counts[table] += n
     finally:
         con.close()
     return ExportCounts(**counts)

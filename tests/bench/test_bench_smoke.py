@@ -57,7 +57,8 @@ SMOKE: dict[str, Smoke] = {
         timeout=400.0,
     ),
     "relay_breakdown.py": Smoke(
-        ("--duration", "1", "--warmup", "0.3", "--concurrency", "1"),
+        # two clients: with one, its only recorded connection may not hold a whole call
+        ("--duration", "2", "--warmup", "0.3", "--concurrency", "2"),
         ("relay process CPU", "us/call", "replayed hot"),
         triton=True,
         timeout=300.0,
