@@ -31,8 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from analysis import damage
-from analysis.tracedb import TraceDatabaseError, _connect_ro
+from analysis import damage, tracedb  # tracedb imports this module: names read at call time
 
 BATCH_ROWS = 65_536  # rows per Arrow record batch: a few MB of spans
 PART_ROWS = 200_000  # a store's spans are read in parallel parts of at least this many rows
@@ -186,7 +185,7 @@ def _uri(path: Path, immutable: bool) -> str:
 def _immutable(path: Path) -> bool:
     """Whether the store must be read as the file on disk (a WAL-mode store in a folder we
     cannot write); checks that it is a trace store on the way (errors said for people)."""
-    _connect_ro(path).close()
+    tracedb._connect_ro(path).close()
     try:
         conn = sqlite3.connect(_uri(path, False), uri=True)
         try:
@@ -221,7 +220,7 @@ def record_batches(
         finally:
             cur.close()
     except adbc.Error as exc:
-        raise TraceDatabaseError(f"{db}: cannot read the trace store ({exc})") from None
+        raise tracedb.TraceDatabaseError(f"{db}: cannot read the trace store ({exc})") from None
     finally:
         conn.close()
 
@@ -229,7 +228,7 @@ def record_batches(
 def span_ranges(db: str | Path, parts: int) -> list[tuple[int, int] | None]:
     """The spans table cut into up to `parts` rowid ranges of about `PART_ROWS` rows or more,
     which separate readers scan at once (`[None]`: one reader for all)."""
-    conn = _connect_ro(Path(db))
+    conn = tracedb._connect_ro(Path(db))
     try:
         low, high, n = conn.execute("SELECT min(rowid), max(rowid), count(*) FROM spans").fetchone()
     finally:
@@ -283,3 +282,152 @@ def select_sql(table: str, source: str, relation: str) -> str:
         return SPANS_DUCKDB.format(source=quoted, relation=relation)
     cols = ", ".join(f'"{c}"' for c in _NAMES[table][1:])
     return f"SELECT {quoted} AS source_db, {cols} FROM {relation} WHERE _first = 0"
+
+
+# --- the single-store report's spans ---------------------------------------------------
+# `analysis.tracedb.load_traces` takes its spans from here: SQLite checks each row (the
+# `_bad` reason) and joins a kernel's layer; DuckDB checks the attribute JSON and reads the
+# attributes the analyses use, as typed columns; pandas gets the columns, not the rows.
+
+LAYER_NUMBERS = ("allocated_bytes", "leaf", "flops", "dram_read_bytes", "dram_write_bytes")
+LAYER_FLAGS = ("flops_estimated", "bytes_estimated", "outside_layers")
+LAYER_OBJECTS = ("op_type", "parent_layer", "original_nodes", "original_op_types")
+LAYER_JSON = ("input_shapes", "output_shapes")  # kept as JSON text
+WORK_NUMBERS = ("flops", "dram_read_bytes", "dram_write_bytes", "achieved_occupancy")
+WORK_FLAGS = ("metrics_estimated",)
+WORK_OBJECTS = ("stream",)
+NUMBERS = ("allocated_bytes", "flops", "dram_read_bytes", "dram_write_bytes",
+           "achieved_occupancy", "leaf")  # fmt: skip
+FLAGS = ("flops_estimated", "bytes_estimated", "metrics_estimated", "outside_layers")
+OBJECTS = ("op_type", "stream", "parent_layer", "original_nodes", "original_op_types")
+_LAYER_KEYS = (*LAYER_NUMBERS, *LAYER_FLAGS, *LAYER_OBJECTS, *LAYER_JSON)
+_WORK_KEYS = (*WORK_NUMBERS, *WORK_FLAGS, *WORK_OBJECTS)
+_REPORT_NAMES = ("trace_id", "span_id", "level", "name", "kind", "start_ns", "end_ns",
+                 "duration_ns", "run_level", "idx", "attributes", "layer", "_bad")  # fmt: skip
+
+
+def report_spans_sql(span_checks: str, trace_subquery: str | None) -> str:
+    """SQLite: the spans the report reads (not the CUDA API records), each with its layer
+    (a kernel's parent, or its launch's parent) and `_bad`, the reason a row is damaged."""
+    types = ["text"] * 5 + ["integer"] * 3 + ["text", "integer"] + ["text"] * 3
+    values = {"text": "''", "integer": "0"}
+    first = "SELECT 1 AS _first, " + ", ".join(
+        f"{values[t]} AS {n}" for t, n in zip(types, _REPORT_NAMES, strict=True)
+    )
+    return (
+        f"{first} UNION ALL SELECT 0, s.trace_id, "
+        + ", ".join(_text(f"s.{c}") for c in ("span_id", "level", "name", "kind"))
+        + f", {_int('s.start_ns')}, {_int('s.end_ns')}, {_rint('s.duration_ns')}, "
+        f"{_text('s.run_level')}, {_int('s.idx')}, {_text('s.attributes')}, "
+        "CASE WHEN p.level = 'layer' THEN CAST(p.name AS TEXT) "
+        "WHEN g.level = 'layer' THEN CAST(g.name AS TEXT) END, "
+        f"{span_checks} FROM spans s "
+        "LEFT JOIN spans p ON s.level = 'kernel' AND p.trace_id = s.trace_id "
+        "AND p.span_id = s.parent_id "
+        "LEFT JOIN spans g ON p.level = 'kernel' AND g.trace_id = p.trace_id "
+        "AND g.span_id = p.parent_id "
+        "WHERE NOT (s.level = 'kernel' AND s.kind IN ('runtime', 'driver'))"
+        + (f" AND s.trace_id IN ({trace_subquery})" if trace_subquery else "")
+    )
+
+
+def _duck_number(x: str) -> str:
+    """A JSON value as a DOUBLE as numpy reads the decoded value: numbers, booleans (1/0),
+    numeric text; NULL otherwise."""
+    kind = f"json_type({x})"
+    return (
+        f"CASE WHEN {kind} IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN {x}::DOUBLE "
+        f"WHEN {kind} = 'BOOLEAN' THEN {x}::BOOLEAN::DOUBLE "
+        f"WHEN {kind} = 'VARCHAR' THEN TRY_CAST(json_extract_string({x}, '$') AS DOUBLE) END"
+    )
+
+
+def _report_duckdb() -> str:
+    """DuckDB over the rows of `report_spans_sql` (relation `batches`)."""
+    layer_paths = "[" + ", ".join(f"'$.{k}'" for k in _LAYER_KEYS) + "]"
+    work_paths = "[" + ", ".join(f"'$.{k}'" for k in _WORK_KEYS) + "]"
+    cols: list[str] = []
+    wrong: list[str] = []
+    for key in (*NUMBERS, *FLAGS):
+        refs = []
+        if key in _LAYER_KEYS:
+            refs.append(f"WHEN level = 'layer' THEN a[{_LAYER_KEYS.index(key) + 1}]")
+        if key in _WORK_KEYS:
+            refs.append(f"WHEN level != 'layer' THEN a[{_WORK_KEYS.index(key) + 1}]")
+        value = f"(CASE {' '.join(refs)} END)"
+        number = _duck_number(value)
+        cols.append(f"{number} AS {key}")
+        # present, not JSON null, and not a number: ignored, and named
+        wrong.append(
+            f"CASE WHEN {value} IS NOT NULL AND json_type({value}) != 'NULL' AND {number} IS NULL "
+            f"THEN '\"{key}\":' || {value} END"
+        )
+    cols.append(f"nullif(concat_ws(',', {', '.join(wrong)}), '') AS _wrong")
+    for key in (*OBJECTS, *LAYER_JSON):
+        refs = []
+        if key in _LAYER_KEYS:
+            refs.append(f"WHEN level = 'layer' THEN a[{_LAYER_KEYS.index(key) + 1}]")
+        if key in _WORK_KEYS:
+            refs.append(f"WHEN level != 'layer' THEN a[{_WORK_KEYS.index(key) + 1}]")
+        cols.append(f"(CASE {' '.join(refs)} END)::VARCHAR AS {key}")
+    quoted = "'''' || replace(substr(attributes, 1, 40), '''', '''''') || ''''"
+    return f"""
+SELECT trace_id, span_id, level, name, kind, start_ns, end_ns, duration_ns, run_level, idx,
+       layer,
+       coalesce(_bad, CASE WHEN attributes IS NOT NULL AND a IS NULL
+                           AND NOT json_valid(attributes)
+                      THEN 'attributes: not valid JSON (' || {quoted} || ')' END) AS _bad,
+       {", ".join(cols)}
+FROM (
+    SELECT * EXCLUDE (attributes),
+           CASE WHEN level IN ('layer', 'kernel') OR NOT json_valid(attributes)
+                THEN attributes END AS attributes,
+           CASE WHEN level = 'layer' THEN try(json_extract(attributes, {layer_paths}))
+                WHEN level = 'kernel' THEN try(json_extract(attributes, {work_paths})) END AS a
+    FROM batches WHERE _first = 0
+)
+"""
+
+
+REPORT_DUCKDB = _report_duckdb()
+
+
+def report_spans(
+    path: Path, span_checks: str, trace_subquery: str | None, params: Sequence[object]
+) -> Any:
+    """The report's spans of one store as a pandas DataFrame: SQLite's columns, `_bad`,
+    the attribute columns (numbers as float64, flags as float64 to be compared with 0,
+    objects and shapes as JSON text) and `_wrong` (the members of a JSON object: the values
+    that are not numbers where one is expected, by key)."""
+    import adbc_driver_sqlite.dbapi as adbc
+    import duckdb
+
+    if trace_subquery:  # the filters' few plain values, as SQL literals
+        pieces = trace_subquery.split("?")
+        assert len(pieces) == len(params) + 1
+        literals = [str(v) if isinstance(v, int) else _sql_text(str(v)) for v in params]
+        trace_subquery = "".join(p + q for p, q in zip(pieces, [*literals, ""], strict=True))
+    query = report_spans_sql(span_checks, trace_subquery)
+    conn = adbc.connect(_uri(path, _immutable(path)))
+    try:
+        cur = conn.cursor()
+        con = duckdb.connect()  # closed before the ADBC stream it reads
+        try:
+            con.execute("SET enable_progress_bar = false")
+            cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
+            cur.execute(query)
+            con.register("batches", cur.fetch_record_batch())
+            rel = con.sql(REPORT_DUCKDB)
+            table = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+        finally:
+            con.close()
+            cur.close()
+        return table.to_pandas(self_destruct=True, split_blocks=True)
+    except adbc.Error as exc:
+        raise tracedb.TraceDatabaseError(f"{path}: cannot read the trace store ({exc})") from None
+    finally:
+        conn.close()
+
+
+def _sql_text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"

@@ -72,9 +72,12 @@ def export_parquet(
         try:
             with columnar.record_batches(db, table, rowids) as batches:
                 cur.register("batches", batches)
-                select = columnar.select_sql(table, str(db), "batches")
-                row = cur.execute(f"COPY ({select}) TO '{_quote(target)}' (FORMAT parquet)")
-                n = row.fetchone()
+                try:
+                    select = columnar.select_sql(table, str(db), "batches")
+                    row = cur.execute(f"COPY ({select}) TO '{_quote(target)}' (FORMAT parquet)")
+                    n = row.fetchone()
+                finally:  # DuckDB lets go of the stream before ADBC closes it
+                    cur.unregister("batches")
             return table, int(n[0]) if n else 0
         finally:
             cur.close()
