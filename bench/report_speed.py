@@ -220,9 +220,8 @@ def fleet(args: argparse.Namespace) -> int:
             out = args.fleet_dir
             import duckdb
 
-            n_spans = int(
-                duckdb.sql(f"SELECT count(*) FROM '{out}/spans/*.parquet'").fetchone()[0]  # type: ignore[index]
-            )
+            rows = duckdb.sql(f"SELECT count(*) FROM '{out}/spans/*.parquet'").fetchall()
+            n_spans = int(rows[0][0])
         else:
             t0 = time.perf_counter()
             n_spans = generate_fleet(out, args.databases, args.traces, args.layers)
