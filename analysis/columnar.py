@@ -33,7 +33,7 @@ from typing import Any
 
 from analysis import damage, tracedb  # tracedb imports this module: names read at call time
 
-BATCH_ROWS = 65_536  # rows per Arrow record batch: a few MB of spans
+BATCH_ROWS = 16_384  # rows per Arrow record batch: a few MB of spans
 PART_ROWS = 200_000  # a store's spans are read in parallel parts of at least this many rows
 
 TRACE_COLUMNS = (

@@ -32,6 +32,7 @@ TABLES = ("traces", "spans", "level_stats")
 TRACE_COLUMNS = columnar.TRACE_COLUMNS
 SPAN_COLUMNS = columnar.SPAN_COLUMNS
 STATS_COLUMNS = columnar.STATS_COLUMNS
+ROW_GROUP_ROWS = 32_768  # Parquet row groups: what the writer holds per file before it flushes
 FLEET_ANALYSES = ("traces", "model_latency", "layer_types", "top_layers", "live_breakdown")
 
 
@@ -63,32 +64,33 @@ def export_parquet(
             for k, rowids in enumerate(ranges):
                 name = stem if len(ranges) == 1 else f"{stem}-{k:02d}"
                 jobs.append((db, table, out / table / f"{name}.parquet", rowids))
-    con = duckdb.connect()
-    con.execute(f"SET threads = {workers}")
 
     def write(job: tuple[str | Path, str, Path, tuple[int, int] | None]) -> tuple[str, int]:
         db, table, target, rowids = job
-        cur = con.cursor()
+        # one single-threaded DuckDB per reader: parallel COPYs in one DuckDB hold more
+        # rows in flight, and the readers are the parallelism
+        con = duckdb.connect()
         try:
+            con.execute("SET threads = 1")
+            con.execute("SET enable_progress_bar = false")
             with columnar.record_batches(db, table, rowids) as batches:
-                cur.register("batches", batches)
+                con.register("batches", batches)
                 try:
                     select = columnar.select_sql(table, str(db), "batches")
-                    row = cur.execute(f"COPY ({select}) TO '{_quote(target)}' (FORMAT parquet)")
-                    n = row.fetchone()
+                    n = con.execute(
+                        f"COPY ({select}) TO '{_quote(target)}' "
+                        f"(FORMAT parquet, ROW_GROUP_SIZE {ROW_GROUP_ROWS})"
+                    ).fetchone()
                 finally:  # DuckDB lets go of the stream before ADBC closes it
-                    cur.unregister("batches")
+                    con.unregister("batches")
             return table, int(n[0]) if n else 0
         finally:
-            cur.close()
+            con.close()
 
     counts = {t: 0 for t in TABLES}
-    try:
-        with ThreadPoolExecutor(workers) as pool:  # ADBC and DuckDB run without the GIL
-            for table, n in pool.map(write, jobs):
-                counts[table] += n
-    finally:
-        con.close()
+    with ThreadPoolExecutor(workers) as pool:  # ADBC and DuckDB run without the GIL
+        for table, n in pool.map(write, jobs):
+            counts[table] += n
     return ExportCounts(**counts)
 
 
