@@ -240,37 +240,34 @@ def span_ranges(db: str | Path, parts: int) -> list[tuple[int, int] | None]:
     return [(low + k * step, min(high, low + (k + 1) * step - 1)) for k in range(parts)]
 
 
-def _number(value: str) -> str:
-    """DuckDB: a JSON value as a DOUBLE where it is a number (true reads as 1), else NULL (a
-    value that is not a number is ignored)."""
-    kind = f"json_type({value})"
-    return (
-        f"CASE WHEN {kind} IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN {value}::DOUBLE "
-        f"WHEN {kind} = 'BOOLEAN' THEN {value}::BOOLEAN::DOUBLE END"
-    )
-
-
 # DuckDB over the rows of `SPANS_SQL` (relation `{relation}`): the attribute JSON is checked
-# and read here (yyjson, one parse per row: the attributes a row needs in one list, NULL
-# where the text is not JSON), which costs a fraction of SQLite's parser.
-_LAYER_PATHS = "['$.op_type', '$.original_op_types', '$.flops', '$.outside_layers']"
+# and read here, parsed once per row into the typed members a span needs (`from_json`: a
+# value that is not a number where one is expected reads as NULL, true as 1), which costs a
+# fraction of SQLite's parser. A text that is not JSON fails `from_json` (NULL by `try`) and
+# then `json_valid`.
+_MEMBERS = (
+    '{"op_type": "VARCHAR", "original_op_types": "JSON", "flops": "DOUBLE", '
+    '"outside_layers": "DOUBLE"}'
+)
+_MEMBERS_SQL = _MEMBERS.replace("{", "{{").replace("}", "}}")  # SPANS_DUCKDB is formatted
 _IS_WORK = "level = 'kernel' AND kind NOT IN ('runtime', 'driver')"
 SPANS_DUCKDB = f"""
 SELECT {{source}} AS source_db, trace_id, span_id, level, name, kind, run_level, start_ns,
        end_ns, duration_ns, idx,
        CASE WHEN level = 'layer' THEN
-           CASE WHEN json_type(a[2]) = 'ARRAY' AND json_array_length(a[2]) > 1
-                THEN array_to_string(json_extract_string(a[2], '$[*]'), '+')
-                ELSE coalesce(json_extract_string(a[1], '$'), kind) END
+           CASE WHEN json_type(j.original_op_types) = 'ARRAY'
+                     AND json_array_length(j.original_op_types) > 1
+                THEN array_to_string(json_extract_string(j.original_op_types, '$[*]'), '+')
+                ELSE coalesce(j.op_type, kind) END
        END AS layer_type,
-       {_number("CASE WHEN level = 'layer' THEN a[3] ELSE a[1] END")} AS flops
+       j.flops AS flops
 FROM (
-    SELECT *, CASE WHEN level = 'layer' THEN try(json_extract(attributes, {_LAYER_PATHS}))
-                   WHEN {_IS_WORK} THEN try(json_extract(attributes, ['$.flops'])) END AS a
+    SELECT *, CASE WHEN level = 'layer' OR ({_IS_WORK})
+                   THEN try(from_json(attributes, '{_MEMBERS_SQL}')) END AS j
     FROM {{relation}} WHERE _first = 0
 )
-WHERE (attributes IS NULL OR a IS NOT NULL OR json_valid(attributes))
-  AND NOT (level = 'layer' AND coalesce({_number("a[4]")} > 0, false))
+WHERE (attributes IS NULL OR j IS NOT NULL OR json_valid(attributes))
+  AND NOT (level = 'layer' AND coalesce(j.outside_layers > 0, false))
 """
 
 
