@@ -62,7 +62,7 @@ SMOKE: dict[str, Smoke] = {
     ),
     "relay_breakdown.py": Smoke(
         # two clients: with one, its only recorded connection may not hold a whole call
-        ("--duration", "2", "--warmup", "0.3", "--concurrency", "2"),
+        ("--duration", "3", "--warmup", "0.3", "--concurrency", "2"),
         ("relay process CPU", "us/call", "replayed hot"),
         triton=True,
         timeout=300.0,
