@@ -13,7 +13,7 @@
 #     # beside TF-Serving: TensorFlow replays the sampled Predicts on the SavedModels
 #     # (helm/xsp-sidecar/values-tfserving.yaml uses this tag)
 #   docker build --build-arg EXTRAS=[analysis] -t xsp-sidecar:0.1.0-analysis .
-#     # also the analysis stack (pandas, matplotlib, duckdb), to run `python -m analysis.report`
+#     # also the analysis stack (pandas, matplotlib, duckdb, pyarrow, ADBC), to run `python -m analysis.report`
 #     # inside the pod; extras combine: --build-arg EXTRAS=[tensorflow,analysis]
 #
 # Which image has what: every variant serves (relay, metrics, sampling, replay with ONNX

@@ -15,14 +15,16 @@ quantiles), which `tests/analysis/test_fleet.py` checks against it.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 import pandas as pd
 
-from analysis.common import TRACE_IDENTITY, layer_type
+from analysis import columnar
 from analysis.live import (
     BACKEND_PHASES,
     OVERLAP_TOLERANCE,
@@ -33,28 +35,14 @@ from analysis.live import (
     RESPONSE_START,
     TF_OP_KIND,
 )
-from analysis.tracedb import RELAY_OFFSET_COLUMNS, TraceFilter, load_traces
+from analysis.store_file import RELAY_OFFSET_COLUMNS
 from sidecar.profiling.stats import TRIM
 
 TABLES = ("traces", "spans", "level_stats")
-TRACE_COLUMNS = (*TRACE_IDENTITY, "status", "created_ns")
-SPAN_COLUMNS = (
-    "source_db",
-    "trace_id",
-    "span_id",
-    "level",
-    "name",
-    "kind",
-    "run_level",
-    "start_ns",
-    "end_ns",
-    "duration_ns",
-    "idx",
-    "layer_type",
-    "flops",
-    *RELAY_OFFSET_COLUMNS.values(),  # the relay's marks on a live request span
-)
-STATS_COLUMNS = ("source_db", "trace_id", "level", "trimmed_mean_ns", "overhead_ratio")
+TRACE_COLUMNS = columnar.TRACE_COLUMNS
+SPAN_COLUMNS = columnar.SPAN_COLUMNS
+STATS_COLUMNS = columnar.STATS_COLUMNS
+ROW_GROUP_ROWS = 32_768  # Parquet row groups: what the writer holds per file before it flushes
 FLEET_ANALYSES = ("traces", "model_latency", "layer_types", "top_layers", "live_breakdown")
 
 
@@ -67,34 +55,52 @@ class ExportCounts:
     level_stats: int = 0
 
 
-def export_parquet(dbs: Sequence[str | Path], out: Path) -> ExportCounts:
+def export_parquet(
+    dbs: Sequence[str | Path], out: Path, threads: int | None = None
+) -> ExportCounts:
     """Write every trace of each store (failed profiles included, `status` says so) as
-    Parquet under `out`; returns the rows written."""
+    Parquet under `out`; returns the rows written. Streams: SQLite's rows reach DuckDB's
+    Parquet writer as Arrow record batches (`analysis.columnar`), a few at a time, in
+    `threads` (default: one per core) readers at once, over stores and parts of a large
+    store's spans (each part its own file)."""
     for table in TABLES:
         (out / table).mkdir(parents=True, exist_ok=True)
+    workers = max(1, threads or os.cpu_count() or 1)
+    jobs: list[tuple[str | Path, str, Path, tuple[int, int] | None]] = []
+    for i, db in enumerate(dbs):
+        for table in TABLES:
+            stem = f"{i:04d}-{Path(db).stem}"
+            ranges = columnar.span_ranges(db, workers) if table == "spans" else [None]
+            for k, rowids in enumerate(ranges):
+                name = stem if len(ranges) == 1 else f"{stem}-{k:02d}"
+                jobs.append((db, table, out / table / f"{name}.parquet", rowids))
+
+    def write(job: tuple[str | Path, str, Path, tuple[int, int] | None]) -> tuple[str, int]:
+        db, table, target, rowids = job
+        # one single-threaded DuckDB per reader: parallel COPYs in one DuckDB hold more
+        # rows in flight, and the readers are the parallelism
+        con = duckdb.connect()
+        try:
+            con.execute("SET threads = 1")
+            con.execute("SET enable_progress_bar = false")
+            with columnar.record_batches(db, table, rowids) as batches:
+                con.register("batches", batches)
+                try:
+                    select = columnar.select_sql(table, str(db), "batches")
+                    n = con.execute(
+                        f"COPY ({select}) TO '{_quote(target)}' "
+                        f"(FORMAT parquet, ROW_GROUP_SIZE {ROW_GROUP_ROWS})"
+                    ).fetchone()
+                finally:  # DuckDB lets go of the stream before ADBC closes it
+                    con.unregister("batches")
+            return table, int(n[0]) if n else 0
+        finally:
+            con.close()
+
     counts = {t: 0 for t in TABLES}
-    con = duckdb.connect()
-    try:
-        for i, db in enumerate(dbs):
-            data = load_traces([Path(db)], TraceFilter(include_errors=True))
-            # as the single-store report: ops outside every Keras layer are not layers
-            spans = data.spans[~data.spans["outside_layers"].eq(True)].copy()
-            is_layer = spans["level"] == "layer"
-            spans["layer_type"] = None
-            spans.loc[is_layer, "layer_type"] = layer_type(spans[is_layer])
-            frames = {
-                "traces": data.traces[list(TRACE_COLUMNS)],
-                "spans": spans[list(SPAN_COLUMNS)],
-                "level_stats": data.level_stats[list(STATS_COLUMNS)],
-            }
-            for table, frame in frames.items():
-                target = out / table / f"{i:04d}-{Path(db).stem}.parquet"
-                con.register("frame", frame)
-                con.execute(f"COPY frame TO '{_quote(target)}' (FORMAT parquet)")
-                con.unregister("frame")
-                counts[table] += len(frame)
-    finally:
-        con.close()
+    with ThreadPoolExecutor(workers) as pool:  # ADBC and DuckDB run without the GIL
+        for table, n in pool.map(write, jobs):
+            counts[table] += n
     return ExportCounts(**counts)
 
 
@@ -113,10 +119,16 @@ def connect(fleet_dir: Path, threads: int | None = None) -> duckdb.DuckDBPyConne
         if not files:
             raise FileNotFoundError(f"{fleet_dir / table}: no Parquet files (export first)")
         where = " WHERE status = 'ok'" if table == "traces" else ""
+        # union_by_name: a folder may hold exports of older sidecars, whose spans lack the
+        # relay's marks; those columns then read as NULL (the breakdown's fallback)
         con.execute(
-            f"CREATE VIEW {table}_all AS SELECT * FROM read_parquet('{_quote(fleet_dir / table)}"
-            f"/*.parquet'){where}"
+            f"CREATE VIEW {table}_raw AS SELECT * FROM read_parquet("
+            f"'{_quote(fleet_dir / table)}/*.parquet', union_by_name = true)"
         )
+        have = {row[0] for row in con.execute(f"DESCRIBE {table}_raw").fetchall()}
+        missing = [c for c in RELAY_OFFSET_COLUMNS.values() if table == "spans" and c not in have]
+        extra = "".join(f", NULL::BIGINT AS {c}" for c in missing)
+        con.execute(f"CREATE VIEW {table}_all AS SELECT *{extra} FROM {table}_raw{where}")
     con.execute("CREATE VIEW traces AS SELECT * FROM traces_all")
     for table in ("spans", "level_stats"):  # only rows of the selected traces
         con.execute(

@@ -20,8 +20,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import damage
+from analysis import columnar, damage
 from analysis.damage import BadRow
+from analysis.store_file import RELAY_OFFSET_COLUMNS, TraceDatabaseError
+from analysis.store_file import connect_ro as _connect_ro
 
 # Span attribute keys (docs/contracts.md) extracted into columns of `TraceData.spans`, and
 # the spans they are read from (each json_extract parses the JSON again, so only where used).
@@ -49,8 +51,6 @@ _LAYER_JSON = ("input_shapes", "output_shapes")
 _LAYER_LISTS = ("original_nodes", "original_op_types")  # parsed with the scalars
 # The relay's marks on a live request span (docs/contracts.md), loaded as ns after the span's
 # start (exact in float64, which epoch ns are not), NaN where a store has none.
-RELAY_MARKS: tuple[str, ...] = ("relay_request_end_ns", "relay_response_start_ns")
-RELAY_OFFSET_COLUMNS = {k: k.removesuffix("_ns") + "_offset_ns" for k in RELAY_MARKS}
 _IS_LAYER = "s.level = 'layer'"
 _IS_WORK = "s.level = 'kernel' AND s.kind NOT IN ('runtime', 'driver')"
 # Trace attribute keys extracted into columns of `TraceData.traces`.
@@ -63,11 +63,6 @@ TRACE_ATTRIBUTE_COLUMNS: tuple[str, ...] = (
     "layer_names",
     "synthetic",
 )
-_REQUIRED_TABLES = ("traces", "spans", "level_stats")
-
-
-class TraceDatabaseError(Exception):
-    """A database could not be read as an xsp-sidecar trace store."""
 
 
 @dataclass(frozen=True)
@@ -132,35 +127,6 @@ def parse_since(text: str, now_ns: int | None = None) -> int:
     if stamp.tzinfo is None:
         stamp = stamp.tz_localize("UTC")
     return int(stamp.value)
-
-
-def _connect_ro(path: Path) -> sqlite3.Connection:
-    if not path.is_file():
-        raise TraceDatabaseError(f"{path}: no such file (expected an xsp-sidecar trace database)")
-    uri = path.resolve().as_uri()
-    try:
-        try:
-            conn = sqlite3.connect(f"{uri}?mode=ro", uri=True)
-            names = {
-                r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
-            }
-        except sqlite3.OperationalError:
-            # A WAL-mode store in a directory we cannot write (no -shm file can be created):
-            # read the file as it is on disk.
-            conn = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True)
-            names = {
-                r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
-            }
-    except sqlite3.DatabaseError as exc:
-        raise TraceDatabaseError(f"{path}: not a readable SQLite database ({exc})") from None
-    missing = [t for t in _REQUIRED_TABLES if t not in names]
-    if missing:
-        conn.close()
-        raise TraceDatabaseError(
-            f"{path}: not an xsp-sidecar trace store (missing tables: {', '.join(missing)}); "
-            "produce one with `xsp-sidecar profile --db FILE` or `xsp-sidecar serve --db FILE`"
-        )
-    return conn
 
 
 def _where(flt: TraceFilter) -> tuple[str, list[object]]:
@@ -264,49 +230,16 @@ def _load_one(path: Path, flt: TraceFilter, guard_json: bool = False) -> Loaded:
                 err_params,
             ):
                 failed[str(reason)] = int(count)
-        # One json_extract per span with several paths returns a JSON array (one parse per
-        # span in SQLite, one json.loads for all of them in Python); shapes stay JSON text.
-        layer_paths = ", ".join(f"'$.{k}'" for k in (*_LAYER_SCALARS, *_LAYER_LISTS))
-        work_paths = ", ".join(f"'$.{k}'" for k in _WORK_SCALARS)
-        valid = "json_valid(s.attributes) AND " if guard_json else ""
-        extracts = [
-            f"CASE WHEN {valid}{_IS_LAYER} THEN json_extract(s.attributes, {layer_paths}) "
-            f"WHEN {valid}{_IS_WORK} THEN json_extract(s.attributes, {work_paths}) END AS _attrs",
-            *(
-                f"CASE WHEN {valid}{_IS_LAYER} THEN json_extract(s.attributes, '$.{k}') END AS {k}"
-                for k in _LAYER_JSON
-            ),
-            *(
-                f"CASE WHEN {valid}s.level = 'request' AND json_type(s.attributes, '$.{k}') = "
-                f"'integer' AND typeof(s.start_ns) = 'integer' THEN "
-                f"json_extract(s.attributes, '$.{k}') - s.start_ns END AS {col}"
-                for k, col in RELAY_OFFSET_COLUMNS.items()
-            ),
-        ]
         sub = f"SELECT trace_id FROM traces{where}"
         # Selecting a few traces: let SQLite pick their rows. Otherwise reading every row and
         # dropping those of failed traces afterwards is faster than a lookup per row.
         narrow = bool(flt.models or flt.trace_ids or flt.batch_sizes or flt.since_ns is not None)
-        # A kernel's layer: its parent, or (kernel launched by a runtime API call) the
-        # launch's parent. Joined here on the primary key, which is cheap in SQLite. The CUDA
-        # API records themselves (runtime/driver) serve only this join and the timeline
-        # export (which reads its trace in full), so the bulk load leaves them out.
-        spans = pd.read_sql_query(
-            "SELECT s.trace_id, s.span_id, s.level, s.name, s.kind, "
-            f"{_int_or_zero('s.start_ns', 'start_ns')}, {_int_or_zero('s.end_ns', 'end_ns')}, "
-            "CASE WHEN typeof(s.duration_ns) IN ('integer', 'real') THEN s.duration_ns "
-            "ELSE 0 END AS duration_ns, s.run_level, "
-            f"{_int_or_zero('s.idx', 'idx')}, {', '.join(extracts)}, "
-            "CASE WHEN p.level = 'layer' THEN p.name WHEN g.level = 'layer' THEN g.name END "
-            f"AS layer, {_span_checks(guard_json)} AS _bad FROM spans s "
-            "LEFT JOIN spans p ON s.level = 'kernel' AND p.trace_id = s.trace_id "
-            "AND p.span_id = s.parent_id "
-            "LEFT JOIN spans g ON p.level = 'kernel' AND g.trace_id = p.trace_id "
-            "AND g.span_id = p.parent_id "
-            "WHERE NOT (s.level = 'kernel' AND s.kind IN ('runtime', 'driver'))"
-            + (f" AND s.trace_id IN ({sub})" if narrow else ""),
-            conn,
-            params=params if narrow else None,
+        # SQLite checks each row and joins a kernel's layer (its parent, or its launch's
+        # parent); DuckDB reads the attributes (analysis/columnar.py). The CUDA API records
+        # themselves (runtime/driver) serve only that join and the timeline export (which
+        # reads its trace in full), so the bulk load leaves them out.
+        spans = columnar.report_spans(
+            path, _span_checks(False), sub if narrow else None, params if narrow else ()
         )
         stats = pd.read_sql_query(
             "SELECT trace_id, level, iterations, warmup, trimmed_mean_ns, median_ns, min_ns, "
@@ -349,38 +282,55 @@ def _as_float(values: Sequence[object]) -> tuple[np.ndarray, np.ndarray]:
         return out, np.isnan(out) & raw.notna().to_numpy()
 
 
-def _unpack_attributes(
-    spans: pd.DataFrame, ignored: list[tuple[int, str, object]]
-) -> dict[str, np.ndarray]:
-    """Typed columns from the `_attrs` JSON arrays (layer or kernel scalars). A value that is
-    not a number where one is expected is left out and reported in `ignored` as (row
-    position, attribute, value)."""
-    texts = spans["_attrs"].to_numpy()
-    is_layer = (spans["level"] == "layer").to_numpy()
+def _json_values(texts: np.ndarray) -> np.ndarray:
+    """JSON texts (None where absent) decoded, one object per row (lists stay whole)."""
+    out = np.full(len(texts), None, dtype=object)
     has = pd.notna(texts)
-    n = len(spans)
-    columns: dict[str, np.ndarray] = {k: np.full(n, np.nan) for k in (*_NUMERIC, *_FLAGS)}
-    columns.update({k: np.full(n, None, dtype=object) for k in _OBJECTS})
-    layer_keys = (*_LAYER_SCALARS, *_LAYER_LISTS)
-    for mask, keys in ((has & is_layer, layer_keys), (has & ~is_layer, _WORK_SCALARS)):
-        if not mask.any():
-            continue
-        parsed = json.loads("[" + ",".join(texts[mask]) + "]")
-        positions = np.flatnonzero(mask)
-        for key, values in zip(keys, zip(*parsed, strict=True), strict=True):
-            if key in _LAYER_LISTS:
-                column = np.empty(len(values), dtype=object)
-                column[:] = values  # lists stay whole, one per row
-                columns[key][mask] = column
-            elif key in columns and columns[key].dtype == object:
-                columns[key][mask] = values
-            else:
-                columns[key][mask], wrong = _as_float(values)
-                for i in np.flatnonzero(wrong):
-                    ignored.append((int(positions[i]), key, values[i]))
+    if has.any():
+        values = json.loads("[" + ",".join(texts[has]) + "]")
+        column = np.empty(len(values), dtype=object)
+        column[:] = values
+        out[has] = column
+    return out
+
+
+def _span_attributes(spans: pd.DataFrame, source: str) -> tuple[pd.DataFrame, list[BadRow]]:
+    """The spans' typed attribute columns from the columns DuckDB read out of their JSON
+    (`columnar.report_spans`): numbers as float64, flags as booleans, objects decoded. A
+    value that is not a number where one is expected is left out and named."""
+    bad: list[BadRow] = []
+    wrong = spans["_wrong"].to_numpy(object)
+    for pos in np.flatnonzero(pd.notna(wrong)):
+        for key, value in json.loads("{" + wrong[pos] + "}").items():
+            bad.append(
+                BadRow(
+                    source,
+                    "spans",
+                    str(spans["trace_id"].iat[pos]),
+                    str(spans["span_id"].iat[pos]),
+                    f"attributes.{key}",
+                    f"not a number ({value!r})",
+                    damage.IGNORED,
+                )
+            )
+    columns: dict[str, Any] = {
+        "start_ns": spans["start_ns"].to_numpy("int64"),
+        "end_ns": spans["end_ns"].to_numpy("int64"),
+        "duration_ns": spans["duration_ns"].to_numpy("int64"),
+        "idx": spans["idx"].to_numpy("int64"),
+    }
+    for key in _NUMERIC:
+        columns[key] = spans[key].to_numpy("float64")
     for key in _FLAGS:
-        columns[key] = columns[key] > 0
-    return columns
+        columns[key] = spans[key].to_numpy("float64") > 0
+    for key in _OBJECTS:
+        columns[key] = _json_values(spans[key].to_numpy(object))
+    for col in RELAY_OFFSET_COLUMNS.values():  # the relay's marks (request spans only)
+        columns[col] = spans[col].to_numpy("float64")
+    rest = spans[["trace_id", "span_id", "level", "name", "kind", "run_level",
+                  *_LAYER_JSON, "layer"]]  # fmt: skip
+    out = pd.concat([rest, pd.DataFrame(columns, index=spans.index)], axis=1)
+    return out, bad
 
 
 def _trace_attributes(traces: pd.DataFrame, source: str) -> tuple[pd.DataFrame, list[BadRow]]:
@@ -468,41 +418,8 @@ def _normalize(
         stats[col] = pd.to_numeric(stats[col])
     stats["samples_ns"], bad_samples = _samples(stats, source)
     bad += bad_samples
-    ignored: list[tuple[int, str, object]] = []
-    columns = {
-        "start_ns": spans["start_ns"].to_numpy("int64"),
-        "end_ns": spans["end_ns"].to_numpy("int64"),
-        "duration_ns": np.rint(spans["duration_ns"].to_numpy("float64")).astype("int64"),
-        "idx": spans["idx"].to_numpy("int64"),
-        **_unpack_attributes(spans, ignored),
-        **{
-            col: pd.to_numeric(spans[col], errors="coerce").to_numpy("float64")
-            for col in RELAY_OFFSET_COLUMNS.values()
-        },
-    }
-    for pos, key, value in ignored:
-        bad.append(
-            BadRow(
-                source,
-                "spans",
-                str(spans["trace_id"].iat[pos]),
-                str(spans["span_id"].iat[pos]),
-                f"attributes.{key}",
-                f"not a number ({value!r})",
-                damage.IGNORED,
-            )
-        )
-    rest = spans.drop(
-        columns=[
-            "_attrs",
-            "start_ns",
-            "end_ns",
-            "duration_ns",
-            "idx",
-            *RELAY_OFFSET_COLUMNS.values(),
-        ]
-    )
-    spans = pd.concat([rest, pd.DataFrame(columns, index=spans.index)], axis=1)
+    spans, bad_attrs = _span_attributes(spans, source)
+    bad += bad_attrs
     return traces, spans, stats, bad
 
 

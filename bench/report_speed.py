@@ -1,53 +1,50 @@
 """How fast is `analysis/report.py` on a big trace store?
 
     python bench/report_speed.py [--traces 1000] [--layers 60] [--format text] [--keep DB]
+    python bench/report_speed.py --export [--databases 4] [--traces 1000] [--db DB]
     python bench/report_speed.py --fleet [--databases 100] [--traces 1000] [--keep DIR]
 
 Generates N GPU-shaped traces of ~500 spans each (M, L and K runs of a 60-layer model with
-synthetic CUPTI-like kernel records, from scripts/make_report_testdata.py) into a temporary
-trace store, then times one full report (load + every analysis + rendering) in-process.
-Goal: 1,000 traces x ~500 spans in under 10 s. Prints the time and spans/s.
+synthetic CUPTI-like kernel records, from tests/harness/traces/report_scenarios.py) into a temporary
+trace store, then times one full report (load + every analysis + rendering) as its own
+process. Goal: 1,000 traces x 486 spans in 2 s or less, peaking at 0.5 GB or less. Prints the
+time, spans/s and peak memory (the process's maximum resident set).
+
+`--export`: `report.py export-parquet` of `--databases` (4) copies of such a store. Goal:
+1 M spans/s, peaking at 0.5 GB or less.
 
 `--fleet`: a fleet of `--databases` pods' exports, generated directly as Parquet by DuckDB SQL
 (`range()`, no Python loop over rows) in the layout of `report.py export-parquet`: per trace one
 request span, five backend spans, and M, L and K runs of a 60-layer model (3 model spans, 120
 layer spans, 371 kernels: 500 spans). Times the fleet report (`report.py fleet`, every analysis
 in DuckDB). Goal: 100 databases x 1,000 traces x 500 spans (50 M spans) in under 2 minutes.
+
+Every step is timed as a separate `report.py` process, so that its peak memory is its own.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib.util
-import io
+import os
 import random
+import shutil
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def _testdata() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "make_report_testdata", REPO / "scripts" / "make_report_testdata.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def generate(path: Path, n_traces: int, n_layers: int) -> int:
     from sidecar.trace.store import PendingWrite, TraceStore
+    from tests.harness.traces import report_scenarios as gen
+    from tests.harness.traces.synthetic import BASE_NS, Ids
 
-    gen = _testdata()
     layers = tuple(
         gen.LayerSpec(
             f"{spec.name}_{i}",
@@ -62,7 +59,7 @@ def generate(path: Path, n_traces: int, n_layers: int) -> int:
         for spec in gen.GPU_LAYERS
     )[:n_layers]
     rng = random.Random(7)
-    ids = gen.Ids(rng)
+    ids = Ids(rng)
     store = TraceStore(path)
     n_spans = 0
     batch: list[PendingWrite] = []
@@ -72,7 +69,7 @@ def generate(path: Path, n_traces: int, n_layers: int) -> int:
                 ids,
                 rng,
                 (1, 2, 4, 8)[n % 4],
-                gen.BASE_NS + n * 10**9,
+                BASE_NS + n * 10**9,
                 layers=layers,
                 kernels_per_layer=3,
             )
@@ -98,6 +95,11 @@ def _count_spans(db: Path) -> int:
 
 
 FLEET_GOAL_S = 120.0
+# issue 25's goals: one pod's store (486 k spans) reported in 2 s, exports at 1 M spans/s,
+# both peaking at 0.5 GB or less
+REPORT_GOAL_S = 2.0
+EXPORT_GOAL_SPANS_S = 1_000_000
+PEAK_GOAL_BYTES = 500_000_000
 SPANS_PER_TRACE = 500
 _SERVER_KINDS = ("request", "queue", "compute_input", "compute_infer", "compute_output")
 _LAYER_TYPES = ("Conv", "Relu", "BatchNormalization", "Add", "MaxPool", "Gemm")
@@ -177,18 +179,49 @@ def generate_fleet(out: Path, n_dbs: int, n_traces: int, n_layers: int) -> int:
         con.close()
 
 
-def fleet(args: argparse.Namespace) -> int:
-    from analysis import fleet as fleet_report
+@dataclass(frozen=True)
+class Measured:
+    """One step run as its own process: wall and CPU seconds, peak resident memory."""
 
+    wall_s: float
+    cpu_s: float
+    peak_bytes: int
+
+    def line(self, what: str, n_spans: int) -> str:
+        return (
+            f"{what}: {self.wall_s:.2f} s wall ({self.cpu_s:.2f} s CPU), "
+            f"{n_spans / self.wall_s:,.0f} spans/s, peak {self.peak_bytes / 1e9:.2f} GB"
+        )
+
+
+def measure(argv: list[str]) -> Measured:
+    """Run `report.py ARGV` in a fresh process (so that its peak memory is its own, not the
+    generator's) and measure it; raises with its stderr when it fails."""
+    cmd = [sys.executable, str(REPO / "analysis" / "report.py"), *argv]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        took = time.perf_counter() - t0
+        if proc.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(
+                f"report.py {argv[0]} failed ({proc.returncode}): {err.read().decode()[-2000:]}"
+            )
+    return Measured(took, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024)
+
+
+def fleet(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = args.keep or Path(tmp) / "fleet"
         if args.fleet_dir:
             out = args.fleet_dir
             import duckdb
 
-            n_spans = int(
-                duckdb.sql(f"SELECT count(*) FROM '{out}/spans/*.parquet'").fetchone()[0]  # type: ignore[index]
-            )
+            rows = duckdb.sql(f"SELECT count(*) FROM '{out}/spans/*.parquet'").fetchall()
+            n_spans = int(rows[0][0])
         else:
             t0 = time.perf_counter()
             n_spans = generate_fleet(out, args.databases, args.traces, args.layers)
@@ -196,15 +229,40 @@ def fleet(args: argparse.Namespace) -> int:
                 f"generated {args.databases} databases x {args.traces} traces, {n_spans:,} "
                 f"spans as Parquet in {time.perf_counter() - t0:.1f} s"
             )
-        t0, c0 = time.perf_counter(), time.process_time()
-        tables = fleet_report.fleet_tables(out, top=10)
-        fleet_report.render_text(tables)
-        took, cpu = time.perf_counter() - t0, time.process_time() - c0
-        verdict = "OK" if took < FLEET_GOAL_S else f"SLOWER than the {FLEET_GOAL_S:.0f} s goal"
-        print(
-            f"fleet report: {took:.1f} s wall ({cpu:.1f} s CPU), {n_spans / took:,.0f} spans/s, "
-            f"{len(tables['traces'])} models [{verdict}]"
-        )
+        m = measure(["fleet", str(out), "--format", "json", "--out", str(Path(tmp) / "out")])
+        verdict = "OK" if m.wall_s < FLEET_GOAL_S else f"SLOWER than the {FLEET_GOAL_S:.0f} s goal"
+        print(f"{m.line('fleet report', n_spans)} [{verdict}]")
+    return 0
+
+
+def store(args: argparse.Namespace, tmp: Path) -> tuple[Path, int]:
+    """The store to time: `--db`, or one generated (and `--keep`t)."""
+    if args.db:
+        return args.db, _count_spans(args.db)
+    db: Path = args.keep or tmp / "bench.db"
+    t0 = time.perf_counter()
+    n_spans = generate(db, args.traces, args.layers)
+    print(
+        f"generated {args.traces} traces, {n_spans} spans "
+        f"({n_spans / args.traces:.0f}/trace) in {time.perf_counter() - t0:.1f} s"
+    )
+    return db, n_spans
+
+
+def export(args: argparse.Namespace) -> int:
+    """`report.py export-parquet` of `--databases` copies of one store."""
+    with tempfile.TemporaryDirectory() as tmp:
+        db, n_spans = store(args, Path(tmp))
+        pods = []
+        for i in range(args.databases):
+            pod = Path(tmp) / f"pod-{i}.db"
+            shutil.copyfile(db, pod)
+            pods.append(str(pod))
+        n_spans *= args.databases
+        m = measure(["export-parquet", *pods, "--out", str(Path(tmp) / "fleet")])
+        goal = m.wall_s <= n_spans / EXPORT_GOAL_SPANS_S and m.peak_bytes <= PEAK_GOAL_BYTES
+        verdict = "OK" if goal else "MISSES the 1 M spans/s, 0.5 GB goal"
+        print(f"{m.line(f'export-parquet of {args.databases} stores', n_spans)} [{verdict}]")
     return 0
 
 
@@ -216,39 +274,24 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="keep the generated store (--fleet: folder)")
     parser.add_argument("--db", type=Path, help="time a report on this existing store instead")
     parser.add_argument("--fleet", action="store_true", help="time the fleet report instead")
-    parser.add_argument("--databases", type=int, default=100, help="--fleet: pods")
+    parser.add_argument(
+        "--export", action="store_true", help="time export-parquet of --databases copies"
+    )
+    parser.add_argument("--databases", type=int, default=None, help="--fleet/--export: pods")
     parser.add_argument("--fleet-dir", type=Path, help="--fleet: time this existing export")
     args = parser.parse_args()
+    if args.databases is None:
+        args.databases = 4 if args.export else 100
     if args.fleet:
         return fleet(args)
-    from analysis import report
-
+    if args.export:
+        return export(args)
     with tempfile.TemporaryDirectory() as tmp:
-        if args.db:
-            db = args.db
-            n_spans = _count_spans(db)
-        else:
-            db = args.keep or Path(tmp) / "bench.db"
-            t0 = time.perf_counter()
-            n_spans = generate(db, args.traces, args.layers)
-            gen_s = time.perf_counter() - t0
-            print(
-                f"generated {args.traces} traces, {n_spans} spans "
-                f"({n_spans / args.traces:.0f}/trace) in {gen_s:.1f} s"
-            )
-        out = Path(tmp) / "out"
-        t0, c0 = time.perf_counter(), time.process_time()
-        with contextlib.redirect_stderr(io.StringIO()):
-            rc = report.main([str(db), "--format", args.format, "--out", str(out)])
-        took, cpu = time.perf_counter() - t0, time.process_time() - c0
-        if rc != 0:
-            print(f"report failed with exit status {rc}", file=sys.stderr)
-            return rc
-        verdict = "OK" if took < 10 else "SLOWER than the 10 s goal"
-        print(
-            f"full report ({args.format}): {took:.2f} s wall ({cpu:.2f} s CPU), "
-            f"{n_spans / took:,.0f} spans/s [{verdict}]"
-        )
+        db, n_spans = store(args, Path(tmp))
+        m = measure([str(db), "--format", args.format, "--out", str(Path(tmp) / "out")])
+        goal = m.wall_s <= REPORT_GOAL_S and m.peak_bytes <= PEAK_GOAL_BYTES
+        verdict = "OK" if goal else "MISSES the 2 s, 0.5 GB goal at 486 k spans"
+        print(f"{m.line(f'full report ({args.format})', n_spans)} [{verdict}]")
     return 0
 
 

@@ -19,7 +19,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 STAMP=.venv/.xsp-setup-stamp
 LOG=.venv/setup.log
 want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1) $(python -V 2>&1)"
-check() { python -c "import sidecar, torch, onnxruntime, grpc, tritonclient.grpc, tensorflow_serving.apis.predict_pb2, pandas, matplotlib, duckdb" 2>/dev/null; }
+check() { python -c "import sidecar, torch, onnxruntime, grpc, tritonclient.grpc, tensorflow_serving.apis.predict_pb2, pandas, matplotlib, duckdb, pyarrow, adbc_driver_sqlite.dbapi" 2>/dev/null; }
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && check; then
     echo "==> .venv is up to date (pyproject.toml unchanged; log of the last install: $LOG)"

@@ -1,5 +1,6 @@
-"""The analysis stack (pandas, matplotlib, duckdb) is the `analysis` extra: the sidecar never
-imports it, and `analysis/report.py` without it stops with one line that names the extra."""
+"""The analysis stack (pandas, matplotlib, duckdb, pyarrow, ADBC's SQLite driver) is the
+`analysis` extra: the sidecar never imports it, and `analysis/report.py` without it stops with
+one line that names the extra."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import tomllib
 
 from tests.analysis.helpers import REPO
 
-STACK = {"pandas", "matplotlib", "duckdb"}
+STACK = {"pandas", "matplotlib", "duckdb", "pyarrow", "adbc_driver_sqlite"}
 
 
 def _name(requirement: str) -> str:
     for stop in "[<>=!~ ;":
         requirement = requirement.split(stop)[0]
-    return requirement.strip().lower()
+    return requirement.strip().lower().replace("-", "_")
 
 
 def test_the_analysis_stack_is_an_extra_not_a_runtime_dependency() -> None:
@@ -47,7 +48,8 @@ def test_report_without_the_extra_names_it_in_one_line() -> None:
     # None in sys.modules makes both find_spec and import see the module as absent.
     code = (
         "import runpy, sys\n"
-        "for name in ('pandas', 'matplotlib', 'duckdb'): sys.modules[name] = None\n"
+        "for name in ('pandas', 'matplotlib', 'duckdb', 'pyarrow', 'adbc_driver_sqlite'):\n"
+        "    sys.modules[name] = None\n"
         "sys.argv = ['analysis/report.py', 'traces.db']\n"
         "runpy.run_path('analysis/report.py', run_name='__main__')\n"
     )
@@ -58,5 +60,5 @@ def test_report_without_the_extra_names_it_in_one_line() -> None:
     assert out.stdout == ""
     lines = out.stderr.splitlines()
     assert len(lines) == 1, out.stderr
-    assert "pandas, matplotlib, duckdb not installed" in lines[0]
+    assert "pandas, matplotlib, duckdb, pyarrow, adbc_driver_sqlite not installed" in lines[0]
     assert "pip install 'xsp-sidecar[analysis]'" in lines[0]

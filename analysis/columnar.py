@@ -1,0 +1,447 @@
+"""A trace store read columnar: SQLite rows to Arrow record batches to DuckDB, no Python per row.
+
+ADBC's SQLite driver runs one query per table and hands its rows over as Arrow record batches
+(`batch_rows` at a time, in C); DuckDB reads those batches as they come and writes them
+(`COPY ... TO parquet`) or aggregates them. Memory stays that of a few batches, whatever the
+store's size, and the Python interpreter touches no row.
+
+The rows are the ones `analysis.tracedb` loads, by the same rules, written here as SQL that
+SQLite evaluates while it scans:
+
+- a damaged row (a duration that is NULL, negative or not a number, an end before its start,
+  attribute text that is not JSON, a trace without a sound batch size or creation time, a
+  statistic that is not a duration) is left out (`damage.py`'s checks), and so are the spans
+  and statistics of a damaged trace;
+- the CUDA runtime/driver API records (which only place kernels under their layers) are not
+  carried, nor the ops a TensorFlow profile found outside every Keras layer;
+- a layer's type is what it fused (`Conv+Relu` from `original_op_types`), else its `op_type`,
+  else its kind (`analysis.common.layer_type`); an attribute value that is not a number where
+  one is expected reads as missing.
+
+ADBC infers each column's Arrow type from the first batch and refuses a later value of
+another type, so every column is given one SQLite type (integers, reals or text) and the
+first row of each result is a typed sentinel that DuckDB drops.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from analysis import damage
+from analysis.store_file import RELAY_OFFSET_COLUMNS, TraceDatabaseError, connect_ro
+
+BATCH_ROWS = 16_384  # rows per Arrow record batch: a few MB of spans
+PART_ROWS = 200_000  # a store's spans are read in parallel parts of at least this many rows
+
+TRACE_COLUMNS = (
+    "source_db",
+    "trace_id",
+    "model",
+    "model_version",
+    "batch_size",
+    "device",
+    "runtime",
+    "status",
+    "created_ns",
+)
+# the spans' columns as SQLite hands them over (attributes still JSON text)
+_SPAN_ROWS = (
+    "source_db",
+    "trace_id",
+    "span_id",
+    "level",
+    "name",
+    "kind",
+    "run_level",
+    "start_ns",
+    "end_ns",
+    "duration_ns",
+    "idx",
+    "attributes",
+)
+SPAN_COLUMNS = (
+    "source_db",
+    "trace_id",
+    "span_id",
+    "level",
+    "name",
+    "kind",
+    "run_level",
+    "start_ns",
+    "end_ns",
+    "duration_ns",
+    "idx",
+    "layer_type",
+    "flops",
+    *RELAY_OFFSET_COLUMNS.values(),  # the relay's marks on a live request span
+)
+STATS_COLUMNS = ("source_db", "trace_id", "level", "trimmed_mean_ns", "overhead_ratio")
+_NAMES = {"traces": TRACE_COLUMNS, "spans": _SPAN_ROWS, "level_stats": STATS_COLUMNS}
+
+
+def _text(expr: str) -> str:
+    return f"CAST({expr} AS TEXT)"
+
+
+def _int(expr: str) -> str:
+    """An integer, or 0 where the value is not one (such rows are left out anyway)."""
+    return f"CASE WHEN typeof({expr}) = 'integer' THEN {expr} ELSE 0 END"
+
+
+def _rint(expr: str) -> str:
+    """A non-negative number of ns as an integer, reals rounded half to even (numpy's rint,
+    as the pandas loader rounds)."""
+    whole = f"CAST({expr} AS INTEGER)"
+    frac = f"({expr} - {whole})"
+    return (
+        f"CASE WHEN typeof({expr}) = 'integer' THEN {expr} "
+        f"WHEN typeof({expr}) = 'real' THEN {whole} + (CASE WHEN {frac} > 0.5 OR "
+        f"({frac} = 0.5 AND {whole} % 2 = 1) THEN 1 ELSE 0 END) END"
+    )
+
+
+def _real(expr: str) -> str:
+    return f"CASE WHEN typeof({expr}) IN ('integer', 'real') THEN CAST({expr} AS REAL) END"
+
+
+def trace_ok() -> str:
+    """SQL over `traces`: the trace is sound (its spans and statistics are kept)."""
+    checks = [
+        damage.integer("created_ns"),
+        damage.positive_integer("batch_size"),
+        ("model IS NULL", "'model: NULL'"),
+    ]
+    bad = " OR ".join(f"({c})" for c, _ in checks)
+    is_object = "(CASE WHEN json_valid(attributes) THEN json_type(attributes) END) = 'object'"
+    return f"NOT ({bad}) AND (attributes IS NULL OR attributes = '' OR {is_object})"
+
+
+def _span_ok() -> str:
+    checks = [
+        damage.integer("s.start_ns"),
+        damage.integer("s.end_ns"),
+        damage.ordered("s.start_ns", "s.end_ns"),
+        *damage.duration("s.duration_ns"),
+        damage.integer("s.idx", nullable=True),
+    ]  # and attribute text that is not JSON: DuckDB checks it (`SPANS_DUCKDB`)
+    return "NOT (" + " OR ".join(f"({c})" for c, _ in checks) + ")"
+
+
+def _stats_ok() -> str:
+    checks = [
+        *damage.duration("trimmed_mean_ns"),
+        *(c for col in ("median_ns", "min_ns", "max_ns") for c in damage.duration(col, True)),
+        *damage.ratio("overhead_ratio"),
+        damage.integer("iterations", nullable=True),
+        damage.integer("warmup", nullable=True),
+    ]
+    return "NOT (" + " OR ".join(f"({c})" for c, _ in checks) + ")"
+
+
+def _sentinel(table: str, types: Sequence[str]) -> str:
+    """A first row of the given SQLite types, so that ADBC infers them (DuckDB drops it),
+    which names the columns of the result."""
+    values = {"text": "''", "integer": "0", "real": "0.0"}
+    names = _NAMES[table][1:]
+    assert len(names) == len(types)
+    return "SELECT 1 AS _first, " + ", ".join(
+        f"{values[t]} AS {n}" for t, n in zip(types, names, strict=True)
+    )
+
+
+TRACES_SQL = (
+    _sentinel("traces", ["text"] * 3 + ["integer"] + ["text"] * 3 + ["integer"])
+    + " UNION ALL SELECT 0, trace_id, "
+    + ", ".join(_text(c) for c in ("model", "model_version"))
+    + ", CASE WHEN typeof(batch_size) = 'integer' THEN batch_size END, "
+    + ", ".join(_text(c) for c in ("device", "runtime", "status"))
+    + f", created_ns FROM traces WHERE {trace_ok()}"
+)
+
+SPANS_SQL = (
+    _sentinel("spans", ["text"] * 6 + ["integer"] * 4 + ["text"])
+    + " UNION ALL SELECT 0, s.trace_id, "
+    + ", ".join(_text(f"s.{c}") for c in ("span_id", "level", "name", "kind", "run_level"))
+    + f", s.start_ns, s.end_ns, {_rint('s.duration_ns')}, {_int('s.idx')}, "
+    "CAST(s.attributes AS TEXT) FROM spans s "
+    "WHERE NOT (s.level = 'kernel' AND s.kind IN ('runtime', 'driver')) "
+    f"AND {_span_ok()} AND s.trace_id IN (SELECT trace_id FROM traces WHERE {trace_ok()})"
+)
+STATS_SQL = (
+    _sentinel("level_stats", ["text", "text", "integer", "real"])
+    + " UNION ALL SELECT 0, trace_id, CAST(level AS TEXT), "
+    + f"{_rint('trimmed_mean_ns')}, {_real('overhead_ratio')} FROM level_stats "
+    f"WHERE {_stats_ok()} AND trace_id IN (SELECT trace_id FROM traces WHERE {trace_ok()})"
+)
+QUERIES = {"traces": TRACES_SQL, "spans": SPANS_SQL, "level_stats": STATS_SQL}
+
+
+def _uri(path: Path, immutable: bool) -> str:
+    return f"{path.resolve().as_uri()}?mode=ro" + ("&immutable=1" if immutable else "")
+
+
+def _immutable(path: Path) -> bool:
+    """Whether the store must be read as the file on disk (a WAL-mode store in a folder we
+    cannot write); checks that it is a trace store on the way (errors said for people)."""
+    connect_ro(path).close()
+    try:
+        conn = sqlite3.connect(_uri(path, False), uri=True)
+        try:
+            conn.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
+        finally:
+            conn.close()
+        return False
+    except sqlite3.OperationalError:
+        return True
+
+
+@contextmanager
+def record_batches(
+    db: str | Path, table: str, rowids: tuple[int, int] | None = None
+) -> Iterator[Any]:
+    """A `pyarrow.RecordBatchReader` over one table's rows as the analyses take them, with a
+    leading `_first` column (true only on the typed sentinel row, which readers drop).
+    `rowids` (spans only): read the rows whose rowid lies in that closed range."""
+    import adbc_driver_sqlite.dbapi as adbc
+
+    path = Path(db)
+    query = QUERIES[table]
+    if rowids is not None:
+        query += f" AND s.rowid BETWEEN {int(rowids[0])} AND {int(rowids[1])}"
+    conn = adbc.connect(_uri(path, _immutable(path)))
+    try:
+        cur = conn.cursor()
+        try:
+            cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
+            cur.execute(query)
+            yield cur.fetch_record_batch()
+        finally:
+            cur.close()
+    except adbc.Error as exc:
+        raise TraceDatabaseError(f"{db}: cannot read the trace store ({exc})") from None
+    finally:
+        conn.close()
+
+
+def span_ranges(db: str | Path, parts: int) -> list[tuple[int, int] | None]:
+    """The spans table cut into up to `parts` rowid ranges of about `PART_ROWS` rows or more,
+    which separate readers scan at once (`[None]`: one reader for all)."""
+    conn = connect_ro(Path(db))
+    try:
+        low, high, n = conn.execute("SELECT min(rowid), max(rowid), count(*) FROM spans").fetchone()
+    finally:
+        conn.close()
+    parts = min(parts, int(n or 0) // PART_ROWS)
+    if parts <= 1:
+        return [None]
+    step = (high - low + parts) // parts
+    return [(low + k * step, min(high, low + (k + 1) * step - 1)) for k in range(parts)]
+
+
+# DuckDB over the rows of `SPANS_SQL` (relation `{relation}`): the attribute JSON is checked
+# and read here, parsed once per row into the typed members a span needs (`from_json`: a
+# value that is not a number where one is expected reads as NULL, true as 1), which costs a
+# fraction of SQLite's parser. A text that is not JSON fails `from_json` (NULL by `try`) and
+# then `json_valid`.
+_MEMBERS = (
+    '{"op_type": "VARCHAR", "original_op_types": "JSON", "flops": "DOUBLE", '
+    '"outside_layers": "DOUBLE"}'
+)
+_MEMBERS_SQL = _MEMBERS.replace("{", "{{").replace("}", "}}")  # SPANS_DUCKDB is formatted
+_IS_WORK = "level = 'kernel' AND kind NOT IN ('runtime', 'driver')"
+_RELAY_EXPORT = ",\n".join(
+    f"       CASE WHEN level = 'request' AND try(json_type(attributes, '$.{k}')) IN "
+    f"('BIGINT', 'UBIGINT') THEN try(json_extract(attributes, '$.{k}')::BIGINT) - start_ns "
+    f"END AS {col}"
+    for k, col in RELAY_OFFSET_COLUMNS.items()
+)
+SPANS_DUCKDB = f"""
+SELECT {{source}} AS source_db, trace_id, span_id, level, name, kind, run_level, start_ns,
+       end_ns, duration_ns, idx,
+       CASE WHEN level = 'layer' THEN
+           CASE WHEN json_type(j.original_op_types) = 'ARRAY'
+                     AND json_array_length(j.original_op_types) > 1
+                THEN array_to_string(json_extract_string(j.original_op_types, '$[*]'), '+')
+                ELSE coalesce(j.op_type, kind) END
+       END AS layer_type,
+       j.flops AS flops,
+{_RELAY_EXPORT}
+FROM (
+    SELECT *, CASE WHEN level = 'layer' OR ({_IS_WORK})
+                   THEN try(from_json(attributes, '{_MEMBERS_SQL}')) END AS j
+    FROM {{relation}} WHERE _first = 0
+)
+WHERE (attributes IS NULL OR j IS NOT NULL OR json_valid(attributes))
+  AND NOT (level = 'layer' AND coalesce(j.outside_layers > 0, false))
+"""
+
+
+def select_sql(table: str, source: str, relation: str) -> str:
+    """DuckDB SQL over a relation of `record_batches(db, table)`: the table's columns with
+    `source_db` in front, the sentinel row dropped (spans: attributes read)."""
+    quoted = "'" + source.replace("'", "''") + "'"
+    if table == "spans":
+        return SPANS_DUCKDB.format(source=quoted, relation=relation)
+    cols = ", ".join(f'"{c}"' for c in _NAMES[table][1:])
+    return f"SELECT {quoted} AS source_db, {cols} FROM {relation} WHERE _first = 0"
+
+
+# --- the single-store report's spans ---------------------------------------------------
+# `analysis.tracedb.load_traces` takes its spans from here: SQLite checks each row (the
+# `_bad` reason) and joins a kernel's layer; DuckDB checks the attribute JSON and reads the
+# attributes the analyses use, as typed columns; pandas gets the columns, not the rows.
+
+LAYER_NUMBERS = ("allocated_bytes", "leaf", "flops", "dram_read_bytes", "dram_write_bytes")
+LAYER_FLAGS = ("flops_estimated", "bytes_estimated", "outside_layers")
+LAYER_OBJECTS = ("op_type", "parent_layer", "original_nodes", "original_op_types")
+LAYER_JSON = ("input_shapes", "output_shapes")  # kept as JSON text
+WORK_NUMBERS = ("flops", "dram_read_bytes", "dram_write_bytes", "achieved_occupancy")
+WORK_FLAGS = ("metrics_estimated",)
+WORK_OBJECTS = ("stream",)
+NUMBERS = ("allocated_bytes", "flops", "dram_read_bytes", "dram_write_bytes",
+           "achieved_occupancy", "leaf")  # fmt: skip
+FLAGS = ("flops_estimated", "bytes_estimated", "metrics_estimated", "outside_layers")
+OBJECTS = ("op_type", "stream", "parent_layer", "original_nodes", "original_op_types")
+_LAYER_KEYS = (*LAYER_NUMBERS, *LAYER_FLAGS, *LAYER_OBJECTS, *LAYER_JSON)
+_WORK_KEYS = (*WORK_NUMBERS, *WORK_FLAGS, *WORK_OBJECTS)
+_REPORT_NAMES = ("trace_id", "span_id", "level", "name", "kind", "start_ns", "end_ns",
+                 "duration_ns", "run_level", "idx", "attributes", "layer", "_bad",
+                 *RELAY_OFFSET_COLUMNS.values())  # fmt: skip
+
+
+def report_spans_sql(span_checks: str, trace_subquery: str | None) -> str:
+    """SQLite: the spans the report reads (not the CUDA API records), each with its layer
+    (a kernel's parent, or its launch's parent) and `_bad`, the reason a row is damaged."""
+    types = ["text"] * 5 + ["integer"] * 3 + ["text", "integer"] + ["text"] * 3 + ["integer"] * 2
+    values = {"text": "''", "integer": "0"}
+    first = "SELECT 1 AS _first, " + ", ".join(
+        f"{values[t]} AS {n}" for t, n in zip(types, _REPORT_NAMES, strict=True)
+    )
+    return (
+        f"{first} UNION ALL SELECT 0, s.trace_id, "
+        + ", ".join(_text(f"s.{c}") for c in ("span_id", "level", "name", "kind"))
+        + f", {_int('s.start_ns')}, {_int('s.end_ns')}, {_rint('s.duration_ns')}, "
+        f"{_text('s.run_level')}, {_int('s.idx')}, {_text('s.attributes')}, "
+        "CASE WHEN p.level = 'layer' THEN CAST(p.name AS TEXT) "
+        "WHEN g.level = 'layer' THEN CAST(g.name AS TEXT) END, "
+        f"{span_checks}, "
+        + ", ".join(  # the relay's marks as offsets from the span's start (request spans)
+            f"CASE WHEN s.level = 'request' AND json_valid(s.attributes) AND "
+            f"json_type(s.attributes, '$.{k}') = 'integer' AND typeof(s.start_ns) = 'integer' "
+            f"THEN json_extract(s.attributes, '$.{k}') - s.start_ns END"
+            for k in RELAY_OFFSET_COLUMNS
+        )
+        + " FROM spans s "
+        "LEFT JOIN spans p ON s.level = 'kernel' AND p.trace_id = s.trace_id "
+        "AND p.span_id = s.parent_id "
+        "LEFT JOIN spans g ON p.level = 'kernel' AND g.trace_id = p.trace_id "
+        "AND g.span_id = p.parent_id "
+        "WHERE NOT (s.level = 'kernel' AND s.kind IN ('runtime', 'driver'))"
+        + (f" AND s.trace_id IN ({trace_subquery})" if trace_subquery else "")
+    )
+
+
+def _duck_number(x: str) -> str:
+    """A JSON value as a DOUBLE as numpy reads the decoded value: numbers, booleans (1/0),
+    numeric text; NULL otherwise."""
+    kind = f"json_type({x})"
+    return (
+        f"CASE WHEN {kind} IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN {x}::DOUBLE "
+        f"WHEN {kind} = 'BOOLEAN' THEN {x}::BOOLEAN::DOUBLE "
+        f"WHEN {kind} = 'VARCHAR' THEN TRY_CAST(json_extract_string({x}, '$') AS DOUBLE) END"
+    )
+
+
+def _report_duckdb() -> str:
+    """DuckDB over the rows of `report_spans_sql` (relation `batches`)."""
+    layer_paths = "[" + ", ".join(f"'$.{k}'" for k in _LAYER_KEYS) + "]"
+    work_paths = "[" + ", ".join(f"'$.{k}'" for k in _WORK_KEYS) + "]"
+    cols: list[str] = []
+    wrong: list[str] = []
+    for key in (*NUMBERS, *FLAGS):
+        refs = []
+        if key in _LAYER_KEYS:
+            refs.append(f"WHEN level = 'layer' THEN a[{_LAYER_KEYS.index(key) + 1}]")
+        if key in _WORK_KEYS:
+            refs.append(f"WHEN level != 'layer' THEN a[{_WORK_KEYS.index(key) + 1}]")
+        value = f"(CASE {' '.join(refs)} END)"
+        number = _duck_number(value)
+        cols.append(f"{number} AS {key}")
+        # present, not JSON null, and not a number: ignored, and named
+        wrong.append(
+            f"CASE WHEN {value} IS NOT NULL AND json_type({value}) != 'NULL' AND {number} IS NULL "
+            f"THEN '\"{key}\":' || {value} END"
+        )
+    cols.append(f"nullif(concat_ws(',', {', '.join(wrong)}), '') AS _wrong")
+    for key in (*OBJECTS, *LAYER_JSON):
+        refs = []
+        if key in _LAYER_KEYS:
+            refs.append(f"WHEN level = 'layer' THEN a[{_LAYER_KEYS.index(key) + 1}]")
+        if key in _WORK_KEYS:
+            refs.append(f"WHEN level != 'layer' THEN a[{_WORK_KEYS.index(key) + 1}]")
+        cols.append(f"(CASE {' '.join(refs)} END)::VARCHAR AS {key}")
+    quoted = "'''' || replace(substr(attributes, 1, 40), '''', '''''') || ''''"
+    return f"""
+SELECT trace_id, span_id, level, name, kind, start_ns, end_ns, duration_ns, run_level, idx,
+       layer, {", ".join(RELAY_OFFSET_COLUMNS.values())},
+       coalesce(_bad, CASE WHEN attributes IS NOT NULL AND a IS NULL
+                           AND NOT json_valid(attributes)
+                      THEN 'attributes: not valid JSON (' || {quoted} || ')' END) AS _bad,
+       {", ".join(cols)}
+FROM (
+    SELECT * EXCLUDE (attributes),
+           CASE WHEN level IN ('layer', 'kernel') OR NOT json_valid(attributes)
+                THEN attributes END AS attributes,
+           CASE WHEN level = 'layer' THEN try(json_extract(attributes, {layer_paths}))
+                WHEN level = 'kernel' THEN try(json_extract(attributes, {work_paths})) END AS a
+    FROM batches WHERE _first = 0
+)
+"""
+
+
+REPORT_DUCKDB = _report_duckdb()
+
+
+def report_spans(
+    path: Path, span_checks: str, trace_subquery: str | None, params: Sequence[object]
+) -> Any:
+    """The report's spans of one store as a pandas DataFrame: SQLite's columns, `_bad`,
+    the attribute columns (numbers as float64, flags as float64 to be compared with 0,
+    objects and shapes as JSON text) and `_wrong` (the members of a JSON object: the values
+    that are not numbers where one is expected, by key)."""
+    import adbc_driver_sqlite.dbapi as adbc
+    import duckdb
+
+    if trace_subquery:  # the filters' few plain values, as SQL literals
+        pieces = trace_subquery.split("?")
+        assert len(pieces) == len(params) + 1
+        literals = [str(v) if isinstance(v, int) else _sql_text(str(v)) for v in params]
+        trace_subquery = "".join(p + q for p, q in zip(pieces, [*literals, ""], strict=True))
+    query = report_spans_sql(span_checks, trace_subquery)
+    conn = adbc.connect(_uri(path, _immutable(path)))
+    try:
+        cur = conn.cursor()
+        con = duckdb.connect()  # closed before the ADBC stream it reads
+        try:
+            con.execute("SET enable_progress_bar = false")
+            cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
+            cur.execute(query)
+            con.register("batches", cur.fetch_record_batch())
+            rel = con.sql(REPORT_DUCKDB)
+            table = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+        finally:
+            con.close()
+            cur.close()
+        return table.to_pandas(self_destruct=True, split_blocks=True)
+    except adbc.Error as exc:
+        raise TraceDatabaseError(f"{path}: cannot read the trace store ({exc})") from None
+    finally:
+        conn.close()
+
+
+def _sql_text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"

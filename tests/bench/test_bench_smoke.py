@@ -1,0 +1,133 @@
+"""Every script under bench/ starts, runs at a toy size and prints its figures.
+
+Not a timing: a bench that no longer runs (a moved module, a renamed option) fails here, in
+CI, instead of the next time someone wants its numbers. `SMOKE` names one toy run per script;
+a script with no entry fails `test_every_bench_script_has_a_smoke_run`. Scripts that start a
+real Triton are marked `triton` and `slow`; the soak has its own short run
+(test_soak_short.py) and the relay shim runs under relay_breakdown.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "bench"
+
+
+@dataclass(frozen=True)
+class Smoke:
+    args: tuple[str, ...]
+    expect: tuple[str, ...]  # text each run prints (its figures)
+    triton: bool = False
+    timeout: float = 180.0
+
+
+SMOKE: dict[str, Smoke] = {
+    "report_speed.py": Smoke(
+        ("--traces", "8", "--layers", "6", "--format", "json"),
+        ("generated 8 traces", "full report (json):", "spans/s", "peak"),
+    ),
+    "report_speed.py --export": Smoke(
+        ("--export", "--traces", "8", "--layers", "6", "--databases", "2"),
+        ("export-parquet of 2 stores:", "spans/s", "peak"),
+    ),
+    "report_speed.py --fleet": Smoke(
+        ("--fleet", "--databases", "2", "--traces", "10"),
+        ("2 databases x 10 traces, 10,000 spans", "fleet report:", "spans/s"),
+    ),
+    "report_speed.py --fleet --fleet-dir": Smoke(
+        ("--fleet", "--fleet-dir", "{fleet}"),
+        ("fleet report:", "spans/s", "peak"),
+    ),
+    "profiling_accuracy.py": Smoke(
+        ("--models", "small_cnn", "--iterations", "3", "--warmup", "1"),
+        ("small_cnn", "trace M ms", "goals: ratio"),
+    ),
+    "gpu_profile.py": Smoke(
+        ("--cases", "resnet50:1", "--iterations", "2", "--warmup", "1", "--no-ncu"),
+        ("",),  # "no GPU" here; the table where CUDA is
+    ),
+    "proxy_overhead.py": Smoke(
+        ("--duration", "1", "--warmup", "0.3", "--concurrency", "1"),
+        ("Triton", "relay", "perf_analyzer"),
+        triton=True,
+        timeout=400.0,
+    ),
+    "relay_breakdown.py": Smoke(
+        # two clients: with one, its only recorded connection may not hold a whole call
+        ("--duration", "3", "--warmup", "0.3", "--concurrency", "2"),
+        ("relay process CPU", "us/call", "replayed hot"),
+        triton=True,
+        timeout=300.0,
+    ),
+    "sampling_impact.py": Smoke(
+        (
+            "--duration",
+            "2",
+            "--warmup",
+            "0.3",
+            "--concurrency",
+            "1",
+            "--rounds",
+            "1",
+            "--prime-wait",
+            "1",
+        ),
+        ("sidecar off", "sample rate"),
+        triton=True,
+        timeout=300.0,
+    ),
+}
+# Scripts run by another test, or only as a part of one above.
+COVERED_ELSEWHERE = {
+    "soak.py": "tests/bench/test_soak_short.py",
+    "relay_shim.py": "relay_breakdown.py runs the relay under it",
+    "perf_analyzer.py": "proxy_overhead.py runs it (a module, no command line)",
+}
+
+
+def _params() -> list[object]:
+    out = []
+    for key, smoke in SMOKE.items():
+        marks = [pytest.mark.triton, pytest.mark.slow] if smoke.triton else []
+        out.append(pytest.param(key, smoke, marks=marks, id=key.replace(" ", "")))
+    return out
+
+
+def test_every_bench_script_has_a_smoke_run() -> None:
+    scripts = {p.name for p in BENCH.glob("*.py")}
+    smoked = {key.split()[0] for key in SMOKE}
+    assert scripts - smoked - set(COVERED_ELSEWHERE) == set()
+    assert smoked | set(COVERED_ELSEWHERE) <= scripts  # no entry for a removed script
+
+
+@pytest.mark.parametrize(("key", "smoke"), _params())
+def test_bench_runs_at_a_toy_size(key: str, smoke: Smoke, tmp_path: Path) -> None:
+    script = BENCH / key.split()[0]
+    if "{fleet}" in smoke.args:  # an existing export: a toy one, written by export-parquet
+        fleet = tmp_path / "fleet"
+        report = REPO / "analysis" / "report.py"
+        db = REPO / "tests" / "data" / "gpu" / "traces.sqlite"
+        subprocess.run([sys.executable, str(report), "export-parquet", str(db), "--out",
+                        str(fleet)], check=True, capture_output=True, timeout=120)  # fmt: skip
+        smoke = Smoke(tuple(a.replace("{fleet}", str(fleet)) for a in smoke.args), smoke.expect)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path)}
+    run = subprocess.run(
+        [sys.executable, str(script), *smoke.args],
+        capture_output=True,
+        text=True,
+        timeout=smoke.timeout,
+        cwd=tmp_path,
+        env=env,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    for text in smoke.expect:
+        assert text in run.stdout, run.stdout[-4000:]
