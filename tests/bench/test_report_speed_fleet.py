@@ -30,5 +30,5 @@ def test_a_small_fleet_is_generated_and_reported(tmp_path: Path) -> None:
     live = tables["live_breakdown"]
     assert set(live["phase"]) == {
         "client_total", "network_proxy", "queue", "compute_input", "compute_infer",
-        "compute_output", "server_other",
+        "compute_output", "server_other", "server_after_response",
     }  # fmt: skip
