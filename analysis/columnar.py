@@ -32,49 +32,24 @@ from pathlib import Path
 from typing import Any
 
 from analysis import damage
-from analysis.store_file import RELAY_OFFSET_COLUMNS, TraceDatabaseError, connect_ro
+from analysis.store_file import (
+    RELAY_OFFSET_COLUMNS,
+    TRACE_IDENTITY,
+    TraceDatabaseError,
+    connect_ro,
+)
 
 BATCH_ROWS = 16_384  # rows per Arrow record batch: a few MB of spans
 PART_ROWS = 200_000  # a store's spans are read in parallel parts of at least this many rows
 
-TRACE_COLUMNS = (
-    "source_db",
-    "trace_id",
-    "model",
-    "model_version",
-    "batch_size",
-    "device",
-    "runtime",
-    "status",
-    "created_ns",
-)
+TRACE_COLUMNS = (*TRACE_IDENTITY, "status", "created_ns")
+# the columns every span has, as stored
+_SPAN_FIELDS = ("source_db", "trace_id", "span_id", "level", "name", "kind", "run_level",
+                "start_ns", "end_ns", "duration_ns", "idx")  # fmt: skip
 # the spans' columns as SQLite hands them over (attributes still JSON text)
-_SPAN_ROWS = (
-    "source_db",
-    "trace_id",
-    "span_id",
-    "level",
-    "name",
-    "kind",
-    "run_level",
-    "start_ns",
-    "end_ns",
-    "duration_ns",
-    "idx",
-    "attributes",
-)
+_SPAN_ROWS = (*_SPAN_FIELDS, "attributes")
 SPAN_COLUMNS = (
-    "source_db",
-    "trace_id",
-    "span_id",
-    "level",
-    "name",
-    "kind",
-    "run_level",
-    "start_ns",
-    "end_ns",
-    "duration_ns",
-    "idx",
+    *_SPAN_FIELDS,
     "layer_type",
     "flops",
     *RELAY_OFFSET_COLUMNS.values(),  # the relay's marks on a live request span

@@ -16,20 +16,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.store_file import TRACE_IDENTITY
 from analysis.tracedb import TraceData
 from sidecar.profiling.stats import TRIM
 
 GROUP = ["model", "batch_size"]
-# The columns that name one trace's run: its store, its id, the model and what it ran on
-TRACE_IDENTITY = (
-    "source_db",
-    "trace_id",
-    "model",
-    "model_version",
-    "batch_size",
-    "device",
-    "runtime",
-)
 DEVICE_KINDS = ("kernel", "memcpy", "memset")  # work that runs on the accelerator
 KERNEL_TABLE_KINDS = (*DEVICE_KINDS, "cpu_op")  # rows of the kernel table (A8)
 

@@ -7,6 +7,16 @@ import sqlite3
 from pathlib import Path
 
 REQUIRED_TABLES = ("traces", "spans", "level_stats")
+# The columns that name one trace's run: its store, its id, the model and what it ran on
+TRACE_IDENTITY = (
+    "source_db",
+    "trace_id",
+    "model",
+    "model_version",
+    "batch_size",
+    "device",
+    "runtime",
+)
 # The relay's marks of a live call, stored on its request span (epoch ns), and the columns
 # the loaders give them: offsets from the span's start, exact in float64.
 RELAY_MARKS: tuple[str, ...] = ("relay_request_end_ns", "relay_response_start_ns")
