@@ -331,6 +331,16 @@ def _duck_number(x: str) -> str:
     )
 
 
+def _attribute(key: str) -> str:
+    """DuckDB: attribute `key` of a span, from the JSON array `a` its level's paths read."""
+    refs = []
+    if key in _LAYER_KEYS:
+        refs.append(f"WHEN level = 'layer' THEN a[{_LAYER_KEYS.index(key) + 1}]")
+    if key in _WORK_KEYS:
+        refs.append(f"WHEN level != 'layer' THEN a[{_WORK_KEYS.index(key) + 1}]")
+    return f"(CASE {' '.join(refs)} END)"
+
+
 def _report_duckdb() -> str:
     """DuckDB over the rows of `report_spans_sql` (relation `batches`)."""
     layer_paths = "[" + ", ".join(f"'$.{k}'" for k in _LAYER_KEYS) + "]"
@@ -338,12 +348,7 @@ def _report_duckdb() -> str:
     cols: list[str] = []
     wrong: list[str] = []
     for key in (*NUMBERS, *FLAGS):
-        refs = []
-        if key in _LAYER_KEYS:
-            refs.append(f"WHEN level = 'layer' THEN a[{_LAYER_KEYS.index(key) + 1}]")
-        if key in _WORK_KEYS:
-            refs.append(f"WHEN level != 'layer' THEN a[{_WORK_KEYS.index(key) + 1}]")
-        value = f"(CASE {' '.join(refs)} END)"
+        value = _attribute(key)
         number = _duck_number(value)
         cols.append(f"{number} AS {key}")
         # present, not JSON null, and not a number: ignored, and named
@@ -353,12 +358,7 @@ def _report_duckdb() -> str:
         )
     cols.append(f"nullif(concat_ws(',', {', '.join(wrong)}), '') AS _wrong")
     for key in (*OBJECTS, *LAYER_JSON):
-        refs = []
-        if key in _LAYER_KEYS:
-            refs.append(f"WHEN level = 'layer' THEN a[{_LAYER_KEYS.index(key) + 1}]")
-        if key in _WORK_KEYS:
-            refs.append(f"WHEN level != 'layer' THEN a[{_WORK_KEYS.index(key) + 1}]")
-        cols.append(f"(CASE {' '.join(refs)} END)::VARCHAR AS {key}")
+        cols.append(f"{_attribute(key)}::VARCHAR AS {key}")
     quoted = "'''' || replace(substr(attributes, 1, 40), '''', '''''') || ''''"
     return f"""
 SELECT trace_id, span_id, level, name, kind, start_ns, end_ns, duration_ns, run_level, idx,
