@@ -23,6 +23,14 @@ class Endpoint:
     def __str__(self) -> str:
         return f"unix:{self.unix_path}" if self.unix_path else f"{self.host}:{self.port}"
 
+    @property
+    def grpc_target(self) -> str:
+        """The address as a gRPC channel target (`unix:path`, `host:port`, `[v6]:port`)."""
+        if self.unix_path:
+            return f"unix:{self.unix_path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
 
 class PortInUseError(OSError):
     """A listening address is already taken by another process; `strerror` says which."""

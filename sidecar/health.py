@@ -37,13 +37,6 @@ _CHANNEL_OPTIONS = [
 ]
 
 
-def _grpc_target(endpoint: Endpoint) -> str:
-    if endpoint.unix_path:
-        return f"unix:{endpoint.unix_path}"
-    host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
-    return f"{host}:{endpoint.port}"
-
-
 def add_port(server: grpc.Server, address: str, what: str, flag: str) -> int:
     """Let `server` listen on `address`; `PortInUseError` if it cannot (gRPC does not say why,
     and the address itself was checked with the config)."""
@@ -84,7 +77,7 @@ class BackendChecker:
     def _get_channel(self) -> grpc.Channel:
         if self._channel is None:
             self._channel = grpc.insecure_channel(
-                _grpc_target(self.endpoint), options=_CHANNEL_OPTIONS
+                self.endpoint.grpc_target, options=_CHANNEL_OPTIONS
             )
         return self._channel
 

@@ -219,6 +219,8 @@ def sampling_config(config: ServeConfig) -> SamplingConfig:
         tf_profiler=tf_profiler,
         otlp_export=config.otlp_export,
         otlp_export_protocol=config.otlp_export_protocol,
+        backend_target=config.backend_endpoint.grpc_target,
+        backend_protocol=config.backend_protocol,
     )
 
 

@@ -4,7 +4,8 @@ A record says everything the other packages need to know of one backend: which g
 carry a model name and where (the relay's labels), which methods can be replayed and how
 their request message is decoded (sampling, replay), how a model is found in the backend's
 repository and how its configuration is read (replay, sampling, admin), how its readiness is
-asked (health) and where its own spans of a live request come from (sampling, live).
+asked (health), where its own spans of a live request come from (sampling, live) and how the
+batches it executed are counted (sampling's batch windows).
 
 The relay's process imports every record, so a record and this module stay light: decoders
 and repository lookups load numpy, tritonclient or TensorFlow when first called, in the
@@ -20,9 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import grpc
     import numpy as np
 
     from sidecar.backends.model_repository import ModelLocation
+    from sidecar.backends.triton_statistics import ModelCounts
 
 FieldPath = tuple[int, ...]  # protobuf field numbers from the request down to the model name
 
@@ -45,6 +48,9 @@ class DecodedInputs:
 
 
 Decoder = Callable[[bytes], DecodedInputs]  # a request message (no gRPC prefix) -> its tensors
+# the backend's cumulative execution counters of every model, read over a gRPC channel to it
+# with a timeout in seconds (`triton_statistics`); raises `grpc.RpcError` when the call fails
+StatisticsReader = Callable[["grpc.Channel", float], Mapping[str, "ModelCounts"]]
 
 
 class SpanSource(enum.Enum):
@@ -104,6 +110,8 @@ class Backend:
     spans: SpanSource
     # the gRPC path whose sampled calls trigger a capture (SpanSource.PROFILER_CAPTURE only)
     capture_path: str | None = None
+    # how the batches the backend executed are counted (None: the backend does not say)
+    statistics: StatisticsReader | None = None
 
     def __post_init__(self) -> None:
         methods = {path.rsplit("/", 1)[-1] for path in self.methods}

@@ -5,7 +5,8 @@ repository and trace settings requests carry it as field 2. Replayed: `ModelInfe
 `ModelStreamInfer` (a stream's first message is a `ModelInferRequest`), decoded by
 `kserve_decode`. Models: a Triton model repository (`model_repository`), configured by each
 model's `config.pbtxt`. Ready: `ServerReady` answers `ready: true`. Its own spans: Triton's
-OpenTelemetry trace, exported over OTLP to the sidecar's receiver (`live/triton_spans`).
+OpenTelemetry trace, exported over OTLP to the sidecar's receiver (`live/triton_spans`). Its
+executed batches: the statistics extension's `batch_stats` (`triton_statistics`).
 
 The decoder and the repository lookup load their modules on first use (numpy, tritonclient
 and the runners' model formats): the relay's process reads only the tables.
@@ -19,7 +20,10 @@ from typing import TYPE_CHECKING, Any
 from sidecar.backends.base import Backend, DecodedInputs, Readiness, Repository, SpanSource
 
 if TYPE_CHECKING:
+    import grpc
+
     from sidecar.backends.model_repository import ModelLocation
+    from sidecar.backends.triton_statistics import ModelCounts
 
 SERVICE = "/inference.GRPCInferenceService/"
 SERVER_READY = SERVICE + "ServerReady"
@@ -50,6 +54,13 @@ def read_config(path: Path) -> Any:
     from sidecar.backends.model_repository import read_config
 
     return read_config(path)
+
+
+def read_statistics(channel: grpc.Channel, timeout_s: float) -> dict[str, ModelCounts]:
+    """Every model's execution counters (`ModelStatistics`)."""
+    from sidecar.backends import triton_statistics
+
+    return triton_statistics.read_statistics(channel, timeout_s)
 
 
 TRITON = Backend(
@@ -88,4 +99,5 @@ TRITON = Backend(
     ),
     readiness=Readiness(rpc=SERVER_READY, ready_response=b"\x08\x01"),  # {ready: true}
     spans=SpanSource.OTLP,
+    statistics=read_statistics,
 )

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from sidecar.backends import CAPTURE_PATHS
+from sidecar.backends import CAPTURE_PATHS, backend_named
 from sidecar.backends.model_repository import model_in_repository
 from sidecar.live.otlp_metrics import OtlpMetricsCollector
 from sidecar.live.otlp_receiver import OtlpReceiver
@@ -37,6 +37,8 @@ from sidecar.live.triton_spans import TritonSpanCollector, TritonTrace
 from sidecar.proxy.streams import RequestStart
 from sidecar.replay.job_records import JobResult, ProfileJob
 from sidecar.replay.options import ReplayOptions
+from sidecar.sampling.batch_windows import ATTRIBUTE as WINDOW_ATTRIBUTE
+from sidecar.sampling.batch_windows import BatchWindows
 from sidecar.sampling.last_requests import LastRequests
 from sidecar.sampling.metrics import SamplingMetrics
 from sidecar.sampling.observer import SamplingHub
@@ -72,6 +74,10 @@ class SamplingConfig:
     tf_profiler: TfProfilerSettings | None = None  # None: no capture of the backend's side
     otlp_export: str = ""  # OTLP endpoint every stored trace is also exported to; "" = off
     otlp_export_protocol: str = "auto"
+    # the backend's gRPC target and protocol, for the batches it executed around each sampled
+    # request (None: not read)
+    backend_target: str | None = None
+    backend_protocol: str = "triton"
 
     @property
     def db_path(self) -> Path:
@@ -140,6 +146,10 @@ class SamplingPipeline:
             )
             TfCaptureMetricsCollector(self.tf_capture, registry)
         self.hub = SamplingHub(self.sampler, self.metrics, self, pressure=self.pressure)
+        self.batch_windows: BatchWindows | None = None
+        reader = backend_named(config.backend_protocol).statistics
+        if config.backend_target is not None and reader is not None and self.enabled:
+            self.batch_windows = BatchWindows(config.backend_target, reader)
         self.collector = TritonSpanCollector(self._on_backend_trace)
         self.receiver: OtlpReceiver | None = None
         if config.otlp_port is not None and self.enabled:
@@ -187,6 +197,8 @@ class SamplingPipeline:
         self.collector.close()  # stops its sweeper, emits what is pending
         if self.tf_capture is not None:
             self.tf_capture.close(timeout_s=5.0)  # a running capture may still store its spans
+        if self.batch_windows is not None:
+            self.batch_windows.stop()  # windows being closed still store their request spans
         self.worker.stop()
         if self.writer is not None:
             self.writer.close()
@@ -211,8 +223,11 @@ class SamplingPipeline:
             self._record_exemplar(method, model, duration_s, trace_id)
 
     def on_sampled(self, start: RequestStart, trace_id: str, span_id: str) -> None:
-        """A request picked at header time: a call on a backend's capture path (TF-Serving's
-        Predict) gets a capture of the backend's side."""
+        """A request picked at header time: its batch window opens (a backend that counts
+        its batches); a call on a backend's capture path (TF-Serving's Predict) gets a capture
+        of the backend's side."""
+        if self.batch_windows is not None:
+            self.batch_windows.open(trace_id)
         if self.tf_capture is None or start.path not in CAPTURE_PATHS:
             return
         try:
@@ -221,10 +236,25 @@ class SamplingPipeline:
             self._log.log("tf_capture", logging.WARNING, "could not start a capture", exc_info=True)
 
     def store_spans(self, trace_id: str, spans: list[Span]) -> bool:
-        if self.tf_capture is not None:
-            for span in spans:  # the proxy's span: the window of the backend's op events
-                if span.level is Level.REQUEST and span.source is Source.PROXY:
-                    self.tf_capture.request_ended(trace_id, span.start_ns, span.end_ns)
+        request = next(
+            (s for s in spans if s.level is Level.REQUEST and s.source is Source.PROXY), None
+        )
+        if request is not None and self.tf_capture is not None:
+            # the proxy's span: the window of the backend's op events
+            self.tf_capture.request_ended(trace_id, request.start_ns, request.end_ns)
+        if request is not None and self.batch_windows is not None:
+            model = str(request.attributes.get("model") or "")
+            answered = request.attributes.get("relay_response_start_ns", request.end_ns)
+
+            def with_window(found: dict[str, object]) -> None:
+                request.attributes[WINDOW_ATTRIBUTE] = found
+                self._write_spans(trace_id, spans)
+
+            if self.batch_windows.close(trace_id, model, int(answered), with_window):
+                return True  # written when the window's second read is done
+        return self._write_spans(trace_id, spans)
+
+    def _write_spans(self, trace_id: str, spans: list[Span]) -> bool:
         accepted = self.writer is not None and self.writer.submit_spans(trace_id, spans)
         if not accepted:
             self.metrics.store_write_failures.inc()

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from sqlite_utils import Database
 
+from sidecar.trace import fidelity
 from sidecar.trace.errors import SchemaTooNewError, StoreFullError, TraceStoreError
 from sidecar.trace.migrations import MIGRATIONS
 from sidecar.trace.retention import RetentionPolicy, apply_to_database
@@ -157,6 +158,7 @@ class TraceStore:
                 self.db.table("spans").insert_all(span_rows, replace=True)
             if stats_rows:
                 self.db.table("level_stats").insert_all(stats_rows, replace=True)
+            fidelity.refresh(self.db.conn, (w.trace_id for w in writes))
 
     def apply_retention(self, policy: RetentionPolicy, *, now_ns: int | None = None) -> int:
         """Delete whole traces beyond `policy` (oldest first); return how many were deleted."""

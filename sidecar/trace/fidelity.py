@@ -1,0 +1,90 @@
+"""How far a sampled request's replay is from what the server itself ran: the trace's
+`fidelity` attribute, kept up to date by the store.
+
+A sampled trace is written in parts, in any order: the proxy's request span, the backend's own
+spans (Triton's OTLP spans, TF-Serving's profiler capture) and the replay (trace row, spans,
+level statistics). After each part the store recomputes, in the same transaction:
+
+- `live_compute_ns`: the backend's own compute time for the request. Triton: its
+  `compute_infer` span (as the server stamped it); TF-Serving: the envelope of the request's
+  TensorFlow op events (`tf_op`), first start to last end. `live_source` says which.
+- `replay_model_ns`: the replay's model latency (the M run's trimmed mean) of the same input,
+  so at the request's batch size.
+- `ratio`: replay / live (1: the replay ran as fast as the server; 0.1: ten times faster).
+- `server_batch_window`: what the server executed around the request (`sampling.batch_windows`,
+  from the request span), copied here so that the trace carries it.
+
+A trace without a replay or without live compute has no ratio; one with neither part (e.g. an
+`xsp-sidecar profile` trace) gets no `fidelity` attribute.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable
+from typing import Any
+
+ATTRIBUTE = "fidelity"
+WINDOW_ATTRIBUTE = "server_batch_window"  # sampling.batch_windows.ATTRIBUTE
+
+_PARTS = """
+SELECT
+  (SELECT attributes FROM traces WHERE trace_id = :t),
+  (SELECT sum(end_ns - start_ns) FROM spans
+     WHERE trace_id = :t AND level = 'server' AND kind = 'compute_infer'),
+  (SELECT max(end_ns) - min(start_ns) FROM spans
+     WHERE trace_id = :t AND level = 'server' AND kind = 'tf_op'),
+  (SELECT trimmed_mean_ns FROM level_stats WHERE trace_id = :t AND level = 'model'),
+  (SELECT json_extract(attributes, '$.server_batch_window') FROM spans
+     WHERE trace_id = :t AND level = 'request' AND source = 'proxy' LIMIT 1)
+"""
+
+
+def record(
+    compute_infer_ns: float | None,
+    tf_ops_ns: float | None,
+    replay_ns: float | None,
+    window: Any = None,
+) -> dict[str, Any] | None:
+    """The `fidelity` attribute from a trace's parts (None: nothing to say)."""
+    live, source = (
+        (compute_infer_ns, "compute_infer")
+        if compute_infer_ns is not None
+        else (tf_ops_ns, "tf_ops")
+        if tf_ops_ns is not None
+        else (None, None)
+    )
+    if live is None and window is None:
+        return None
+    out: dict[str, Any] = {"live_compute_ns": live, "live_source": source}
+    out["replay_model_ns"] = replay_ns
+    out["ratio"] = replay_ns / live if replay_ns is not None and live else None
+    if window is not None:
+        out[WINDOW_ATTRIBUTE] = window
+    return out
+
+
+def refresh(conn: sqlite3.Connection, trace_ids: Iterable[str]) -> None:
+    """Recompute the `fidelity` attribute of each trace that has a trace row (inside the
+    caller's transaction)."""
+    for trace_id in dict.fromkeys(trace_ids):
+        row = conn.execute(_PARTS, {"t": trace_id}).fetchone()
+        attributes_text, compute_infer, tf_ops, replay, window_text = row
+        if attributes_text is None:
+            continue  # the replay has not been written yet: it refreshes when it is
+        window = json.loads(window_text) if window_text else None
+        found = record(compute_infer, tf_ops, replay, window)
+        try:
+            attributes = json.loads(attributes_text) if attributes_text else {}
+        except ValueError:
+            continue  # a damaged row stays as it is (the report names it)
+        if found is None or not isinstance(attributes, dict):
+            continue
+        if attributes.get(ATTRIBUTE) == found:
+            continue
+        attributes[ATTRIBUTE] = found
+        conn.execute(
+            "UPDATE traces SET attributes = ? WHERE trace_id = ?",
+            (json.dumps(attributes, separators=(",", ":"), allow_nan=False), trace_id),
+        )

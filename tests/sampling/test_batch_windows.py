@@ -1,0 +1,120 @@
+"""Batch windows against the real Triton's statistics extension: what the server executed
+around a sampled request, and every way a window is refused instead of guessed."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tc
+
+from sidecar.backends import backend_named
+from sidecar.backends.triton_statistics import ModelCounts, read_statistics
+from sidecar.sampling.batch_windows import BatchWindows, window
+from tests.harness.triton.server import TritonServer
+
+
+def _infer(client: tc.InferenceServerClient, batch: int) -> None:
+    tensor = tc.InferInput("input", [batch, 3, 32, 32], "FP32")
+    tensor.set_data_from_numpy(np.zeros((batch, 3, 32, 32), np.float32))
+    client.infer("simple_cnn", [tensor])
+
+
+def _closed(windows: BatchWindows, trace_id: str, model: str, answered_ns: int) -> dict[str, Any]:
+    done = threading.Event()
+    got: dict[str, Any] = {}
+
+    def then(found: dict[str, Any]) -> None:
+        got.update(found)
+        done.set()
+
+    assert windows.close(trace_id, model, answered_ns, then)
+    assert done.wait(10)
+    return got
+
+
+def test_the_window_counts_what_the_server_executed(triton: TritonServer) -> None:
+    client = tc.InferenceServerClient(triton.grpc_address)
+    _infer(client, 1)  # the model has run once: its statistics list it
+    windows = BatchWindows(triton.grpc_address, read_statistics)
+    try:
+        windows.open("t1")
+        time.sleep(0.2)  # the first read is done before the requests run
+        _infer(client, 2)
+        _infer(client, 3)
+        got = _closed(windows, "t1", "simple_cnn", time.time_ns())
+    finally:
+        windows.stop()
+    assert got == {"inferences": 5, "executions": 2, "batch_sizes": {"2": 1, "3": 1}}
+
+
+def test_a_late_first_read_is_refused(triton: TritonServer) -> None:
+    windows = BatchWindows(triton.grpc_address, read_statistics)
+    try:
+        windows.open("t2")
+        got = _closed(windows, "t2", "simple_cnn", answered_ns=0)  # answered long before
+    finally:
+        windows.stop()
+    assert "unobserved" in got and "after the server's response" in got["unobserved"]
+
+
+def test_no_request_in_the_window_is_refused(triton: TritonServer) -> None:
+    windows = BatchWindows(triton.grpc_address, read_statistics, settle_s=0.001)
+    try:
+        windows.open("t3")
+        time.sleep(0.2)
+        got = _closed(windows, "t3", "simple_cnn", time.time_ns())
+    finally:
+        windows.stop()
+    assert "no computed request" in got["unobserved"]
+
+
+def test_an_unreachable_backend_is_a_reason(tmp_path: Path) -> None:
+    windows = BatchWindows(f"unix:{tmp_path / 'none.sock'}", read_statistics, timeout_s=0.2)
+    try:
+        windows.open("t4")
+        got = _closed(windows, "t4", "simple_cnn", time.time_ns() + 10**10)
+    finally:
+        windows.stop()
+    assert got["unobserved"].startswith("the backend's statistics could not be read (UNAVAILABLE")
+
+
+def test_unknown_window_and_bounded_open_windows(triton: TritonServer) -> None:
+    windows = BatchWindows(triton.grpc_address, read_statistics, limit=2)
+    try:
+        assert not windows.close("never-opened", "m", 0, lambda w: None)
+        for tid in ("a", "b", "c"):
+            windows.open(tid)
+        assert not windows.close("a", "m", 0, lambda w: None)  # the oldest was given up
+        assert windows.close("c", "m", 0, lambda w: None)
+    finally:
+        windows.stop()
+
+
+def test_window_arithmetic() -> None:
+    before = {"m": ModelCounts(10, 4, {1: 2, 4: 2})}
+    after = {"m": ModelCounts(19, 6, {1: 3, 4: 2, 8: 1})}
+    assert window(before, after, "m") == {
+        "inferences": 9,
+        "executions": 2,
+        "batch_sizes": {"1": 1, "8": 1},
+    }
+    assert "do not list model" in window(before, after, "other")["unobserved"]
+    assert window({}, after, "m")["inferences"] == 19  # first run of the model in the window
+
+
+def test_only_triton_counts_its_batches() -> None:
+    assert backend_named("triton").statistics is not None
+    assert backend_named("tfserving").statistics is None
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_threads() -> Any:
+    before = {t.name for t in threading.enumerate()}
+    yield
+    left = {t.name for t in threading.enumerate()} - before
+    assert not [n for n in left if n.startswith("xsp-batch-window")]
