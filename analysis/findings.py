@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.common import AnalysisResult
+from analysis.fidelity import SAME_KERNELS
 from analysis.tracedb import TraceData
 
 IDLE_SHARE = 0.5  # launch-bound: the device idles at least this share of the model's time
@@ -55,6 +56,94 @@ def _pct(x: float) -> str:
 def _span(values: Sequence[float]) -> str:
     lo, hi = min(values), max(values)
     return _pct(lo) if round(lo * 100) == round(hi * 100) else f"{_pct(lo)}-{_pct(hi)}"
+
+
+def replay_fidelity(results: Results, data: TraceData) -> list[Finding]:
+    """A replay that does not run as the server runs: its absolute times do not hold."""
+    fd = results("fidelity")
+    if not fd.ok:
+        return []
+    out = []
+    bad = fd.table[fd.table["verdict"] == "the replay does not represent the server"]
+    for model, grp in bad.groupby("model", sort=True):
+        batches = ", ".join(str(b) for b in grp["batch_size"])
+        ratios = [float(r) for r in grp["ratio_p50"]]
+        lo, hi = min(ratios), max(ratios)
+        times = f"{lo:.2g}x" if f"{lo:.2g}" == f"{hi:.2g}" else f"{lo:.2g}-{hi:.2g}x"
+        same = all(
+            fd.extra.get(SAME_KERNELS, {}).get(f"{model}|{b}", True) for b in grp["batch_size"]
+        )
+        shares = (
+            "shares of layer and kernel time (A3's latency_share, A5-A7, A10, A11) may still "
+            "hold: the server runs the same model file on the same kind of device"
+            if same
+            else "shares do not hold either: the server runs other kernels (another device or "
+            "execution accelerator)"
+        )
+        causes = "; ".join(dict.fromkeys(c for c in grp["differences"] if c))
+        out.append(
+            Finding(
+                "replay_fidelity",
+                str(model),
+                f"{model}: the replay does not represent the server: it takes {times} the "
+                f"server's own compute time (batch {batches})",
+                f"fidelity: replay p50 {_ms(grp['replay_p50_ms'])} ms vs the server's "
+                f"{_ms(grp['live_p50_ms'])} ms over {int(grp['requests'].sum())} sampled "
+                f"requests; {causes}",
+                "absolute times (A1's latency, layer and kernel ms in A2-A4, A8-A14) do not "
+                f"hold for production; {shares}",
+                ("fidelity",),
+            )
+        )
+    return out
+
+
+def _ms(values: pd.Series) -> str:
+    lo, hi = float(values.min()), float(values.max())
+    return f"{lo:.3g}" if f"{lo:.3g}" == f"{hi:.3g}" else f"{lo:.3g}-{hi:.3g}"
+
+
+def slow_requests(results: Results, data: TraceData) -> list[Finding]:
+    """Requests sampled for their latency: slow because of their input, or of the server."""
+    fd = results("fidelity")
+    if not fd.ok:
+        return []
+    out = []
+    rows = fd.table[(fd.table["slow_requests"] > 0) & fd.table["slow_reproduced"].notna()]
+    for model, grp in rows.groupby("model", sort=True):
+        n, hit = int(grp["slow_requests"].sum()), int(grp["slow_reproduced"].sum())
+        evidence = (
+            f"fidelity: {hit} of {n} slow-sampled requests' replays took at least "
+            "1.5x the median replay of the model's other samples at the same batch size"
+        )
+        if hit:
+            out.append(
+                Finding(
+                    "slow_requests",
+                    str(model),
+                    f"{model}: {hit} of {n} slow requests were slow in their replay too: "
+                    "their input makes the model slower",
+                    evidence,
+                    "look at where in the layer table (A2, `--trace ID` for one request) those "
+                    "inputs spend the time",
+                    ("fidelity", "A2"),
+                )
+            )
+        if n - hit:
+            out.append(
+                Finding(
+                    "slow_requests",
+                    str(model),
+                    f"{model}: {n - hit} of {n} slow requests ran as fast as the others in "
+                    "their replay: the server made them slow (queueing, batching or "
+                    "contention), not their input",
+                    evidence,
+                    "see which phase of the live breakdown grows (queue, compute_infer) and "
+                    "the batches the server ran (trace attribute fidelity.server_batch_window)",
+                    ("fidelity", "live_breakdown"),
+                )
+            )
+    return out
 
 
 def optimal_batch(results: Results, data: TraceData) -> list[Finding]:
@@ -374,6 +463,7 @@ def peak_below_achieved(results: Results, data: TraceData) -> list[Finding]:
 
 
 RULES: tuple[Callable[[Results, TraceData], list[Finding]], ...] = (
+    replay_fidelity,  # first: when the copy does not represent the server, the rest is read so
     failed_profiles,
     optimal_batch,
     launch_bound,
@@ -381,6 +471,7 @@ RULES: tuple[Callable[[Results, TraceData], list[Finding]], ...] = (
     memory_bound_layers,
     live_queue,
     post_response_work,
+    slow_requests,
     profiler_overhead,
     peak_below_achieved,
 )

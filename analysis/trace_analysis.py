@@ -4,7 +4,7 @@ Its `get_*()` methods return DataFrames (raising `NotCapturedError` with the rea
 level or metric was not captured); `result(key)` and `run_all()` return `AnalysisResult`s
 that carry the status, the reason and notes instead. The work is done by small stateless
 modules: model_level (A1, A15), layer_level (A2-A7), kernel_level (A8, A10-A13),
-roofline (A9, A14), live, overhead, time_breakdown, compare and timeline.
+roofline (A9, A14), fidelity, live, overhead, time_breakdown, compare and timeline.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pandas as pd
 from analysis import (
     compare,
     damage,
+    fidelity,
     kernel_level,
     layer_level,
     live,
@@ -51,6 +52,7 @@ ANALYSES: dict[str, Analyzer] = {
     "A13": kernel_level.gpu_vs_non_gpu,
     "A14": roofline.layer_roofline,
     "A15": model_level.model_aggregate,
+    "fidelity": fidelity.fidelity,
     "live_breakdown": live.live_breakdown,
     "overhead": overhead.overhead,
     "time_breakdown": time_breakdown.time_breakdown,
@@ -82,7 +84,8 @@ class TraceAnalysis:
 
     # -- results with status ------------------------------------------------------------
     def result(self, key: str) -> AnalysisResult:
-        """One analysis by id (`A1`..`A15`, `live_breakdown`, `overhead`, `time_breakdown`)."""
+        """One analysis by id (`A1`..`A15`, `fidelity`, `live_breakdown`, `overhead`,
+        `time_breakdown`)."""
         if key not in ANALYSES:
             raise KeyError(f"unknown analysis {key!r}; known: {', '.join(ANALYSES)}")
         if key not in self._results:
@@ -198,6 +201,9 @@ class TraceAnalysis:
     def get_model_aggregate(self) -> pd.DataFrame:
         """A15."""
         return self.result("A15").require()
+
+    def get_fidelity(self) -> pd.DataFrame:
+        return self.result("fidelity").require()
 
     def get_live_breakdown(self) -> pd.DataFrame:
         return self.result("live_breakdown").require()

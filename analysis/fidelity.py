@@ -1,0 +1,271 @@
+"""Fidelity: whether a sampled request's replay ran as the server ran it.
+
+A profile of a replayed copy is worth what the copy is worth. For every sampled live request
+the store keeps the backend's own compute time (Triton's `compute_infer` span, TF-Serving's op
+envelope) and the replay's model latency (M) of the same input, and their ratio (trace
+attribute `fidelity`, `sidecar.trace.fidelity`). Per model and batch size this analysis gives
+the number of requests, p50 and p90 of replay / live, a verdict (within `REPRESENTS` the
+replay represents the server; otherwise it does not) and the differences between the server
+and the replay that the traces' evidence supports (the causes, when it does not):
+
+- the server runs the model inside a Python-backend model (`backend: python`): the replay runs
+  only the model file, not the stub process, its IPC and tensor copies;
+- the server runs on another device or execution accelerator than the replay;
+- settings of the server's config.pbtxt the replay could not apply (`replay_settings`);
+- the server computed the request inside larger batches (the request's batch window,
+  `server_batch_window`): the live compute is then also compared with the replay at the batch
+  size the server ran, where one was profiled;
+- other executions of the model in the request's window (concurrent requests: contention).
+
+Requests sampled because they were slow (`sample_reason` = `slow`) are compared with the
+other replays of their model and batch size: a slow request whose replay is also slow
+(`SLOW_REPRODUCED` times their median) was slow because of its input; one whose replay is not
+was slow because of the server's queue, batching or contention.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.common import AnalysisResult, Frames, empty_result, not_captured
+
+TITLE = "Fidelity of the replay (replay's model time vs the server's own compute time)"
+REPRESENTS = (0.8, 1.25)  # p50 of replay / live within this range: the replay represents it
+SLOW_REPRODUCED = 1.5  # a slow request's replay this many times its peers' median: input-bound
+LIVE_REASONS = ("rate", "random", "forced")  # sampled from live traffic with a traceparent
+PYTHON_BACKEND = "python"
+SAME_KERNELS = "same_kernels"  # extra: per group, whether shares of layer time may hold
+
+
+def _attrs(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def per_request(fr: Frames) -> pd.DataFrame:
+    """One row per sampled trace: model, batch_size, sample_reason, live_ns, replay_ns, ratio,
+    the server's executed batch sizes in the request's window and the evidence of causes."""
+    tr = fr.data.traces
+    rows = []
+    replay = fr.model_latency.set_index("tkey")["latency_ns"]
+    for t in tr.itertuples(index=False):
+        attrs = _attrs(t.attributes)
+        fid = _attrs(attrs.get("fidelity"))
+        reason = str(t.sample_reason or "")
+        if not fid and reason != "slow":
+            continue
+        window = _attrs(fid.get("server_batch_window"))
+        sizes = sorted(int(s) for s in _attrs(window.get("batch_sizes")))
+        rows.append(
+            {
+                "tkey": int(t.tkey),
+                "model": str(t.model),
+                "batch_size": t.batch_size,
+                "sample_reason": reason,
+                "live_ns": _number(fid.get("live_compute_ns")),
+                "live_source": fid.get("live_source"),
+                "replay_ns": _number(replay.get(int(t.tkey))),
+                "server_batch_sizes": sizes,
+                "window_executions": _number(window.get("executions")),
+                "window_note": window.get("unobserved"),
+                "causes": _causes(attrs, str(t.device), str(t.runtime)),
+            }
+        )
+    cols = ["tkey", "model", "batch_size", "sample_reason", "live_ns", "live_source", "replay_ns",
+            "server_batch_sizes", "window_executions", "window_note", "causes"]  # fmt: skip
+    out = pd.DataFrame(rows, columns=cols)
+    out["ratio"] = out["replay_ns"] / out["live_ns"].where(out["live_ns"] > 0)
+    return out
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return float("nan")
+    return float(value)
+
+
+def _causes(attrs: dict[str, Any], device: str, runtime: str) -> list[tuple[str, bool]]:
+    """What the trace says differs between the server and the replay: (cause, whether the
+    server and the replay still run the same kernels)."""
+    server = _attrs(attrs.get("server_config"))
+    out: list[tuple[str, bool]] = []
+    backend = str(server.get("backend") or attrs.get("backend") or "")
+    if backend == PYTHON_BACKEND:
+        out.append((
+            "the server runs the model inside a Python-backend model (its stub process, IPC "
+            "and tensor copies); the replay runs only the model file", True,
+        ))  # fmt: skip
+    kind = str(server.get("instance_kind") or "")
+    replay_device = str(attrs.get("replay_device") or "")
+    on_gpu = replay_device.startswith("cuda")
+    if kind == "KIND_GPU" and not on_gpu and replay_device:
+        out.append(("the server runs on a GPU (KIND_GPU), the replay on the CPU", False))
+    elif kind == "KIND_CPU" and on_gpu:
+        out.append(("the server runs on the CPU (KIND_CPU), the replay on a GPU", False))
+    for setting in attrs.get("replay_settings") or []:
+        s = _attrs(setting)
+        if s and not s.get("applied", True):
+            name, why = str(s.get("setting", "?")), str(s.get("reason", ""))
+            accelerator = "accelerator" in name
+            value = f" = {s['value']}" if s.get("value") not in (None, "") else ""
+            out.append((
+                f"the server's {name}{value} is not applied by the replay ({why})",
+                not accelerator,
+            ))  # fmt: skip
+    return out
+
+
+def _batch_causes(grp: pd.DataFrame, batch: Any) -> list[str]:
+    out = []
+    sizes = sorted({s for v in grp["server_batch_sizes"] for s in v})
+    if sizes and not pd.isna(batch) and max(sizes) > int(batch):
+        out.append(
+            "the server computed these requests inside batches of up to "
+            f"{max(sizes)} (dynamic batching; executed sizes {', '.join(map(str, sizes))})"
+        )
+    busy = grp["window_executions"].dropna()
+    if not busy.empty and busy.max() > 1:
+        out.append(
+            f"up to {int(busy.max())} executions of the model ran in a request's window "
+            "(concurrent requests: queueing or contention on the server)"
+        )
+    return out
+
+
+def _at_server_batch(every: pd.DataFrame, grp: pd.DataFrame) -> float:
+    """p50 over the group's requests the server ran in one execution of another batch size
+    B: the replay's M at batch B (median over traces profiled at B) / the live compute."""
+    ratios = []
+    for row in grp.itertuples(index=False):
+        sizes = row.server_batch_sizes
+        if len(sizes) != 1 or pd.isna(row.live_ns) or row.window_executions != 1:
+            continue
+        peers = every[(every["model"] == row.model) & (every["batch_size"] == sizes[0])]
+        replay = peers["replay_ns"].dropna()
+        if sizes[0] != row.batch_size and not replay.empty:
+            ratios.append(float(replay.median()) / row.live_ns)
+    return float(np.median(ratios)) if ratios else float("nan")
+
+
+def fidelity(fr: Frames) -> AnalysisResult:
+    if fr.data.empty:
+        return empty_result("fidelity", TITLE)
+    every = per_request(fr)
+    live = every[every["sample_reason"] != "slow"]
+    measured = live.dropna(subset=["ratio"])
+    slow = every[every["sample_reason"] == "slow"]
+    if measured.empty and slow.empty:
+        return not_captured("fidelity", TITLE, _why_none(fr, every))
+    rows, same_kernels = [], {}
+    keys = ["model", "batch_size"]
+    for (model, batch), grp in pd.concat([measured, slow]).groupby(keys, dropna=False, sort=True):
+        ok = grp[grp["sample_reason"] != "slow"].dropna(subset=["ratio"])
+        p50 = float(ok["ratio"].median()) if not ok.empty else float("nan")
+        causes = dict.fromkeys(c for cs in ok["causes"] for c in cs)
+        reasons = [c for c, _ in causes] + _batch_causes(ok, batch)
+        represents = REPRESENTS[0] <= p50 <= REPRESENTS[1]
+        if ok.empty:
+            verdict = "no live compute time (slow requests only)"
+        elif represents:
+            verdict = "the replay represents the server"
+        else:
+            verdict = "the replay does not represent the server"
+        if not reasons:
+            reasons = ["none recorded (same backend, device and settings as far as the traces "
+                       "record them)"]  # fmt: skip
+        same_kernels[f"{model}|{batch}"] = all(same for _, same in causes)
+        reproduced, slow_n = _slow(every, model, batch)
+        rows.append(
+            {
+                "model": model,
+                "batch_size": batch,
+                "requests": len(ok),
+                "live_p50_ms": float(ok["live_ns"].median()) / 1e6 if not ok.empty else np.nan,
+                "replay_p50_ms": float(ok["replay_ns"].median()) / 1e6 if not ok.empty else np.nan,
+                "ratio_p50": p50,
+                "ratio_p90": float(ok["ratio"].quantile(0.9)) if not ok.empty else np.nan,
+                "ratio_at_server_batch_p50": _at_server_batch(every, ok),
+                "verdict": verdict,
+                "differences": "; ".join(reasons),
+                "slow_requests": slow_n,
+                "slow_reproduced": reproduced,
+            }
+        )
+    table = pd.DataFrame(rows)
+    res = AnalysisResult("fidelity", TITLE, table)
+    res.extra[SAME_KERNELS] = same_kernels
+    res.notes.append(
+        "ratio = the replay's model time (M, trimmed mean) / the server's own compute time of "
+        "the same request (Triton: compute_infer; TF-Serving: its op envelope); "
+        f"{REPRESENTS[0]}-{REPRESENTS[1]}: the replay represents the server; "
+        "ratio_at_server_batch: the same against the replay at the batch size the server ran"
+    )
+    res.notes += _notes(every, live)
+    return res
+
+
+def _slow(every: pd.DataFrame, model: Any, batch: Any) -> tuple[int | None, int]:
+    """For one model and batch size: how many slow requests' replays reproduced their
+    slowness (None: no replay of another sample to compare with), and how many slow
+    requests there are."""
+    same = (every["model"] == model) & (
+        every["batch_size"].isna() if pd.isna(batch) else every["batch_size"] == batch
+    )
+    slow = every[same & (every["sample_reason"] == "slow")]
+    peers = every[same & (every["sample_reason"] != "slow")]["replay_ns"].dropna()
+    replayed = slow["replay_ns"].dropna()
+    if replayed.empty or peers.empty:
+        return None, len(slow)
+    return int((replayed >= SLOW_REPRODUCED * float(peers.median())).sum()), len(slow)
+
+
+def _why_none(fr: Frames, every: pd.DataFrame) -> str:
+    reasons = fr.data.traces["sample_reason"].astype(str)
+    live = reasons.isin(LIVE_REASONS)
+    if not live.any():
+        return (
+            "no trace sampled from live traffic (the selected traces come from "
+            f"{', '.join(sorted(set(reasons)))}): there is no server compute time to compare"
+        )
+    with_live = every["live_ns"].notna().sum() if not every.empty else 0
+    if with_live == 0:
+        return (
+            f"none of the {int(live.sum())} live samples has the backend's own compute time "
+            "(no backend span: Triton's tracing is off or its spans did not arrive; "
+            "TF-Serving needs --tf-profiler-address)"
+        )
+    return (
+        f"{with_live} live samples have the backend's compute time but no replay to compare "
+        "(their profiles failed)"
+    )
+
+
+def _notes(every: pd.DataFrame, live: pd.DataFrame) -> list[str]:
+    notes = []
+    no_live = int(live["live_ns"].isna().sum())
+    if no_live:
+        notes.append(
+            f"{no_live} sampled requests have no backend compute span (tracing off or the "
+            "spans did not arrive) and are left out"
+        )
+    no_replay = int((live["live_ns"].notna() & live["replay_ns"].isna()).sum())
+    if no_replay:
+        notes.append(f"{no_replay} sampled requests have no replay (failed profiles)")
+    unobserved = live["window_note"].dropna()
+    if not unobserved.empty:
+        first = str(unobserved.iloc[0])
+        notes.append(
+            f"{len(unobserved)} requests' batch windows were not observed, so the batches "
+            f"the server ran are unknown for them (e.g. {first})"
+        )
+    if (every["sample_reason"] == "slow").any():
+        notes.append(
+            "slow_reproduced: slow-sampled requests whose replay took at least "
+            f"{SLOW_REPRODUCED}x the median replay of the model's other samples at that batch "
+            "size (their input makes the model slow: the layer table shows where); the others "
+            "were slow on the server only (queueing, batching or contention: the live "
+            "breakdown shows which phase)"
+        )
+    return notes
