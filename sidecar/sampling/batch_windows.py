@@ -86,7 +86,10 @@ class BatchWindows:
         self._timeout_s = timeout_s
         self._settle_s = settle_s
         self._limit = limit
-        self._pool = ThreadPoolExecutor(2, thread_name_prefix="xsp-batch-window")
+        # first reads and second reads on threads of their own: a second read does not wait
+        # behind the first reads of later requests (that would widen its window)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="xsp-batch-window-open")
+        self._closing = ThreadPoolExecutor(1, thread_name_prefix="xsp-batch-window-close")
         self._open: OrderedDict[str, Future[Read]] = OrderedDict()
         self._lock = threading.Lock()
         self._closed = False
@@ -115,7 +118,7 @@ class BatchWindows:
             first = self._open.pop(trace_id, None)
             if first is None or self._closed:
                 return False
-            self._pool.submit(self._finish, first, model, answered_ns, then)
+            self._closing.submit(self._finish, first, model, answered_ns, then)
         return True
 
     def stop(self) -> None:
@@ -123,6 +126,7 @@ class BatchWindows:
         with self._lock:
             self._closed = True
             self._open.clear()
+        self._closing.shutdown(wait=True)
         self._pool.shutdown(wait=True)
         self._channel.close()
 
@@ -163,10 +167,13 @@ class BatchWindows:
         for attempt in range(RETRIES + 1):
             if attempt:
                 time.sleep(self._settle_s)
-            after, _ = self._read()
+            after, done_ns = self._read()
             if isinstance(after, str):
                 return {"unobserved": after}
             result = window(before, after, model)
             if "unobserved" not in result:
+                # how long the window stayed open after the response: executions in that
+                # time came after the request (the later its end, the wider the window)
+                result["closed_after_response_ms"] = round((done_ns - answered_ns) / 1e6, 3)
                 return result
         return result

@@ -155,3 +155,31 @@ def test_the_backends_time_to_respond_is_the_delay(sampled: Path) -> None:
     assert (respond_ms <= 10 * DELAY_MS).all(), respond_ms  # (no tighter bound: see above)
     # the client's latency holds the backend's time to respond, and little else
     assert ((per["client_total"] - per["backend_response"]) / 1e6 < 20).all()
+
+
+def test_fidelity_of_the_sampled_requests(sampled: Path) -> None:
+    """Each sampled simple_cnn request (ONNX Runtime inside a Python-backend model) has its
+    replay compared with Triton's own compute_infer; the differences name the Python backend;
+    the batches Triton executed around each request were read from its statistics."""
+    ta = TraceAnalysis.from_paths([sampled], TraceFilter(models=("simple_cnn",)))
+    fd = ta.result("fidelity")
+    assert fd.ok, fd.reason
+    (row,) = fd.table.itertuples(index=False)
+    assert row.batch_size == 8 and row.requests >= 1
+    assert "Python-backend model" in row.differences
+    store = TraceStore(sampled)
+    try:
+        found = [t.attributes.get("fidelity") for t in store.list_traces(model="simple_cnn")]
+    finally:
+        store.close()
+    compared = [f for f in found if f and f["ratio"] is not None]
+    assert len(compared) == row.requests
+    for f in compared:
+        assert f["live_source"] == "compute_infer" and f["live_compute_ns"] > 0
+        assert f["ratio"] == pytest.approx(f["replay_model_ns"] / f["live_compute_ns"])
+    windows = [f["server_batch_window"] for f in found if f and "server_batch_window" in f]
+    observed = [w for w in windows if "unobserved" not in w]
+    assert observed, windows
+    for w in observed:  # a window may also hold the requests right after it (one client)
+        assert w["batch_sizes"] == {"8": w["executions"]}, w
+        assert w["inferences"] == 8 * w["executions"] and w["closed_after_response_ms"] >= 0, w
