@@ -172,14 +172,14 @@ def server_side(options: ProfileOptions) -> ServerSide | None:
         available_providers=available,
         optimizations=options.optimizations,
     )
-    sweep = sweep_sizes(config) if options.batch_sizes is None else []
-    how = (
-        "the default batch sweep (--batch-size not given)"
-        if sweep
-        else "--batch-size given"
-        if options.batch_sizes is not None
-        else "the model does not batch (max_batch_size 0)"
-    )
+    sweep: list[int] = []
+    how = "the model does not batch (max_batch_size 0)"
+    if options.batch_sizes is not None:
+        how = "--batch-size given"
+    elif options.inputs_file:
+        how = "--inputs given (its arrays' own batch)"
+    elif sweep_sizes(config):
+        sweep, how = sweep_sizes(config), "the default batch sweep (--batch-size not given)"
     records = [
         *settings.record_dicts(),
         *(asdict(r) for r in batching_records(config, how, bool(sweep))),
