@@ -245,7 +245,7 @@ def replay_settings(
         torch = _torch_settings(params, device, records)
         _accelerators_not_applied(config, records, "the PyTorch replay runs no accelerator")
     else:
-        why = f"a parameter of the {kind or 'unknown'} backend, which the replay does not run"
+        why = f"a {kind or 'unknown'} backend parameter: the {fmt.value} replay does not apply it"
         records += [SettingRecord(f"parameters.{k}", v, False, why) for k, v in params.items()]
         _accelerators_not_applied(config, records, f"not an accelerator of the {fmt.value} replay")
     return ReplaySettings(ort, torch, tuple(records))

@@ -14,6 +14,7 @@ import pytest
 
 from sidecar.profiling.formats import ModelFormat
 from sidecar.profiling.runners.onnxruntime import OnnxRuntimeRunner
+from sidecar.profiling.runners.pytorch import PyTorchRunner
 from sidecar.profiling.runners.select import runner_for, with_accelerators
 from sidecar.profiling.server_config import (
     ReplaySettings,
@@ -333,6 +334,7 @@ def test_pytorch_parameters_set_the_mode_and_the_jit_flags_for_the_run(tmp_path:
     assert not seen["parameters.ENABLE_CACHE_CLEANING"].applied
 
     runner = runner_for(small_cnn_torchscript(tmp_path / "model.pt"), settings=settings)
+    assert isinstance(runner, PyTorchRunner)
 
     def executor() -> bool:  # the setter returns the old value: set it back at once
         old = torch._C._jit_set_profiling_executor(True)
@@ -340,10 +342,11 @@ def test_pytorch_parameters_set_the_mode_and_the_jit_flags_for_the_run(tmp_path:
         return bool(old)
 
     before = executor()
-    with runner._context():  # type: ignore[attr-defined]
+    with runner._context():
         assert not torch.is_inference_mode_enabled() and not torch.is_grad_enabled()
         assert executor() is False
     assert executor() is before  # restored: the worker's other models are not affected
     default = runner_for(tmp_path / "model.pt")
-    with default._context():  # type: ignore[attr-defined]
+    assert isinstance(default, PyTorchRunner)
+    with default._context():
         assert torch.is_inference_mode_enabled()
