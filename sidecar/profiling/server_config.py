@@ -241,13 +241,17 @@ def replay_settings(
     if kind in ORT_BACKENDS and fmt is ModelFormat.ONNX:
         ort = _ort_settings(config, params, records, worker_threads, optimizations)
         ort = _with_accelerators(ort, config, device, available_providers, records)
-    elif kind in TORCH_BACKENDS and fmt is ModelFormat.TORCHSCRIPT:
+        return ReplaySettings(ort, torch, tuple(records))
+    if kind in TORCH_BACKENDS and fmt is ModelFormat.TORCHSCRIPT:
         torch = _torch_settings(params, device, records)
-        _accelerators_not_applied(config, records, "the PyTorch replay runs no accelerator")
     else:
         why = f"a {kind or 'unknown'} backend parameter: the {fmt.value} replay does not apply it"
         records += [SettingRecord(f"parameters.{k}", v, False, why) for k, v in params.items()]
-        _accelerators_not_applied(config, records, f"not an accelerator of the {fmt.value} replay")
+    why = f"not a setting the {fmt.value} replay applies (backend {kind or 'unknown'})"
+    _accelerators_not_applied(config, records, why)
+    if config.HasField("optimization") and config.optimization.HasField("graph"):
+        level = str(int(config.optimization.graph.level))
+        records.append(SettingRecord("optimization.graph.level", level, False, why))
     return ReplaySettings(ort, torch, tuple(records))
 
 

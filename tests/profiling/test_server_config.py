@@ -17,6 +17,7 @@ from sidecar.profiling.runners.onnxruntime import OnnxRuntimeRunner
 from sidecar.profiling.runners.pytorch import PyTorchRunner
 from sidecar.profiling.runners.select import runner_for, with_accelerators
 from sidecar.profiling.server_config import (
+    OrtSettings,
     ReplaySettings,
     ServerConfigError,
     SettingRecord,
@@ -283,15 +284,22 @@ def test_a_config_that_does_not_parse_is_a_clear_error(tmp_path: Path) -> None:
         read_config(tmp_path / "missing" / "config.pbtxt")
 
 
-def test_a_python_backend_s_parameters_are_not_applied(tmp_path: Path) -> None:
+def test_a_python_backend_s_settings_are_recorded_not_applied(tmp_path: Path) -> None:
     text = (
         'name: "m"\nbackend: "python"\n'
         'parameters { key: "intra_op_thread_count" value: { string_value: "4" } }\n'
+        "optimization { graph: { level: 2 } execution_accelerators {\n"
+        '  cpu_execution_accelerator: [ { name: "openvino" } ] } }\n'
     )
     settings = replay_settings(config(tmp_path, text), ONNX)
-    record = records(settings)["parameters.intra_op_thread_count"]
-    assert not record.applied and "python backend" in record.reason
-    assert settings.ort.intra_op_threads is None
+    seen = records(settings)
+    assert {"parameters.intra_op_thread_count", "optimization.graph.level"} < set(seen)
+    assert not any(r.applied for r in seen.values())
+    assert "python backend" in seen["parameters.intra_op_thread_count"].reason
+    assert seen["cpu_execution_accelerator.openvino"].reason == (
+        "not a setting the onnx replay applies (backend python)"
+    )
+    assert settings.ort == OrtSettings()
 
 
 def test_config_beside_finds_the_repository_layout(tmp_path: Path, onnx_path: Path) -> None:
