@@ -108,6 +108,19 @@ def test_a_config_that_does_not_parse_is_a_stored_error(repo: Path, tmp_path: Pa
     assert "config.pbtxt is not a valid Triton model config" in (trace.error or "")
 
 
+def test_a_failed_replay_of_a_parsed_config_still_records_it(repo: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "models"
+    shutil.copytree(repo, broken)
+    (broken / "cnn_ort" / "1" / "model.onnx").write_bytes(b"not an onnx model")
+    the_job = job("cnn_ort", b"", reason="admin")
+    assert replay_job(the_job, context(broken, tmp_path / "t.db")).outcome == "error"
+    trace = TraceStore(tmp_path / "t.db").get_trace(the_job.trace_id)
+    assert trace is not None and trace.status == "error"
+    assert trace.attributes["server_config"]["accelerators"] == ["openvino"]
+    stored = {r["setting"]: r["applied"] for r in trace.attributes["replay_settings"]}
+    assert stored["parameters.execution_mode"] is True
+
+
 @pytest.mark.triton
 def test_an_unparseable_config_fails_the_profile_not_the_request(
     triton: TritonServer, tmp_path: Path
