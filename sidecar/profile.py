@@ -173,17 +173,16 @@ def server_side(options: ProfileOptions) -> ServerSide | None:
         optimizations=options.optimizations,
     )
     sweep: list[int] = []
-    how = "the model does not batch (max_batch_size 0)"
-    if options.batch_sizes is not None:
-        how = "--batch-size given"
-    elif options.inputs_file:
-        how = "--inputs given (its arrays' own batch)"
-    elif sweep_sizes(config):
-        sweep, how = sweep_sizes(config), "the default batch sweep (--batch-size not given)"
-    records = [
-        *settings.record_dicts(),
-        *(asdict(r) for r in batching_records(config, how, bool(sweep))),
-    ]
+    records = settings.record_dicts()
+    if sweep_sizes(config):  # the server batches this model
+        how = "the default batch sweep (--batch-size not given)"
+        if options.batch_sizes is not None:
+            how = "--batch-size given"
+        elif options.inputs_file:
+            how = "--inputs given (its arrays' own batch)"
+        else:
+            sweep = sweep_sizes(config)
+        records += [asdict(r) for r in batching_records(config, how, bool(sweep))]
     attributes = {"replay_settings": records, "server_config": server_summary(config)}
     return ServerSide(settings, attributes, sweep)
 

@@ -210,8 +210,9 @@ def sweep_sizes(config: Any) -> list[int]:
 
 
 def batching_records(config: Any, how: str, applied: bool) -> list[SettingRecord]:
-    """Records for `max_batch_size` and the preferred batch sizes: `how` says what the replay
-    did with them (the sweep's sizes, or the sampled request's own batch)."""
+    """Records of `xsp-sidecar profile` for `max_batch_size` and the preferred batch sizes:
+    `how` says what it did with them (its default sweep, or the sizes the user gave). A replay
+    runs the sampled request's own batch and leaves these to `server_config`."""
     records = [SettingRecord("max_batch_size", str(int(config.max_batch_size)), applied, how)]
     if config.HasField("dynamic_batching"):
         sizes = ",".join(map(str, preferred_batch_sizes(config)))
@@ -274,12 +275,6 @@ def _instance_records(config: Any, device: str, reason: str) -> list[SettingReco
             records.append(SettingRecord(f"{where}.gpus", gpus, on_gpu, reason))
         else:
             records.append(SettingRecord(f"{where}.kind", kind, not on_gpu, reason))
-        records.append(
-            SettingRecord(
-                f"{where}.count", str(max(int(group.count), 1)), False,
-                "the replay runs one instance, one request at a time",
-            )
-        )  # fmt: skip
     return records
 
 

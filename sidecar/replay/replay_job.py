@@ -19,7 +19,6 @@ import collections
 import functools
 import logging
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +34,7 @@ from sidecar.profiling.formats import ModelFormat
 from sidecar.profiling.inputs import InputError, InputSpec, random_inputs, savedmodel_input_specs
 from sidecar.profiling.peak import Peak, get_peak
 from sidecar.profiling.runners.select import runner_for
-from sidecar.profiling.server_config import (
-    ReplaySettings,
-    batching_records,
-    replay_settings,
-    server_summary,
-)
+from sidecar.profiling.server_config import ReplaySettings, replay_settings, server_summary
 from sidecar.profiling.vocabulary import ProfilingError, Runner
 from sidecar.replay.context import ReplayContext
 from sidecar.replay.device import DeviceChoice, driver_device_name, resolve
@@ -317,16 +311,11 @@ def _mark_device(profile: LeveledProfile, choice: DeviceChoice) -> None:
 
 
 def _mark_settings(trace: Trace, location: ModelLocation, settings: ReplaySettings) -> None:
-    """Say how the server runs the model and what the replay applied of it."""
-    config = location.config
-    records = [
-        *settings.record_dicts(),
-        *(
-            asdict(r)
-            for r in batching_records(config, "the replay runs the sampled request's batch", False)
-        ),
-    ]
-    trace.attributes.update(replay_settings=records, server_config=server_summary(config))
+    """Say how the server runs the model and what the replay applied of it (a replay runs the
+    sampled request's own batch: the batching settings are in `server_config` only)."""
+    trace.attributes.update(
+        replay_settings=settings.record_dicts(), server_config=server_summary(location.config)
+    )
 
 
 def _summary(profile: LeveledProfile, job: ProfileJob, busy_s: float) -> JobResult:
