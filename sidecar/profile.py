@@ -13,7 +13,7 @@ import logging
 import shlex
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,15 @@ from sidecar.profiling.inputs import (
 from sidecar.profiling.levels import parse_levels
 from sidecar.profiling.peak import Peak, remeasure_if_beaten
 from sidecar.profiling.runners.select import runner_for
+from sidecar.profiling.server_config import (
+    ReplaySettings,
+    batching_records,
+    config_beside,
+    read_config,
+    replay_settings,
+    server_summary,
+    sweep_sizes,
+)
 from sidecar.profiling.summary import as_dict, render, render_sweep
 from sidecar.profiling.sweep import Settled, batch_of, settle
 from sidecar.profiling.vocabulary import ProfilingError
@@ -132,6 +141,52 @@ def _inputs(options: ProfileOptions, batch: int | None) -> dict[str, np.ndarray]
     return random_inputs(specs)
 
 
+@dataclass(frozen=True)
+class ServerSide:
+    """What the model's `config.pbtxt` (beside its version folder) makes of the profile."""
+
+    settings: ReplaySettings
+    attributes: dict[str, Any]  # `replay_settings` and `server_config`, for every trace
+    sweep: list[int]  # the default batch sweep, empty when the config does not batch
+
+
+def server_side(options: ProfileOptions) -> ServerSide | None:
+    """The model's server configuration, None when no `config.pbtxt` sits beside it; a
+    config that does not parse is a `ServerConfigError` (exit code 2)."""
+    path = options.model_path
+    config_path = config_beside(path)
+    fmt = format_of(path)
+    if config_path is None or fmt is None:
+        return None
+    config = read_config(config_path)
+    available: list[str] = []
+    if fmt is ModelFormat.ONNX:
+        import onnxruntime as ort
+
+        available = ort.get_available_providers()
+    settings = replay_settings(
+        config,
+        fmt,
+        device=options.device,
+        device_reason=f"--device {options.device}",
+        available_providers=available,
+        optimizations=options.optimizations,
+    )
+    sweep: list[int] = []
+    records = settings.record_dicts()
+    if sweep_sizes(config):  # the server batches this model
+        how = "the default batch sweep (--batch-size not given)"
+        if options.batch_sizes is not None:
+            how = "--batch-size given"
+        elif options.inputs_file:
+            how = "--inputs given (its arrays' own batch)"
+        else:
+            sweep = sweep_sizes(config)
+        records += [asdict(r) for r in batching_records(config, how, bool(sweep))]
+    attributes = {"replay_settings": records, "server_config": server_summary(config)}
+    return ServerSide(settings, attributes, sweep)
+
+
 def _run(options: ProfileOptions) -> int:
     path = options.model_path
     levels = parse_levels(options.levels)
@@ -139,8 +194,20 @@ def _run(options: ProfileOptions) -> int:
     if options.max_rounds < 0:
         raise InputError(f"bad --max-rounds {options.max_rounds}: must be 0 or more")
     device = options.device
+    server = server_side(options)
+    if server is not None and server.sweep:
+        batches = list(server.sweep)
+        print(
+            f"batch sizes from config.pbtxt: {', '.join(map(str, batches))} (1, "
+            "dynamic_batching's preferred_batch_size and max_batch_size)",
+            file=sys.stderr,
+        )
     runner = runner_for(
-        path, device=device, optimizations=options.optimizations, ncu_metrics=options.ncu_metrics
+        path,
+        device=device,
+        optimizations=options.optimizations,
+        ncu_metrics=options.ncu_metrics,
+        settings=server.settings if server is not None else None,
     )
     peak = None
     gpu_peak: GpuPeak | None = None
@@ -176,6 +243,8 @@ def _run(options: ProfileOptions) -> int:
                     progress=lambda _level: bar.update(1),
                 )
                 result.trace.attributes["model_path"] = str(path)
+                if server is not None:
+                    result.trace.attributes.update(server.attributes)
                 if gpu_peak is not None:
                     result.trace.attributes.update(roof_attributes(gpu_peak, result.spans))
                 elif peak is not None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sidecar.profiling import server_config
 from sidecar.profiling.formats import ModelFormat, format_of
 
 if TYPE_CHECKING:  # loaded on first use: the relay's process asks only `model_in_repository`
@@ -107,19 +108,10 @@ def datatype_name(data_type: int) -> str:
 
 def read_config(path: Path) -> model_config_pb2.ModelConfig:
     """Parse a `config.pbtxt` (protobuf text format) into a `ModelConfig`."""
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ModelConfigError(f"cannot read {path}: {exc.strerror}") from None
-    config = model_config_pb2.ModelConfig()
-    try:
-        text_format.Parse(text, config)
-    except text_format.ParseError as exc:
-        raise ModelConfigError(f"{path} is not a valid Triton model config: {exc}") from None
-    return config
+        return server_config.read_config(path)
+    except server_config.ServerConfigError as exc:
+        raise ModelConfigError(str(exc)) from None
 
 
 def _valid_name(model: str) -> bool:

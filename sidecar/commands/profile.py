@@ -33,8 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size",
         default=None,
         metavar="1,2,4,8",
-        help="batch sizes to sweep; one trace per batch size (default: the model's own input "
-        "shapes, or those of --input/--inputs)",
+        help="batch sizes to sweep; one trace per batch size (default: for a model in a Triton "
+        "repository whose config.pbtxt batches, 1, dynamic_batching's preferred_batch_size and "
+        "max_batch_size, deduplicated and sorted; else the model's own input shapes, or those "
+        "of --input/--inputs)",
     )
     parser.add_argument("--levels", default="M,L,K", help="levels to capture (default: M,L,K)")
     parser.add_argument(

@@ -34,6 +34,7 @@ from sidecar.profiling.formats import ModelFormat
 from sidecar.profiling.inputs import InputError, InputSpec, random_inputs, savedmodel_input_specs
 from sidecar.profiling.peak import Peak, get_peak
 from sidecar.profiling.runners.select import runner_for
+from sidecar.profiling.server_config import ReplaySettings, replay_settings, server_summary
 from sidecar.profiling.vocabulary import ProfilingError, Runner
 from sidecar.replay.context import ReplayContext
 from sidecar.replay.device import DeviceChoice, driver_device_name, resolve
@@ -103,10 +104,39 @@ def _gpu_peak(device: str) -> Peak | None:
         return None
 
 
-def _runner(location: ModelLocation, context: ReplayContext, device: str = "cpu") -> Runner:
-    """A runner for the model on `device`, from a small LRU of loaded sessions."""
+def _settings(
+    location: ModelLocation, choice: DeviceChoice, context: ReplayContext
+) -> ReplaySettings | None:
+    """What the model's `config.pbtxt` asks of the replay (None without one): it wins over
+    the worker's own thread count (`server_config`)."""
+    if location.config is None:
+        return None
+    available: list[str] = []
+    if location.format is ModelFormat.ONNX:
+        import onnxruntime as ort
+
+        available = ort.get_available_providers()
+    return replay_settings(
+        location.config,
+        location.format,
+        device=choice.device,
+        device_reason=choice.reason,
+        available_providers=available,
+        worker_threads=context.options.threads,
+    )
+
+
+def _runner(
+    location: ModelLocation,
+    context: ReplayContext,
+    device: str = "cpu",
+    settings: ReplaySettings | None = None,
+) -> Runner:
+    """A runner for the model on `device` with the config's settings, from a small LRU of
+    loaded sessions."""
     cache = context.runners
-    key = f"{location.path}:{location.path.stat().st_mtime_ns}:{device}"
+    applied = (settings.ort, settings.torch) if settings is not None else None
+    key = f"{location.path}:{location.path.stat().st_mtime_ns}:{device}:{applied!r}"
     if key in cache:
         cache.move_to_end(key)
         return cache[key]
@@ -116,6 +146,7 @@ def _runner(location: ModelLocation, context: ReplayContext, device: str = "cpu"
         device=device,
         threads=context.options.threads,
         name=location.name,
+        settings=settings,
     )
     cache[key] = runner
     while len(cache) > RUNNER_CACHE_SIZE:
@@ -200,6 +231,7 @@ def replay_job(job: ProfileJob, context: ReplayContext) -> JobResult:
         sidecar_version=__version__,
     )
     choice: DeviceChoice | None = None
+    settings: ReplaySettings | None = None
     try:
         request = decode_request(job)
         version = job.model_version or (request.version if request else "")
@@ -209,7 +241,8 @@ def replay_job(job: ProfileJob, context: ReplayContext) -> JobResult:
         else:
             inputs, input_source = request.inputs, "request"
         choice = _device(location, context)
-        runner = _runner(location, context, choice.device)
+        settings = _settings(location, choice, context)
+        runner = _runner(location, context, choice.device, settings)
         profile = run_experiment(
             runner,
             inputs,
@@ -225,6 +258,8 @@ def replay_job(job: ProfileJob, context: ReplayContext) -> JobResult:
         trace.status, trace.error = "error", f"{type(exc).__name__}: {exc}"
         if choice is not None:
             trace.attributes.update(replay_device=choice.device, replay_device_reason=choice.reason)
+        if settings is not None:
+            _mark_settings(trace, location, settings)
         outcome, error = "error", trace.error
         if (store_error := _write(context, trace, [])) is not None:
             outcome, error = "store_error", f"{store_error} (the profile failed: {trace.error})"
@@ -233,6 +268,8 @@ def replay_job(job: ProfileJob, context: ReplayContext) -> JobResult:
         )
     _link(profile, job, location, input_source)
     _mark_device(profile, choice)
+    if settings is not None:
+        _mark_settings(profile.trace, location, settings)
     if request is not None and request.attributes:
         profile.trace.attributes.update(request.attributes)
     if options.store_raw_inputs:
@@ -271,6 +308,14 @@ def _mark_device(profile: LeveledProfile, choice: DeviceChoice) -> None:
     for span in profile.spans:
         if span.level is Level.MODEL:
             span.attributes.update(device=choice.device, device_reason=choice.reason)
+
+
+def _mark_settings(trace: Trace, location: ModelLocation, settings: ReplaySettings) -> None:
+    """Say how the server runs the model and what the replay applied of it (a replay runs the
+    sampled request's own batch: the batching settings are in `server_config` only)."""
+    trace.attributes.update(
+        replay_settings=settings.record_dicts(), server_config=server_summary(location.config)
+    )
 
 
 def _summary(profile: LeveledProfile, job: ProfileJob, busy_s: float) -> JobResult:

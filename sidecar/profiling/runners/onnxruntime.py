@@ -37,6 +37,7 @@ from sidecar.profiling.gpu.cupti_tracer import CuptiTracer, records_to_spans, sp
 from sidecar.profiling.gpu.owner import ORT_CUDA_PROFILER, PROCESS_OWNER
 from sidecar.profiling.runners import onnx_graph
 from sidecar.profiling.runners.timing import align_offset, check_iterations, timed_loop, warm_up
+from sidecar.profiling.server_config import OrtSettings
 from sidecar.profiling.vocabulary import (
     Iteration,
     LevelNotSupportedError,
@@ -53,6 +54,17 @@ CPU_KERNEL_NOTE = (
     "not captured: ONNX Runtime on CPU exposes no events below the node level "
     "(and there is no GPU for CUPTI on this machine)"
 )
+GRAPH_LEVELS = {  # `server_config.OrtSettings.graph_level` -> ORT's level
+    "disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+EXECUTION_MODES = {
+    "sequential": ort.ExecutionMode.ORT_SEQUENTIAL,
+    "parallel": ort.ExecutionMode.ORT_PARALLEL,
+}
 
 
 class OnnxRuntimeRunner:
@@ -67,12 +79,21 @@ class OnnxRuntimeRunner:
         optimizations: bool = True,
         providers: Sequence[str | tuple[str, dict[str, Any]]] | None = None,
         intra_op_threads: int = 0,
+        settings: OrtSettings | None = None,
     ) -> None:
+        """`settings`: what the model's `config.pbtxt` asks of the session; they win over
+        `optimizations` and `intra_op_threads` (`server_config`)."""
         self.model_path = Path(model_path)
         if not self.model_path.is_file():
             raise ProfilingError(f"model file not found: {self.model_path}")
-        self.optimizations = optimizations
+        self.settings = settings or OrtSettings()
+        self.graph_level = GRAPH_LEVELS[
+            self.settings.graph_level or ("all" if optimizations else "disable_all")
+        ]
+        self.optimizations = self.graph_level != ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         self.intra_op_threads = intra_op_threads
+        if self.settings.intra_op_threads is not None:
+            self.intra_op_threads = self.settings.intra_op_threads
         available = ort.get_available_providers()
         self.providers = list(providers or ["CPUExecutionProvider"])
         self.provider_names = [p if isinstance(p, str) else p[0] for p in self.providers]
@@ -121,7 +142,7 @@ class OnnxRuntimeRunner:
     # -- internals ----------------------------------------------------------------------
     @property
     def _on_gpu(self) -> bool:
-        return self.provider_names[0] != "CPUExecutionProvider"
+        return any(p in GPU_PROVIDERS for p in self.provider_names)
 
     @property
     def device(self) -> str:
@@ -140,13 +161,18 @@ class OnnxRuntimeRunner:
 
     def _options(self) -> ort.SessionOptions:
         so = ort.SessionOptions()
-        so.graph_optimization_level = (
-            ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            if self.optimizations
-            else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        )
+        so.graph_optimization_level = self.graph_level
         if self.intra_op_threads:
             so.intra_op_num_threads = self.intra_op_threads
+        settings = self.settings
+        if settings.inter_op_threads:
+            so.inter_op_num_threads = settings.inter_op_threads
+        if settings.execution_mode is not None:
+            so.execution_mode = EXECUTION_MODES[settings.execution_mode]
+        if settings.enable_mem_arena is not None:
+            so.enable_cpu_mem_arena = settings.enable_mem_arena
+        if settings.enable_mem_pattern is not None:
+            so.enable_mem_pattern = settings.enable_mem_pattern
         so.log_severity_level = 3
         return so
 
@@ -169,7 +195,8 @@ class OnnxRuntimeRunner:
 
     def _trace_attributes(self) -> dict[str, Any]:
         attrs: dict[str, Any] = {
-            "graph_optimizations": "enabled" if self.optimizations else "disabled"
+            "graph_optimizations": "enabled" if self.optimizations else "disabled",
+            "graph_optimization_level": self.graph_level.name,
         }
         if self._on_gpu:
             attrs.update(device=self.device, layer_time_base="host")

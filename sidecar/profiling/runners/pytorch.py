@@ -43,6 +43,7 @@ from sidecar.profiling.runners.timing import (
     epoch_offset_ns,
     timed_loop,
 )
+from sidecar.profiling.server_config import TorchSettings
 from sidecar.profiling.stats import trimmed_mean
 from sidecar.profiling.torch_modules import hookable_modules, transformer_fastpath_off
 from sidecar.profiling.vocabulary import (
@@ -73,12 +74,15 @@ class PyTorchRunner:
         device: str = "cpu",
         name: str | None = None,
         ncu_metrics: bool = False,
+        settings: TorchSettings | None = None,
     ) -> None:
         """`ncu_metrics`: on CUDA, run Nsight Compute's metrics level after K (a child process
-        under `ncu`; minutes for a large model), else the trace says it was not requested."""
+        under `ncu`; minutes for a large model), else the trace says it was not requested.
+        `settings`: the PyTorch backend's parameters from `config.pbtxt` (`server_config`)."""
         import torch
 
         self.torch = torch
+        self.settings = settings or TorchSettings()
         self.device = parse_device(torch, device)
         self.cuda = self.device.type == "cuda"
         self.ncu_metrics = ncu_metrics
@@ -206,7 +210,17 @@ class PyTorchRunner:
     @contextlib.contextmanager
     def _context(self) -> Iterator[None]:
         with contextlib.ExitStack() as stack:
-            stack.enter_context(self.torch.inference_mode())
+            settings = self.settings
+            if settings.inference_mode is False:  # as Triton's INFERENCE_MODE=false runs
+                stack.enter_context(self.torch.no_grad())
+            else:
+                stack.enter_context(self.torch.inference_mode())
+            for hook, value in (
+                ("_jit_set_profiling_executor", settings.jit_executor),
+                ("_jit_set_profiling_mode", settings.jit_profiling),
+            ):
+                if value is not None:
+                    stack.enter_context(_jit_flag(self.torch, hook, value))
             stack.enter_context(transformer_fastpath_off(self.torch))
             if self.scripted:
                 stack.enter_context(self.torch.jit.optimized_execution(False))
@@ -437,6 +451,18 @@ class PyTorchRunner:
         if len(calls) != len(names):  # control flow: calls do not match the graph's order
             names = [f"forward[{i}]" for i in range(len(calls))]
         return list(zip(names, calls, strict=True))
+
+
+@contextlib.contextmanager
+def _jit_flag(torch: Any, hook: str, value: bool) -> Iterator[None]:
+    """Set a process-wide TorchScript flag (`torch._C._jit_set_*`, which returns the old
+    value) for the run, as Triton's PyTorch backend sets it per execution, then restore it."""
+    setter = getattr(torch._C, hook)
+    old = setter(value)
+    try:
+        yield
+    finally:
+        setter(old)
 
 
 def parse_device(torch: Any, device: str) -> Any:

@@ -14,6 +14,7 @@ from typing import Any
 
 from sidecar.profiling.devices import cuda_index
 from sidecar.profiling.formats import SUPPORTED, ModelFormat, UnsupportedFormatError, format_of
+from sidecar.profiling.server_config import OrtSettings, ReplaySettings, TorchSettings
 from sidecar.profiling.vocabulary import ProfilingError, Runner
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ def runner_for(
     threads: int | None = None,
     name: str | None = None,
     ncu_metrics: bool = False,
+    settings: ReplaySettings | None = None,
 ) -> Runner:
     """A loaded runner for the model at `path`.
 
@@ -35,7 +37,8 @@ def runner_for(
     threads (None: the runtime's default; TensorFlow: intra- and inter-op, settable only
     before TensorFlow first runs in the process); `name` is the model's name in PyTorch
     and TensorFlow traces; `ncu_metrics` adds Nsight Compute's metrics run after K (PyTorch
-    on CUDA only).
+    on CUDA only); `settings` are what the model's `config.pbtxt` asks of the runtime
+    (`server_config.replay_settings`), which win over `optimizations` and `threads`.
     """
     path = Path(path)
     if not path.exists():
@@ -52,9 +55,13 @@ def runner_for(
             ".pt / .pth (TorchScript) or a SavedModel folder (TensorFlow)"
         )
     if fmt is ModelFormat.ONNX:
-        return _onnx_runner(path, device, optimizations, threads)
+        ort_settings = settings.ort if settings is not None else OrtSettings()
+        return _onnx_runner(path, device, optimizations, threads, ort_settings)
     if fmt is ModelFormat.TORCHSCRIPT:
-        return _torchscript_runner(path, device, optimizations, threads, name, ncu_metrics)
+        torch_settings = settings.torch if settings is not None else TorchSettings()
+        return _torchscript_runner(
+            path, device, optimizations, threads, name, ncu_metrics, torch_settings
+        )
     if fmt is ModelFormat.SAVEDMODEL:
         return _savedmodel_runner(path, device, optimizations, threads, name)
     raise UnsupportedFormatError(
@@ -74,22 +81,49 @@ def ort_providers(device: str) -> list[str | tuple[str, dict[str, Any]]]:
     return [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
 
 
-def _onnx_runner(path: Path, device: str, optimizations: bool, threads: int | None) -> Runner:
+def with_accelerators(
+    providers: list[str | tuple[str, dict[str, Any]]], settings: OrtSettings
+) -> list[str | tuple[str, dict[str, Any]]]:
+    """The device's providers with the config's accelerators first (TensorRT before CUDA
+    before the CPU); a `cuda` accelerator's options go into the device's CUDA provider."""
+    extra = {name: dict(options) for name, options in settings.providers}
+    out: list[str | tuple[str, dict[str, Any]]] = []
+    for name, options in extra.items():
+        if name != "CUDAExecutionProvider":
+            out.append((name, options))
+    for provider in providers:
+        name = provider if isinstance(provider, str) else provider[0]
+        if name == "CUDAExecutionProvider" and name in extra:
+            base = provider[1] if isinstance(provider, tuple) else {}
+            out.append((name, {**extra[name], **base}))
+        else:
+            out.append(provider)
+    return out
+
+
+def _onnx_runner(
+    path: Path, device: str, optimizations: bool, threads: int | None, settings: OrtSettings
+) -> Runner:
     import onnxruntime as ort
     from google.protobuf.message import DecodeError
 
     from sidecar.profiling.runners.onnxruntime import OnnxRuntimeRunner
 
-    providers = ort_providers(device)
+    device_providers = ort_providers(device)
     available = ort.get_available_providers()
-    if len(providers) > 1 and "CUDAExecutionProvider" not in available:
+    if len(device_providers) > 1 and "CUDAExecutionProvider" not in available:
         raise ProfilingError(
             f"--device {device} needs onnxruntime-gpu (installed onnxruntime "
             f"{ort.__version__} has providers {available})"
         )
+    providers = with_accelerators(device_providers, settings)
     try:
         return OnnxRuntimeRunner(
-            path, optimizations=optimizations, providers=providers, intra_op_threads=threads or 0
+            path,
+            optimizations=optimizations,
+            providers=providers,
+            intra_op_threads=threads or 0,
+            settings=settings,
         )
     except DecodeError:
         raise ProfilingError(
@@ -104,6 +138,7 @@ def _torchscript_runner(
     threads: int | None,
     name: str | None,
     ncu_metrics: bool = False,
+    settings: TorchSettings | None = None,
 ) -> Runner:
     from sidecar.profiling.runners.pytorch import PyTorchRunner
 
@@ -113,7 +148,7 @@ def _torchscript_runner(
         import torch
 
         torch.set_num_threads(threads)
-    return PyTorchRunner(path, device=device, name=name, ncu_metrics=ncu_metrics)
+    return PyTorchRunner(path, device=device, name=name, ncu_metrics=ncu_metrics, settings=settings)
 
 
 def _savedmodel_runner(
