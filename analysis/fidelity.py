@@ -11,7 +11,9 @@ and the replay that the traces' evidence supports (the causes, when it does not)
 - the server runs the model inside a Python-backend model (`backend: python`): the replay runs
   only the model file, not the stub process, its IPC and tensor copies;
 - the server runs on another device or execution accelerator than the replay;
-- settings of the server's config.pbtxt the replay could not apply (`replay_settings`);
+- settings of the server's config.pbtxt the replay could not apply (`replay_settings`), and
+  threads: an ONNX Runtime model whose config sets no thread count runs on the server with
+  ONNX Runtime's default (one thread per core), the replay with the worker's one;
 - the server computed the request inside larger batches (the request's batch window,
   `server_batch_window`): the live compute is then also compared with the replay at the batch
   size the server ran, where one was profiled;
@@ -37,6 +39,7 @@ REPRESENTS = (0.8, 1.25)  # p50 of replay / live within this range: the replay r
 SLOW_REPRODUCED = 1.5  # a slow request's replay this many times its peers' median: input-bound
 LIVE_REASONS = ("rate", "random", "forced")  # sampled from live traffic with a traceparent
 PYTHON_BACKEND = "python"
+ONNXRUNTIME_BACKEND = "onnxruntime"
 SAME_KERNELS = "same_kernels"  # extra: per group, whether shares of layer time may hold
 
 
@@ -104,6 +107,14 @@ def _causes(attrs: dict[str, Any], device: str, runtime: str) -> list[tuple[str,
         out.append(("the server runs on a GPU (KIND_GPU), the replay on the CPU", False))
     elif kind == "KIND_CPU" and on_gpu:
         out.append(("the server runs on the CPU (KIND_CPU), the replay on a GPU", False))
+    threads = attrs.get("intra_op_threads")
+    settings = [_attrs(x) for x in attrs.get("replay_settings") or []]
+    set_threads = any(x.get("setting", "").endswith("intra_op_thread_count") for x in settings)
+    if backend == ONNXRUNTIME_BACKEND and not set_threads and isinstance(threads, int) and threads:
+        out.append((
+            "the server's ONNX Runtime runs with its default intra-op threads (config.pbtxt "
+            f"sets none: one per core), the replay with {threads}", True,
+        ))  # fmt: skip
     for setting in attrs.get("replay_settings") or []:
         s = _attrs(setting)
         if s and not s.get("applied", True):

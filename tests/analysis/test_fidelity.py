@@ -154,3 +154,19 @@ def test_without_live_compute_it_says_why(
         write(store, reason=reason, live_ns=live_ns if reason != "cli" else None)
     res = analysis(db).result("fidelity")
     assert res.status == "not_captured" and expected in res.reason
+
+
+def test_threads_differ_where_the_config_sets_none(db: Path) -> None:
+    ort = {"server_config": {"backend": "onnxruntime"}, "intra_op_threads": 1}
+    pinned = {
+        **ort,
+        "replay_settings": [{"setting": "parameters.intra_op_thread_count", "value": "1",
+                             "applied": True, "reason": ""}],
+    }  # fmt: skip
+    with TraceStore(db) as store:
+        write(store, model="default", live_ns=100_000, replay_ns=300_000, attrs=ort)
+        write(store, model="pinned", live_ns=100_000, replay_ns=300_000, attrs=pinned)
+    table = analysis(db).get_fidelity().set_index("model")
+    assert "default intra-op threads" in table.loc["default", "differences"]
+    assert "one per core), the replay with 1" in table.loc["default", "differences"]
+    assert table.loc["pinned", "differences"].startswith("none recorded")

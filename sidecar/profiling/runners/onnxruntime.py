@@ -197,6 +197,8 @@ class OnnxRuntimeRunner:
         attrs: dict[str, Any] = {
             "graph_optimizations": "enabled" if self.optimizations else "disabled",
             "graph_optimization_level": self.graph_level.name,
+            # 0: ONNX Runtime's default (one thread per physical core)
+            "intra_op_threads": self.intra_op_threads,
         }
         if self._on_gpu:
             attrs.update(device=self.device, layer_time_base="host")
