@@ -53,10 +53,13 @@ def per_request(fr: Frames) -> pd.DataFrame:
     tr = fr.data.traces
     rows = []
     replay = fr.model_latency.set_index("tkey")["latency_ns"]
+    from_spans = _live_from_spans(fr)
     for t in tr.itertuples(index=False):
         attrs = _attrs(t.attributes)
         fid = _attrs(attrs.get("fidelity"))
         reason = str(t.sample_reason or "")
+        if not fid and int(t.tkey) in from_spans:  # a store older than the attribute
+            fid = from_spans[int(t.tkey)]
         if not fid and reason != "slow":
             continue
         window = _attrs(fid.get("server_batch_window"))
@@ -74,12 +77,32 @@ def per_request(fr: Frames) -> pd.DataFrame:
                 "window_executions": _number(window.get("executions")),
                 "window_note": window.get("unobserved"),
                 "causes": _causes(attrs, str(t.device), str(t.runtime)),
+                "from_spans": bool(fid.get("from_spans")),
             }
         )
     cols = ["tkey", "model", "batch_size", "sample_reason", "live_ns", "live_source", "replay_ns",
-            "server_batch_sizes", "window_executions", "window_note", "causes"]  # fmt: skip
+            "server_batch_sizes", "window_executions", "window_note", "causes",
+            "from_spans"]  # fmt: skip
     out = pd.DataFrame(rows, columns=cols)
     out["ratio"] = out["replay_ns"] / out["live_ns"].where(out["live_ns"] > 0)
+    return out
+
+
+def _live_from_spans(fr: Frames) -> dict[int, dict[str, Any]]:
+    """Per trace: the live compute time from its backend spans, as `sidecar.trace.fidelity`
+    records it (for traces stored before the store kept the `fidelity` attribute)."""
+    srv = fr.at("server")
+    out: dict[int, dict[str, Any]] = {}
+    infer = srv[srv["kind"] == "compute_infer"]
+    for tkey, ns in (infer["end_ns"] - infer["start_ns"]).groupby(infer["tkey"]).sum().items():
+        out[int(tkey)] = {"live_compute_ns": float(ns), "live_source": "compute_infer"}
+    ops = srv[srv["kind"] == "tf_op"].groupby("tkey").agg(start=("start_ns", "min"),
+                                                          end=("end_ns", "max"))  # fmt: skip
+    for tkey, row in ops.iterrows():
+        out.setdefault(int(tkey), {"live_compute_ns": float(row["end"] - row["start"]),
+                                   "live_source": "tf_ops"})  # fmt: skip
+    for found in out.values():
+        found["from_spans"] = True
     return out
 
 
@@ -255,6 +278,12 @@ def _why_none(fr: Frames, every: pd.DataFrame) -> str:
 
 def _notes(every: pd.DataFrame, live: pd.DataFrame) -> list[str]:
     notes = []
+    older = int(live["from_spans"].sum())
+    if older:
+        notes.append(
+            f"{older} traces were stored before the sidecar kept their fidelity: the "
+            "server's compute time is read from their backend spans (no batch window)"
+        )
     no_live = int(live["live_ns"].isna().sum())
     if no_live:
         notes.append(
