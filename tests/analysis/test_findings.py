@@ -78,7 +78,7 @@ def test_which_rules_fire_on_the_checked_in_stores(
         "memory_bound_layers",
         "profiler_overhead",
     }
-    assert set(checked_in["live"]) == {"optimal_batch"}
+    assert set(checked_in["live"]) == {"replay_fidelity", "optimal_batch"}
     for rules in checked_in.values():
         for found in rules.values():
             for f in found:
