@@ -53,8 +53,8 @@ SELECTOR_HELP = (
 )
 EPILOG = """\
 commands:
-  report (default)  all analyses: XSP A1-A15, live_breakdown, overhead, time_breakdown and,
-                    with --base/--new or exactly two databases, comparison
+  report (default)  all analyses: XSP A1-A15, fidelity, live_breakdown, overhead,
+                    time_breakdown and, with --base/--new or exactly two databases, comparison
   compare           only the comparison of two trace sets (HTA TraceDiff-style)
   timeline          one trace as Chrome/Perfetto trace-event JSON (open in ui.perfetto.dev)
   export-parquet    many pods' stores as Parquet files (DuckDB, Spark, Trino read them)
@@ -145,8 +145,8 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     parser = argparse.ArgumentParser(
         prog="report.py",
         description="Analyse xsp-sidecar trace stores: XSP's fifteen analyses (A1-A15), the "
-        "live request breakdown, profiling overhead, time breakdown, comparisons and "
-        "timelines.",
+        "replay's fidelity to the server, the live request breakdown, profiling overhead, "
+        "time breakdown, comparisons and timelines.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -157,7 +157,8 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         prog="report.py [report]",
         description=textwrap.fill(
             "Findings first (what to do, with the evidence), then XSP's fifteen analyses "
-            "(A1-A15), the live request breakdown, profiling overhead, time breakdown and "
+            "(A1-A15), the replay's fidelity to the server, the live request breakdown, "
+            "profiling overhead, time breakdown and "
             "comparisons, over one or more xsp-sidecar trace stores. Damaged rows are "
             "skipped and named.",
             90,
