@@ -309,4 +309,6 @@ def layer_roofline(fr: Frames) -> AnalysisResult:
             + "; the kernels they launch themselves (e.g. residual adds) are in A11/A12"
         )
     res.extra["peaks"] = fr.peaks().to_dict(orient="records")
+    if not roofs.empty:  # the HTML roofline draws them
+        res.extra["cache_roofs"] = roofs.drop(columns="peak_cache_source").to_dict("records")
     return res

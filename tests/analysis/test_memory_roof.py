@@ -160,3 +160,13 @@ def test_the_same_profile_without_cache_roofs_reads_as_before(
     assert ta.result("A14").table["above_roof"].any()
     (f,) = [x for x in ta.findings() if x.rule == "peak_below_achieved"]
     assert "--refresh-peak" in f.action
+
+
+def test_the_html_roofline_draws_the_recorded_cache_roofs(replayed: Path) -> None:
+    from analysis.render_html import _cache_roofs, plot_roofline
+
+    a14 = TraceAnalysis.from_paths([replayed]).result("A14")
+    (attrs,) = TraceAnalysis.from_paths([replayed]).data.traces["attributes"]
+    drawn = _cache_roofs(a14, a14.table)
+    assert drawn == {k: v for k, v in attrs["peak_cache_bytes_per_s"].items() if k != "DRAM"}
+    assert len(plot_roofline(a14)) == 1
