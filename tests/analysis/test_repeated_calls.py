@@ -99,3 +99,20 @@ def test_each_call_gets_the_operator_it_ran(report: tuple[Path, dict[str, Any]])
     assert all(r["count"] == 1 for r in rows.values())  # not 3 aten::relu under one relu
     ops = q(db, "SELECT duration_ns FROM spans WHERE level = 'kernel' ORDER BY start_ns")
     assert [round(rows[c]["latency_ms"] * 1e6) for c in CALLS] == [r[0] for r in ops]
+
+
+def test_the_fleet_report_counts_every_call_too(
+    report: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    from analysis.fleet import export_parquet, fleet_tables
+
+    db, out = report
+    export_parquet([str(db)], tmp_path)
+    tables = fleet_tables(tmp_path, top=10)
+    layers = dict(zip(tables["layer_types"]["type"], tables["layer_types"]["layers"], strict=True))
+    assert layers == {r["type"]: r["layers"] for r in out["A5"]["rows"]}
+    top = tables["top_layers"]
+    assert sorted(top["name"]) == sorted(CALLS)
+    shares = {r["name"]: r["latency_share"] for r in out["A2"]["rows"]}
+    for name, share in zip(top["name"], top["latency_share"], strict=True):
+        assert math.isclose(share, shares[name], rel_tol=1e-9)
