@@ -97,24 +97,41 @@ def peak_doubtful(df: pd.DataFrame) -> pd.Series:
 
 
 def cache_roof_note(df: pd.DataFrame) -> list[str]:
-    """A note naming the layers above the roof their working set picks, where that says
-    nothing about the peak (see `peak_doubtful`)."""
-    rows = df[df["above_roof"].fillna(False).astype(bool) & ~peak_doubtful(df)]
-    if rows.empty:
+    """Notes on the layers above the roof their working set picks where that says nothing
+    about the peak (see `peak_doubtful`): above their cache's roof, or, beyond the caches
+    (or of unknown working set), above the DRAM roof on its memory side."""
+    if "memory_roof" not in df.columns:
         return []
-    top = rows.sort_values("arithmetic_throughput_gflops").iloc[-1]
-    where = (
-        f"working set {top['working_set_bytes'] / 2**10:.4g} KiB, in {top['memory_roof']}"
-        if top["memory_roof"] != DRAM
-        else f"working set {top['working_set_bytes'] / 2**10:.4g} KiB, beyond the caches"
+    rows = df[df["above_roof"].fillna(False).astype(bool) & ~peak_doubtful(df)]
+    notes = []
+    cached = rows[rows["memory_roof"] != DRAM]
+    if not cached.empty:
+        top = cached.sort_values("arithmetic_throughput_gflops").iloc[-1]
+        notes.append(
+            f"{len(cached)} layers ran above the roof of the cache that holds their working "
+            f"set (e.g. {top['name']}, {top['working_set_bytes'] / 2**10:.4g} KiB in "
+            f"{top['memory_roof']}: {_beat(top)}): their FLOPs and bytes are estimates from "
+            f"shapes and the cache roofs {_sources(cached)}, so these points are approximate; "
+            "the peak is not what is wrong, and measuring it again would not move them"
+        )
+    dram = rows[rows["memory_roof"] == DRAM]
+    if not dram.empty:
+        top = dram.sort_values("arithmetic_throughput_gflops").iloc[-1]
+        notes.append(
+            f"{len(dram)} layers with working sets beyond the caches (or unknown) ran above "
+            f"the DRAM roof on its memory side (e.g. {top['name']}: {_beat(top)}): their bytes "
+            "are estimates from shapes, which count every tensor as read from DRAM although "
+            "the layer before may have left it in cache, so their memory-bound verdicts are "
+            "approximate"
+        )
+    return notes
+
+
+def _beat(row: pd.Series) -> str:
+    return (
+        f"{row['arithmetic_throughput_gflops']:.4g} GFLOP/s against an attainable "
+        f"{row['attainable_gflops']:.4g}"
     )
-    return [
-        f"{len(rows)} layers ran above the roof their working set picks (e.g. {top['name']}, "
-        f"{where}: {top['arithmetic_throughput_gflops']:.4g} GFLOP/s against an attainable "
-        f"{top['attainable_gflops']:.4g}): their FLOPs and bytes are estimates from shapes and "
-        f"the cache roofs {_sources(rows)}, so these points are approximate; the peak is not "
-        "what is wrong, and measuring it again would not move them"
-    ]
 
 
 def _sources(df: pd.DataFrame) -> str:

@@ -86,7 +86,7 @@ def test_a_cache_resident_layer_above_the_compute_roof_is_no_reason_to_remeasure
     assert conv["above_roof"].any()  # still above the compute roof: shown, not hidden
     assert "peak_below_achieved" not in _rules(ta)
     assert not any("re-measure" in n for n in a14.notes)
-    (note,) = [n for n in a14.notes if "the roof their working set picks" in n]
+    (note,) = [n for n in a14.notes if "above the roof of the cache that holds" in n]
     assert "measuring it again would not move them" in note
     # the roof each row was judged against is its level's bandwidth
     for row in table.itertuples():
@@ -104,6 +104,27 @@ def test_a_layer_beyond_the_last_level_cache_beating_the_compute_roof_asks_to_re
     assert (conv["memory_roof"] == "DRAM").all()
     (f,) = [x for x in ta.findings() if x.rule == "peak_below_achieved"]
     assert "Conv+Relu" in f.evidence and "--refresh-peak" in f.action
+
+
+def test_a_layer_beyond_the_caches_above_the_dram_roof_is_no_reason_to_remeasure(
+    tmp_path: Path,
+) -> None:
+    db = _copy(tmp_path, {"L1": 16, "L2": 32, "L3": 64})  # smaller than every layer's
+    conn = sqlite3.connect(db)  # no layer near the FLOP roof, every one above the DRAM roof
+    conn.execute(
+        "UPDATE traces SET attributes = json_set(attributes, '$.peak_flops_per_s', 1e15, "
+        "'$.peak_dram_bytes_per_s', 1e6)"
+    )
+    conn.commit()
+    conn.close()
+    ta = TraceAnalysis.from_paths([db])
+    a14 = ta.result("A14")
+    moved = a14.table[a14.table["flops"] > 0]
+    assert (moved["memory_roof"] == "DRAM").all() and moved["above_roof"].all()
+    assert (moved["bound"] == "memory").all()
+    assert "peak_below_achieved" not in _rules(ta)
+    (note,) = [n for n in a14.notes if "above the DRAM roof on its memory side" in n]
+    assert f"{len(moved)} layers" in note
 
 
 @pytest.fixture(scope="module")
