@@ -219,6 +219,42 @@ def inclusive_sums(own: pd.DataFrame, layers: pd.DataFrame, values: Sequence[str
     return pd.DataFrame(rows, columns=["tkey", "name", *values])
 
 
+def call_names(layers: pd.DataFrame) -> pd.Series:
+    """Each layer span's call name: its name, plus `#n` for the n-th repeat of that name in
+    its trace's run (execution order), as the runners key calls (`vocabulary.keyed`). GPU
+    traces store calls named so already; CPU traces store every call under the module's
+    name, which would otherwise fold a module called three times into one row."""
+    if layers.empty:
+        return layers["name"]
+    order = layers.sort_values(["start_ns", "idx"], kind="stable")
+    n = order.groupby(["tkey", "run_level", "name"], dropna=False, sort=False).cumcount()
+    names = order["name"].astype(str)
+    named = names.where(n == 0, names + "#" + n.astype(str))
+    return named.reindex(layers.index)
+
+
+def _to_calls(kernels: pd.DataFrame, repeated: pd.DataFrame) -> pd.DataFrame:
+    """`kernels` with `layer` moved from a repeated module's name to the call it ran in:
+    the last call of that module in the same trace and run to start at or before it."""
+    keys = ["tkey", "run_level", "module"]
+    calls = repeated[[*keys, "start_ns", "name"]].rename(
+        columns={"start_ns": "_call_start", "name": "_call"}
+    )
+    kn = kernels.assign(module=kernels["layer"], _row=np.arange(len(kernels)))
+    hit = kn[kn["module"].notna()].sort_values("start_ns")
+    hit = pd.merge_asof(
+        hit[["_row", "start_ns", *keys]],
+        calls.sort_values("_call_start"),
+        left_on="start_ns",
+        right_on="_call_start",
+        by=keys,
+    )
+    moved = pd.Series(hit["_call"].to_numpy(object), index=hit["_row"].to_numpy())
+    call = moved.reindex(np.arange(len(kn))).to_numpy(object)
+    layer = np.where(pd.notna(call), call, kn["layer"].to_numpy(object))
+    return kernels.assign(layer=layer)
+
+
 class Frames:
     """Derived frames shared by the analyses, computed once per TraceData."""
 
@@ -283,24 +319,39 @@ class Frames:
         return {int(k): list(v) for k, v in zip(rows["tkey"], rows["samples_ns"], strict=True)}
 
     @cached_property
+    def _layer_calls(self) -> pd.DataFrame:
+        """Every layer span, each call its own row named as `call_names` says (`module`
+        keeps the name it was stored under)."""
+        ly = self.at("layer")
+        return ly.assign(module=ly["name"], name=call_names(ly))
+
+    @cached_property
     def layers(self) -> pd.DataFrame:
-        """Layer spans, one per (trace, layer name), from the L run where there is one."""
-        ly = keras_layers_only(self.at("layer"))
-        has_l = set(ly.loc[ly["run_level"] == "layer", "tkey"].unique())
-        ly = ly[(ly["run_level"] == "layer") | ~ly["tkey"].isin(has_l)]
-        ly = ly.sort_values(["tkey", "idx", "start_ns"]).drop_duplicates(["tkey", "name"])
+        """Layer spans, one per call, from the L run where there is one (else the trace's
+        one other run with layers): a module called three times is three rows."""
+        ly = keras_layers_only(self._layer_calls)
+        runs = ly.assign(_pref=(ly["run_level"] != "layer").astype(int))
+        runs = runs.sort_values(["tkey", "_pref", "run_level"]).drop_duplicates("tkey")
+        ly = ly.merge(runs[["tkey", "run_level"]], on=["tkey", "run_level"], how="inner")
+        ly = ly.sort_values(["tkey", "idx", "start_ns"], kind="stable")
         ly = ly.assign(type=layer_type(ly), container=is_container(ly))
         return self.with_meta(ly.reset_index(drop=True))
 
     @cached_property
     def kernels(self) -> pd.DataFrame:
-        """Kernel-level spans with the name and type of the layer they ran under (the
-        `layer` column is resolved by the loader: the parent, or the launch's parent)."""
+        """Kernel-level spans with the call name and type of the layer they ran under. The
+        loader resolves `layer` to the parent's (or the launch's parent's) stored name; where
+        a trace's run called that module more than once, the call is the last one of that
+        name to start at or before the kernel."""
         kn = self.at("kernel")
-        types = self.at("layer").drop_duplicates(["tkey", "name"])
+        calls = self._layer_calls
+        keys = ["tkey", "run_level", "module"]
+        repeated = calls[calls.duplicated(keys, keep=False)]
+        if not repeated.empty and kn["layer"].notna().any():
+            kn = _to_calls(kn, repeated)
         types = pd.DataFrame(
-            {"tkey": types["tkey"], "layer": types["name"], "layer_type": layer_type(types)}
-        )
+            {"tkey": calls["tkey"], "layer": calls["name"], "layer_type": layer_type(calls)}
+        ).drop_duplicates(["tkey", "layer"])
         kn = kn.merge(types, on=["tkey", "layer"], how="left")
         return self.with_meta(kn)
 

@@ -17,6 +17,7 @@ import pandas as pd
 
 from analysis.common import AnalysisResult
 from analysis.fidelity import SAME_KERNELS
+from analysis.roofline import peak_doubtful
 from analysis.tracedb import TraceData
 
 IDLE_SHARE = 0.5  # launch-bound: the device idles at least this share of the model's time
@@ -438,11 +439,13 @@ def failed_profiles(results: Results, data: TraceData) -> list[Finding]:
 
 
 def peak_below_achieved(results: Results, data: TraceData) -> list[Finding]:
-    """A layer ran faster than the recorded peak: the peak was measured too low."""
+    """A layer ran faster than the recorded peak: the peak was measured too low. A layer
+    above the roof of the cache that holds its working set is no such evidence
+    (`roofline.peak_doubtful`; A14 notes it instead)."""
     a14 = results("A14")
     if not a14.ok or "above_roof" not in a14.table.columns:
         return []
-    above = a14.table[a14.table["above_roof"].fillna(False).astype(bool)]
+    above = a14.table[peak_doubtful(a14.table)]
     if above.empty:
         return []
     worst = above.sort_values("arithmetic_throughput_gflops").iloc[-1]

@@ -171,18 +171,23 @@ SELECT model, batch_size, avg(latency_ns) FILTER (WHERE {_KEEP}) / 1e6 AS latenc
 FROM ranked GROUP BY model, batch_size ORDER BY model, batch_size
 """
 
-# Layer spans as the report takes them: the L run's where a trace has one, one per name.
+# Layer spans as the report takes them (`common.Frames.layers`): one run per trace, the L
+# run's where it has one, and every call its own row: the n-th repeat of a name in the run is
+# `name#n` (CPU traces store each call under the module's name).
 _LAYERS = """
 layer_spans AS (
-    SELECT s.*, bool_or(run_level = 'layer') OVER (PARTITION BY source_db, trace_id) AS has_l
+    SELECT s.*, arg_min(run_level, (run_level <> 'layer', run_level))
+                    OVER (PARTITION BY source_db, trace_id) AS run
     FROM spans s WHERE level = 'layer'
+), calls AS (
+    SELECT *, row_number() OVER (PARTITION BY source_db, trace_id, run_level, name
+                                 ORDER BY start_ns, idx) - 1 AS repeat
+    FROM layer_spans WHERE run_level IS NOT DISTINCT FROM run
 ), layers AS (
-    SELECT source_db, trace_id, name,
-           arg_min(duration_ns, (idx, start_ns))::DOUBLE AS duration_ns,
-           arg_min(layer_type, (idx, start_ns)) AS type,
-           min(idx) AS idx
-    FROM layer_spans WHERE run_level = 'layer' OR NOT has_l
-    GROUP BY source_db, trace_id, name
+    SELECT source_db, trace_id,
+           CASE WHEN repeat > 0 THEN name || '#' || repeat ELSE name END AS name,
+           duration_ns::DOUBLE AS duration_ns, layer_type AS type, idx
+    FROM calls
 ), ranked AS (
     SELECT t.model, t.batch_size, l.name, l.type, l.idx, l.duration_ns,
            {trimmed}

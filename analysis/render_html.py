@@ -201,6 +201,14 @@ def plot_roofline(res: AnalysisResult) -> list[str]:
                 lw=1.5,
                 label=f"roof: {pf / 1e9:.4g} GFLOP/s, {bw / 1e9:.4g} GB/s",
             )
+            for level, level_bw in _cache_roofs(res, g).items():
+                ax.plot(
+                    x,
+                    np.minimum(pf, x * level_bw) / 1e9,
+                    ":",
+                    lw=1.0,
+                    label=f"{level} roof: {level_bw / 1e9:.4g} GB/s",
+                )
         by = "type" if "type" in g.columns else "layer"
         labels = g[by].fillna("-").astype(str)
         colors = _type_colors(labels)
@@ -223,6 +231,17 @@ def plot_roofline(res: AnalysisResult) -> list[str]:
         ax.legend(fontsize=7, ncol=2)
         out.append(_png(fig))
     return out
+
+
+def _cache_roofs(res: AnalysisResult, points: pd.DataFrame) -> dict[str, float]:
+    """The cache levels' roofs recorded for the first model/batch among `points` that has
+    them (A14 where traces recorded cache roofs), by level; none elsewhere."""
+    have = {(r["model"], r["batch_size"]): r for r in res.extra.get("cache_roofs", [])}
+    for key in zip(points["model"], points["batch_size"], strict=True):
+        if key in have:
+            roofs = have[key]["peak_cache_bytes_per_s"]
+            return {k: float(v) for k, v in roofs.items() if k != "DRAM"}
+    return {}
 
 
 def plot_live(res: AnalysisResult) -> list[str]:

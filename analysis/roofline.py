@@ -4,9 +4,17 @@ Arithmetic intensity = FLOPs / (DRAM bytes read + written); arithmetic throughpu
 latency. Something is memory-bound when its intensity is left of the ridge point
 (peak FLOP/s / peak DRAM bytes/s). Peaks come from the trace attributes `peak_flops_per_s`
 and `peak_dram_bytes_per_s` (a GPU spec sheet, or the CPU microbenchmark on CPU).
+
+A14 judges each layer against the roof of the memory level that holds its working set where
+its traces recorded cache roofs (`analysis.memory_roof`): a cache-resident layer above the
+DRAM roof is within its own. "Re-measure the peak" is said only of a layer that beat the
+compute roof with a working set larger than the last-level cache (or, for traces without
+cache roofs, of any layer above the roof, as before).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -20,6 +28,7 @@ from analysis.common import (
     empty_result,
     not_captured,
 )
+from analysis.memory_roof import DRAM, cache_roofs, with_memory_roofs, working_sets
 
 A9_TITLE = "Kernel roofline"
 A14_TITLE = "Layer roofline"
@@ -28,9 +37,14 @@ A14_TITLE = "Layer roofline"
 def classify(df: pd.DataFrame, flops: str, nbytes: str, latency_ns: str) -> pd.DataFrame:
     """Add arithmetic_intensity, arithmetic_throughput_gflops, ridge point and bound columns.
 
-    `df` must carry peak_flops_per_s and peak_dram_bytes_per_s (NaN where unknown).
+    `df` must carry peak_flops_per_s and peak_dram_bytes_per_s (NaN where unknown); a row's
+    `memory_roof_bytes_per_s`, where the column is there and the value known, replaces the
+    DRAM roof (the cache level holding a layer's working set).
     """
     out = df.copy()
+    bandwidth = out["peak_dram_bytes_per_s"]
+    if "memory_roof_bytes_per_s" in out.columns:
+        bandwidth = out["memory_roof_bytes_per_s"].astype("float64").fillna(bandwidth)
     f = out[flops].astype("float64")
     b = out[nbytes].astype("float64")
     lat_s = out[latency_ns].astype("float64") / 1e9
@@ -39,11 +53,9 @@ def classify(df: pd.DataFrame, flops: str, nbytes: str, latency_ns: str) -> pd.D
         thr = np.where(lat_s > 0, f / lat_s, np.nan)
     out["arithmetic_intensity"] = ai
     out["arithmetic_throughput_gflops"] = thr / 1e9
-    ridge = out["peak_flops_per_s"] / out["peak_dram_bytes_per_s"]
+    ridge = out["peak_flops_per_s"] / bandwidth
     out["ridge_point"] = ridge
-    attainable = np.minimum(
-        out["peak_flops_per_s"], out["arithmetic_intensity"] * out["peak_dram_bytes_per_s"]
-    )
+    attainable = np.minimum(out["peak_flops_per_s"], out["arithmetic_intensity"] * bandwidth)
     out["attainable_gflops"] = attainable / 1e9
     known = out["arithmetic_intensity"].notna() & ridge.notna()
     below = (out["arithmetic_intensity"] < ridge).astype(object)
@@ -72,6 +84,75 @@ def above_roof_note(df: pd.DataFrame, what: str) -> list[str]:
     ]
 
 
+def peak_doubtful(df: pd.DataFrame) -> pd.Series:
+    """Rows above the roof that say the peak was measured too low: a layer that beat the
+    compute roof with a working set larger than the last-level cache, or any row above the
+    roof where no cache roofs were recorded (no `memory_roof`). A layer above the roof of
+    the cache that holds it says nothing about the peak."""
+    above = df["above_roof"].fillna(False).astype(bool)
+    if "memory_roof" not in df.columns:
+        return above
+    level = df["memory_roof"]
+    return above & (level.isna() | ((level == DRAM) & (df["bound"] == "compute")))
+
+
+def cache_roof_note(df: pd.DataFrame) -> list[str]:
+    """Notes on the layers above the roof their working set picks where that says nothing
+    about the peak (see `peak_doubtful`): above their cache's roof, or, beyond the caches
+    (or of unknown working set), above the DRAM roof on its memory side."""
+    if "memory_roof" not in df.columns:
+        return []
+    rows = df[df["above_roof"].fillna(False).astype(bool) & ~peak_doubtful(df)]
+    notes = []
+    cached = rows[rows["memory_roof"] != DRAM]
+    if not cached.empty:
+        top = cached.sort_values("arithmetic_throughput_gflops").iloc[-1]
+        notes.append(
+            f"{len(cached)} layers ran above the roof of the cache that holds their working "
+            f"set (e.g. {top['name']}, {top['working_set_bytes'] / 2**10:.4g} KiB in "
+            f"{top['memory_roof']}: {_beat(top)}): their FLOPs and bytes are estimates from "
+            f"shapes and the cache roofs {_sources(cached)}, so these points are approximate; "
+            "the peak is not what is wrong, and measuring it again would not move them"
+        )
+    dram = rows[rows["memory_roof"] == DRAM]
+    if not dram.empty:
+        top = dram.sort_values("arithmetic_throughput_gflops").iloc[-1]
+        notes.append(
+            f"{len(dram)} layers with working sets beyond the caches (or unknown) ran above "
+            f"the DRAM roof on its memory side (e.g. {top['name']}: {_beat(top)}): their bytes "
+            "are estimates from shapes, which count every tensor as read from DRAM although "
+            "the layer before may have left it in cache, so their memory-bound verdicts are "
+            "approximate"
+        )
+    return notes
+
+
+def _beat(row: pd.Series) -> str:
+    return (
+        f"{row['arithmetic_throughput_gflops']:.4g} GFLOP/s against an attainable "
+        f"{row['attainable_gflops']:.4g}"
+    )
+
+
+def _sources(df: pd.DataFrame) -> str:
+    return "; ".join(sorted(df["peak_cache_source"].dropna().astype(str).unique())) or "unknown"
+
+
+def _cache_roofs_note(agg: pd.DataFrame) -> list[str]:
+    """Which memory level each layer was judged against, and where the working set comes
+    from; nothing for traces without cache roofs."""
+    if "memory_roof" not in agg.columns or agg["memory_roof"].isna().all():
+        return []
+    counts = agg["memory_roof"].value_counts()
+    levels = ", ".join(f"{counts[k]} in {k}" for k in sorted(counts.index))
+    return [
+        "memory roof by working set (inputs + weights + outputs, the estimated "
+        "dram_read_bytes + dram_write_bytes of the layer span): the smallest cache level "
+        f"that holds it, else DRAM ({levels}); cache roofs (peak_cache_bytes_per_s): "
+        + _sources(agg)
+    ]
+
+
 def _peak_notes(df: pd.DataFrame) -> list[str]:
     notes = []
     if df["ridge_point"].isna().any():
@@ -96,15 +177,23 @@ ROOFLINE_COLUMNS = [*ROOFLINE_MEASURES, "bound", "above_roof", "estimated", "n_t
 
 
 def _on_roofline(
-    fr: Frames, agg: pd.DataFrame, id_columns: list[str], sort_columns: list[str]
+    fr: Frames,
+    agg: pd.DataFrame,
+    id_columns: list[str],
+    sort_columns: list[str],
+    extra: Sequence[str] = (),
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Place aggregated rows (flops, dram_bytes, duration_ns, estimated share) on their
-    machine's roofline; returns the classified rows and the table shown (A9, A14)."""
+    machine's roofline; returns the classified rows and the table shown (A9, A14), with the
+    `extra` columns after the ridge point."""
     agg = agg.merge(fr.peaks(), on=GROUP, how="left")
     agg = classify(agg, "flops", "dram_bytes", "duration_ns")
     agg["estimated"] = agg["estimated"] > 0
     agg["latency_ms"] = agg["duration_ns"] / 1e6
-    table = agg[[*GROUP, *id_columns, *ROOFLINE_COLUMNS]]
+    if "memory_roof_bytes_per_s" in agg.columns:
+        agg["memory_roof_gbps"] = agg["memory_roof_bytes_per_s"] / 1e9
+    columns = [*ROOFLINE_MEASURES, *extra, *ROOFLINE_COLUMNS[len(ROOFLINE_MEASURES) :]]
+    table = agg[[*GROUP, *id_columns, *columns]]
     return agg, table.sort_values([*GROUP, *sort_columns]).reset_index(drop=True)
 
 
@@ -207,18 +296,27 @@ def layer_roofline(fr: Frames) -> AnalysisResult:
         )
     ly = fr.layers
     containers = ly[ly["container"]]
-    ly = ly[~ly["container"]][["tkey", *GROUP, "idx", "name", "type", "duration_ns"]]
+    ly = ly[~ly["container"]].assign(working_set_bytes=working_sets(ly[~ly["container"]]))
+    ly = ly[["tkey", *GROUP, "idx", "name", "type", "duration_ns", "working_set_bytes"]]
     df = ly.merge(metrics, on=["tkey", "name"], how="inner")
     df["estimated"] = df["estimated"].astype(float)
-    agg = across_traces(
-        df, [*GROUP, "name"], ["duration_ns", "flops", "dram_bytes", "estimated"], ["idx", "type"]
-    )
-    agg, table = _on_roofline(fr, agg, ["idx", "name", "type"], ["idx"])
+    values = ["duration_ns", "flops", "dram_bytes", "estimated", "working_set_bytes"]
+    agg = across_traces(df, [*GROUP, "name"], values, ["idx", "type"])
+    roofs = cache_roofs(fr)
+    extra: list[str] = []
+    if not roofs.empty:  # traces without cache roofs keep today's table
+        dram = fr.peaks()[[*GROUP, "peak_dram_bytes_per_s"]]
+        agg = with_memory_roofs(agg.merge(dram, on=GROUP, how="left"), roofs)
+        agg = agg.drop(columns="peak_dram_bytes_per_s")
+        extra = ["working_set_bytes", "memory_roof", "memory_roof_gbps"]
+    agg, table = _on_roofline(fr, agg, ["idx", "name", "type"], ["idx"], extra)
     res = AnalysisResult("A14", A14_TITLE, table, estimated=bool(table["estimated"].any()))
     res.notes = [
         f"FLOPs and bytes from {source}",
+        *_cache_roofs_note(agg),
         *_peak_notes(agg),
-        *above_roof_note(agg, "layers"),
+        *above_roof_note(agg[peak_doubtful(agg)], "layers"),
+        *cache_roof_note(agg),
     ]
     if res.estimated:
         res.notes.append("estimated: FLOPs/bytes are estimates from layer shapes, not counters")
@@ -228,4 +326,6 @@ def layer_roofline(fr: Frames) -> AnalysisResult:
             + "; the kernels they launch themselves (e.g. residual adds) are in A11/A12"
         )
     res.extra["peaks"] = fr.peaks().to_dict(orient="records")
+    if not roofs.empty:  # the HTML roofline draws them
+        res.extra["cache_roofs"] = roofs.drop(columns="peak_cache_source").to_dict("records")
     return res

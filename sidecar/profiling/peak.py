@@ -10,6 +10,10 @@ them; the load average when it was measured is recorded with it. A peak measured
 load (`BUSY`) is measured again when the machine is quieter, a new measurement never lowers
 a cached one, and `remeasure_if_beaten` measures again when a layer ran faster than the
 peak. API: `get_peak()` -> `Peak`; `Peak.trace_attributes()` for the trace.
+
+Beside the two roofs, a peak holds the cache levels' bandwidth roofs (`cache_roofs`: L1, L2,
+L3 and DRAM over working sets that fit each). A peak cached before they existed gets them
+measured on its next use, the rest of it kept.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from sidecar.profiling.cache_roofs import CacheRoofs, measure_cache_roofs
 
 CACHE_ENV = "XSP_CACHE_DIR"
 BUSY = 0.5  # 1-minute load average per CPU above which a measurement counts as under load
@@ -41,6 +47,9 @@ class Peak:
     measured_ns: int = 0
     load_per_cpu: float | None = None  # 1-minute load average / CPUs when measured
     rounds: int = 0
+    cache_sizes_bytes: dict[str, int] | None = None  # L1, L2, L3 (cache_roofs)
+    cache_bytes_per_s: dict[str, float] | None = None  # L1, L2, L3 and DRAM
+    cache_source: str | None = None
 
     @property
     def under_load(self) -> bool:
@@ -57,7 +66,22 @@ class Peak:
         }
         if self.load_per_cpu is not None:
             attrs["peak_load_per_cpu"] = round(self.load_per_cpu, 3)
+        if self.cache_bytes_per_s:
+            attrs["peak_cache_bytes_per_s"] = dict(self.cache_bytes_per_s)
+            attrs["cache_sizes_bytes"] = dict(self.cache_sizes_bytes or {})
+            attrs["peak_cache_source"] = self.cache_source
         return attrs
+
+    def with_cache(self, roofs: CacheRoofs) -> Peak:
+        """This peak with the cache levels' roofs (the better of these and any it has)."""
+        have = self.cache_bytes_per_s or {}
+        best = {k: max(v, have.get(k, 0.0)) for k, v in roofs.bytes_per_s.items()}
+        return replace(
+            self,
+            cache_sizes_bytes=dict(roofs.sizes_bytes),
+            cache_bytes_per_s=best,
+            cache_source=roofs.source,
+        )
 
 
 def cache_dir() -> Path:
@@ -100,8 +124,8 @@ def _best_time(fn: Callable[[], object], budget_s: float, min_reps: int = 2) -> 
 
 
 def measure(budget_s: float = 1.5, rounds: int = ROUNDS) -> Peak:
-    """Run the micro-benchmarks (about `budget_s` seconds in `rounds` interleaved rounds)
-    and return the best roofs seen."""
+    """Run the micro-benchmarks (about `budget_s` seconds in `rounds` interleaved rounds,
+    then the cache levels' roofs) and return the best roofs seen."""
     load = load_per_cpu()
     n = 1024
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
@@ -124,7 +148,7 @@ def measure(budget_s: float = 1.5, rounds: int = ROUNDS) -> Peak:
         time.time_ns(),
         load,
         max(1, rounds),
-    )
+    ).with_cache(measure_cache_roofs())
 
 
 def _read(path: Path, key: str) -> Peak | None:
@@ -152,22 +176,33 @@ def best_of(old: Peak | None, new: Peak) -> Peak:
     the record says when and under what load the compute roof was measured."""
     if old is None or old.machine != new.machine:
         return new
-    if old.flops_per_s > new.flops_per_s:
-        return replace(old, dram_bytes_per_s=max(old.dram_bytes_per_s, new.dram_bytes_per_s))
-    return replace(new, dram_bytes_per_s=max(old.dram_bytes_per_s, new.dram_bytes_per_s))
+    dram = max(old.dram_bytes_per_s, new.dram_bytes_per_s)
+    best = replace(old if old.flops_per_s > new.flops_per_s else new, dram_bytes_per_s=dram)
+    caches = [p for p in (old, new) if p.cache_bytes_per_s]
+    for p in caches:
+        roofs = CacheRoofs(p.cache_sizes_bytes or {}, p.cache_bytes_per_s or {})
+        best = best.with_cache(replace(roofs, source=p.cache_source or roofs.source))
+    return best
 
 
 def get_peak(
-    refresh: bool = False, path: Path | None = None, measure_fn: Callable[[], Peak] = measure
+    refresh: bool = False,
+    path: Path | None = None,
+    measure_fn: Callable[[], Peak] = measure,
+    measure_cache_fn: Callable[[], CacheRoofs] = measure_cache_roofs,
 ) -> Peak:
     """The cached peak for this machine, measuring (and caching) it when absent, stale,
-    asked for, or measured under load while the machine is quieter now."""
+    asked for, or measured under load while the machine is quieter now; a cached peak
+    without cache roofs gets them (`measure_cache_fn`)."""
     path = path or cache_dir() / "peak.json"
     cached = _read(path, machine_key())
     if cached is not None and not refresh:
         now = load_per_cpu()
         quieter = now is not None and now <= BUSY
         if not (cached.under_load and quieter):
+            if not cached.cache_bytes_per_s:
+                cached = cached.with_cache(measure_cache_fn())
+                write_cache(path, cached)
             return cached
     peak = best_of(cached, measure_fn())
     write_cache(path, peak)

@@ -50,6 +50,21 @@ SMOKE: dict[str, Smoke] = {
         ("--models", "small_cnn", "--iterations", "3", "--warmup", "1"),
         ("small_cnn", "trace M ms", "goals: ratio"),
     ),
+    "cache_roofs.py": Smoke(
+        (
+            "--rounds",
+            "1",
+            "--budget",
+            "0.2",
+            "--models",
+            "small_cnn",
+            "--batch-sizes",
+            "1",
+            "--iterations",
+            "3",
+        ),
+        ("cache roofs", "DRAM", "A14 with and without cache roofs", "small_cnn  cache"),
+    ),
     "gpu_profile.py": Smoke(
         ("--cases", "resnet50:1", "--iterations", "2", "--warmup", "1", "--no-ncu"),
         ("",),  # "no GPU" here; the table where CUDA is

@@ -99,6 +99,9 @@ def test_npz_inputs_and_peak(
         assert trace.attributes["peak_source"] == "cpu-microbenchmark"
         # when and under what load the peak was measured travels with the trace
         assert trace.attributes["peak_measured_ns"] > 0 and trace.attributes["peak_rounds"] > 0
+        # and the cache levels' roofs, measured with it
+        assert trace.attributes["peak_cache_bytes_per_s"]["DRAM"] > 0
+        assert trace.attributes["peak_cache_source"] == "measured (one core, read)"
     finally:
         store.close()
 

@@ -170,3 +170,30 @@ def test_cuda_levels_on_a_gpu() -> None:  # pragma: no cover - GPU only
     assert kernels and all(k.parent_id for k in kernels)
     assert res.trace.attributes["clock_check"].startswith("ok")
     assert model.span_id
+
+
+@pytest.mark.parametrize("levels", [(Level.MODEL, Level.LAYER), (Level.MODEL, Level.KERNEL)])
+def test_each_call_of_a_module_records_its_own_shapes(levels: tuple[Level, ...]) -> None:
+    """A module called on two shapes: each call's span carries its own shapes and FLOPs, in
+    the hooked L run and in the profiled K run."""
+    import torch
+    from torch import nn
+
+    class Repeated(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.relu = nn.ReLU()
+            self.pool = nn.MaxPool2d(2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.relu(self.pool(self.relu(x)))
+
+    inputs = {"x": np.random.default_rng(0).random((2, 4, 8, 8), dtype=np.float32)}
+    runner = PyTorchRunner(Repeated().eval(), name="repeated")
+    res = run_experiment(runner, inputs, model="repeated", levels=levels, iterations=3, warmup=1)
+    layers = sorted(res.spans_at(Level.LAYER), key=lambda s: s.start_ns)
+    assert [s.name for s in layers] == ["relu", "pool", "relu"]
+    first, _, second = layers
+    assert first.attributes["input_shapes"] == [[2, 4, 8, 8]]
+    assert second.attributes["input_shapes"] == [[2, 4, 4, 4]]
+    assert first.attributes["flops"] == 4 * second.attributes["flops"] == 2 * 4 * 8 * 8

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -269,7 +269,7 @@ class PyTorchRunner:
         clock = time.perf_counter_ns
         stack: list[int] = []
         records: list[tuple[str, int, int]] = []
-        attrs: dict[str, dict[str, Any]] = {}
+        attrs = _CallAttributes()
         capture = [True]
 
         def pre(name: str) -> Any:
@@ -283,7 +283,7 @@ class PyTorchRunner:
                 t1 = clock()
                 records.append((name, stack.pop(), t1))
                 if capture[0]:
-                    attrs.setdefault(name, self._module_attrs(module, inputs, output))
+                    attrs.record(name, lambda: self._module_attrs(module, inputs, output))
 
             return hook
 
@@ -293,6 +293,7 @@ class PyTorchRunner:
             handles.append(module.register_forward_hook(post(name)))
         try:
             for _ in range(max(warmup, 1)):
+                attrs.new_forward()
                 self.model(*args)
             capture[0] = False
             offset = epoch_offset_ns()
@@ -305,7 +306,7 @@ class PyTorchRunner:
                 spans = [model_span(self.model_name, t0 + offset, t1 + offset)]
                 keys = keyed([r[0] for r in records])
                 for (name, s, e), key in zip(records, keys, strict=True):
-                    a = dict(attrs.get(name, {}))
+                    a = attrs.of(key, name)
                     spans.append(
                         RawSpan(
                             Level.LAYER,
@@ -331,7 +332,7 @@ class PyTorchRunner:
 
         if self.torch.cuda.is_available():  # Kineto is a CUPTI client on a CUDA build
             PROCESS_OWNER.claim(TORCH_PROFILER)
-        attrs: dict[str, dict[str, Any]] = {}
+        attrs = _CallAttributes()
         handles = []
         if not self.scripted:
             marks: list[Any] = []
@@ -347,7 +348,7 @@ class PyTorchRunner:
             def post(name: str) -> Any:
                 def hook(module: Any, inputs: Any, output: Any) -> None:
                     marks.pop().__exit__(None, None, None)
-                    attrs.setdefault(name, self._module_attrs(module, inputs, output))
+                    attrs.record(name, lambda: self._module_attrs(module, inputs, output))
 
                 return hook
 
@@ -356,6 +357,7 @@ class PyTorchRunner:
                 handles.append(module.register_forward_hook(post(name)))
 
         def step() -> None:
+            attrs.new_forward()
             with record_function(MODEL_MARK):
                 self.model(*args)
 
@@ -374,7 +376,7 @@ class PyTorchRunner:
         self,
         events: list[Any],
         walls: list[tuple[int, int]],
-        attrs: dict[str, dict[str, Any]],
+        attrs: _CallAttributes,
         kernels: bool,
     ) -> list[Iteration]:
         def ns(t: float) -> int:
@@ -392,7 +394,7 @@ class PyTorchRunner:
             spans = [model_span(self.model_name, w0, w1)]
             layer_spans: list[RawSpan] = []
             for (name, ev), key in zip(layers, keyed(names), strict=True):
-                a = dict(attrs.get(name, {}))
+                a = attrs.of(key, name)
                 if self.scripted:
                     module = dict(self.leaves).get(name)
                     a.setdefault("op_type", getattr(module, "original_name", "module"))
@@ -463,6 +465,31 @@ def _jit_flag(torch: Any, hook: str, value: bool) -> Iterator[None]:
         yield
     finally:
         setter(old)
+
+
+class _CallAttributes:
+    """Hooked modules' attributes (shapes, bytes) per call of a forward, under the keys
+    `vocabulary.keyed` gives the calls (`relu`, `relu#1`, ...): a module called on
+    different shapes records each call's own. The first forward that reaches a call wins."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[str, dict[str, Any]] = {}
+        self._calls: dict[str, int] = {}
+
+    def new_forward(self) -> None:
+        self._calls.clear()
+
+    def record(self, name: str, attributes: Callable[[], dict[str, Any]]) -> None:
+        n = self._calls.get(name, 0)
+        self._calls[name] = n + 1
+        key = name if n == 0 else f"{name}#{n}"
+        if key not in self.by_key:
+            self.by_key[key] = attributes()
+
+    def of(self, key: str, name: str) -> dict[str, Any]:
+        """A copy of the call's attributes (the module's first call's where this one
+        was not seen, e.g. a call only some forwards make)."""
+        return dict(self.by_key.get(key, self.by_key.get(name, {})))
 
 
 def parse_device(torch: Any, device: str) -> Any:
