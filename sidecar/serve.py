@@ -180,6 +180,7 @@ def sampling_config(config: ServeConfig) -> SamplingConfig:
         budget_per_minute=config.sample_budget,
         force_header=config.sample_force_header or None,
         duty_cycle=config.duty_cycle,
+        slow=config.sample_slow,
     )
     retention = RetentionPolicy(
         max_traces=config.retention_max_traces or None,
@@ -229,7 +230,7 @@ def start_admin(listen: str, sampling: SamplingPipeline) -> tuple[grpc.Server, i
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     service = ProfilerService(
         sampling.sampler,
-        sampling.worker.submit,
+        sampling.submit,
         sampling.config.db_path,
         sampling.last_requests,
         model_repository=sampling.config.model_repository,
