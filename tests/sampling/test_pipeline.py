@@ -96,7 +96,7 @@ def clock(pipeline: SamplingPipeline) -> FakeClock:
     return fake
 
 
-def job(model: str, reason: str = "random") -> ProfileJob:
+def job(model: str, reason: str = "rate") -> ProfileJob:
     return ProfileJob(
         trace_id="ab" * 16,
         parent_span_id="cd" * 8,
