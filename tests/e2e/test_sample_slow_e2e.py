@@ -120,17 +120,20 @@ def stored_trips(store: TraceStore) -> dict[float, str]:
     return found
 
 
-def test_the_slow_requests_are_the_ones_profiled(loop_triton: TritonServer, tmp_path: Path) -> None:
-    db = tmp_path / "traces.db"
+def sidecar(triton: TritonServer, tmp_path: Path, slow: str) -> SidecarProcess:
+    """The sidecar at rate 0 with `--sample-slow slow`; it replays the model level once."""
     args = [
-        "--model-repository", str(loop_triton.model_repository), "--db", str(db),
-        "--otlp-port", "0", "--sample-rate", "0", "--sample-slow", SLOW_MS,
+        "--model-repository", str(triton.model_repository), "--db", str(tmp_path / "traces.db"),
+        "--otlp-port", "0", "--sample-rate", "0", "--sample-slow", slow,
         "--sample-budget", "1000", "--duty-cycle", "1", "--queue-size", "50",
         "--levels", "M", "--iterations", "1", "--warmup", "0", "--store-raw-inputs",
     ]  # fmt: skip
-    with SidecarProcess(
-        backend=loop_triton.grpc_address, log_path=tmp_path / "sidecar.log", args=args
-    ) as proc:
+    return SidecarProcess(backend=triton.grpc_address, log_path=tmp_path / "sidecar.log", args=args)
+
+
+def test_the_slow_requests_are_the_ones_profiled(loop_triton: TritonServer, tmp_path: Path) -> None:
+    db = tmp_path / "traces.db"
+    with sidecar(loop_triton, tmp_path, SLOW_MS) as proc:
         client = grpcclient.InferenceServerClient(proc.address)
         for fast in FAST_TRIPS[:3]:
             infer(client, fast)
@@ -158,3 +161,22 @@ def test_the_slow_requests_are_the_ones_profiled(loop_triton: TritonServer, tmp_
         decisions = "xsp_sampling_decisions_total"
         assert proc.metric(decisions, model="loop", decision="sampled") == 4
         assert proc.metric(decisions, model="loop", decision="skipped_rate") == len(FAST_TRIPS)
+
+
+def test_with_p99_the_requests_slower_than_the_models_first_100_are_profiled(
+    loop_triton: TritonServer, tmp_path: Path
+) -> None:
+    """The rolling p99 gives no threshold before 100 responses (so none of the first 100 is
+    profiled) and is next recomputed at the 150th: the slow requests after the first 100 fast
+    ones are judged against the fast ones' p99."""
+    with sidecar(loop_triton, tmp_path, "p99") as proc:
+        client = grpcclient.InferenceServerClient(proc.address)
+        infer(client, SLOW_TRIPS[0] + 10)  # slow, but no estimate yet
+        for i in range(99):
+            infer(client, FAST_TRIPS[i % len(FAST_TRIPS)])
+        for slow in SLOW_TRIPS:
+            infer(client, slow)
+        store = TraceStore(tmp_path / "traces.db")
+        assert wait_until(lambda: len(store.list_traces()) >= len(SLOW_TRIPS), 120)
+        assert stored_trips(store) == dict.fromkeys(SLOW_TRIPS, "slow")
+        assert proc.metric("xsp_sampled_total", model="loop", reason="slow") == len(SLOW_TRIPS)
