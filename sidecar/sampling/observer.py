@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 MAX_SAMPLED_BODY = 64 << 20
 # What a request held for `sample_slow` asks of the relay: its body, no header.
 _HOLD_FOR_SLOW = HeaderDecision(capture_body=True, capture_limit=MAX_SAMPLED_BODY)
+# Methods `sample_slow` judges: those replayed as themselves, i.e. unary calls, whose duration
+# is one response's (a stream's is its whole life, however fast each response came).
+_SLOW_METHODS = frozenset(method for method, job in REPLAYABLE.items() if method == job)
 # Job reasons (the trace's `sample_reason`) of what the hook samples.
 _REASONS = {Tentative.RATE: "rate", Tentative.FORCED: "forced", Tentative.SLOW: "slow"}
 
@@ -174,10 +177,13 @@ class SamplingObserver:
                     break
         tentative = hub.sampler.at_headers(forced)
         if tentative is Tentative.NO:
-            if hub.slow is None or not hub.sampler.may_hold_for_slow():
+            if (
+                hub.slow is None
+                or start.method not in _SLOW_METHODS
+                or not hub.sampler.may_hold_for_slow()
+            ):
                 return None
-            method = REPLAYABLE[start.method]
-            self._pending[start.stream_id] = _Pending("", "", Tentative.SLOW, method)
+            self._pending[start.stream_id] = _Pending("", "", Tentative.SLOW, start.method)
             return _HOLD_FOR_SLOW
         if tentative is Tentative.GATED or tentative is Tentative.STORE_FAILING:
             self._pending[start.stream_id] = _Pending("", "", tentative)
@@ -235,7 +241,7 @@ class SamplingObserver:
         pending = self._pending.pop(end.stream_id, None)
         if end.method not in REPLAYABLE:
             return
-        if hub.slow is not None:
+        if hub.slow is not None and end.method in _SLOW_METHODS:
             label = hub.handler.model_label(end.model)
             slow = end.grpc_code == "OK" and hub.slow.observe(label, end.duration_s)
             if pending is not None and pending.tentative is Tentative.SLOW:

@@ -188,3 +188,20 @@ def test_the_rate_still_samples_with_reason_rate_beside_slow() -> None:
     s.observer.on_request_body(1, "m", framed(b"r"))
     s.observer.on_stream_end(StreamEnd(1, 1, INFER, "ModelInfer", "m", "OK", "", 1, 0.5, 20, 30))
     assert [(j.request_message, j.reason) for j in s.handler.jobs] == [(b"r", "rate")]
+
+
+def test_a_stream_is_never_held_nor_counted_in_the_p99() -> None:
+    """A stream's duration is its whole life: ModelStreamInfer is not judged by sample_slow."""
+    s = SlowSetup(slow=100.0)
+    start = RequestStart(1, 1, INFER, "ModelStreamInfer", [(b":path", INFER.encode())])
+    assert s.observer.on_request_headers(start) is None
+    s.observer.on_stream_end(
+        StreamEnd(1, 1, INFER, "ModelStreamInfer", "m", "OK", "", 1, 5.0, 20, 30)
+    )
+    assert s.handler.jobs == [] and s.decision("skipped_rate") == 1
+    rolling = SlowSetup(slow="p99")
+    for i in range(200):
+        rolling.observer.on_stream_end(
+            StreamEnd(1, 2 * i + 1, INFER, "ModelStreamInfer", "m", "OK", "", 1, 5.0, 20, 30)
+        )
+    assert rolling.hub.slow is not None and rolling.hub.slow.threshold_s("m") is None
