@@ -82,6 +82,8 @@ class Sidecar:
                 self.observer_factory = self.sampling.hub.observer_factory
         elif config.admin:
             raise ConfigError("--admin needs --model-repository (profiles replay its models)")
+        elif config.sample_slow != "off":
+            raise ConfigError("--sample-slow needs --model-repository (profiles replay its models)")
         else:
             log.info("sampling is off: give --model-repository to profile live requests")
         context = None

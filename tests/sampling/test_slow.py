@@ -4,7 +4,10 @@ worker queue and store are `test_observer`'s in-memory `SampleHandler` (FAKE).""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -205,3 +208,15 @@ def test_a_stream_is_never_held_nor_counted_in_the_p99() -> None:
             StreamEnd(1, 2 * i + 1, INFER, "ModelStreamInfer", "m", "OK", "", 1, 5.0, 20, 30)
         )
     assert rolling.hub.slow is not None and rolling.hub.slow.threshold_s("m") is None
+
+
+def test_serve_refuses_sample_slow_without_a_model_repository() -> None:
+    """The real `xsp-sidecar serve`: without a repository nothing could be replayed (exit 2)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "sidecar", "serve", "--backend", "127.0.0.1:1", "--listen",
+         "127.0.0.1:0", "--metrics-port", "0", "--grpc-port", "0", "--sample-slow", "p99"],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("XSP_")},
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert "--sample-slow needs --model-repository" in run.stderr
