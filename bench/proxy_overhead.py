@@ -15,6 +15,16 @@ for both paths: `perf_analyzer` from PATH, else from the tritonclient 2.51 wheel
 (bench/perf_analyzer.py takes it once into `.cache/`).
 
     python bench/proxy_overhead.py --duration 10
+
+`--sampling-ab` compares relays instead, all in front of the same Triton and started with its
+model repository: sampling off (no `--model-repository`), sampling at its default settings,
+those plus `--sample-slow p99`, and plus `--sample-slow p99 --sample-budget 0` (every body held
+until its response ends, nothing profiled: the gate never closes). Each measurement is split
+into `--rounds` windows taken in turn (off, default, p99, p99 held, off, ...), so drift in the
+machine's load falls on all of them; it prints each relay's CPU per request, throughput and
+the median of its windows' p50, and their differences to sampling off.
+
+    python bench/proxy_overhead.py --sampling-ab --duration 30 --rounds 6
 """
 
 from __future__ import annotations
@@ -292,6 +302,59 @@ def perf_analyzer_report(
               f"{r.p50_ms / d.p50_ms:10.3f}{r.p99_ms / d.p99_ms:10.3f}")  # fmt: skip
 
 
+SAMPLING_MODES = {  # name -> extra `serve` flags besides the model repository and a store
+    "sampling off": None,
+    "default": (),
+    "slow p99": ("--sample-slow", "p99"),
+    "p99, all held": ("--sample-slow", "p99", "--sample-budget", "0"),
+}
+
+
+def sampling_ab(
+    backend: str, triton_pid: int, repo: Path, tmp: Path, args: argparse.Namespace
+) -> None:
+    """Relays that differ in their sampling settings, measured in alternating windows."""
+    relays: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+    try:
+        for i, (name, extra) in enumerate(SAMPLING_MODES.items()):
+            flags: tuple[str, ...] = ()
+            if extra is not None:
+                store = ("--db", str(tmp / f"traces-{i}.db"), "--otlp-port", "0")
+                flags = ("--model-repository", str(repo), *store, *extra)
+            relays[name] = start_relay(backend, *flags)
+        print(f"Triton {backend}; {args.model}; {args.duration:.0f} s per relay and concurrency "
+              f"in {args.rounds} alternating windows; CPU from /proc/<pid>/stat")  # fmt: skip
+        for concurrency in args.concurrency:
+            runs: dict[str, list[Result]] = {name: [] for name in relays}
+            for _ in range(args.rounds):
+                for name, (proc, address) in relays.items():
+                    runs[name].append(
+                        run_load(address, concurrency, args.duration / args.rounds,
+                                 args.warmup, triton_pid, proc.pid, args.model)
+                    )  # fmt: skip
+            report_sampling(concurrency, runs)
+    finally:
+        for proc, _ in relays.values():
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(20)
+
+
+def report_sampling(concurrency: int, runs: dict[str, list[Result]]) -> None:
+    pooled = {}
+    for name, results in runs.items():
+        n = sum(r.requests for r in results)
+        cpu = sum((r.relay_cpu_us or 0.0) * r.requests for r in results) / n
+        seconds = sum(r.duration for r in results)
+        pooled[name] = (cpu, n / seconds, statistics.median(r.p50_ms for r in results), n)
+    base_cpu, base_tput, base_p50, _ = pooled["sampling off"]
+    print(f"\nconcurrency {concurrency}")
+    print(f"  {'relay':16}{'calls':>9}{'CPU us/req':>12}{'- off':>9}{'req/s':>9}"
+          f"{'/ off':>8}{'p50 ms':>9}{'- off':>9}")  # fmt: skip
+    for name, (cpu, tput, p50, n) in pooled.items():
+        print(f"  {name:16}{n:9d}{cpu:12.1f}{cpu - base_cpu:+9.1f}{tput:9.0f}"
+              f"{tput / base_tput:8.3f}{p50:9.3f}{p50 - base_p50:+9.3f}")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per measurement")
@@ -301,6 +364,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--backend", help="use a running Triton at HOST:PORT (needs --triton-pid)")
     parser.add_argument("--triton-pid", type=int, help="pid of that Triton, for its CPU time")
+    parser.add_argument(
+        "--sampling-ab", action="store_true",
+        help="compare relays by their sampling settings (off, default, --sample-slow p99)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rounds", type=int, default=4, help="alternating windows for --sampling-ab (4)"
+    )
+    parser.add_argument(
+        "--model", default="add_sub", help="--sampling-ab's model: add_sub or simple_cnn (add_sub)"
+    )
     args = parser.parse_args(argv)
     if args.backend and not args.triton_pid:
         parser.error("--backend needs --triton-pid (the bench reads Triton's CPU time)")
@@ -317,6 +390,14 @@ def main(argv: list[str] | None = None) -> int:
             server = TritonServer(model_repository=repo, log_path=Path(tmp) / "triton.log")
             server.start()
             backend, triton_pid = server.grpc_address, server.pid
+        if args.sampling_ab:
+            if server is None:
+                parser.error("--sampling-ab starts its own Triton (its model repository)")
+            try:
+                sampling_ab(backend, triton_pid, server.model_repository, Path(tmp), args)
+            finally:
+                server.stop()
+            return 0
         relay, relay_address = start_relay(backend)
         try:
             print(f"Triton {backend} (pid {triton_pid}); relay {relay_address} (pid {relay.pid});")

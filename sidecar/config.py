@@ -18,7 +18,7 @@ import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sidecar import config_parsers as parsers
 from sidecar.backends import BACKENDS
@@ -223,6 +223,15 @@ class ServeConfig:
             "NAME",
             "metadata key whose value 1 forces a sample; '' disables",
             empty_env=True,
+        ),
+    )
+    sample_slow: float | Literal["off", "p99"] = field(
+        default="off",
+        metadata=sampling(
+            parsers.sample_slow,
+            "MS|p99",
+            "also profile requests the rate did not pick whose response took longer than MS "
+            "milliseconds, or than the model's rolling p99 (p99; after 100 responses); off",
         ),
     )
     duty_cycle: float = field(

@@ -6,8 +6,9 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sidecar.backends import BACKENDS
 from sidecar.profiling.devices import device_name
@@ -134,6 +135,26 @@ def replay_device(value: Any, setting: str) -> str:
         return device_name(str(value), allow_auto=True)
     except ValueError as exc:
         raise ConfigError(f"{setting}: {exc}") from None
+
+
+def sample_slow(value: Any, setting: str) -> float | Literal["off", "p99"]:
+    """`off`, `p99`, or a latency in milliseconds (`250`, `250ms`, `12.5ms`) above 0."""
+    word = str(value).strip().lower()
+    if word == "off":
+        return "off"
+    if word == "p99":
+        return "p99"
+    number = word.removesuffix("ms").strip()
+    try:
+        ms = float(number)
+    except ValueError:
+        ms = math.nan
+    if isinstance(value, bool) or not 0 < ms < math.inf:
+        raise ConfigError(
+            f"{setting}: expected off, p99 or a latency in milliseconds above 0 "
+            f"(e.g. 250 or 250ms), got {value!r}"
+        )
+    return ms
 
 
 def header(value: Any, setting: str) -> str:

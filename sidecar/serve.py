@@ -82,6 +82,8 @@ class Sidecar:
                 self.observer_factory = self.sampling.hub.observer_factory
         elif config.admin:
             raise ConfigError("--admin needs --model-repository (profiles replay its models)")
+        elif config.sample_slow != "off":
+            raise ConfigError("--sample-slow needs --model-repository (profiles replay its models)")
         else:
             log.info("sampling is off: give --model-repository to profile live requests")
         context = None
@@ -180,6 +182,7 @@ def sampling_config(config: ServeConfig) -> SamplingConfig:
         budget_per_minute=config.sample_budget,
         force_header=config.sample_force_header or None,
         duty_cycle=config.duty_cycle,
+        slow=config.sample_slow,
     )
     retention = RetentionPolicy(
         max_traces=config.retention_max_traces or None,
@@ -231,7 +234,7 @@ def start_admin(listen: str, sampling: SamplingPipeline) -> tuple[grpc.Server, i
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     service = ProfilerService(
         sampling.sampler,
-        sampling.worker.submit,
+        sampling.submit,
         sampling.config.db_path,
         sampling.last_requests,
         model_repository=sampling.config.model_repository,

@@ -160,6 +160,7 @@ SAMPLES: dict[str, str] = {
     "sample_rate": "0.5",
     "sample_budget": "60",
     "sample_force_header": "x-force",
+    "sample_slow": "250ms",
     "duty_cycle": "0.5",
     "queue_size": "3",
     "levels": "M,L,K",

@@ -54,6 +54,13 @@ class SamplingMetrics:
             ["model", "reason"],
             registry=registry,
         )
+        self.sampled = Counter(
+            "xsp_sampled",
+            "Requests queued for profiling, by why they were sampled (the trace's "
+            "sample_reason): rate, forced, slow or admin.",
+            ["model", "reason"],
+            registry=registry,
+        )
         self.queue_depth = Gauge(
             "xsp_profile_queue_depth",
             "Sampled requests waiting for the profiling worker.",

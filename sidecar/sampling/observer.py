@@ -6,6 +6,12 @@ For every request the relay calls `on_request_headers` (before forwarding the he
 (Triton's OpenTelemetry trace) join the same trace, under the proxy's span. The first and last
 calls also bump the relay's request counters (`ServingPressure`), the profiling worker's view
 of how busy serving is.
+
+With `sample_slow` on, a request the header-time step did not pick is still asked for its body
+(up to the same capture limit), held until its stream ends: if its response was slower than the
+threshold (`slow.SlowDetector`), the held body becomes a job with reason `slow` under the same
+budget and duty-cycle gates; otherwise it is dropped. Decided after the fact, such a request
+carried no `traceparent`: its trace has the relay's request span but none of the backend's.
 """
 
 from __future__ import annotations
@@ -22,11 +28,19 @@ from sidecar.replay.job_records import ProfileJob
 from sidecar.sampling.metrics import SamplingMetrics
 from sidecar.sampling.pressure import ServingPressure
 from sidecar.sampling.sampler import Decision, Sampler, Tentative
+from sidecar.sampling.slow import SlowDetector
 from sidecar.trace.spans import Level, Source, Span, new_span_id, new_trace_id
 
 log = logging.getLogger(__name__)
 
 MAX_SAMPLED_BODY = 64 << 20
+# What a request held for `sample_slow` asks of the relay: its body, no header.
+_HOLD_FOR_SLOW = HeaderDecision(capture_body=True, capture_limit=MAX_SAMPLED_BODY)
+# Methods `sample_slow` judges: those replayed as themselves, i.e. unary calls, whose duration
+# is one response's (a stream's is its whole life, however fast each response came).
+_SLOW_METHODS = frozenset(method for method, job in REPLAYABLE.items() if method == job)
+# Job reasons (the trace's `sample_reason`) of what the hook samples.
+_REASONS = {Tentative.RATE: "rate", Tentative.FORCED: "forced", Tentative.SLOW: "slow"}
 
 
 @dataclass(slots=True)
@@ -37,6 +51,7 @@ class _Pending:
     method: str = "ModelInfer"  # the job's method
     decision: Decision | None = None
     queued: bool = False
+    body: bytes | None = None  # held for `sample_slow` until the stream ends
 
 
 def first_message(body: bytes) -> bytes | None:
@@ -112,6 +127,7 @@ class SamplingHub:
         self.handler = handler
         self.sampled_trace_ids: set[str] = set()
         self._lock = threading.Lock()
+        self.slow = SlowDetector.of(sampler.settings.slow)  # None: `sample_slow` is off
 
     def observer_factory(self, info: ConnectionInfo) -> SamplingObserver:
         return SamplingObserver(self)
@@ -161,7 +177,14 @@ class SamplingObserver:
                     break
         tentative = hub.sampler.at_headers(forced)
         if tentative is Tentative.NO:
-            return None
+            if (
+                hub.slow is None
+                or start.method not in _SLOW_METHODS
+                or not hub.sampler.may_hold_for_slow()
+            ):
+                return None
+            self._pending[start.stream_id] = _Pending("", "", Tentative.SLOW, start.method)
+            return _HOLD_FOR_SLOW
         if tentative is Tentative.GATED or tentative is Tentative.STORE_FAILING:
             self._pending[start.stream_id] = _Pending("", "", tentative)
             return None
@@ -178,6 +201,9 @@ class SamplingObserver:
     def on_request_body(self, stream_id: int, model: str | None, body: bytes) -> None:
         pending = self._pending.get(stream_id)
         if pending is None:
+            return
+        if pending.tentative is Tentative.SLOW:  # judged at the stream's end
+            pending.body = body
             return
         hub = self._hub
         label = hub.handler.model_label(model)
@@ -199,7 +225,7 @@ class SamplingObserver:
             model=model,
             method=pending.method,
             request_message=message,
-            reason="forced" if pending.tentative is Tentative.FORCED else "random",
+            reason=_REASONS[pending.tentative],
             received_ns=time.time_ns(),
         )
         if hub.handler.submit(job):
@@ -215,6 +241,13 @@ class SamplingObserver:
         pending = self._pending.pop(end.stream_id, None)
         if end.method not in REPLAYABLE:
             return
+        if hub.slow is not None and end.method in _SLOW_METHODS:
+            label = hub.handler.model_label(end.model)
+            slow = end.grpc_code == "OK" and hub.slow.observe(label, end.duration_s)
+            if pending is not None and pending.tentative is Tentative.SLOW:
+                if not (slow and self._profile_slow(pending, end, label)):
+                    hub.metrics.record_decision(label, Decision.SKIPPED_RATE)
+                return
         if pending is None:  # every request not picked at header time
             hub.metrics.record_decision(hub.handler.model_label(end.model), Decision.SKIPPED_RATE)
             return
@@ -228,8 +261,43 @@ class SamplingObserver:
             hub.metrics.record_decision(label, Decision.SAMPLED)
             hub.metrics.dropped.labels(label, "body_unavailable").inc()
             return
-        if not pending.queued:
-            return
+        if pending.queued:
+            self._store_request_span(pending, end)
+
+    def _profile_slow(self, pending: _Pending, end: StreamEnd, label: str) -> bool:
+        """A slow response of a request held for `sample_slow`: profile its held body, under
+        the budget and duty cycle. False when it is no candidate (its body was not held whole,
+        or its model is not in the repository): then it counts as not picked."""
+        hub = self._hub
+        message = first_message(pending.body) if pending.body is not None else None
+        model = end.model
+        if message is None or model is None or not hub.handler.known_model(model):
+            return False
+        decision = hub.sampler.at_body(label, Tentative.SLOW)
+        hub.metrics.record_decision(label, decision)
+        if decision is not Decision.SAMPLED:
+            return True
+        pending.trace_id, pending.span_id = new_trace_id(), new_span_id()
+        job = ProfileJob(
+            trace_id=pending.trace_id,
+            parent_span_id=pending.span_id,
+            model=model,
+            method=pending.method,
+            request_message=message,
+            reason="slow",
+            received_ns=time.time_ns(),
+        )
+        if not hub.handler.submit(job):
+            hub.drop(label, "queue_full")
+            return True
+        hub.mark_sampled(pending.trace_id)
+        hub.handler.remember(model, pending.method, message)
+        self._store_request_span(pending, end)
+        return True
+
+    def _store_request_span(self, pending: _Pending, end: StreamEnd) -> None:
+        """The relay's span of a queued request, to the store; its exemplar on the latency."""
+        hub = self._hub
         span = Span(
             trace_id=pending.trace_id,
             span_id=pending.span_id,

@@ -213,7 +213,12 @@ class SamplingPipeline:
         return model_in_repository(self.config.model_repository, model)
 
     def submit(self, job: ProfileJob) -> bool:
-        return self.worker.submit(job)
+        """Queue a job for the worker (the hub's samples and the admin API's); a queued job is
+        counted by its reason."""
+        if not self.worker.submit(job):
+            return False
+        self.metrics.sampled.labels(self._model_label(job.model), job.reason).inc()
+        return True
 
     def remember(self, model: str, method: str, message: bytes) -> None:
         self.last_requests.remember(model, method, message)

@@ -41,8 +41,9 @@ class Tentative(StrEnum):
     """Result of the header-time step."""
 
     NO = "no"
-    RANDOM = "random"
+    RATE = "rate"  # picked by the coin flip
     FORCED = "forced"
+    SLOW = "slow"  # not picked at header time; its response came slower than `sample_slow`
     GATED = "gated"  # picked, but the worker's duty-cycle gate is closed: nothing to capture
     STORE_FAILING = "store_failing"  # picked, but the trace store is failing: nothing to capture
 
@@ -195,12 +196,21 @@ class Sampler:
             return Tentative.STORE_FAILING
         if not self.duty.allows(now):
             return Tentative.GATED
-        return Tentative.FORCED if forced else Tentative.RANDOM
+        return Tentative.FORCED if forced else Tentative.RATE
+
+    def may_hold_for_slow(self) -> bool:
+        """Header-time step of a request the rate did not pick, with `sample_slow` on: worth
+        a body copy held to its end (sampling is on, the store and the duty cycle allow one)."""
+        if not self.settings.enabled:
+            return False
+        now = self._clock()
+        return self.store.allows(now) and self.duty.allows(now)
 
     def at_body(self, model: str, tentative: Tentative) -> Decision:
-        """Body-time step, once the model is known. Call it for every request: skipped
-        requests are counted too. A `SAMPLED` decision must be followed by `duty.record_busy`
-        (profile done) or `duty.cancel` (never ran)."""
+        """Body-time step, once the model is known (for `SLOW`, at the stream's end). Call it
+        for every request: skipped requests are counted too. `FORCED` and `SLOW` skip the rate,
+        not the budget or the duty cycle. A `SAMPLED` decision must be followed by
+        `duty.record_busy` (profile done) or `duty.cancel` (never ran)."""
         settings = self.settings
         if tentative is Tentative.NO:
             return Decision.SKIPPED_RATE
@@ -208,7 +218,7 @@ class Sampler:
             return Decision.SKIPPED_DUTY_CYCLE
         if tentative is Tentative.STORE_FAILING:
             return Decision.SKIPPED_STORE_FAILING
-        if tentative is Tentative.RANDOM:
+        if tentative is Tentative.RATE:
             max_rate = settings.max_rate
             model_rate = settings.rate_for(model)
             if model_rate < max_rate and self._rand() * max_rate >= model_rate:

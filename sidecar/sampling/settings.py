@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Final, Literal
 
 DEFAULT_FORCE_HEADER = "x-xsp-profile"
 # A smaller duty cycle would close the worker's gate for days after one profile.
@@ -12,6 +12,11 @@ MIN_DUTY_CYCLE = 0.001
 MAX_MODEL_RATES = 1000
 MAX_NAME_LENGTH = 256
 _HEADER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_.")
+ROLLING_P99: Final = "p99"
+SLOW_OFF: Final = "off"
+
+# `sample_slow`: off, a fixed latency in milliseconds, or the model's rolling p99.
+SlowSetting = float | Literal["off", "p99"]
 
 
 class SamplingSettingsError(ValueError):
@@ -26,7 +31,9 @@ class SamplingSettings:
     trace rate); `model_rates` overrides it per model. `budget_per_minute` is a token bucket per
     model (burst = one minute's budget). `force_header` names the metadata key whose value `1`
     forces sampling (skipping the rate, not the budget or the duty cycle); `None` disables it.
-    `duty_cycle` caps the fraction of wall time the profiling worker may be busy.
+    `duty_cycle` caps the fraction of wall time the profiling worker may be busy. `slow`
+    profiles requests the rate did not pick whose response came slower than a threshold:
+    `"off"`, a latency in milliseconds, or `"p99"` (the model's rolling p99, `slow.py`).
     """
 
     rate: float = 0.001
@@ -35,8 +42,16 @@ class SamplingSettings:
     force_header: str | None = DEFAULT_FORCE_HEADER
     duty_cycle: float = 0.05
     enabled: bool = True
+    slow: SlowSetting = SLOW_OFF
 
     def __post_init__(self) -> None:
+        slow = self.slow
+        if slow not in (SLOW_OFF, ROLLING_P99) and not (
+            isinstance(slow, int | float) and not isinstance(slow, bool) and 0 < slow < math.inf
+        ):
+            raise SamplingSettingsError(
+                f"sample_slow must be 'off', 'p99' or a latency in milliseconds > 0, got {slow!r}"
+            )
         if len(self.model_rates) > MAX_MODEL_RATES:
             raise SamplingSettingsError(
                 f"at most {MAX_MODEL_RATES} per-model rates, got {len(self.model_rates)}"

@@ -113,7 +113,7 @@ class LevelStats:
 class Trace:
     """Header of one trace: what was profiled, where, and why.
 
-    `sample_reason` is `random`, `forced`, `admin` or `cli`. `status` is `ok` or `error`
+    `sample_reason` is `rate`, `forced`, `slow`, `admin` or `cli`. `status` is `ok` or `error`
     (with `error` saying why); a failed profile is still recorded.
     """
 

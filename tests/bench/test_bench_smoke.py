@@ -75,6 +75,22 @@ SMOKE: dict[str, Smoke] = {
         triton=True,
         timeout=400.0,
     ),
+    "proxy_overhead.py --sampling-ab": Smoke(
+        (
+            "--sampling-ab",
+            "--duration",
+            "1",
+            "--warmup",
+            "0.3",
+            "--rounds",
+            "1",
+            "--concurrency",
+            "1",
+        ),
+        ("sampling off", "default", "slow p99", "p99, all held", "CPU us/req"),
+        triton=True,
+        timeout=300.0,
+    ),
     "relay_breakdown.py": Smoke(
         # four clients (the bench's default): with one or two, every recorded connection
         # sometimes replayed no whole call (seen on a quiet 2-core machine, not diagnosed)

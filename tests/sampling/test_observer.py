@@ -161,7 +161,7 @@ def test_a_sampled_request_is_marked_copied_queued_remembered_and_spanned() -> N
     trace_id, span_id = TRACEPARENT.fullmatch(traceparent).groups()  # type: ignore[union-attr]
     (job,) = s.handler.jobs
     assert (job.trace_id, job.parent_span_id, job.model) == (trace_id, span_id, "resnet")
-    assert (job.request_message, job.reason, job.method) == (b"resnet", "random", "ModelInfer")
+    assert (job.request_message, job.reason, job.method) == (b"resnet", "rate", "ModelInfer")
     assert s.handler.remembered == [("resnet", "ModelInfer", b"resnet")]
     assert s.hub.is_sampled_trace(trace_id)
     ((stored_id, (span,)),) = s.handler.spans

@@ -96,7 +96,7 @@ def clock(pipeline: SamplingPipeline) -> FakeClock:
     return fake
 
 
-def job(model: str, reason: str = "random") -> ProfileJob:
+def job(model: str, reason: str = "rate") -> ProfileJob:
     return ProfileJob(
         trace_id="ab" * 16,
         parent_span_id="cd" * 8,
@@ -221,3 +221,18 @@ def test_known_models_are_the_folders_of_the_model_repository(
         assert not pipeline.known_model(model), model
     assert pipeline.last_requests.remember("resnet", "ModelInfer", b"x")
     assert not pipeline.last_requests.remember("gpt", "ModelInfer", b"x")
+
+
+def test_queued_jobs_are_counted_by_reason_under_the_bounded_label(
+    pipeline: SamplingPipeline, registry: CollectorRegistry
+) -> None:
+    """Every reason a job is queued for (the hub's and the admin API's) is on /metrics; a job
+    the full queue refuses (queue size 2) is not counted."""
+    for model, reason in [("resnet", "slow"), ("elsewhere", "admin"), ("resnet", "rate")]:
+        pipeline.submit(job(model, reason))
+
+    def sampled(model: str, reason: str) -> float | None:
+        return registry.get_sample_value("xsp_sampled_total", {"model": model, "reason": reason})
+
+    assert (sampled("resnet", "slow"), sampled("_other", "admin")) == (1.0, 1.0)
+    assert sampled("resnet", "rate") is None
