@@ -27,6 +27,7 @@ from prometheus_client.utils import floatToGoString
 
 from sidecar.backends import METHODS
 from sidecar.proxy.model_name import UNKNOWN_MODEL
+from sidecar.proxy.stream_metrics import StreamMetrics
 
 OTHER = "_other"
 MAX_MODEL_NAME = 256  # longer names are not taken as label values
@@ -197,6 +198,7 @@ class ProxyMetrics:
         self._methods: set[str] = {info.name for info in METHODS.values()}  # the backends'
         self._known_methods = len(self._methods)
         self._lock = threading.Lock()
+        self.streams = StreamMetrics(registry, DURATION_BUCKETS)  # inference streams' own
 
     def model_label(self, name: str | None) -> str:
         """Bounded `model` label value for a model name read from a request."""
@@ -242,6 +244,11 @@ class ProxyMetrics:
         st.sum += duration_s
         st.request_bytes += request_bytes
         st.response_bytes += response_bytes
+
+    def count(self, method: str, model: str, code: str) -> None:
+        """Count one ended call whose duration is unknown (labels already bounded)."""
+        key = (method, model, code)
+        self._codes[key] = self._codes.get(key, 0) + 1
 
     def record_exemplar(self, method: str, model: str, duration_s: float, trace_id: str) -> None:
         """Link a sampled call to its trace: after `record` counted the call (same labels and

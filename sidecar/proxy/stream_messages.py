@@ -1,0 +1,225 @@
+"""The gRPC messages of an inference stream (Triton's `ModelStreamInfer`), read as they pass.
+
+`MessageSplitter` cuts one direction's DATA bytes into gRPC length-prefixed messages and keeps
+only each message's first `MESSAGE_HEAD` bytes, so memory per stream is bounded whatever the
+tensors' size. `read_request` / `read_response` read the few fields accounting needs from
+those heads.
+
+Why a hand scan and not `service_pb2`: the relay runs this for every message of every stream;
+decoding a whole `ModelInferRequest` (tensors included) with protobuf would copy the message
+and cost tens of microseconds, while the fields needed (model_name = 1, id = 3, the
+parameters map = 4; the response's error_message = 1 and infer_response = 2) come before the
+tensors in the wire format, so a walk of the first bytes is enough. `tests/proxy/
+test_stream_messages.py` checks the scan against `service_pb2` on random messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MESSAGE_HEAD = 4096  # bytes kept of each message: its fields before the tensors
+ENABLE_FINAL = b"triton_enable_empty_final_response"
+FINAL = b"triton_final_response"
+
+
+class Unreadable(ValueError):
+    """A message head that is not a protobuf message of the expected type."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One gRPC message of a stream: its head (up to `MESSAGE_HEAD` bytes), size, compression."""
+
+    head: bytes
+    size: int  # whole message, 5-byte gRPC prefix included
+    compressed: bool
+
+
+class MessageSplitter:
+    """Splits one direction's DATA payload into gRPC messages (heads kept, rest skipped)."""
+
+    __slots__ = ("_compressed", "_head", "_left", "_prefix", "_size")
+
+    def __init__(self) -> None:
+        self._prefix = b""  # an incomplete 5-byte message prefix
+        self._head = bytearray()
+        self._left = 0  # bytes of the current message's body still to come
+        self._size = 0
+        self._compressed = False
+
+    @property
+    def mid_message(self) -> bool:
+        """True while a message has begun and not ended."""
+        return bool(self._prefix) or self._left > 0
+
+    def feed(self, chunk: bytes) -> list[Message]:
+        """The messages that end in `chunk`, in order."""
+        out: list[Message] = []
+        pos = 0
+        n = len(chunk)
+        while pos < n:
+            if self._left:
+                take = min(self._left, n - pos)
+                room = MESSAGE_HEAD - len(self._head)
+                if room > 0:
+                    self._head += chunk[pos : pos + min(room, take)]
+                pos += take
+                self._left -= take
+                if not self._left:
+                    out.append(Message(bytes(self._head), self._size, self._compressed))
+                    self._head = bytearray()
+                continue
+            if self._prefix or n - pos < 5:
+                need = 5 - len(self._prefix)
+                self._prefix += chunk[pos : pos + need]
+                pos += min(need, n - pos)
+                if len(self._prefix) < 5:
+                    return out
+                prefix, self._prefix = self._prefix, b""
+            else:
+                prefix = chunk[pos : pos + 5]
+                pos += 5
+            size = int.from_bytes(prefix[1:5], "big")
+            self._compressed = bool(prefix[0] & 1)
+            self._size = size + 5
+            if size == 0:
+                out.append(Message(b"", 5, self._compressed))
+            elif n - pos >= size and size <= MESSAGE_HEAD:  # whole message here: no copy loop
+                out.append(Message(chunk[pos : pos + size], size + 5, self._compressed))
+                pos += size
+            else:
+                self._left = size
+        return out
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = 0
+    shift = 0
+    end = len(buf)
+    while pos < end:
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise Unreadable("varint too long")
+    return -1, pos  # truncated: the head ends here
+
+
+def _fields(buf: bytes) -> list[tuple[int, int, bytes | int]]:
+    """(field, wire type, value) of a message's complete fields; stops where `buf` is cut.
+
+    A length-delimited value cut by the head's end is returned as far as it goes (its nested
+    fields are read the same way).
+    """
+    out: list[tuple[int, int, bytes | int]] = []
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        tag, pos = _varint(buf, pos)
+        if tag < 0:
+            break
+        field, wire = tag >> 3, tag & 7
+        if field == 0:
+            raise Unreadable("field number 0")
+        if wire == 0:
+            value, pos = _varint(buf, pos)
+            if value < 0:
+                break
+            out.append((field, 0, value))
+        elif wire == 2:
+            size, pos = _varint(buf, pos)
+            if size < 0:
+                break
+            out.append((field, 2, buf[pos : pos + size]))
+            pos += size
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        else:
+            raise Unreadable(f"wire type {wire}")
+    return out
+
+
+def _bool_parameter(entry: bytes | int, key: bytes) -> bool | None:
+    """The bool value of a parameters-map entry if its key is `key`, else None."""
+    if not isinstance(entry, bytes):
+        raise Unreadable("a parameters entry that is not a message")
+    fields = _fields(entry)
+    if not any(f == 1 and v == key for f, _, v in fields):
+        return None
+    for f, _, v in fields:
+        if f == 2 and isinstance(v, bytes):
+            for pf, wire, pv in _fields(v):
+                if pf == 1 and wire == 0:
+                    return bool(pv)
+            return False
+    return False
+
+
+def _text(value: bytes | int) -> str:
+    if not isinstance(value, bytes):
+        raise Unreadable("a string field that is not length-delimited")
+    return value.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFields:
+    """What accounting reads of a `ModelInferRequest`."""
+
+    model: str
+    id: str
+    final_flag_asked: bool  # parameters["triton_enable_empty_final_response"] is true
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseFields:
+    """What accounting reads of a `ModelStreamInferResponse`."""
+
+    error: str
+    model: str
+    id: str
+    final: bool | None  # parameters["triton_final_response"]; None where absent
+    has_outputs: bool  # an output tensor (an empty final response has none)
+
+
+def read_request(head: bytes) -> RequestFields:
+    """The model, id and final-flag request of a `ModelInferRequest` head."""
+    model = ident = ""
+    asked = False
+    for field, _, value in _fields(head):
+        if field == 1:
+            model = _text(value)
+        elif field == 3:
+            ident = _text(value)
+        elif field == 4 and _bool_parameter(value, ENABLE_FINAL):
+            asked = True
+    return RequestFields(model, ident, asked)
+
+
+def read_response(head: bytes) -> ResponseFields:
+    """The error, model, id and final flag of a `ModelStreamInferResponse` head."""
+    error = model = ident = ""
+    final: bool | None = None
+    outputs = False
+    for field, _, value in _fields(head):
+        if field == 1:
+            error = _text(value)
+        elif field == 2:
+            if not isinstance(value, bytes):
+                raise Unreadable("infer_response is not a message")
+            for f, _, v in _fields(value):
+                if f == 1:
+                    model = _text(v)
+                elif f == 3:
+                    ident = _text(v)
+                elif f == 4:
+                    flag = _bool_parameter(v, FINAL)
+                    if flag is not None:
+                        final = flag
+                elif f in (5, 6):
+                    outputs = True
+    return ResponseFields(error, model, ident, final, outputs)
