@@ -83,7 +83,7 @@ class StreamInferences:
                 self.stream_metrics.anomalies.labels("unreadable").inc()
             else:
                 try:
-                    fields = read_request(msg.head)
+                    fields = read_request(msg.head, msg.complete)
                     model = self.metrics.model_label(fields.model)
                     ident, asked = fields.id, fields.final_flag_asked
                 except Unreadable:
@@ -111,7 +111,7 @@ class StreamInferences:
                 anomalies.labels("unreadable").inc()
                 continue
             try:
-                fields = read_response(msg.head)
+                fields = read_response(msg.head, msg.complete)
             except Unreadable:
                 anomalies.labels("unreadable").inc()
                 continue

@@ -34,6 +34,11 @@ class Message:
     size: int  # whole message, 5-byte gRPC prefix included
     compressed: bool
 
+    @property
+    def complete(self) -> bool:
+        """The head is the whole message."""
+        return self.size - 5 == len(self.head)
+
 
 class MessageSplitter:
     """Splits one direction's DATA payload into gRPC messages (heads kept, rest skipped)."""
@@ -108,18 +113,21 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
     return -1, pos  # truncated: the head ends here
 
 
-def _fields(buf: bytes) -> list[tuple[int, int, bytes | int]]:
-    """(field, wire type, value) of a message's complete fields; stops where `buf` is cut.
+def _fields(buf: bytes, complete: bool = True) -> list[tuple[int, int, bytes | int, bool]]:
+    """(field, wire type, value, value complete) of a message's fields.
 
-    A length-delimited value cut by the head's end is returned as far as it goes (its nested
-    fields are read the same way).
+    `complete`: `buf` is the whole message, so a field running past its end is an error;
+    otherwise `buf` is a head and the scan stops where it is cut (a length-delimited value cut
+    there is returned as far as it goes, marked incomplete).
     """
-    out: list[tuple[int, int, bytes | int]] = []
+    out: list[tuple[int, int, bytes | int, bool]] = []
     pos = 0
     end = len(buf)
     while pos < end:
         tag, pos = _varint(buf, pos)
         if tag < 0:
+            if complete:
+                raise Unreadable("message cut inside a field")
             break
         field, wire = tag >> 3, tag & 7
         if field == 0:
@@ -127,13 +135,17 @@ def _fields(buf: bytes) -> list[tuple[int, int, bytes | int]]:
         if wire == 0:
             value, pos = _varint(buf, pos)
             if value < 0:
+                if complete:
+                    raise Unreadable("message cut inside a field")
                 break
-            out.append((field, 0, value))
+            out.append((field, 0, value, True))
         elif wire == 2:
             size, pos = _varint(buf, pos)
-            if size < 0:
+            if size < 0 or (complete and pos + size > end):
+                if complete:
+                    raise Unreadable("message cut inside a field")
                 break
-            out.append((field, 2, buf[pos : pos + size]))
+            out.append((field, 2, buf[pos : pos + size], pos + size <= end))
             pos += size
         elif wire == 1:
             pos += 8
@@ -141,19 +153,21 @@ def _fields(buf: bytes) -> list[tuple[int, int, bytes | int]]:
             pos += 4
         else:
             raise Unreadable(f"wire type {wire}")
+    if complete and pos > end:
+        raise Unreadable("message cut inside a field")
     return out
 
 
-def _bool_parameter(entry: bytes | int, key: bytes) -> bool | None:
+def _bool_parameter(entry: bytes | int, complete: bool, key: bytes) -> bool | None:
     """The bool value of a parameters-map entry if its key is `key`, else None."""
     if not isinstance(entry, bytes):
         raise Unreadable("a parameters entry that is not a message")
-    fields = _fields(entry)
-    if not any(f == 1 and v == key for f, _, v in fields):
+    fields = _fields(entry, complete)
+    if not any(f == 1 and v == key for f, _, v, _ in fields):
         return None
-    for f, _, v in fields:
+    for f, _, v, whole in fields:
         if f == 2 and isinstance(v, bytes):
-            for pf, wire, pv in _fields(v):
+            for pf, wire, pv, _ in _fields(v, whole):
                 if pf == 1 and wire == 0:
                     return bool(pv)
             return False
@@ -186,38 +200,40 @@ class ResponseFields:
     has_outputs: bool  # an output tensor (an empty final response has none)
 
 
-def read_request(head: bytes) -> RequestFields:
-    """The model, id and final-flag request of a `ModelInferRequest` head."""
+def read_request(head: bytes, complete: bool = True) -> RequestFields:
+    """The model, id and final-flag request of a `ModelInferRequest` head (`complete`: the
+    whole message)."""
     model = ident = ""
     asked = False
-    for field, _, value in _fields(head):
+    for field, _, value, whole in _fields(head, complete):
         if field == 1:
             model = _text(value)
         elif field == 3:
             ident = _text(value)
-        elif field == 4 and _bool_parameter(value, ENABLE_FINAL):
+        elif field == 4 and _bool_parameter(value, whole, ENABLE_FINAL):
             asked = True
     return RequestFields(model, ident, asked)
 
 
-def read_response(head: bytes) -> ResponseFields:
-    """The error, model, id and final flag of a `ModelStreamInferResponse` head."""
+def read_response(head: bytes, complete: bool = True) -> ResponseFields:
+    """The error, model, id and final flag of a `ModelStreamInferResponse` head (`complete`:
+    the whole message)."""
     error = model = ident = ""
     final: bool | None = None
     outputs = False
-    for field, _, value in _fields(head):
+    for field, _, value, whole in _fields(head, complete):
         if field == 1:
             error = _text(value)
         elif field == 2:
             if not isinstance(value, bytes):
                 raise Unreadable("infer_response is not a message")
-            for f, _, v in _fields(value):
+            for f, _, v, inner_whole in _fields(value, whole):
                 if f == 1:
                     model = _text(v)
                 elif f == 3:
                     ident = _text(v)
                 elif f == 4:
-                    flag = _bool_parameter(v, FINAL)
+                    flag = _bool_parameter(v, inner_whole, FINAL)
                     if flag is not None:
                         final = flag
                 elif f in (5, 6):

@@ -41,7 +41,8 @@ def test_request_fields_match_protobuf(
     _set_params(req.parameters, values)
     req.inputs.add(name="INPUT0", datatype="FP32", shape=[tensor])
     req.raw_input_contents.append(np.zeros(tensor, np.float32).tobytes())
-    fields = read_request(req.SerializeToString()[:MESSAGE_HEAD])
+    wire = req.SerializeToString()
+    fields = read_request(wire[:MESSAGE_HEAD], len(wire) <= MESSAGE_HEAD)
     parsed = service_pb2.ModelInferRequest.FromString(req.SerializeToString())
     flag = parsed.parameters.get("triton_enable_empty_final_response")
     assert fields.model == parsed.model_name
@@ -51,9 +52,7 @@ def test_request_fields_match_protobuf(
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    error=texts, model=texts, ident=texts, values=params, outputs=st.integers(0, 2)
-)
+@given(error=texts, model=texts, ident=texts, values=params, outputs=st.integers(0, 2))
 def test_response_fields_match_protobuf(
     error: str, model: str, ident: str, values: dict[str, tuple[str, object]], outputs: int
 ) -> None:
