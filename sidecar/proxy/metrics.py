@@ -197,6 +197,8 @@ class ProxyMetrics:
         self._models: set[str] = set()
         self._methods: set[str] = {info.name for info in METHODS.values()}  # the backends'
         self._known_methods = len(self._methods)
+        # inference streams: their histogram holds inferences, not the sampled stream's life
+        self._per_message = {info.name for info in METHODS.values() if info.per_message}
         self._lock = threading.Lock()
         self.streams = StreamMetrics(registry, DURATION_BUCKETS)  # inference streams' own
 
@@ -255,7 +257,7 @@ class ProxyMetrics:
         duration), keep `{trace_id}` as the exemplar of the bucket it fell in, replacing the
         one before. Call from the thread that calls `record`."""
         st = self._stats.get((method, model))
-        if st is None:  # `record` never counted such a call: no bucket to put it on
+        if st is None or method in self._per_message:  # no bucket for this call's duration
             return
         exemplars = st.exemplars
         if exemplars is None:

@@ -10,6 +10,7 @@ from tritonclient.grpc import service_pb2
 
 from sidecar.proxy.inferences import StreamInferences
 from sidecar.proxy.metrics import ProxyMetrics
+from tests.harness.metrics_text import exemplars, scrape_registry
 from tests.proxy.proxy_h2build import grpc_message
 
 METHOD = "ModelStreamInfer"
@@ -157,3 +158,16 @@ def test_pending_table_is_bounded() -> None:
     assert value(reg, "xsp_responses_total", method=METHOD, model="tok") == 1_000_000
     assert value(reg, "xsp_response_gap_seconds_count", method=METHOD, model="tok") == 999_999
     assert requests_total(reg, "tok") == 1
+
+
+def test_a_sampled_stream_leaves_no_exemplar_on_the_inference_histogram() -> None:
+    registry = CollectorRegistry()
+    metrics = ProxyMetrics(registry)
+    metrics.record(METHOD, "m", "OK", 0.002, 10, 10)  # one inference of the stream
+    metrics.record_exemplar(METHOD, "m", 30.0, "00" * 16)  # the stream's whole life
+    metrics.record("ModelInfer", "m", "OK", 0.002, 10, 10)
+    metrics.record_exemplar("ModelInfer", "m", 0.002, "11" * 16)
+    found = exemplars(
+        scrape_registry(registry, openmetrics=True), "xsp_request_duration_seconds_bucket"
+    )
+    assert [labels["method"] for labels, _ in found] == ["ModelInfer"]

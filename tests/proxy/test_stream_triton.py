@@ -16,6 +16,7 @@ import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from bench import perf_analyzer
+from sidecar.proxy import frames
 from tests.harness.metrics_text import sample_sum, sample_value, scrape
 from tests.harness.triton.model_repo import add_token_stream, build_model_repository
 from tests.harness.triton.server import TritonServer
@@ -109,7 +110,14 @@ def test_decoupled_without_final_flag_is_counted_apart(sidecar: SidecarThread) -
     assert sample_value(text, "xsp_response_gap_seconds_count", **labels) == 3
 
 
-def test_one_stream_two_models_and_a_per_message_error(sidecar: SidecarThread) -> None:
+@pytest.mark.parametrize("walker", ["c", "python"])
+def test_one_stream_two_models_and_a_per_message_error(
+    sidecar: SidecarThread, walker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if walker == "python":
+        monkeypatch.setattr(frames, "native_walk", None)  # the fallback without a compiler
+    elif frames.native_walk is None:
+        pytest.skip("the C frame walker is not built here")
     msgs = [
         add_sub(ident="a1"),
         tokens(3, 20, 20, "t1"),
