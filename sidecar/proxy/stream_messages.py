@@ -22,6 +22,10 @@ ENABLE_FINAL = b"triton_enable_empty_final_response"
 FINAL = b"triton_final_response"
 
 
+# a map entry's key field as written: tag 0x0a, length, the key
+_KEY_PREFIXES = {key: b"\n" + bytes((len(key),)) + key for key in (ENABLE_FINAL, FINAL)}
+
+
 class Unreadable(ValueError):
     """A message head that is not a protobuf message of the expected type."""
 
@@ -113,40 +117,59 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
     return -1, pos  # truncated: the head ends here
 
 
-def _fields(buf: bytes, complete: bool = True) -> list[tuple[int, int, bytes | int, bool]]:
-    """(field, wire type, value, value complete) of a message's fields.
+_CUT = "message cut inside a field"
+Field = tuple[int, int, "bytes | int", bool]
+
+
+def _fields(buf: bytes, complete: bool = True, last: int = 1 << 29) -> list[Field]:
+    """(field, wire type, value, value complete) of a message's fields numbered up to `last`.
 
     `complete`: `buf` is the whole message, so a field running past its end is an error;
     otherwise `buf` is a head and the scan stops where it is cut (a length-delimited value cut
-    there is returned as far as it goes, marked incomplete).
+    there is returned as far as it goes, marked incomplete). The scan stops at the first field
+    numbered above `last`, returned as `(field, wire, b"", False)`: every protobuf serializer
+    writes known fields in field-number order, so the fields read here (ids, names,
+    parameters) come before the tensors, which are never walked.
     """
-    out: list[tuple[int, int, bytes | int, bool]] = []
+    out: list[Field] = []
     pos = 0
     end = len(buf)
     while pos < end:
-        tag, pos = _varint(buf, pos)
-        if tag < 0:
-            if complete:
-                raise Unreadable("message cut inside a field")
-            break
+        tag = buf[pos]
+        if tag < 0x80:  # one-byte varints: every field number below 16
+            pos += 1
+        else:
+            tag, pos = _varint(buf, pos)
+            if tag < 0:
+                if complete:
+                    raise Unreadable(_CUT)
+                break
         field, wire = tag >> 3, tag & 7
         if field == 0:
             raise Unreadable("field number 0")
-        if wire == 0:
+        if field > last:
+            out.append((field, wire, b"", False))
+            return out
+        if wire == 2:
+            size = buf[pos] if pos < end else -1
+            if 0 <= size < 0x80:
+                pos += 1
+            else:
+                size, pos = _varint(buf, pos)
+            if size < 0 or pos + size > end:
+                if complete:
+                    raise Unreadable(_CUT)
+                if size < 0:
+                    break
+            out.append((field, 2, buf[pos : pos + size], pos + size <= end))
+            pos += size
+        elif wire == 0:
             value, pos = _varint(buf, pos)
             if value < 0:
                 if complete:
-                    raise Unreadable("message cut inside a field")
+                    raise Unreadable(_CUT)
                 break
             out.append((field, 0, value, True))
-        elif wire == 2:
-            size, pos = _varint(buf, pos)
-            if size < 0 or (complete and pos + size > end):
-                if complete:
-                    raise Unreadable("message cut inside a field")
-                break
-            out.append((field, 2, buf[pos : pos + size], pos + size <= end))
-            pos += size
         elif wire == 1:
             pos += 8
         elif wire == 5:
@@ -154,7 +177,7 @@ def _fields(buf: bytes, complete: bool = True) -> list[tuple[int, int, bytes | i
         else:
             raise Unreadable(f"wire type {wire}")
     if complete and pos > end:
-        raise Unreadable("message cut inside a field")
+        raise Unreadable(_CUT)
     return out
 
 
@@ -162,6 +185,14 @@ def _bool_parameter(entry: bytes | int, complete: bool, key: bytes) -> bool | No
     """The bool value of a parameters-map entry if its key is `key`, else None."""
     if not isinstance(entry, bytes):
         raise Unreadable("a parameters entry that is not a message")
+    if entry[:1] == b"\n":  # the key (field 1) first, as serializers write map entries
+        prefix = _KEY_PREFIXES[key]
+        if not entry.startswith(prefix):
+            return None
+        # the common shape: value = InferParameter{bool_param} as 0x12 02 08 0x
+        value = entry[len(prefix) :]
+        if len(value) == 4 and value[:3] == b"\x12\x02\x08" and value[3] < 0x80:
+            return bool(value[3])
     fields = _fields(entry, complete)
     if not any(f == 1 and v == key for f, _, v, _ in fields):
         return None
@@ -205,7 +236,7 @@ def read_request(head: bytes, complete: bool = True) -> RequestFields:
     whole message)."""
     model = ident = ""
     asked = False
-    for field, _, value, whole in _fields(head, complete):
+    for field, _, value, whole in _fields(head, complete, 4):
         if field == 1:
             model = _text(value)
         elif field == 3:
@@ -227,7 +258,7 @@ def read_response(head: bytes, complete: bool = True) -> ResponseFields:
         elif field == 2:
             if not isinstance(value, bytes):
                 raise Unreadable("infer_response is not a message")
-            for f, _, v, inner_whole in _fields(value, whole):
+            for f, _, v, inner_whole in _fields(value, whole, 4):
                 if f == 1:
                     model = _text(v)
                 elif f == 3:
@@ -236,6 +267,6 @@ def read_response(head: bytes, complete: bool = True) -> ResponseFields:
                     flag = _bool_parameter(v, inner_whole, FINAL)
                     if flag is not None:
                         final = flag
-                elif f in (5, 6):
+                elif f in (5, 6):  # the first field past 4: the scan stopped there
                     outputs = True
     return ResponseFields(error, model, ident, final, outputs)
