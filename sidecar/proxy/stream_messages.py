@@ -63,9 +63,13 @@ class MessageSplitter:
 
     def feed(self, chunk: bytes) -> list[Message]:
         """The messages that end in `chunk`, in order."""
+        n = len(chunk)
+        if not self._left and not self._prefix and n > 5:  # the usual DATA frame: one message
+            size = int.from_bytes(chunk[1:5], "big")
+            if n == size + 5 and size <= MESSAGE_HEAD:
+                return [Message(chunk[5:], n, bool(chunk[0] & 1))]
         out: list[Message] = []
         pos = 0
-        n = len(chunk)
         while pos < n:
             if self._left:
                 take = min(self._left, n - pos)

@@ -99,3 +99,16 @@ def test_splitter_cuts_messages_anywhere(sizes: list[int], cuts: list[int]) -> N
     assert [m.head for m in got] == [b[:MESSAGE_HEAD] for b in bodies]
     assert not splitter.mid_message
     assert not any(m.compressed for m in got)
+
+
+def test_splitter_one_message_per_chunk_and_empty_messages() -> None:
+    splitter = MessageSplitter()
+    small, big = b"\x0a\x01m", bytes(MESSAGE_HEAD + 10)
+    got = [m for body in (small, b"", big, small) for m in splitter.feed(grpc_message(body))]
+    assert [(m.head, m.size, m.complete) for m in got] == [
+        (small, 8, True),
+        (b"", 5, True),
+        (big[:MESSAGE_HEAD], MESSAGE_HEAD + 15, False),
+        (small, 8, True),
+    ]
+    assert splitter.feed(grpc_message(small, compressed=True))[0].compressed
