@@ -25,6 +25,12 @@ machine's load falls on all of them; it prints each relay's CPU per request, thr
 the median of its windows' p50, and their differences to sampling off.
 
     python bench/proxy_overhead.py --sampling-ab --duration 30 --rounds 6
+
+With `--streaming` the same closed-loop load also runs as inferences on one `ModelStreamInfer`
+stream per client (grpc.aio: write a message, read its response), direct and relayed, and the
+relay's CPU per inference on a stream is printed beside its CPU per unary call.
+
+    python bench/proxy_overhead.py --duration 10 [--streaming]
 """
 
 from __future__ import annotations
@@ -144,6 +150,48 @@ def _client(
     channel.close()
 
 
+def _stream_client(
+    address: str, duration: float, warmup: float, conn: Connection, model: str = "add_sub"
+) -> None:
+    """`_client` on one `ModelStreamInfer` stream (grpc.aio): each inference is one request
+    message, its response read before the next is written (one in flight, closed loop)."""
+    import asyncio
+
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    async def main() -> None:
+        req = infer_request(model)
+        async with grpc.aio.insecure_channel(address) as channel:
+            call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
+            perf = time.perf_counter
+
+            async def infer() -> None:
+                await call.write(req)
+                reply = await call.read()
+                if reply is grpc.aio.EOF or reply.error_message:
+                    raise RuntimeError(f"stream inference failed: {reply}")
+
+            stop = perf() + warmup
+            while perf() < stop:
+                await infer()
+            conn.send("ready")
+            await asyncio.to_thread(conn.recv)
+            latencies = []
+            stop = perf() + duration
+            while True:
+                t0 = perf()
+                if t0 >= stop:
+                    break
+                await infer()
+                latencies.append(perf() - t0)
+            await call.done_writing()
+            conn.send(latencies)
+            await asyncio.to_thread(conn.recv)  # the stream's end is read with the relay's CPU
+
+    asyncio.run(main())
+
+
 @dataclass
 class Result:
     requests: int
@@ -161,13 +209,14 @@ class Result:
 def run_load(
     address: str, concurrency: int, duration: float, warmup: float, triton_pid: int,
     relay_pid: int | None, model: str = "add_sub", relay_cpu: Callable[[int], float] = cpu_seconds,
+    client: Callable[..., None] = _client,
 ) -> Result:  # fmt: skip
     ctx = mp.get_context("spawn")
     pipes, procs = [], []
     for _ in range(concurrency):
         parent, child = ctx.Pipe()
         proc = ctx.Process(
-            target=_client, args=(address, duration, warmup, child, model), daemon=True
+            target=client, args=(address, duration, warmup, child, model), daemon=True
         )
         proc.start()
         pipes.append(parent)
@@ -275,6 +324,24 @@ def report(concurrency: int, direct: Result, relay: Result) -> None:
     print(f"  p50 added by the relay: {relay.p50_ms - direct.p50_ms:+.3f} ms")
 
 
+def report_streaming(concurrency: int, unary: Result, direct: Result, relay: Result) -> None:
+    """Inferences on one stream per client beside the unary calls of the same run."""
+    assert unary.relay_cpu_us is not None and relay.relay_cpu_us is not None
+    print(f"  ModelStreamInfer, one stream per client: {direct.requests} direct / "
+          f"{relay.requests} relayed inferences")  # fmt: skip
+    print(f"  {'':22}{'direct':>12}{'relay':>12}{'relay/direct':>14}")
+    for name, d, r, fmt in (
+        ("throughput (inf/s)", direct.throughput, relay.throughput, "{:12.0f}"),
+        ("p50 latency (ms)", direct.p50_ms, relay.p50_ms, "{:12.3f}"),
+        ("p99 latency (ms)", direct.p99_ms, relay.p99_ms, "{:12.3f}"),
+    ):
+        print(f"  {name:22}{fmt.format(d)}{fmt.format(r)}{r / d:14.3f}")
+    print(f"  {'relay CPU (us/inf)':22}{'-':>12}{relay.relay_cpu_us:12.1f}")
+    ratio = relay.relay_cpu_us / unary.relay_cpu_us
+    print(f"  relay CPU per inference, stream / unary: {relay.relay_cpu_us:.1f} / "
+          f"{unary.relay_cpu_us:.1f} us = {ratio:.3f}")  # fmt: skip
+
+
 def perf_analyzer_report(
     direct: str, relay: str, concurrencies: list[int], seconds: float, libs: Path
 ) -> None:
@@ -362,6 +429,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--concurrency", type=int, nargs="+", default=[1, 4], help="client processes (default 1 4)"
     )
+    parser.add_argument(
+        "--streaming", action="store_true",
+        help="also the same load as inferences on one ModelStreamInfer stream per client",
+    )  # fmt: skip
     parser.add_argument("--backend", help="use a running Triton at HOST:PORT (needs --triton-pid)")
     parser.add_argument("--triton-pid", type=int, help="pid of that Triton, for its CPU time")
     parser.add_argument(
@@ -410,6 +481,15 @@ def main(argv: list[str] | None = None) -> int:
                     relay_address, concurrency, args.duration, args.warmup, triton_pid, relay.pid
                 )
                 report(concurrency, direct, relayed)
+                if args.streaming:
+                    streams = [
+                        run_load(
+                            address, concurrency, args.duration, args.warmup, triton_pid, pid,
+                            client=_stream_client,
+                        )
+                        for address, pid in ((backend, None), (relay_address, relay.pid))
+                    ]  # fmt: skip
+                    report_streaming(concurrency, relayed, *streams)
                 started = start_bare_relay(backend)
                 if started is None:
                     print("  bare TCP relay: socat not on PATH, skipped")

@@ -31,7 +31,8 @@ class UnknownBackendError(LookupError):
 def _add(backend: Backend) -> None:
     BACKENDS[backend.name] = backend
     for path, field in backend.methods.items():
-        METHODS[path.encode()] = MethodInfo(path.rsplit("/", 1)[-1], field)
+        per_message = path in backend.inference_streams
+        METHODS[path.encode()] = MethodInfo(path.rsplit("/", 1)[-1], field, per_message)
     REPLAYABLE.update(backend.replayable)
     DECODERS.update(backend.decoders)
     if backend.capture_path is not None:

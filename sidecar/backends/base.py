@@ -36,6 +36,7 @@ class MethodInfo:
 
     name: str
     model_field: FieldPath | None  # protobuf field path of the model name, or None
+    per_message: bool = False  # a stream whose every request message is one inference
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,9 @@ class Backend:
     capture_path: str | None = None
     # how the batches the backend executed are counted (None: the backend does not say)
     statistics: StatisticsReader | None = None
+    # gRPC paths of inference streams: each request message is one inference (`proxy/
+    # inferences.py` reads them with Triton's `ModelInferRequest`/`ModelStreamInferResponse`)
+    inference_streams: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         methods = {path.rsplit("/", 1)[-1] for path in self.methods}

@@ -87,6 +87,7 @@ TRITON = Backend(
         SERVICE + "CudaSharedMemoryRegister": None,
         SERVICE + "CudaSharedMemoryUnregister": None,
     },
+    inference_streams=frozenset({SERVICE + "ModelStreamInfer"}),
     replayable={"ModelInfer": "ModelInfer", "ModelStreamInfer": "ModelInfer"},
     decoders={"ModelInfer": decode_model_infer, "ModelStreamInfer": decode_model_infer},
     repository=Repository(

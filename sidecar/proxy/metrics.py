@@ -27,6 +27,7 @@ from prometheus_client.utils import floatToGoString
 
 from sidecar.backends import METHODS
 from sidecar.proxy.model_name import UNKNOWN_MODEL
+from sidecar.proxy.stream_metrics import StreamMetrics
 
 OTHER = "_other"
 MAX_MODEL_NAME = 256  # longer names are not taken as label values
@@ -196,7 +197,10 @@ class ProxyMetrics:
         self._models: set[str] = set()
         self._methods: set[str] = {info.name for info in METHODS.values()}  # the backends'
         self._known_methods = len(self._methods)
+        # inference streams: their histogram holds inferences, not the sampled stream's life
+        self._per_message = {info.name for info in METHODS.values() if info.per_message}
         self._lock = threading.Lock()
+        self.streams = StreamMetrics(registry, DURATION_BUCKETS)  # inference streams' own
 
     def model_label(self, name: str | None) -> str:
         """Bounded `model` label value for a model name read from a request."""
@@ -243,12 +247,17 @@ class ProxyMetrics:
         st.request_bytes += request_bytes
         st.response_bytes += response_bytes
 
+    def count(self, method: str, model: str, code: str) -> None:
+        """Count one ended call whose duration is unknown (labels already bounded)."""
+        key = (method, model, code)
+        self._codes[key] = self._codes.get(key, 0) + 1
+
     def record_exemplar(self, method: str, model: str, duration_s: float, trace_id: str) -> None:
         """Link a sampled call to its trace: after `record` counted the call (same labels and
         duration), keep `{trace_id}` as the exemplar of the bucket it fell in, replacing the
         one before. Call from the thread that calls `record`."""
         st = self._stats.get((method, model))
-        if st is None:  # `record` never counted such a call: no bucket to put it on
+        if st is None or method in self._per_message:  # no bucket for this call's duration
             return
         exemplars = st.exemplars
         if exemplars is None:

@@ -51,6 +51,7 @@ from sidecar.proxy.headers import (
     RawHeaders,
     encode_literal_without_indexing,
 )
+from sidecar.proxy.inferences import StreamInferences
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.model_name import (
     HEAD_LIMIT,
@@ -176,6 +177,7 @@ class _Stream:
     grpc_status: bytes | None = None
     grpc_message: bytes = b""
     sampled: bool = False
+    inferences: StreamInferences | None = None  # an inference stream: one per request message
 
 
 def _parse_settings(payload: bytes) -> list[tuple[int, int]]:
@@ -322,6 +324,9 @@ class _RequestSide(_Side):
             st.request_end = st.start  # a request of headers only
         elif info.model_field is not None:
             st.head = bytearray()
+        if info.per_message:
+            st.inferences = StreamInferences(t.metrics, st.method)
+            t.metrics.streams.stream_opened(st.method)
         t.streams[stream_id] = st
         t.metrics.open_streams += 1
         if t.observer is None:
@@ -354,12 +359,14 @@ class _RequestSide(_Side):
         if st is None:
             return False
         st.request_bytes += length
-        return st.head is not None or st.body is not None
+        return st.head is not None or st.body is not None or st.inferences is not None
 
     def on_data_payload(self, stream_id: int, chunk: bytes) -> None:
         st = self.tracker.streams.get(stream_id)
         if st is None:
             return
+        if st.inferences is not None:
+            st.inferences.request_data(chunk)
         head = st.head
         if head is not None and st.model_field is not None:
             head += chunk[: HEAD_LIMIT - len(head)]
@@ -432,12 +439,15 @@ class _ResponseSide(_Side):
 
     def on_data(self, stream_id: int, length: int) -> bool:
         st = self.tracker.streams.get(stream_id)
-        if st is not None:
-            st.response_bytes += length
-        return False
+        if st is None:
+            return False
+        st.response_bytes += length
+        return st.inferences is not None
 
     def on_data_payload(self, stream_id: int, chunk: bytes) -> None:
-        pass
+        st = self.tracker.streams.get(stream_id)
+        if st is not None and st.inferences is not None:
+            st.inferences.response_data(chunk)
 
     def on_end_stream(self, stream_id: int) -> None:
         st = self.tracker.streams.get(stream_id)
@@ -501,6 +511,9 @@ class ConnectionTracker:
         self.request_scanner.stop()
         self.response_scanner.stop()
         self.metrics.open_streams -= len(self.streams)
+        for st in self.streams.values():
+            if st.inferences is not None:  # their responses will not be seen
+                st.inferences.close("UNKNOWN", time.perf_counter() - st.start)
         self.streams.clear()
 
     def close(self, code: str) -> None:
@@ -547,10 +560,13 @@ class ConnectionTracker:
         metrics = self.metrics
         metrics.open_streams -= 1
         duration = time.perf_counter() - st.start
-        metrics.record(
-            st.method, metrics.model_label(st.model), code, duration,
-            st.request_bytes, st.response_bytes,
-        )  # fmt: skip
+        if st.inferences is not None:  # counted per request message, the stream apart
+            st.inferences.close(code, duration)
+        else:
+            metrics.record(
+                st.method, metrics.model_label(st.model), code, duration,
+                st.request_bytes, st.response_bytes,
+            )  # fmt: skip
         if self.observer is not None:
             start = st.start
             end = StreamEnd(

@@ -91,6 +91,12 @@ SMOKE: dict[str, Smoke] = {
         triton=True,
         timeout=300.0,
     ),
+    "proxy_overhead.py --streaming": Smoke(
+        ("--streaming", "--duration", "1", "--warmup", "0.3", "--concurrency", "1"),
+        ("ModelStreamInfer, one stream per client", "relay CPU per inference, stream / unary"),
+        triton=True,
+        timeout=400.0,
+    ),
     "relay_breakdown.py": Smoke(
         # four clients (the bench's default): with one or two, every recorded connection
         # sometimes replayed no whole call (seen on a quiet 2-core machine, not diagnosed)

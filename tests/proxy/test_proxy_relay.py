@@ -283,7 +283,12 @@ def test_a_failing_observer_factory_is_counted_and_the_connection_relayed(
 
 def test_unix_socket_backend_and_streaming() -> None:
     def echo_stream(requests: Iterator[bytes], ctx: grpc.ServicerContext) -> Iterator[bytes]:
-        yield from requests
+        for req in requests:  # one response per request, as Triton's stream answers
+            parsed = service_pb2.ModelInferRequest.FromString(req)
+            reply = service_pb2.ModelStreamInferResponse()
+            reply.infer_response.model_name = parsed.model_name
+            reply.infer_response.id = parsed.id
+            yield reply.SerializeToString()
 
     sock = Path(tempfile.mkdtemp()) / "backend.sock"
     server, _ = grpc_backend(
@@ -296,9 +301,15 @@ def test_unix_socket_backend_and_streaming() -> None:
                 "/inference.GRPCInferenceService/ModelStreamInfer", None, None
             )
             msgs = [infer_bytes(f"m{i % 2}") for i in range(50)]
-            assert list(call(iter(msgs))) == msgs
+            replies = [service_pb2.ModelStreamInferResponse.FromString(r) for r in call(iter(msgs))]
+            assert [r.infer_response.model_name for r in replies] == [
+                f"m{i % 2}" for i in range(50)
+            ]
+        # each request message is one inference, under its own model
         labels = {"method": "ModelStreamInfer", "model": "m0", "grpc_code": "OK"}
-        assert relay.registry.get_sample_value("xsp_requests_total", labels) == 1
+        assert relay.registry.get_sample_value("xsp_requests_total", labels) == 25
+        streams = {"method": "ModelStreamInfer", "grpc_code": "OK"}
+        assert relay.registry.get_sample_value("xsp_streams_total", streams) == 1
     finally:
         server.stop(0)
         relay.close()

@@ -48,6 +48,21 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 instance_group [ { kind: KIND_CPU count: 2 } ]
 """
 
+# A decoupled model (token streaming): COUNT responses per request, FIRST_MS then SLEEP_MS apart.
+TOKEN_STREAM_CONFIG = """\
+name: "token_stream"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [
+  { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "FIRST_MS" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "SLEEP_MS" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+output [ { name: "TOKEN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
 SAMPLE_MODELS = ("add_sub", "simple_cnn", "sleep")
 TEMPLATES = Path(__file__).resolve().parent / "models"  # the Python backend's model.py files
 
@@ -77,4 +92,10 @@ def build_model_repository(repo: Path) -> Path:
     cnn_dir = _write_model(repo, "simple_cnn", SIMPLE_CNN_CONFIG, _template("onnx_runner.py.tmpl"))
     onnx.save(simple_cnn(), str(cnn_dir / "model.onnx"))
     _write_model(repo, "sleep", SLEEP_CONFIG, _template("sleep.py.tmpl"))
+    return repo
+
+
+def add_token_stream(repo: Path) -> Path:
+    """Add the decoupled `token_stream` model (`models/token_stream.py.tmpl`) to `repo`."""
+    _write_model(repo, "token_stream", TOKEN_STREAM_CONFIG, _template("token_stream.py.tmpl"))
     return repo

@@ -1,0 +1,221 @@
+"""A stream is many inferences: per-inference accounting of one `ModelStreamInfer` stream.
+
+Each request message is one inference, labelled with the model its own message names. A
+response is matched to a pending request by its `id` where the client set one, otherwise in
+order. It ends the inference when it carries `triton_final_response: true`, an error, or no
+final flag at all (a backend that answers once). A decoupled model answers 0..N times; Triton
+sends the final flag as an empty response only when the request asked for
+`triton_enable_empty_final_response`. When it did not, every response says "not final": the
+inference ends at its last response seen, once a response to a later request, the stream's end
+or the table's bound shows it is over, and counts in `xsp_final_response_unseen_total`.
+Without ids, responses of such requests to several pipelined requests cannot be told apart:
+the first response goes to the oldest request still unanswered.
+
+An inference still pending when the stream ends takes the stream's status (its latency runs to
+the stream's end). The pending table holds at most `max_pending` inferences: beyond that the
+oldest is ended (`xsp_stream_anomalies_total{reason="overflow"}` when it had not finished) and
+counted, so memory stays flat whatever a client sends. Nothing here ever stops forwarding: a
+message that cannot be read, a response for no pending request, a stream cut inside a message
+and a cancelled stream are counted as anomalies.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from sidecar.proxy.metrics import ProxyMetrics
+from sidecar.proxy.model_name import UNKNOWN_MODEL
+from sidecar.proxy.stream_messages import (
+    MessageSplitter,
+    Unreadable,
+    read_request,
+    read_response,
+)
+
+MAX_PENDING = 1024  # inferences in flight per stream held for matching
+ERROR_CODE = "UNKNOWN"  # a message's error carries text only; gRPC's code for that
+
+
+@dataclass(slots=True)
+class Pending:
+    """One inference waiting for (more of) its responses."""
+
+    model: str  # bounded label value
+    id: str
+    start: float  # perf_counter at its request message
+    request_bytes: int
+    final_flag_asked: bool
+    responses: int = 0
+    first: float = 0.0
+    last: float = 0.0  # perf_counter at the latest response (0: none yet)
+    response_bytes: int = 0
+
+
+class StreamInferences:
+    """The pending table and accounting of one inference stream (relay thread only)."""
+
+    def __init__(self, metrics: ProxyMetrics, method: str, max_pending: int = MAX_PENDING) -> None:
+        self.metrics = metrics
+        self.stream_metrics = metrics.streams
+        self.method = method
+        self.max_pending = max_pending
+        self.requests = MessageSplitter()
+        self.responses = MessageSplitter()
+        self.pending: dict[int, Pending] = {}  # by arrival sequence, oldest first
+        self.by_id: dict[str, int] = {}
+        self._seq = 0
+        self.request_count = 0
+        self.response_count = 0
+
+    # -- requests -------------------------------------------------------------------------
+
+    def request_data(self, chunk: bytes) -> None:
+        """Client DATA payload bytes of the stream."""
+        messages = self.requests.feed(chunk)
+        if not messages:
+            return
+        now = time.perf_counter()
+        for msg in messages:
+            self.request_count += 1
+            model, ident, asked = UNKNOWN_MODEL, "", False
+            if msg.compressed:
+                self.stream_metrics.anomalies.labels("unreadable").inc()
+            else:
+                try:
+                    fields = read_request(msg.head, msg.complete)
+                    model = self.metrics.model_label(fields.model)
+                    ident, asked = fields.id, fields.final_flag_asked
+                except Unreadable:
+                    self.stream_metrics.anomalies.labels("unreadable").inc()
+            if len(self.pending) >= self.max_pending:
+                self._evict(now)
+            seq = self._seq
+            self._seq = seq + 1
+            self.pending[seq] = Pending(model, ident, now, msg.size, asked)
+            if ident and ident not in self.by_id:
+                self.by_id[ident] = seq
+
+    # -- responses ------------------------------------------------------------------------
+
+    def response_data(self, chunk: bytes) -> None:
+        """Backend DATA payload bytes of the stream."""
+        messages = self.responses.feed(chunk)
+        if not messages:
+            return
+        now = time.perf_counter()
+        anomalies = self.stream_metrics.anomalies
+        for msg in messages:
+            self.response_count += 1
+            if msg.compressed:
+                anomalies.labels("unreadable").inc()
+                continue
+            try:
+                fields = read_response(msg.head, msg.complete)
+            except Unreadable:
+                anomalies.labels("unreadable").inc()
+                continue
+            seq = self._match(fields.id)
+            if seq is None:
+                anomalies.labels("unmatched").inc()
+                pair = (self.method, self.metrics.model_label(fields.model))
+                self._count_response(pair)
+                continue
+            p = self.pending[seq]
+            p.response_bytes += msg.size
+            pair = (self.method, p.model)
+            if fields.has_outputs or fields.error:
+                self._count_response(pair)
+                sm = self.stream_metrics
+                if p.responses == 0:
+                    p.first = now
+                    sm.histogram(sm.first_response, pair).observe(now - p.start)
+                else:
+                    sm.histogram(sm.gaps, pair).observe(now - p.last)
+                p.responses += 1
+                p.last = now
+            if fields.error:
+                self._finish(seq, ERROR_CODE, now)
+            elif fields.final is not False:
+                self._finish(seq, "OK", now)
+
+    def _count_response(self, pair: tuple[str, str]) -> None:
+        responses = self.stream_metrics.responses
+        responses[pair] = responses.get(pair, 0) + 1
+
+    def _match(self, ident: str) -> int | None:
+        """The pending inference a response belongs to; ends older ones it shows are over."""
+        pending = self.pending
+        if ident:
+            seq = self.by_id.get(ident)
+            if seq is None:  # a duplicate id whose first holder has ended
+                seq = next((s for s, p in pending.items() if p.id == ident), None)
+                if seq is None:
+                    return None
+        else:
+            seq = None
+            for s, p in pending.items():
+                if not p.id and (p.final_flag_asked or p.responses == 0):
+                    seq = s
+                    break
+            if seq is None:  # more responses to the latest answered request
+                seq = next((s for s in reversed(pending) if not pending[s].id), None)
+                if seq is None:
+                    return None
+        # Older requests whose final response cannot be seen and that were answered are over:
+        # a response to a later request has come.
+        done = []
+        for s, p in pending.items():
+            if s >= seq:
+                break
+            if p.responses and not p.final_flag_asked and (p.id == "") == (ident == ""):
+                done.append(s)
+        if done:
+            now = time.perf_counter()
+            for s in done:
+                self._finish(s, "OK", now, at_last=True)
+        return seq
+
+    # -- ends -----------------------------------------------------------------------------
+
+    def _finish(self, seq: int, code: str, now: float, at_last: bool = False) -> None:
+        p = self.pending.pop(seq)
+        if p.id and self.by_id.get(p.id) == seq:
+            del self.by_id[p.id]
+        pair = (self.method, p.model)
+        end = now
+        if at_last:
+            end = p.last
+            unseen = self.stream_metrics.final_unseen
+            unseen[pair] = unseen.get(pair, 0) + 1
+        self.metrics.record(
+            self.method, p.model, code, end - p.start, p.request_bytes, p.response_bytes
+        )
+
+    def _evict(self, now: float) -> None:
+        seq = next(iter(self.pending))
+        p = self.pending[seq]
+        if p.responses and not p.final_flag_asked:
+            self._finish(seq, "OK", now, at_last=True)  # answered; its end just not seen
+            return
+        self.stream_metrics.anomalies.labels("overflow").inc()
+        self.pending.pop(seq)
+        if p.id and self.by_id.get(p.id) == seq:
+            del self.by_id[p.id]
+        self.metrics.count(self.method, p.model, ERROR_CODE)  # no latency: its end is unknown
+
+    def close(self, code: str, lifetime_s: float) -> None:
+        """The stream has ended with gRPC status `code`: end what is pending, count it."""
+        now = time.perf_counter()
+        sm = self.stream_metrics
+        if self.requests.mid_message or self.responses.mid_message:
+            sm.anomalies.labels("cut").inc()
+        if code == "CANCELLED" and self.pending:
+            sm.anomalies.labels("cancelled").inc()
+        for seq in list(self.pending):
+            p = self.pending[seq]
+            if p.responses and not p.final_flag_asked and code == "OK":
+                self._finish(seq, "OK", now, at_last=True)
+            else:
+                self._finish(seq, code, now)
+        sm.stream_ended(self.method, code, lifetime_s, self.request_count, self.response_count)

@@ -1,0 +1,276 @@
+"""The gRPC messages of an inference stream (Triton's `ModelStreamInfer`), read as they pass.
+
+`MessageSplitter` cuts one direction's DATA bytes into gRPC length-prefixed messages and keeps
+only each message's first `MESSAGE_HEAD` bytes, so memory per stream is bounded whatever the
+tensors' size. `read_request` / `read_response` read the few fields accounting needs from
+those heads.
+
+Why a hand scan and not `service_pb2`: the relay runs this for every message of every stream;
+decoding a whole `ModelInferRequest` (tensors included) with protobuf would copy the message
+and cost tens of microseconds, while the fields needed (model_name = 1, id = 3, the
+parameters map = 4; the response's error_message = 1 and infer_response = 2) come before the
+tensors in the wire format, so a walk of the first bytes is enough. `tests/proxy/
+test_stream_messages.py` checks the scan against `service_pb2` on random messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MESSAGE_HEAD = 4096  # bytes kept of each message: its fields before the tensors
+ENABLE_FINAL = b"triton_enable_empty_final_response"
+FINAL = b"triton_final_response"
+
+
+# a map entry's key field as written: tag 0x0a, length, the key
+_KEY_PREFIXES = {key: b"\n" + bytes((len(key),)) + key for key in (ENABLE_FINAL, FINAL)}
+
+
+class Unreadable(ValueError):
+    """A message head that is not a protobuf message of the expected type."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One gRPC message of a stream: its head (up to `MESSAGE_HEAD` bytes), size, compression."""
+
+    head: bytes
+    size: int  # whole message, 5-byte gRPC prefix included
+    compressed: bool
+
+    @property
+    def complete(self) -> bool:
+        """The head is the whole message."""
+        return self.size - 5 == len(self.head)
+
+
+class MessageSplitter:
+    """Splits one direction's DATA payload into gRPC messages (heads kept, rest skipped)."""
+
+    __slots__ = ("_compressed", "_head", "_left", "_prefix", "_size")
+
+    def __init__(self) -> None:
+        self._prefix = b""  # an incomplete 5-byte message prefix
+        self._head = bytearray()
+        self._left = 0  # bytes of the current message's body still to come
+        self._size = 0
+        self._compressed = False
+
+    @property
+    def mid_message(self) -> bool:
+        """True while a message has begun and not ended."""
+        return bool(self._prefix) or self._left > 0
+
+    def feed(self, chunk: bytes) -> list[Message]:
+        """The messages that end in `chunk`, in order."""
+        n = len(chunk)
+        if not self._left and not self._prefix and n > 5:  # the usual DATA frame: one message
+            size = int.from_bytes(chunk[1:5], "big")
+            if n == size + 5 and size <= MESSAGE_HEAD:
+                return [Message(chunk[5:], n, bool(chunk[0] & 1))]
+        out: list[Message] = []
+        pos = 0
+        while pos < n:
+            if self._left:
+                take = min(self._left, n - pos)
+                room = MESSAGE_HEAD - len(self._head)
+                if room > 0:
+                    self._head += chunk[pos : pos + min(room, take)]
+                pos += take
+                self._left -= take
+                if not self._left:
+                    out.append(Message(bytes(self._head), self._size, self._compressed))
+                    self._head = bytearray()
+                continue
+            if self._prefix or n - pos < 5:
+                need = 5 - len(self._prefix)
+                self._prefix += chunk[pos : pos + need]
+                pos += min(need, n - pos)
+                if len(self._prefix) < 5:
+                    return out
+                prefix, self._prefix = self._prefix, b""
+            else:
+                prefix = chunk[pos : pos + 5]
+                pos += 5
+            size = int.from_bytes(prefix[1:5], "big")
+            self._compressed = bool(prefix[0] & 1)
+            self._size = size + 5
+            if size == 0:
+                out.append(Message(b"", 5, self._compressed))
+            elif n - pos >= size and size <= MESSAGE_HEAD:  # whole message here: no copy loop
+                out.append(Message(chunk[pos : pos + size], size + 5, self._compressed))
+                pos += size
+            else:
+                self._left = size
+        return out
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = 0
+    shift = 0
+    end = len(buf)
+    while pos < end:
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise Unreadable("varint too long")
+    return -1, pos  # truncated: the head ends here
+
+
+_CUT = "message cut inside a field"
+Field = tuple[int, int, "bytes | int", bool]
+
+
+def _fields(buf: bytes, complete: bool = True, last: int = 1 << 29) -> list[Field]:
+    """(field, wire type, value, value complete) of a message's fields numbered up to `last`.
+
+    `complete`: `buf` is the whole message, so a field running past its end is an error;
+    otherwise `buf` is a head and the scan stops where it is cut (a length-delimited value cut
+    there is returned as far as it goes, marked incomplete). The scan stops at the first field
+    numbered above `last`, returned as `(field, wire, b"", False)`: every protobuf serializer
+    writes known fields in field-number order, so the fields read here (ids, names,
+    parameters) come before the tensors, which are never walked.
+    """
+    out: list[Field] = []
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        tag = buf[pos]
+        if tag < 0x80:  # one-byte varints: every field number below 16
+            pos += 1
+        else:
+            tag, pos = _varint(buf, pos)
+            if tag < 0:
+                if complete:
+                    raise Unreadable(_CUT)
+                break
+        field, wire = tag >> 3, tag & 7
+        if field == 0:
+            raise Unreadable("field number 0")
+        if field > last:
+            out.append((field, wire, b"", False))
+            return out
+        if wire == 2:
+            size = buf[pos] if pos < end else -1
+            if 0 <= size < 0x80:
+                pos += 1
+            else:
+                size, pos = _varint(buf, pos)
+            if size < 0 or pos + size > end:
+                if complete:
+                    raise Unreadable(_CUT)
+                if size < 0:
+                    break
+            out.append((field, 2, buf[pos : pos + size], pos + size <= end))
+            pos += size
+        elif wire == 0:
+            value, pos = _varint(buf, pos)
+            if value < 0:
+                if complete:
+                    raise Unreadable(_CUT)
+                break
+            out.append((field, 0, value, True))
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        else:
+            raise Unreadable(f"wire type {wire}")
+    if complete and pos > end:
+        raise Unreadable(_CUT)
+    return out
+
+
+def _bool_parameter(entry: bytes | int, complete: bool, key: bytes) -> bool | None:
+    """The bool value of a parameters-map entry if its key is `key`, else None."""
+    if not isinstance(entry, bytes):
+        raise Unreadable("a parameters entry that is not a message")
+    if entry[:1] == b"\n":  # the key (field 1) first, as serializers write map entries
+        prefix = _KEY_PREFIXES[key]
+        if not entry.startswith(prefix):
+            return None
+        # the common shape: value = InferParameter{bool_param} as 0x12 02 08 0x
+        value = entry[len(prefix) :]
+        if len(value) == 4 and value[:3] == b"\x12\x02\x08" and value[3] < 0x80:
+            return bool(value[3])
+    fields = _fields(entry, complete)
+    if not any(f == 1 and v == key for f, _, v, _ in fields):
+        return None
+    for f, _, v, whole in fields:
+        if f == 2 and isinstance(v, bytes):
+            for pf, wire, pv, _ in _fields(v, whole):
+                if pf == 1 and wire == 0:
+                    return bool(pv)
+            return False
+    return False
+
+
+def _text(value: bytes | int) -> str:
+    if not isinstance(value, bytes):
+        raise Unreadable("a string field that is not length-delimited")
+    return value.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFields:
+    """What accounting reads of a `ModelInferRequest`."""
+
+    model: str
+    id: str
+    final_flag_asked: bool  # parameters["triton_enable_empty_final_response"] is true
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseFields:
+    """What accounting reads of a `ModelStreamInferResponse`."""
+
+    error: str
+    model: str
+    id: str
+    final: bool | None  # parameters["triton_final_response"]; None where absent
+    has_outputs: bool  # an output tensor (an empty final response has none)
+
+
+def read_request(head: bytes, complete: bool = True) -> RequestFields:
+    """The model, id and final-flag request of a `ModelInferRequest` head (`complete`: the
+    whole message)."""
+    model = ident = ""
+    asked = False
+    for field, _, value, whole in _fields(head, complete, 4):
+        if field == 1:
+            model = _text(value)
+        elif field == 3:
+            ident = _text(value)
+        elif field == 4 and _bool_parameter(value, whole, ENABLE_FINAL):
+            asked = True
+    return RequestFields(model, ident, asked)
+
+
+def read_response(head: bytes, complete: bool = True) -> ResponseFields:
+    """The error, model, id and final flag of a `ModelStreamInferResponse` head (`complete`:
+    the whole message)."""
+    error = model = ident = ""
+    final: bool | None = None
+    outputs = False
+    for field, _, value, whole in _fields(head, complete):
+        if field == 1:
+            error = _text(value)
+        elif field == 2:
+            if not isinstance(value, bytes):
+                raise Unreadable("infer_response is not a message")
+            for f, _, v, inner_whole in _fields(value, whole, 4):
+                if f == 1:
+                    model = _text(v)
+                elif f == 3:
+                    ident = _text(v)
+                elif f == 4:
+                    flag = _bool_parameter(v, inner_whole, FINAL)
+                    if flag is not None:
+                        final = flag
+                elif f in (5, 6):  # the first field past 4: the scan stopped there
+                    outputs = True
+    return ResponseFields(error, model, ident, final, outputs)
