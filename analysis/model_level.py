@@ -7,6 +7,7 @@ import math
 import pandas as pd
 
 from analysis.common import GROUP, AnalysisResult, Frames, across_traces, empty_result
+from analysis.memory_roof import ROOFS
 from analysis.roofline import (
     ROOFLINE_MEASURES,
     above_roof_note,
@@ -18,6 +19,16 @@ from sidecar.profiling.stats import decide_batch, trimmed_mean_rse
 
 A1_TITLE = "Model throughput and latency per batch size"
 A15_TITLE = "Model aggregate and compute/memory-bound verdict"
+
+
+def _with_cache_roofs(fr: Frames, agg: pd.DataFrame) -> pd.Series:
+    """Per row of `agg`: whether its traces recorded cache roofs (`peak_cache_bytes_per_s`)."""
+    tr = fr.data.traces
+    has = [isinstance(a, dict) and isinstance(a.get(ROOFS), dict) for a in tr["attributes"]]
+    groups = {tuple(g) for g in tr.loc[has, GROUP].itertuples(index=False)}
+    return pd.Series(
+        [tuple(g) in groups for g in agg[GROUP].itertuples(index=False)], index=agg.index
+    )
 
 
 def _relative_errors(fr: Frames, agg: pd.DataFrame) -> dict[tuple[str, int], float | None]:
@@ -142,7 +153,15 @@ def model_aggregate(fr: Frames) -> AnalysisResult:
     res.notes = [f"FLOPs and bytes summed from {source}"]
     if res.estimated:
         res.notes.append("estimated: FLOPs/bytes are estimates from layer shapes, not counters")
-    res.notes += above_roof_note(agg, "model runs")
+    cached = _with_cache_roofs(fr, agg)
+    memory_side = cached & (agg["bound"] == "memory")
+    res.notes += above_roof_note(agg[~memory_side], "model runs")
+    if (agg["above_roof"] & memory_side).any():
+        res.notes.append(
+            f"{int((agg['above_roof'] & memory_side).sum())} model runs ran above the DRAM "
+            "roof on its memory side: their layers' working sets sit in the caches (A14's "
+            "memory_roof), which the DRAM roof does not bound; the peak is not what is wrong"
+        )
     if not math.isfinite(float(agg["ridge_point"].max(skipna=True) or math.nan)):
         res.notes.append("no roofline peaks recorded with these traces")
     return res

@@ -163,6 +163,10 @@ def test_cache_resident_layers_of_a_real_profile_are_within_their_roof(replayed:
     assert not table["above_roof"].any()  # above the DRAM roof, within each one's cache roof
     assert "peak_below_achieved" not in _rules(ta)
     assert not any("re-measure" in n for n in ta.result("A14").notes)
+    a15 = ta.result("A15")  # the whole model: above the DRAM roof, on its memory side
+    assert a15.table["above_roof"].all() and (a15.table["bound"] == "memory").all()
+    assert not any("re-measure" in n for n in a15.notes), a15.notes
+    assert any("the peak is not what is wrong" in n for n in a15.notes), a15.notes
 
 
 def test_the_same_profile_without_cache_roofs_reads_as_before(
@@ -181,6 +185,7 @@ def test_the_same_profile_without_cache_roofs_reads_as_before(
     assert ta.result("A14").table["above_roof"].any()
     (f,) = [x for x in ta.findings() if x.rule == "peak_below_achieved"]
     assert "--refresh-peak" in f.action
+    assert any("re-measure" in n for n in ta.result("A15").notes)
 
 
 def test_the_html_roofline_draws_the_recorded_cache_roofs(replayed: Path) -> None:
