@@ -26,6 +26,9 @@ class ModelCounts:
     inferences: int = 0  # requests computed (a batch of 8 requests counts 8)
     executions: int = 0  # model executions (batches the scheduler formed)
     batches: Mapping[int, int] = field(default_factory=dict)  # batch size -> executions
+    # when the model last finished a request (ms since the epoch, as Triton 2.51 stamps
+    # `last_inference`: at completion; 0: none yet)
+    last_inference_ms: int = 0
 
 
 def read_statistics(channel: grpc.Channel, timeout_s: float) -> dict[str, ModelCounts]:
@@ -49,5 +52,6 @@ def read_statistics(channel: grpc.Channel, timeout_s: float) -> dict[str, ModelC
             inferences=seen.inferences + int(stats.inference_count),
             executions=seen.executions + int(stats.execution_count),
             batches=batches,
+            last_inference_ms=max(seen.last_inference_ms, int(stats.last_inference)),
         )
     return out

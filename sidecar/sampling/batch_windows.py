@@ -9,14 +9,16 @@ of which batch sizes (with dynamic batching a request is computed inside a large
 goes on the proxy's request span as attribute `server_batch_window`.
 
 Both reads race the request, so a window is checked before it is stored. The first read must
-have completed before the server's response reached the relay (else it may already count the
-request: the window would hold the requests after it); the difference must count at least one
-computed request of the model (the server can count an execution only after the response
-left, so the second read is retried a few times, `SETTLE_S` apart). A window that fails either
-check is stored as `{"unobserved": reason}`, never as numbers. The channel is opened and the
-message classes loaded at start, so that the first window's read is not late. A window holds
-every execution of the model in it, the sampled request's and those of concurrent requests:
-it is what the server was doing, not a per-request attribution.
+not count the request already (the window would hold the requests after it): it did not if it
+completed before the server's response reached the relay, or if the model's latest completed
+request it knows of (`last_inference`: when Triton finished it, whole ms on the host's clock)
+finished in an earlier millisecond than the relay read this request's headers. The difference
+must count at least one computed request of the model (the server can count an execution only
+after the response left, so the second read is retried a few times, `SETTLE_S` apart). A window
+that fails either check is stored as `{"unobserved": reason}`, never as numbers. The channel is
+opened and the message classes loaded at start, so that the first window's read is not late. A
+window holds every execution of the model in it, the sampled request's and those of concurrent
+requests: it is what the server was doing, not a per-request attribution.
 """
 
 from __future__ import annotations
@@ -110,15 +112,19 @@ class BatchWindows:
         model: str,
         answered_ns: int,
         then: Callable[[dict[str, Any]], object],
+        *,
+        started_ns: int = 0,
     ) -> bool:
         """Read again and hand the window of `trace_id` to `then` (on a window thread);
-        `answered_ns`: when the server's response reached the relay (Unix ns). False when no
-        window of `trace_id` is open (`then` is not called)."""
+        `answered_ns`: when the server's response reached the relay, `started_ns`: when the
+        relay read the request's headers (Unix ns; 0: unknown). False when no window of
+        `trace_id` is open (`then` is not called)."""
         with self._lock:
             first = self._open.pop(trace_id, None)
             if first is None or self._closed:
                 return False
-            self._closing.submit(self._finish, first, model, answered_ns, then)
+            times = (started_ns, answered_ns)
+            self._closing.submit(self._finish, first, model, times, then)
         return True
 
     def stop(self) -> None:
@@ -145,19 +151,23 @@ class BatchWindows:
         self,
         first: Future[Read],
         model: str,
-        answered_ns: int,
+        times: tuple[int, int],
         then: Callable[[dict[str, Any]], object],
     ) -> None:
         try:
-            then(self._measure(first, model, answered_ns))
+            then(self._measure(first, model, *times))
         except Exception:
             log.exception("could not hand a batch window on")
 
-    def _measure(self, first: Future[Read], model: str, answered_ns: int) -> dict[str, Any]:
+    def _measure(
+        self, first: Future[Read], model: str, started_ns: int, answered_ns: int
+    ) -> dict[str, Any]:
         before, read_ns = first.result()
         if isinstance(before, str):
             return {"unobserved": before}
-        if read_ns > answered_ns:
+        known = before.get(model)
+        earlier = known is not None and known.last_inference_ms < started_ns // 1_000_000
+        if read_ns > answered_ns and not earlier:
             late_ms = (read_ns - answered_ns) / 1e6
             return {
                 "unobserved": f"the first read completed {late_ms:.2f} ms after the server's "

@@ -255,7 +255,9 @@ class SamplingPipeline:
                 request.attributes[WINDOW_ATTRIBUTE] = found
                 self._write_spans(trace_id, spans)
 
-            if self.batch_windows.close(trace_id, model, int(answered), with_window):
+            if self.batch_windows.close(
+                trace_id, model, int(answered), with_window, started_ns=request.start_ns
+            ):
                 return True  # written when the window's second read is done
         return self._write_spans(trace_id, spans)
 

@@ -63,6 +63,28 @@ def test_a_late_first_read_is_refused(triton: TritonServer) -> None:
     assert "unobserved" in got and "after the server's response" in got["unobserved"]
 
 
+def test_a_late_first_read_that_predates_the_request_is_kept(triton: TritonServer) -> None:
+    """The first read completed after the response (answered_ns=0 says so), but the latest
+    request it knew of finished before this one started: it cannot count this request."""
+    client = tc.InferenceServerClient(triton.grpc_address)
+    _infer(client, 1)
+    windows = BatchWindows(triton.grpc_address, read_statistics)
+    try:
+        windows.open("t5")
+        time.sleep(0.2)
+        started = time.time_ns()
+        _infer(client, 4)
+        done = threading.Event()
+        got: dict[str, Any] = {}
+        assert windows.close(
+            "t5", "simple_cnn", 0, lambda w: (got.update(w), done.set()), started_ns=started
+        )
+        assert done.wait(10)
+    finally:
+        windows.stop()
+    assert got["batch_sizes"] == {"4": 1}, got
+
+
 def test_no_request_in_the_window_is_refused(triton: TritonServer) -> None:
     windows = BatchWindows(triton.grpc_address, read_statistics, settle_s=0.001)
     try:

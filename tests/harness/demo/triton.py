@@ -6,8 +6,10 @@ output folder (trace database, report, metrics, logs).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -207,6 +209,24 @@ def _logged_failures(log_path: Path, outcome: str, limit: int = 3) -> list[str]:
     return [line.strip() for line in lines if "profile of" in line and marker in line][:limit]
 
 
+WITHOUT_BACKEND_SPANS = """
+SELECT count(*) FROM traces t WHERE t.status = 'ok' AND t.sample_reason IN ('rate', 'forced')
+  AND NOT EXISTS (SELECT 1 FROM spans s WHERE s.trace_id = t.trace_id AND s.level = 'server')
+"""
+
+
+def wait_for_backend_spans(db: Path, timeout: float = 10.0) -> int:
+    """Wait until every profiled live sample has Triton's spans (the fidelity check needs its
+    compute time), or `timeout` runs out; how many still lack them (the report says why)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+            missing = int(conn.execute(WITHOUT_BACKEND_SPANS).fetchone()[0])
+        if missing == 0 or time.monotonic() > deadline:
+            return missing
+        time.sleep(0.25)
+
+
 def await_sampled(sidecar: SidecarProcess, options: DemoOptions) -> None:
     """Say how many of the traffic's calls were sampled and wait for their profiles."""
     sampled = round(sample_sum(sidecar.metrics(), DECISIONS, decision="sampled"))
@@ -390,7 +410,7 @@ def run_demo(options: DemoOptions) -> int:
 
             forced = send_forced(infer_forced, sidecar.metrics_url, db, options)
             client.close()
-            time.sleep(1.5)  # let Triton's span export and the writer catch up
+            wait_for_backend_spans(db)  # Triton exports its spans in batches
             stored, _, lines = record_and_account(
                 sidecar, out, options, counts, forced, db, "ModelInfer"
             )
