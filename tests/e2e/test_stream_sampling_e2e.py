@@ -1,0 +1,97 @@
+"""Sampling the messages of a `ModelStreamInfer` stream, end to end: the real `xsp-sidecar
+serve` process (with its profiling worker) in front of the real Triton; each sampled message
+becomes a trace replayed as `ModelInfer`."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from sidecar.trace.spans import Level, Source
+from sidecar.trace.store import TraceStore, count_traces
+from tests.e2e.helpers import wait_until
+from tests.e2e.test_sampling_e2e import sidecar
+from tests.harness.triton.server import TritonServer
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
+
+
+def cnn_message(seed: int, **params: int) -> tuple[Any, str]:
+    """A ModelInferRequest for simple_cnn and the digest its replay must record."""
+    x = np.random.default_rng(seed).random((1, 3, 32, 32), np.float32)
+    req = service_pb2.ModelInferRequest(model_name="simple_cnn", id=f"r{seed}")
+    req.inputs.add(name="input", datatype="FP32", shape=list(x.shape))
+    req.raw_input_contents.append(x.tobytes())
+    for key, value in params.items():
+        req.parameters[key].int64_param = value
+    return req, "sha256:" + hashlib.sha256(x.tobytes()).hexdigest()[:32]
+
+
+def stream(address: str, messages: list[Any]) -> list[Any]:
+    def send() -> Iterator[Any]:
+        yield from messages
+
+    with grpc.insecure_channel(address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        return list(stub.ModelStreamInfer(send()))
+
+
+def test_each_message_of_a_stream_becomes_its_own_modelinfer_trace(
+    traced_triton: TritonServer, tmp_path: Path, otlp_port: int
+) -> None:
+    args = ["--sample-rate", "1", "--sample-budget", "100", "--duty-cycle", "1",
+            "--queue-size", "50"]  # fmt: skip
+    db = tmp_path / "traces.db"
+    sent = [cnn_message(seed) for seed in range(4)]
+    with sidecar(traced_triton, tmp_path, otlp_port, *args) as proc:
+        responses = stream(proc.address, [req for req, _ in sent])
+        assert [r.error_message for r in responses] == [""] * 4
+        sampled = dict(model="simple_cnn", decision="sampled")
+        assert proc.metric("xsp_sampling_decisions_total", **sampled) == 4  # one per message
+        assert wait_until(lambda: proc.metric("xsp_profiles_total", outcome="ok") == 4, 180), (
+            proc.log()
+        )
+        assert proc.metric("xsp_samples_dropped_total") == 0
+        assert proc.metric("xsp_requests_total", method="ModelStreamInfer", grpc_code="OK") == 4
+    assert count_traces(db) == 4
+    store = TraceStore(db)
+    digests = {}
+    for trace in store.list_traces():
+        assert trace.attributes["method"] == "ModelInfer" and trace.sample_reason == "rate"
+        (request,) = [s for s in store.spans(trace.trace_id) if s.level is Level.REQUEST]
+        assert request.source is Source.PROXY and request.kind == "ModelStreamInfer"
+        assert request.name == STREAM and request.attributes["stream_message"] is True
+        assert request.attributes["responses"] == 1 and request.attributes["grpc_code"] == "OK"
+        assert request.start_ns < request.attributes["first_response_ns"] == request.end_ns
+        (inputs,) = trace.attributes["inputs"]
+        digests[request.span_id] = inputs["digest"]
+    # the four messages, each replayed once with its own input
+    assert sorted(digests.values()) == sorted(digest for _, digest in sent)
+
+
+def test_a_later_message_is_sampled_when_the_first_is_not(
+    traced_triton: TritonServer, tmp_path: Path, otlp_port: int
+) -> None:
+    """The force header forces every message; with the first one a sequence request (refused
+    for replay), the second is the stream's sample."""
+    args = ["--sample-rate", "0", "--sample-budget", "100", "--duty-cycle", "1"]
+    db = tmp_path / "traces.db"
+    first, _ = cnn_message(0, sequence_id=42)
+    second, digest = cnn_message(1)
+    with sidecar(traced_triton, tmp_path, otlp_port, *args) as proc:
+        with grpc.insecure_channel(proc.address) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            list(stub.ModelStreamInfer(iter([first, second]), metadata=[("x-xsp-profile", "1")]))
+        dropped = proc.metric("xsp_samples_dropped_total", reason="sequence_model")
+        assert dropped == 1, proc.log()
+        assert wait_until(lambda: count_traces(db) == 1, 120), proc.log()
+    (trace,) = TraceStore(db).list_traces()
+    assert trace.sample_reason == "forced" and trace.attributes["inputs"][0]["digest"] == digest
