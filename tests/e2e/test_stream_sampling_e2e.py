@@ -5,6 +5,8 @@ becomes a trace replayed as `ModelInfer`."""
 from __future__ import annotations
 
 import hashlib
+import http.server
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from sidecar.live.otlp_payload import parse_otlp_json, parse_otlp_protobuf
 from sidecar.trace.spans import Level, Source
 from sidecar.trace.store import TraceStore, count_traces
 from tests.e2e.helpers import wait_until
@@ -95,3 +98,58 @@ def test_a_later_message_is_sampled_when_the_first_is_not(
         assert wait_until(lambda: count_traces(db) == 1, 120), proc.log()
     (trace,) = TraceStore(db).list_traces()
     assert trace.sample_reason == "forced" and trace.attributes["inputs"][0]["digest"] == digest
+
+
+class _Receiver(http.server.BaseHTTPRequestHandler):
+    """An OTLP/HTTP endpoint keeping every span Triton exports (in `server.spans`)."""
+
+    server: Any
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        json_body = "json" in self.headers.get("Content-Type", "")
+        self.server.spans.extend(parse_otlp_json(body) if json_body else parse_otlp_protobuf(body))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_triton_traces_every_inference_of_a_stream_under_its_traceparent(
+    traced_triton: TritonServer, otlp_port: int
+) -> None:
+    """Why the relay adds no `traceparent` to a stream (docs/contracts.md): Triton applies the
+    stream's to each of its inferences alike, one `InferRequest` span each under the stream's
+    parent, told apart only by `triton.request_id`. The sidecar's OTLP port is ours here."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", otlp_port), _Receiver)
+    server.spans = []  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    parent = "6" * 16
+
+    def traced(trace_id: str) -> list[Any]:
+        return [s for s in server.spans if s.trace_id == trace_id]  # type: ignore[attr-defined]
+
+    def named(trace_id: str) -> list[Any]:
+        return [s for s in traced(trace_id) if "triton.request_id" in s.attributes]
+
+    try:
+        for attempt in range(3):  # Triton 2.51 now and then exports nothing (tests/live/)
+            trace_id = f"{attempt + 1:032x}"
+            with grpc.insecure_channel(traced_triton.grpc_address) as channel:
+                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                messages = iter([cnn_message(seed)[0] for seed in range(3)])
+                metadata = [("traceparent", f"00-{trace_id}-{parent}-01")]
+                assert len(list(stub.ModelStreamInfer(messages, metadata=metadata))) == 3
+            if wait_until(lambda t=trace_id: len(named(t)) == 3, 20):
+                break
+        spans = traced(trace_id)
+    finally:
+        server.shutdown()
+        server.server_close()
+    roots = [s for s in spans if s.parent_span_id == parent]
+    assert len(roots) == 3 and {s.name for s in roots} == {"InferRequest"}
+    per_message = {s.attributes["triton.request_id"]: s.parent_span_id for s in named(trace_id)}
+    assert sorted(per_message) == ["r0", "r1", "r2"]
+    assert set(per_message.values()) == {s.span_id for s in roots}  # one InferRequest each
