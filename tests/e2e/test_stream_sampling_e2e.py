@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,11 +17,14 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from analysis.report import main as report_main
 from sidecar.live.otlp_payload import parse_otlp_json, parse_otlp_protobuf
 from sidecar.trace.spans import Level, Source
 from sidecar.trace.store import TraceStore, count_traces
 from tests.e2e.helpers import wait_until
 from tests.e2e.test_sampling_e2e import sidecar
+from tests.harness.sidecar_process import SidecarProcess
+from tests.harness.triton.model_repo import add_token_stream, build_model_repository
 from tests.harness.triton.server import TritonServer
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -153,3 +157,63 @@ def test_triton_traces_every_inference_of_a_stream_under_its_traceparent(
     per_message = {s.attributes["triton.request_id"]: s.parent_span_id for s in named(trace_id)}
     assert sorted(per_message) == ["r0", "r1", "r2"]
     assert set(per_message.values()) == {s.span_id for s in roots}  # one InferRequest each
+
+
+@pytest.fixture(scope="module")
+def token_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    root = tmp_path_factory.mktemp("triton-token-stream")
+    repo = add_token_stream(build_model_repository(root / "models"))
+    with TritonServer(model_repository=repo, log_path=root / "tritonserver.log") as server:
+        yield server
+
+
+def tokens(count: int, first_ms: int, sleep_ms: int, ident: str) -> Any:
+    """A request to the decoupled `token_stream` model: `count` responses, the first after
+    `first_ms`, then one each `sleep_ms`; the empty final response asked for."""
+    req = service_pb2.ModelInferRequest(model_name="token_stream", id=ident)
+    for name, v in (("COUNT", count), ("FIRST_MS", first_ms), ("SLEEP_MS", sleep_ms)):
+        req.inputs.add(name=name, datatype="INT32", shape=[1])
+        req.raw_input_contents.append(np.array([v], np.int32).tobytes())
+    req.parameters["triton_enable_empty_final_response"].bool_param = True
+    return req
+
+
+def test_a_decoupled_model_s_sampled_message_records_its_responses(
+    token_triton: TritonServer, tmp_path: Path
+) -> None:
+    """The live breakdown of a decoupled model: each sampled message's request span holds its
+    responses' count, first and last times and gaps, and the report reads them (its replay
+    counts only where it succeeded; `--include-errors` reads the rest)."""
+    db = tmp_path / "traces.db"
+    proc = SidecarProcess(
+        backend=token_triton.grpc_address, log_path=tmp_path / "sidecar.log",
+        args=["--model-repository", str(token_triton.model_repository), "--db", str(db),
+              "--sample-rate", "1", "--sample-budget", "100", "--duty-cycle", "1",
+              "--iterations", "2", "--warmup", "1"],
+    )  # fmt: skip
+    plan = {"a": (4, 150, 40), "b": (3, 20, 120)}  # id: count, first ms, gap ms
+    with proc:
+        messages = [tokens(*plan[ident], ident) for ident in plan]
+        got = stream(proc.address, messages)
+        assert len(got) == 4 + 3 + 2  # the tokens and two empty final responses
+        assert wait_until(lambda: proc.metric("xsp_profiles_total") == 2, 120), proc.log()
+    store = TraceStore(db)
+    by_count = {}
+    for trace in store.list_traces():
+        (request,) = [s for s in store.spans(trace.trace_id) if s.level is Level.REQUEST]
+        by_count[request.attributes["responses"]] = request
+    assert sorted(by_count) == [3, 4]
+    for count, first_ms, gap_ms in plan.values():
+        attrs = by_count[count].attributes
+        first = (attrs["first_response_ns"] - by_count[count].start_ns) / 1e6
+        gaps = [g / 1e6 for g in attrs["response_gaps_ns"]]
+        assert first >= first_ms and len(gaps) == count - 1
+        assert all(g >= gap_ms * 0.9 for g in gaps)  # the model sleeps between tokens
+        assert attrs["last_response_ns"] - attrs["first_response_ns"] == pytest.approx(
+            sum(attrs["response_gaps_ns"]), abs=count
+        )
+    out = tmp_path / "report"
+    assert report_main([str(db), "--include-errors", "--format", "json", "--out", str(out)]) == 0
+    doc = json.loads((out / "report.json").read_text())
+    (row,) = doc["stream_responses"]["rows"]
+    assert row["model"] == "token_stream" and row["requests"] == 2 and row["gaps"] == 5
