@@ -69,8 +69,9 @@ class MessageSampling(Protocol):
 
     capture_limit: int  # a picked message larger than this is not kept whole
 
-    def pick(self, size: int) -> object:
-        """At a request message's prefix: None, or a token asking for the whole message."""
+    def pick(self, size: int) -> tuple[object, bool] | None:
+        """At a request message's prefix: None, or a token for the message and whether to
+        keep the whole message."""
 
     def message(self, token: object, model: str | None, full: bytes | None) -> object:
         """Every request message at its end (`full`: the whole message if picked and within

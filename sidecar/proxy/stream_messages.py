@@ -49,8 +49,8 @@ class Message:
 
 
 # At a message's prefix, given its size (prefix excluded): None, or a token for the message
-# (`Message.sample`); a non-None token asks for the whole message.
-Pick = Callable[[int], object]
+# (`Message.sample`) and whether to keep the whole message.
+Pick = Callable[[int], "tuple[object, bool] | None"]
 
 
 class MessageSplitter:
@@ -77,6 +77,13 @@ class MessageSplitter:
         """True while a message has begun and not ended."""
         return bool(self._prefix) or self._left > 0
 
+    def _ask(self, pick: Pick, size: int) -> tuple[object, bool]:
+        picked = pick(size)
+        if picked is None:
+            return None, False
+        sample, keep = picked
+        return sample, keep and size <= self.capture_limit
+
     def feed(self, chunk: bytes) -> list[Message]:
         """The messages that end in `chunk`, in order."""
         n = len(chunk)
@@ -87,9 +94,8 @@ class MessageSplitter:
                 head = chunk[5:]
                 if pick is None:
                     return [Message(head, n, bool(chunk[0] & 1))]
-                sample = pick(size)
-                full = head if sample is not None and size <= self.capture_limit else None
-                return [Message(head, n, bool(chunk[0] & 1), sample, full)]
+                sample, keep = self._ask(pick, size)
+                return [Message(head, n, bool(chunk[0] & 1), sample, head if keep else None)]
         out: list[Message] = []
         pos = 0
         while pos < n:
@@ -123,8 +129,7 @@ class MessageSplitter:
             size = int.from_bytes(prefix[1:5], "big")
             self._compressed = bool(prefix[0] & 1)
             self._size = size + 5
-            sample = pick(size) if pick is not None else None
-            keep = sample is not None and size <= self.capture_limit
+            sample, keep = self._ask(pick, size) if pick is not None else (None, False)
             if size == 0:
                 out.append(Message(b"", 5, self._compressed, sample, b"" if keep else None))
             elif n - pos >= size and size <= MESSAGE_HEAD:  # whole message here: no copy loop

@@ -85,9 +85,11 @@ class StreamSampling:
         self._base_ns = time.time_ns()
         self._base_s = time.perf_counter()
 
-    def pick(self, size: int) -> object:
+    def pick(self, size: int) -> tuple[object, bool] | None:
         tentative = self._hub.sampler.at_headers(self._forced)
-        return None if tentative is Tentative.NO else tentative
+        if tentative is Tentative.NO:
+            return None
+        return tentative, tentative in _REASONS  # gated: counted, not copied
 
     def message(self, token: object, model: str | None, full: bytes | None) -> object:
         hub = self._hub
