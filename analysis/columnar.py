@@ -34,6 +34,7 @@ from typing import Any
 from analysis import damage
 from analysis.store_file import (
     RELAY_OFFSET_COLUMNS,
+    STREAM_RESPONSE_COLUMNS,
     TRACE_IDENTITY,
     TraceDatabaseError,
     connect_ro,
@@ -285,13 +286,14 @@ _LAYER_KEYS = (*LAYER_NUMBERS, *LAYER_FLAGS, *LAYER_OBJECTS, *LAYER_JSON)
 _WORK_KEYS = (*WORK_NUMBERS, *WORK_FLAGS, *WORK_OBJECTS)
 _REPORT_NAMES = ("trace_id", "span_id", "level", "name", "kind", "start_ns", "end_ns",
                  "duration_ns", "run_level", "idx", "attributes", "layer", "_bad",
-                 *RELAY_OFFSET_COLUMNS.values())  # fmt: skip
+                 *RELAY_OFFSET_COLUMNS.values(), *STREAM_RESPONSE_COLUMNS)  # fmt: skip
 
 
 def report_spans_sql(span_checks: str, trace_subquery: str | None) -> str:
     """SQLite: the spans the report reads (not the CUDA API records), each with its layer
     (a kernel's parent, or its launch's parent) and `_bad`, the reason a row is damaged."""
-    types = ["text"] * 5 + ["integer"] * 3 + ["text", "integer"] + ["text"] * 3 + ["integer"] * 2
+    types = ["text"] * 5 + ["integer"] * 3 + ["text", "integer"] + ["text"] * 3
+    types += ["integer"] * len(RELAY_OFFSET_COLUMNS) + ["text"] * len(STREAM_RESPONSE_COLUMNS)
     values = {"text": "''", "integer": "0"}
     first = "SELECT 1 AS _first, " + ", ".join(
         f"{values[t]} AS {n}" for t, n in zip(types, _REPORT_NAMES, strict=True)
@@ -309,6 +311,11 @@ def report_spans_sql(span_checks: str, trace_subquery: str | None) -> str:
             f"json_type(s.attributes, '$.{k}') = 'integer' AND typeof(s.start_ns) = 'integer' "
             f"THEN json_extract(s.attributes, '$.{k}') - s.start_ns END"
             for k in RELAY_OFFSET_COLUMNS
+        )
+        + "".join(  # a stream message's responses (request spans), as JSON text
+            f", CASE WHEN s.level = 'request' AND json_valid(s.attributes) THEN "
+            f"json_quote(json_extract(s.attributes, '$.{k}')) END"
+            for k in STREAM_RESPONSE_COLUMNS
         )
         + " FROM spans s "
         "LEFT JOIN spans p ON s.level = 'kernel' AND p.trace_id = s.trace_id "
@@ -362,7 +369,7 @@ def _report_duckdb() -> str:
     quoted = "'''' || replace(substr(attributes, 1, 40), '''', '''''') || ''''"
     return f"""
 SELECT trace_id, span_id, level, name, kind, start_ns, end_ns, duration_ns, run_level, idx,
-       layer, {", ".join(RELAY_OFFSET_COLUMNS.values())},
+       layer, {", ".join((*RELAY_OFFSET_COLUMNS.values(), *STREAM_RESPONSE_COLUMNS))},
        coalesce(_bad, CASE WHEN attributes IS NOT NULL AND a IS NULL
                            AND NOT json_valid(attributes)
                       THEN 'attributes: not valid JSON (' || {quoted} || ')' END) AS _bad,

@@ -28,6 +28,10 @@ OVERHEAD_ADDED = 0.5  # a level's profilers added at least 50% to the model late
 QUEUE_SHARE = 0.25  # live: queue time is at least this share of the client's latency
 # live: backend work after the response left is at least this share of the client's latency
 AFTER_RESPONSE_SHARE = 0.25
+# streams: the time to the first response is at least this share of a streamed request's
+# latency (requests answered more than once) ...
+FIRST_RESPONSE_SHARE = 0.8
+GAP_SPREAD = 3.0  # ... or the p90 gap between responses is more than this many p50 gaps
 
 Results = Callable[[str], AnalysisResult]
 
@@ -417,6 +421,58 @@ def post_response_work(results: Results, data: TraceData) -> list[Finding]:
     return out
 
 
+def stream_first_response(results: Results, data: TraceData) -> list[Finding]:
+    """A streamed request waits for its first response most of its time: the model starts
+    answering late (queue or prefill), not streaming slowly."""
+    sr = results("stream_responses")
+    if not sr.ok:
+        return []
+    t = sr.table
+    rows = t[(t["responses_p50"] > 1) & (t["first_response_share"] >= FIRST_RESPONSE_SHARE)]
+    return [
+        Finding(
+            "stream_first_response",
+            str(row.model),
+            f"{row.model}: streamed requests wait {_pct(row.first_response_share)} of their "
+            "latency for their first response",
+            f"stream_responses: first response p50 {row.first_response_ms_p50:.3g} ms of a "
+            f"p50 latency of {row.latency_ms_p50:.3g} ms, {row.responses_p50:.3g} responses "
+            f"per request (p50), over {row.requests} sampled stream messages",
+            "look at what comes before the first response: the backend's queue "
+            "(live_breakdown), too few instances, or a long first step of the model "
+            "(prefill); answer early and stream the rest",
+            ("stream_responses",),
+        )
+        for row in rows.itertuples(index=False)
+    ]
+
+
+def stream_gap_spread(results: Results, data: TraceData) -> list[Finding]:
+    """The gaps between streamed responses vary widely: the stream stalls now and then."""
+    sr = results("stream_responses")
+    if not sr.ok:
+        return []
+    t = sr.table
+    rows = t[(t["gaps"] >= 2) & (t["gap_ms_p50"] > 0)]
+    rows = rows[rows["gap_ms_p90"] > GAP_SPREAD * rows["gap_ms_p50"]]
+    return [
+        Finding(
+            "stream_gap_spread",
+            str(row.model),
+            f"{row.model}: the gaps between streamed responses vary widely (p90 "
+            f"{row.gap_ms_p90 / row.gap_ms_p50:.3g}x p50): the stream stalls now and then",
+            f"stream_responses: gap p50 {row.gap_ms_p50:.3g} ms, p90 {row.gap_ms_p90:.3g} ms, "
+            f"p99 {row.gap_ms_p99:.3g} ms over {row.gaps} gaps of {row.requests} sampled "
+            "stream messages",
+            "find what interrupts the model's response loop: other requests sharing its "
+            "instance (add instances), work between responses on the host, or responses "
+            "held back and sent in bursts",
+            ("stream_responses",),
+        )
+        for row in rows.itertuples(index=False)
+    ]
+
+
 def failed_profiles(results: Results, data: TraceData) -> list[Finding]:
     """Profiles that failed, and why (they are left out of every analysis)."""
     if not data.failed_reasons:
@@ -474,6 +530,8 @@ RULES: tuple[Callable[[Results, TraceData], list[Finding]], ...] = (
     memory_bound_layers,
     live_queue,
     post_response_work,
+    stream_first_response,
+    stream_gap_spread,
     slow_requests,
     profiler_overhead,
     peak_below_achieved,

@@ -21,6 +21,9 @@ TRACE_IDENTITY = (
 # the loaders give them: offsets from the span's start, exact in float64.
 RELAY_MARKS: tuple[str, ...] = ("relay_request_end_ns", "relay_response_start_ns")
 RELAY_OFFSET_COLUMNS = {k: k.removesuffix("_ns") + "_offset_ns" for k in RELAY_MARKS}
+# A sampled stream message's responses on its request span (docs/contracts.md), loaded as the
+# JSON text of their values (NULL where a span has none): the report's store only.
+STREAM_RESPONSE_COLUMNS: tuple[str, ...] = ("responses", "response_gaps_ns")
 
 
 class TraceDatabaseError(Exception):

@@ -25,6 +25,7 @@ from analysis import (
     model_level,
     overhead,
     roofline,
+    stream_responses,
     time_breakdown,
     timeline,
 )
@@ -56,6 +57,7 @@ ANALYSES: dict[str, Analyzer] = {
     "live_breakdown": live.live_breakdown,
     "overhead": overhead.overhead,
     "time_breakdown": time_breakdown.time_breakdown,
+    "stream_responses": stream_responses.stream_responses,
 }
 XSP_IDS = tuple(f"A{i}" for i in range(1, 16))
 # Analyses that need a level: in a mixed selection they say which traces lack it.

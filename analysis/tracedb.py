@@ -22,7 +22,7 @@ import pandas as pd
 
 from analysis import columnar, damage
 from analysis.damage import BadRow
-from analysis.store_file import RELAY_OFFSET_COLUMNS, TraceDatabaseError
+from analysis.store_file import RELAY_OFFSET_COLUMNS, STREAM_RESPONSE_COLUMNS, TraceDatabaseError
 from analysis.store_file import connect_ro as _connect_ro
 
 # Span attribute keys (docs/contracts.md) extracted into columns of `TraceData.spans`, and
@@ -327,6 +327,8 @@ def _span_attributes(spans: pd.DataFrame, source: str) -> tuple[pd.DataFrame, li
         columns[key] = _json_values(spans[key].to_numpy(object))
     for col in RELAY_OFFSET_COLUMNS.values():  # the relay's marks (request spans only)
         columns[col] = spans[col].to_numpy("float64")
+    for col in STREAM_RESPONSE_COLUMNS:  # a stream message's responses (request spans only)
+        columns[col] = _json_values(spans[col].to_numpy(object))
     rest = spans[["trace_id", "span_id", "level", "name", "kind", "run_level",
                   *_LAYER_JSON, "layer"]]  # fmt: skip
     out = pd.concat([rest, pd.DataFrame(columns, index=spans.index)], axis=1)

@@ -17,12 +17,20 @@ oldest is ended (`xsp_stream_anomalies_total{reason="overflow"}` when it had not
 counted, so memory stays flat whatever a client sends. Nothing here ever stops forwarding: a
 message that cannot be read, a response for no pending request, a stream cut inside a message
 and a cancelled stream are counted as anomalies.
+
+A stream given a `MessageSampling` (the sampling observer's, `sample_with`) has each request
+message offered to it: `pick` at the message's prefix (a coin flip: nothing is copied unless
+it says so), `message` at its end (the decision, counted), and, for a message it took,
+`ended` with the inference's `InferenceEnd` (its responses' times and gaps). Its exceptions
+are logged and counted (`xsp_observer_errors_total{hook="stream_message"}`), never raised.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.model_name import UNKNOWN_MODEL
@@ -33,8 +41,44 @@ from sidecar.proxy.stream_messages import (
     read_response,
 )
 
+log = logging.getLogger(__name__)
+
 MAX_PENDING = 1024  # inferences in flight per stream held for matching
 ERROR_CODE = "UNKNOWN"  # a message's error carries text only; gRPC's code for that
+MAX_GAPS = 256  # gaps between responses kept per sampled inference (the count goes on)
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceEnd:
+    """A sampled inference as the relay saw it; times are `time.perf_counter()` seconds."""
+
+    start: float  # its request message's end passed to the backend
+    end: float  # its final response (or the stream's end)
+    code: str  # gRPC code: OK, UNKNOWN for an error response, else the stream's status
+    error: str  # the response's error_message
+    request_bytes: int
+    response_bytes: int
+    responses: int
+    first: float  # first response (0: none)
+    last: float  # last response (0: none)
+    gaps: list[float]  # between consecutive responses, the first `MAX_GAPS`
+
+
+class MessageSampling(Protocol):
+    """The sampling hook of one inference stream (see module docstring)."""
+
+    capture_limit: int  # a picked message larger than this is not kept whole
+
+    def pick(self, size: int) -> tuple[object, bool] | None:
+        """At a request message's prefix: None, or a token for the message and whether to
+        keep the whole message."""
+
+    def message(self, token: object, model: str | None, full: bytes | None) -> object:
+        """Every request message at its end (`full`: the whole message if picked and within
+        the limit): the decision. A non-None result is handed back to `ended`."""
+
+    def ended(self, sample: object, end: InferenceEnd) -> None:
+        """A message `message` took has ended."""
 
 
 @dataclass(slots=True)
@@ -50,6 +94,9 @@ class Pending:
     first: float = 0.0
     last: float = 0.0  # perf_counter at the latest response (0: none yet)
     response_bytes: int = 0
+    sample: object = None  # what `MessageSampling.message` returned
+    gaps: list[float] | None = None  # kept for a sampled inference only
+    error: str = ""
 
 
 class StreamInferences:
@@ -67,6 +114,17 @@ class StreamInferences:
         self._seq = 0
         self.request_count = 0
         self.response_count = 0
+        self.sampling: MessageSampling | None = None
+
+    def sample_with(self, sampling: MessageSampling) -> None:
+        """Offer each request message from now on to `sampling`."""
+        self.sampling = sampling
+        self.requests.pick = sampling.pick
+        self.requests.capture_limit = sampling.capture_limit
+
+    def _hook_failed(self) -> None:
+        self.metrics.observer_errors["stream_message"] += 1
+        log.exception("a stream message's sampling hook failed")
 
     # -- requests -------------------------------------------------------------------------
 
@@ -79,11 +137,13 @@ class StreamInferences:
         for msg in messages:
             self.request_count += 1
             model, ident, asked = UNKNOWN_MODEL, "", False
+            name: str | None = None
             if msg.compressed:
                 self.stream_metrics.anomalies.labels("unreadable").inc()
             else:
                 try:
                     fields = read_request(msg.head, msg.complete)
+                    name = fields.model or None
                     model = self.metrics.model_label(fields.model)
                     ident, asked = fields.id, fields.final_flag_asked
                 except Unreadable:
@@ -92,7 +152,14 @@ class StreamInferences:
                 self._evict(now)
             seq = self._seq
             self._seq = seq + 1
-            self.pending[seq] = Pending(model, ident, now, msg.size, asked)
+            p = self.pending[seq] = Pending(model, ident, now, msg.size, asked)
+            if self.sampling is not None:
+                try:
+                    p.sample = self.sampling.message(msg.sample, name, msg.full)
+                except Exception:
+                    self._hook_failed()
+                if p.sample is not None:
+                    p.gaps = []
             if ident and ident not in self.by_id:
                 self.by_id[ident] = seq
 
@@ -132,9 +199,12 @@ class StreamInferences:
                     sm.histogram(sm.first_response, pair).observe(now - p.start)
                 else:
                     sm.histogram(sm.gaps, pair).observe(now - p.last)
+                    if p.gaps is not None and len(p.gaps) < MAX_GAPS:
+                        p.gaps.append(now - p.last)
                 p.responses += 1
                 p.last = now
             if fields.error:
+                p.error = fields.error
                 self._finish(seq, ERROR_CODE, now)
             elif fields.final is not False:
                 self._finish(seq, "OK", now)
@@ -191,6 +261,19 @@ class StreamInferences:
         self.metrics.record(
             self.method, p.model, code, end - p.start, p.request_bytes, p.response_bytes
         )
+        if p.sample is not None:
+            self._ended(p, code, end)
+
+    def _ended(self, p: Pending, code: str, end: float) -> None:
+        assert self.sampling is not None
+        result = InferenceEnd(
+            p.start, end, code, p.error, p.request_bytes, p.response_bytes, p.responses,
+            p.first, p.last, p.gaps or [],
+        )  # fmt: skip
+        try:
+            self.sampling.ended(p.sample, result)
+        except Exception:
+            self._hook_failed()
 
     def _evict(self, now: float) -> None:
         seq = next(iter(self.pending))
@@ -203,6 +286,9 @@ class StreamInferences:
         if p.id and self.by_id.get(p.id) == seq:
             del self.by_id[p.id]
         self.metrics.count(self.method, p.model, ERROR_CODE)  # no latency: its end is unknown
+        if p.sample is not None:
+            p.error = "evicted from the stream's pending table"
+            self._ended(p, ERROR_CODE, now)
 
     def close(self, code: str, lifetime_s: float) -> None:
         """The stream has ended with gRPC status `code`: end what is pending, count it."""

@@ -40,7 +40,7 @@ DURATION_BUCKETS = (
 )  # fmt: skip
 
 # Observer hooks whose failures are counted: the label set of `xsp_observer_errors_total{hook}`.
-OBSERVER_HOOKS = ("connection", "request_headers", "request_body", "stream_end")
+OBSERVER_HOOKS = ("connection", "request_headers", "request_body", "stream_end", "stream_message")
 
 _LE = [floatToGoString(b) for b in DURATION_BUCKETS] + ["+Inf"]
 

@@ -3,7 +3,8 @@
 `MessageSplitter` cuts one direction's DATA bytes into gRPC length-prefixed messages and keeps
 only each message's first `MESSAGE_HEAD` bytes, so memory per stream is bounded whatever the
 tensors' size. `read_request` / `read_response` read the few fields accounting needs from
-those heads.
+those heads. A splitter given a `pick` hook (request sampling) asks it at each message's
+prefix, and keeps the whole of a picked message (up to `capture_limit` bytes) besides its head.
 
 Why a hand scan and not `service_pb2`: the relay runs this for every message of every stream;
 decoding a whole `ModelInferRequest` (tensors included) with protobuf would copy the message
@@ -15,6 +16,7 @@ test_stream_messages.py` checks the scan against `service_pb2` on random message
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MESSAGE_HEAD = 4096  # bytes kept of each message: its fields before the tensors
@@ -37,6 +39,8 @@ class Message:
     head: bytes
     size: int  # whole message, 5-byte gRPC prefix included
     compressed: bool
+    sample: object = None  # what `MessageSplitter.pick` said at its prefix
+    full: bytes | None = None  # the whole message, where picked and within the capture limit
 
     @property
     def complete(self) -> bool:
@@ -44,10 +48,18 @@ class Message:
         return self.size - 5 == len(self.head)
 
 
+# At a message's prefix, given its size (prefix excluded): None, or a token for the message
+# (`Message.sample`) and whether to keep the whole message.
+Pick = Callable[[int], "tuple[object, bool] | None"]
+
+
 class MessageSplitter:
     """Splits one direction's DATA payload into gRPC messages (heads kept, rest skipped)."""
 
-    __slots__ = ("_compressed", "_head", "_left", "_prefix", "_size")
+    __slots__ = (
+        "_compressed", "_full", "_head", "_left", "_prefix", "_sample", "_size", "capture_limit",
+        "pick",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self._prefix = b""  # an incomplete 5-byte message prefix
@@ -55,19 +67,35 @@ class MessageSplitter:
         self._left = 0  # bytes of the current message's body still to come
         self._size = 0
         self._compressed = False
+        self.pick: Pick | None = None
+        self.capture_limit = 0  # a picked message larger than this is not kept whole
+        self._sample: object = None
+        self._full: bytearray | None = None
 
     @property
     def mid_message(self) -> bool:
         """True while a message has begun and not ended."""
         return bool(self._prefix) or self._left > 0
 
+    def _ask(self, pick: Pick, size: int) -> tuple[object, bool]:
+        picked = pick(size)
+        if picked is None:
+            return None, False
+        sample, keep = picked
+        return sample, keep and size <= self.capture_limit
+
     def feed(self, chunk: bytes) -> list[Message]:
         """The messages that end in `chunk`, in order."""
         n = len(chunk)
+        pick = self.pick
         if not self._left and not self._prefix and n > 5:  # the usual DATA frame: one message
             size = int.from_bytes(chunk[1:5], "big")
             if n == size + 5 and size <= MESSAGE_HEAD:
-                return [Message(chunk[5:], n, bool(chunk[0] & 1))]
+                head = chunk[5:]
+                if pick is None:
+                    return [Message(head, n, bool(chunk[0] & 1))]
+                sample, keep = self._ask(pick, size)
+                return [Message(head, n, bool(chunk[0] & 1), sample, head if keep else None)]
         out: list[Message] = []
         pos = 0
         while pos < n:
@@ -76,11 +104,17 @@ class MessageSplitter:
                 room = MESSAGE_HEAD - len(self._head)
                 if room > 0:
                     self._head += chunk[pos : pos + min(room, take)]
+                if self._full is not None:
+                    self._full += chunk[pos : pos + take]
                 pos += take
                 self._left -= take
                 if not self._left:
-                    out.append(Message(bytes(self._head), self._size, self._compressed))
+                    full = bytes(self._full) if self._full is not None else None
+                    out.append(
+                        Message(bytes(self._head), self._size, self._compressed, self._sample, full)
+                    )
                     self._head = bytearray()
+                    self._sample = self._full = None
                 continue
             if self._prefix or n - pos < 5:
                 need = 5 - len(self._prefix)
@@ -95,13 +129,19 @@ class MessageSplitter:
             size = int.from_bytes(prefix[1:5], "big")
             self._compressed = bool(prefix[0] & 1)
             self._size = size + 5
+            sample, keep = self._ask(pick, size) if pick is not None else (None, False)
             if size == 0:
-                out.append(Message(b"", 5, self._compressed))
+                out.append(Message(b"", 5, self._compressed, sample, b"" if keep else None))
             elif n - pos >= size and size <= MESSAGE_HEAD:  # whole message here: no copy loop
-                out.append(Message(chunk[pos : pos + size], size + 5, self._compressed))
+                head = chunk[pos : pos + size]
+                out.append(
+                    Message(head, size + 5, self._compressed, sample, head if keep else None)
+                )
                 pos += size
             else:
                 self._left = size
+                self._sample = sample
+                self._full = bytearray() if keep else None
         return out
 
 
@@ -274,3 +314,22 @@ def read_response(head: bytes, complete: bool = True) -> ResponseFields:
                 elif f in (5, 6):  # the first field past 4: the scan stopped there
                     outputs = True
     return ResponseFields(error, model, ident, final, outputs)
+
+
+SEQUENCE_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end"})
+
+
+def sequence_parameters(message: bytes) -> list[str]:
+    """The stateful-sequence parameters (`sequence_id`, `sequence_start`, `sequence_end`) a
+    whole `ModelInferRequest` sets, in order."""
+    found = []
+    for field, _, value, whole in _fields(message, True, 4):
+        if field != 4 or not isinstance(value, bytes):
+            continue
+        for f, _, key, _ in _fields(value, whole):
+            if f == 1 and isinstance(key, bytes):
+                name = key.decode("utf-8", "replace")
+                if name in SEQUENCE_PARAMETERS:
+                    found.append(name)
+                break
+    return found

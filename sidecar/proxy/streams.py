@@ -51,7 +51,7 @@ from sidecar.proxy.headers import (
     RawHeaders,
     encode_literal_without_indexing,
 )
-from sidecar.proxy.inferences import StreamInferences
+from sidecar.proxy.inferences import MessageSampling, StreamInferences
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.model_name import (
     HEAD_LIMIT,
@@ -118,6 +118,8 @@ class HeaderDecision:
     extra_headers: Sequence[tuple[str, str]] = ()  # appended to the request's header block
     capture_body: bool = False  # deliver the full request body to `on_request_body`
     capture_limit: int = DEFAULT_CAPTURE_LIMIT  # bodies larger than this are not delivered
+    # an inference stream's per-message sampling (`inferences.MessageSampling`)
+    messages: MessageSampling | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -597,6 +599,8 @@ class ConnectionTracker:
             return None
         if decision is None:
             return None
+        if decision.messages is not None and st.inferences is not None:
+            st.inferences.sample_with(decision.messages)
         if decision.capture_body:
             st.sampled = True
             st.body = bytearray()

@@ -12,6 +12,9 @@ With `sample_slow` on, a request the header-time step did not pick is still aske
 threshold (`slow.SlowDetector`), the held body becomes a job with reason `slow` under the same
 budget and duty-cycle gates; otherwise it is dropped. Decided after the fact, such a request
 carried no `traceparent`: its trace has the relay's request span but none of the backend's.
+
+An inference stream (a backend's `inference_streams`, e.g. Triton's `ModelStreamInfer`) is not
+decided on as one call: each of its request messages is, by `stream_sampling.StreamSampling`.
 """
 
 from __future__ import annotations
@@ -20,15 +23,16 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Protocol
 
-from sidecar.backends import REPLAYABLE
+from sidecar.backends import METHODS, REPLAYABLE
 from sidecar.proxy.streams import ConnectionInfo, HeaderDecision, RequestStart, StreamEnd
 from sidecar.replay.job_records import ProfileJob
+from sidecar.sampling.handler import SampleHandler
 from sidecar.sampling.metrics import SamplingMetrics
 from sidecar.sampling.pressure import ServingPressure
 from sidecar.sampling.sampler import Decision, Sampler, Tentative
 from sidecar.sampling.slow import SlowDetector
+from sidecar.sampling.stream_sampling import StreamSampling
 from sidecar.trace.spans import Level, Source, Span, new_span_id, new_trace_id
 
 log = logging.getLogger(__name__)
@@ -78,35 +82,6 @@ def relay_marks(end: StreamEnd) -> dict[str, int]:
     return marks
 
 
-class SampleHandler(Protocol):
-    """What the hub hands sampled requests to and asks about them; `SamplingPipeline` is the
-    product's, a test gives an in-memory one. Called on the relay's threads: nothing may block.
-    """
-
-    def model_label(self, model: str | None) -> str:
-        """The model's name bounded for a metric label."""
-
-    def known_model(self, model: str) -> bool:
-        """False for a model the replay cannot find (not in the model repository): its
-        sampled request is dropped before it is queued."""
-
-    def on_sampled(self, start: RequestStart, trace_id: str, span_id: str) -> object:
-        """A request was picked at header time (its body is not read yet)."""
-
-    def submit(self, job: ProfileJob) -> bool:
-        """Queue a job for the profiling worker; False when the queue is full."""
-
-    def remember(self, model: str, method: str, message: bytes) -> object:
-        """Keep the last sampled request of a model (for the admin API)."""
-
-    def store_spans(self, trace_id: str, spans: list[Span]) -> object:
-        """Hand live spans (the proxy's request span) to the trace writer."""
-
-    def record_exemplar(self, method: str, model: str, duration_s: float, trace_id: str) -> object:
-        """At stream end, a call whose request span went to the store: its bounded labels and
-        the relay's duration, to link the latency histogram to the trace."""
-
-
 class SamplingHub:
     """Shared sampling state of the relay; `observer_factory` gives each connection a hook.
 
@@ -128,6 +103,11 @@ class SamplingHub:
         self.sampled_trace_ids: set[str] = set()
         self._lock = threading.Lock()
         self.slow = SlowDetector.of(sampler.settings.slow)  # None: `sample_slow` is off
+        self.replayable = dict(REPLAYABLE)
+        # methods whose every request message is one inference: sampled message by message
+        self.per_message = frozenset(
+            info.name for info in METHODS.values() if info.per_message and info.name in REPLAYABLE
+        )
 
     def observer_factory(self, info: ConnectionInfo) -> SamplingObserver:
         return SamplingObserver(self)
@@ -175,6 +155,9 @@ class SamplingObserver:
                 if name == wanted:
                     forced = hub.sampler.is_forced(value.decode("latin-1"))
                     break
+        if start.method in hub.per_message:
+            sampling = StreamSampling(hub, start.method, start.path, forced, MAX_SAMPLED_BODY)
+            return HeaderDecision(messages=sampling)
         tentative = hub.sampler.at_headers(forced)
         if tentative is Tentative.NO:
             if (
@@ -239,8 +222,8 @@ class SamplingObserver:
         hub = self._hub
         hub.pressure.request_ended()
         pending = self._pending.pop(end.stream_id, None)
-        if end.method not in REPLAYABLE:
-            return
+        if end.method not in REPLAYABLE or end.method in hub.per_message:
+            return  # an inference stream's messages were decided on one by one
         if hub.slow is not None and end.method in _SLOW_METHODS:
             label = hub.handler.model_label(end.model)
             slow = end.grpc_code == "OK" and hub.slow.observe(label, end.duration_s)

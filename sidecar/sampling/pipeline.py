@@ -46,6 +46,7 @@ from sidecar.sampling.pressure import ServingPressure
 from sidecar.sampling.ratelog import RateLimitedLog
 from sidecar.sampling.sampler import Sampler
 from sidecar.sampling.settings import SamplingSettings
+from sidecar.sampling.stream_sampling import sequence_model
 from sidecar.sampling.worker import ProfilingWorker, WorkerConfig
 from sidecar.trace.errors import TraceStoreError
 from sidecar.trace.metrics import TraceWriterCollector
@@ -211,6 +212,9 @@ class SamplingPipeline:
 
     def known_model(self, model: str) -> bool:
         return model_in_repository(self.config.model_repository, model)
+
+    def sequence_model(self, model: str) -> bool:
+        return sequence_model(self.config.model_repository, model)
 
     def submit(self, job: ProfileJob) -> bool:
         """Queue a job for the worker (the hub's samples and the admin API's); a queued job is

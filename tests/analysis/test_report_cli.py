@@ -18,7 +18,14 @@ from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB, REPO, q, trace_attr
 
 SCRIPT = REPO / "analysis" / "report.py"
 XSP_KEYS = [f"A{i}" for i in range(1, 16)]
-NAMED = ["fidelity", "live_breakdown", "overhead", "comparison", "time_breakdown"]
+NAMED = [
+    "fidelity",
+    "live_breakdown",
+    "overhead",
+    "comparison",
+    "time_breakdown",
+    "stream_responses",
+]
 
 
 def run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:

@@ -253,7 +253,10 @@ def test_observer_failures_are_counted_and_calls_still_relayed(
         s.labels["hook"]: s.value for s in samples(text) if s.name == "xsp_observer_errors_total"
     }
     # 1 invalid header field + 2 raising header hooks; only the first call captured its body
-    assert errors == {"connection": 0, "request_headers": 3, "request_body": 1, "stream_end": 3}
+    assert errors == {
+        "connection": 0, "request_headers": 3, "request_body": 1, "stream_end": 3,
+        "stream_message": 0,
+    }  # fmt: skip
     ok = {"grpc_code": "OK", "method": "ModelInfer", "model": "m"}
     assert sample_value(text, "xsp_requests_total", **ok) == 3
 

@@ -42,9 +42,10 @@ class InMemoryHandler:
     """The hub's `SampleHandler` in memory: keeps the jobs it is given (or refuses them while
     `queue_full`), the spans (or raises while `store_broken`), the requests remembered for the
     admin API, the header-time picks and the exemplars. `known` lists the models in the
-    repository (None: every model)."""
+    repository (None: every model), `sequence` the stateful ones."""
 
     known: set[str] | None = None
+    sequence: set[str] = field(default_factory=set)  # stateful models (`sequence_batching`)
     queue_full: bool = False
     store_broken: bool = False
     jobs: list[ProfileJob] = field(default_factory=list)
@@ -58,6 +59,9 @@ class InMemoryHandler:
 
     def known_model(self, model: str) -> bool:
         return self.known is None or model in self.known
+
+    def sequence_model(self, model: str) -> bool:
+        return model in self.sequence
 
     def on_sampled(self, start: RequestStart, trace_id: str, span_id: str) -> None:
         self.picked.append((start.path, trace_id, span_id))
@@ -223,7 +227,7 @@ def test_methods_that_cannot_be_replayed_are_neither_sampled_nor_counted() -> No
 
 @pytest.mark.parametrize(
     ("method", "job_method"),
-    [("Predict", "Predict"), ("ModelStreamInfer", "ModelInfer"), ("ModelInfer", "ModelInfer")],
+    [("Predict", "Predict"), ("ModelInfer", "ModelInfer")],
 )
 def test_a_sampled_request_keeps_the_method_its_message_is_decoded_by(
     method: str, job_method: str
@@ -240,9 +244,8 @@ def test_a_sampled_request_keeps_the_method_its_message_is_decoded_by(
 
 def test_every_replayable_request_counts_under_exactly_one_decision() -> None:
     s = Setup(budget_per_minute=2, duty_cycle=1.0)
-    for _ in range(5):
+    for _ in range(6):
         s.request()
-    s.request(method="ModelStreamInfer")
     assert s.decisions() == {"sampled": 2, "skipped_budget": 4}
     s.sampler.update(s.sampler.settings.updated(rate=0.0))
     s.request()

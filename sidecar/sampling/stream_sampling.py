@@ -1,0 +1,190 @@
+"""Sampling the messages of an inference stream (Triton's `ModelStreamInfer`) one by one.
+
+Each request message of such a stream is one inference (`sidecar.proxy.inferences`), and is
+decided on like a unary call: a coin flip at its prefix (`Sampler.at_headers`; nothing is
+copied unless it comes up), then at its end the model's rate, budget and duty cycle
+(`Sampler.at_body`), one decision counted per message in `xsp_sampling_decisions_total`. A
+sampled message (whole, up to the capture limit) becomes a `ProfileJob` replayed as the
+backend's unary method (`REPLAYABLE`: ModelStreamInfer -> ModelInfer); its trace's request
+span is that inference, from its message to its final response, with its responses' times.
+
+A stream forced by the force header has every message forced (budget and duty cycle still
+apply). No `traceparent` is added: the stream's metadata is shared by all its messages, so
+none of the backend's spans is joined to a message's trace (docs/contracts.md). Requests of
+a stateful sequence (`sequence_*` parameters, or a model with `sequence_batching`) are not
+replayed: dropped as `sequence_model`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from sidecar.backends.model_repository import CONFIG_FILE, ModelConfigError, read_config
+from sidecar.proxy.inferences import InferenceEnd
+from sidecar.proxy.stream_messages import Unreadable, sequence_parameters
+from sidecar.replay.job_records import ProfileJob
+from sidecar.sampling.handler import SampleHandler
+from sidecar.sampling.metrics import SamplingMetrics
+from sidecar.sampling.sampler import Decision, Sampler, Tentative
+from sidecar.trace.spans import Level, Source, Span, new_span_id, new_trace_id
+
+_REASONS = {Tentative.RATE: "rate", Tentative.FORCED: "forced"}
+
+
+def sequence_model(repository: Path, model: str) -> bool:
+    """True where the model's `config.pbtxt` has `sequence_batching` (a stateful model); a
+    model without a readable configuration is not known to be one."""
+    path = repository / model / CONFIG_FILE
+    try:
+        return path.is_file() and read_config(path).HasField("sequence_batching")
+    except (ModelConfigError, OSError):
+        return False
+
+
+class Hub(Protocol):
+    """What a stream's sampling uses of the relay's `observer.SamplingHub`."""
+
+    sampler: Sampler
+    metrics: SamplingMetrics
+    handler: SampleHandler
+    replayable: dict[str, str]
+
+    def drop(self, label: str, reason: str) -> None: ...
+
+    def mark_sampled(self, trace_id: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Sampled:
+    """A queued message's trace, followed to its inference's end."""
+
+    trace_id: str
+    span_id: str
+    model: str
+
+
+class StreamSampling:
+    """The `MessageSampling` of one stream (relay thread only)."""
+
+    __slots__ = (
+        "_base_ns", "_base_s", "_forced", "_hub", "_job_method", "_method", "_path",
+        "capture_limit",
+    )  # fmt: skip
+
+    def __init__(self, hub: Hub, method: str, path: str, forced: bool, capture_limit: int) -> None:
+        self._hub = hub
+        self._method = method
+        self._job_method = hub.replayable[method]
+        self._path = path
+        self._forced = forced
+        self.capture_limit = capture_limit
+        # the relay's marks are perf_counter seconds; spans take Unix epoch ns
+        self._base_ns = time.time_ns()
+        self._base_s = time.perf_counter()
+
+    def pick(self, size: int) -> tuple[object, bool] | None:
+        tentative = self._hub.sampler.at_headers(self._forced)
+        if tentative is Tentative.NO:
+            return None
+        return tentative, tentative in _REASONS  # gated: counted, not copied
+
+    def message(self, token: object, model: str | None, full: bytes | None) -> object:
+        hub = self._hub
+        label = hub.handler.model_label(model)
+        if not isinstance(token, Tentative):  # not picked by the coin flip
+            hub.metrics.record_decision(label, Decision.SKIPPED_RATE)
+            return None
+        if token not in _REASONS:  # picked while the duty cycle or the store refuse
+            hub.metrics.record_decision(label, hub.sampler.at_body(label, token))
+            return None
+        if full is None:  # larger than the capture limit: counted as a unary call's body
+            hub.metrics.record_decision(label, Decision.SAMPLED)
+            hub.metrics.dropped.labels(label, "body_unavailable").inc()
+            return None
+        decision = hub.sampler.at_body(label, token)
+        hub.metrics.record_decision(label, decision)
+        if decision is not Decision.SAMPLED:
+            return None
+        if model is None:  # compressed or unreadable
+            hub.drop(label, "unreadable_request")
+            return None
+        if not hub.handler.known_model(model):
+            hub.drop(label, "unknown_model")
+            return None
+        try:
+            stateful = bool(sequence_parameters(full)) or hub.handler.sequence_model(model)
+        except Unreadable:
+            hub.drop(label, "unreadable_request")
+            return None
+        if stateful:
+            hub.drop(label, "sequence_model")
+            return None
+        sampled = _Sampled(new_trace_id(), new_span_id(), model)
+        job = ProfileJob(
+            trace_id=sampled.trace_id,
+            parent_span_id=sampled.span_id,
+            model=model,
+            method=self._job_method,
+            request_message=full,
+            reason=_REASONS[token],
+            received_ns=time.time_ns(),
+        )
+        if not hub.handler.submit(job):
+            hub.drop(label, "queue_full")
+            return None
+        hub.mark_sampled(sampled.trace_id)
+        hub.handler.remember(model, self._job_method, full)
+        return sampled
+
+    def ended(self, sample: object, end: InferenceEnd) -> None:
+        assert isinstance(sample, _Sampled)
+        span = Span(
+            trace_id=sample.trace_id,
+            span_id=sample.span_id,
+            parent_id=None,
+            level=Level.REQUEST,
+            name=self._path,
+            kind=self._method,
+            start_ns=self._ns(end.start),
+            end_ns=self._ns(end.end),
+            source=Source.PROXY,
+            attributes={
+                "grpc_code": end.code,
+                "grpc_message": end.error,
+                "request_bytes": end.request_bytes,
+                "response_bytes": end.response_bytes,
+                "path": self._path,
+                "model": sample.model,
+                "stream_message": True,
+                **self._marks(end),
+            },
+        )
+        hub = self._hub
+        try:
+            hub.handler.store_spans(sample.trace_id, [span])
+        except Exception:
+            hub.metrics.store_write_failures.inc()
+            raise
+        label = hub.handler.model_label(sample.model)
+        hub.handler.record_exemplar(self._method, label, end.end - end.start, sample.trace_id)
+
+    def _ns(self, t: float) -> int:
+        return self._base_ns + int((t - self._base_s) * 1e9)
+
+    def _marks(self, end: InferenceEnd) -> dict[str, object]:
+        """The relay marks of the inference (docs/contracts.md) and its responses' times."""
+        marks: dict[str, object] = {
+            "relay_request_start_ns": self._ns(end.start),
+            "relay_request_end_ns": self._ns(end.start),
+            "relay_response_end_ns": self._ns(end.end),
+            "responses": end.responses,
+        }
+        if end.responses:
+            marks["relay_response_start_ns"] = self._ns(end.first)
+            marks["first_response_ns"] = self._ns(end.first)
+            marks["last_response_ns"] = self._ns(end.last)
+            marks["response_gaps_ns"] = [int(g * 1e9) for g in end.gaps]
+        return marks
