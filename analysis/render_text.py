@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -11,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis import damage
+from analysis import damage, jsontext
 from analysis.common import AnalysisResult
 from analysis.damage import BadRow
 from analysis.findings import Finding
@@ -271,7 +270,7 @@ def render_json(
     doc["skipped_rows"] = damage.as_json(list(front.skipped))
     for key, res in results.items():
         doc[key] = res.to_json()
-    return json.dumps(doc, indent=1, default=str, allow_nan=False)
+    return jsontext.dumps(doc, indent=1, default=str)
 
 
 def write_csv(

@@ -25,6 +25,11 @@ from analysis.damage import BadRow
 from analysis.store_file import RELAY_OFFSET_COLUMNS, STREAM_RESPONSE_COLUMNS, TraceDatabaseError
 from analysis.store_file import connect_ro as _connect_ro
 
+# Copy-on-write (pandas 3's default): the analyses derive many frames from the spans
+# (filters, `assign`, `reset_index`); without it each derivation copies every column of a
+# frame of half a million rows, with it only the columns written are copied.
+pd.set_option("mode.copy_on_write", True)
+
 # Span attribute keys (docs/contracts.md) extracted into columns of `TraceData.spans`, and
 # the spans they are read from (each json_extract parses the JSON again, so only where used).
 LAYER_ATTRIBUTES: tuple[str, ...] = (
