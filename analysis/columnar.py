@@ -327,10 +327,9 @@ def report_spans_sql(span_checks: str, trace_subquery: str | None) -> str:
     )
 
 
-def _duck_number(x: str) -> str:
-    """A JSON value as a DOUBLE as numpy reads the decoded value: numbers, booleans (1/0),
-    numeric text; NULL otherwise."""
-    kind = f"json_type({x})"
+def _duck_number(x: str, kind: str) -> str:
+    """A JSON value `x` of JSON type `kind` as a DOUBLE as numpy reads the decoded value:
+    numbers, booleans (1/0), numeric text; NULL otherwise."""
     return (
         f"CASE WHEN {kind} IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN {x}::DOUBLE "
         f"WHEN {kind} = 'BOOLEAN' THEN {x}::BOOLEAN::DOUBLE "
@@ -349,38 +348,48 @@ def _attribute(key: str) -> str:
 
 
 def _report_duckdb() -> str:
-    """DuckDB over the rows of `report_spans_sql` (relation `batches`)."""
+    """DuckDB over the rows of `report_spans_sql` (relation `batches`). Each numeric
+    attribute's JSON value (`_v_KEY`), its JSON type (`_t_KEY`) and its number are computed
+    once each, one subquery after the other (not once per expression that reads them)."""
     layer_paths = "[" + ", ".join(f"'$.{k}'" for k in _LAYER_KEYS) + "]"
     work_paths = "[" + ", ".join(f"'$.{k}'" for k in _WORK_KEYS) + "]"
-    cols: list[str] = []
-    wrong: list[str] = []
-    for key in (*NUMBERS, *FLAGS):
-        value = _attribute(key)
-        number = _duck_number(value)
-        cols.append(f"{number} AS {key}")
-        # present, not JSON null, and not a number: ignored, and named
-        wrong.append(
-            f"CASE WHEN {value} IS NOT NULL AND json_type({value}) != 'NULL' AND {number} IS NULL "
-            f"THEN '\"{key}\":' || {value} END"
-        )
-    cols.append(f"nullif(concat_ws(',', {', '.join(wrong)}), '') AS _wrong")
-    for key in (*OBJECTS, *LAYER_JSON):
-        cols.append(f"{_attribute(key)}::VARCHAR AS {key}")
+    numeric = (*NUMBERS, *FLAGS)
+    values = ", ".join(f"{_attribute(k)} AS _v_{k}" for k in numeric)
+    types = ", ".join(f"json_type(_v_{k}) AS _t_{k}" for k in numeric)
+    numbers = ", ".join(f"{_duck_number(f'_v_{k}', f'_t_{k}')} AS {k}" for k in numeric)
+    # present, not JSON null, and not a number: ignored, and named
+    wrong = ", ".join(
+        f"CASE WHEN _v_{k} IS NOT NULL AND _t_{k} != 'NULL' AND {k} IS NULL "
+        f"THEN '\"{k}\":' || _v_{k} END"
+        for k in numeric
+    )
+    objects = ", ".join(f"{_attribute(k)}::VARCHAR AS {k}" for k in (*OBJECTS, *LAYER_JSON))
     quoted = "'''' || replace(substr(attributes, 1, 40), '''', '''''') || ''''"
     return f"""
 SELECT trace_id, span_id, level, name, kind, start_ns, end_ns, duration_ns, run_level, idx,
-       layer, {", ".join((*RELAY_OFFSET_COLUMNS.values(), *STREAM_RESPONSE_COLUMNS))},
-       coalesce(_bad, CASE WHEN attributes IS NOT NULL AND a IS NULL
-                           AND NOT json_valid(attributes)
-                      THEN 'attributes: not valid JSON (' || {quoted} || ')' END) AS _bad,
-       {", ".join(cols)}
+       layer, {", ".join((*RELAY_OFFSET_COLUMNS.values(), *STREAM_RESPONSE_COLUMNS))}, _bad,
+       {", ".join(numeric)}, nullif(concat_ws(',', {wrong}), '') AS _wrong, {objects}
 FROM (
-    SELECT * EXCLUDE (attributes),
-           CASE WHEN level IN ('layer', 'kernel') OR NOT json_valid(attributes)
-                THEN attributes END AS attributes,
-           CASE WHEN level = 'layer' THEN try(json_extract(attributes, {layer_paths}))
-                WHEN level = 'kernel' THEN try(json_extract(attributes, {work_paths})) END AS a
-    FROM batches WHERE _first = 0
+  SELECT *, {numbers}
+  FROM (
+    SELECT *, {types}
+    FROM (
+      SELECT * EXCLUDE (_bad),
+             coalesce(_bad, CASE WHEN attributes IS NOT NULL AND a IS NULL
+                                 AND NOT json_valid(attributes)
+                            THEN 'attributes: not valid JSON (' || {quoted} || ')' END) AS _bad,
+             {values}
+      FROM (
+        SELECT * EXCLUDE (attributes),
+               CASE WHEN level IN ('layer', 'kernel') OR NOT json_valid(attributes)
+                    THEN attributes END AS attributes,
+               CASE WHEN level = 'layer' THEN try(json_extract(attributes, {layer_paths}))
+                    WHEN level = 'kernel' THEN try(json_extract(attributes, {work_paths})) END
+                 AS a
+        FROM batches WHERE _first = 0
+      )
+    )
+  )
 )
 """
 
