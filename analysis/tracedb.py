@@ -288,14 +288,16 @@ def _as_float(values: Sequence[object]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _json_values(texts: np.ndarray) -> np.ndarray:
-    """JSON texts (None where absent) decoded, one object per row (lists stay whole)."""
+    """JSON texts (None where absent) decoded, one object per row (lists stay whole). Each
+    distinct text is decoded once and its rows share the object (read it, do not modify)."""
     out = np.full(len(texts), None, dtype=object)
     has = pd.notna(texts)
     if has.any():
-        values = json.loads("[" + ",".join(texts[has]) + "]")
+        codes, distinct = pd.factorize(texts[has])
+        values = json.loads("[" + ",".join(distinct) + "]")
         column = np.empty(len(values), dtype=object)
         column[:] = values
-        out[has] = column
+        out[has] = column[codes]
     return out
 
 
