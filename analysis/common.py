@@ -81,8 +81,26 @@ def not_captured(key: str, title: str, reason: str) -> AnalysisResult:
 
 
 def records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """DataFrame rows as JSON-safe dicts (NaN -> None, numpy scalars -> Python)."""
-    return [{str(k): _jsonable(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
+    """DataFrame rows as JSON-safe dicts (NaN -> None, numpy scalars -> Python), converted a
+    column at a time: numpy's `tolist` for numbers, `_jsonable` only on other values."""
+    keys = [str(k) for k in df.columns]
+    if not keys:
+        return [{} for _ in range(len(df))]
+    columns = [_jsonable_column(df.iloc[:, i]) for i in range(len(keys))]
+    return [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
+
+
+def _jsonable_column(col: pd.Series) -> list[Any]:
+    dtype = col.dtype
+    if isinstance(dtype, np.dtype) and dtype.kind in "iub":
+        return col.to_numpy().tolist()
+    if isinstance(dtype, np.dtype) and dtype.kind == "f":
+        values = col.to_numpy()
+        out = values.tolist()
+        for pos in np.flatnonzero(~np.isfinite(values)).tolist():
+            out[pos] = None
+        return out
+    return [v if type(v) is str else _jsonable(v) for v in col.tolist()]
 
 
 def _jsonable(value: Any) -> Any:
