@@ -273,6 +273,23 @@ def _to_calls(kernels: pd.DataFrame, repeated: pd.DataFrame) -> pd.DataFrame:
     return kernels.assign(layer=layer)
 
 
+def _level_slices(spans: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Each level's spans: slices (no copy under copy-on-write) where each level's rows lie
+    together, as the loader orders them; else a split by `groupby`. Either way the rows of a
+    level in their order, with their index labels."""
+    level = spans["level"].to_numpy(object)
+    if len(level):
+        starts = np.flatnonzero(np.r_[True, level[1:] != level[:-1]])
+        ends = np.r_[starts[1:], len(level)]
+        runs = [(v, a, b) for v, a, b in zip(level[starts], starts, ends, strict=True)]
+        named = [v for v, _, _ in runs if isinstance(v, str)]  # groupby drops missing levels
+        if len(set(named)) == len(named) and all(
+            isinstance(v, str) or pd.isna(v) for v, _, _ in runs
+        ):
+            return {v: spans.iloc[a:b] for v, a, b in runs if isinstance(v, str)}
+    return {str(k): g for k, g in spans.groupby("level", sort=False)}
+
+
 class Frames:
     """Derived frames shared by the analyses, computed once per TraceData."""
 
@@ -290,8 +307,7 @@ class Frames:
     def at(self, level: str) -> pd.DataFrame:
         """The spans of one level (split once, then shared: do not modify)."""
         if not self._levels:
-            sp = self.data.spans
-            self._levels = {str(k): g for k, g in sp.groupby("level", sort=False)}
+            self._levels = _level_slices(self.data.spans)
         return self._levels.get(level, self.data.spans.iloc[:0])
 
     @cached_property
