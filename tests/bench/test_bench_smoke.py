@@ -46,6 +46,10 @@ SMOKE: dict[str, Smoke] = {
         ("--fleet", "--fleet-dir", "{fleet}"),
         ("fleet report:", "spans/s", "peak"),
     ),
+    "stream_sampling_cost.py": Smoke(
+        ("--inferences", "200", "--repeat", "1"),
+        ("no hook", "rate 0", "rate 0.01, budget 0", "µs/inference"),
+    ),
     "profiling_accuracy.py": Smoke(
         ("--models", "small_cnn", "--iterations", "3", "--warmup", "1"),
         ("small_cnn", "trace M ms", "goals: ratio"),
