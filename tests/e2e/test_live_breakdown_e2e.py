@@ -61,6 +61,11 @@ def with_backend_spans(store: TraceStore) -> set[str]:
     }
 
 
+def sleep_traces_with_spans(store: TraceStore) -> int:
+    sleeps = {t.trace_id for t in store.list_traces(model="sleep")}
+    return len(sleeps & with_backend_spans(store))
+
+
 @pytest.fixture(scope="module")
 def sampled(
     traced_triton: TritonServer, tmp_path_factory: pytest.TempPathFactory, otlp_port: int
@@ -87,6 +92,8 @@ def sampled(
         # than N_ALL - 2 arrived in 120 s): the checks below hold for every trace that did
         want = N_ALL // 2
         assert wait_until(lambda: len(with_backend_spans(store)) >= want, 120), proc.log()
+        # the sleep requests are sent last, so their spans come last: the delay test needs one
+        assert wait_until(lambda: sleep_traces_with_spans(store) >= 1, 120), proc.log()
         wait_until(lambda: len(with_backend_spans(store)) == N_ALL, 10)
         store.close()
     return db
