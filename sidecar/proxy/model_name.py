@@ -29,7 +29,7 @@ def method_info(path: bytes) -> MethodInfo:
 NEED_MORE = object()  # sentinel: the bytes so far do not decide the answer
 
 
-def _varint(buf: bytes | bytearray, pos: int, end: int) -> tuple[int, int]:
+def read_varint(buf: bytes | bytearray, pos: int, end: int) -> tuple[int, int]:
     """Decode a varint at `pos`; returns (value, new_pos) or (-1, pos) when truncated."""
     value = 0
     shift = 0
@@ -51,12 +51,12 @@ def _find(
     """Walk `path` through the message bytes buf[pos:end]; `complete` if end is its real end."""
     target = path[0]
     while pos < end:
-        tag, pos = _varint(buf, pos, end)
+        tag, pos = read_varint(buf, pos, end)
         if tag < 0:
             return NEED_MORE
         field, wire = tag >> 3, tag & 7
         if wire == 0:
-            value, pos = _varint(buf, pos, end)
+            value, pos = read_varint(buf, pos, end)
             if value < 0:
                 return NEED_MORE
         elif wire == 1:
@@ -64,7 +64,7 @@ def _find(
         elif wire == 5:
             pos += 4
         elif wire == 2:
-            size, pos = _varint(buf, pos, end)
+            size, pos = read_varint(buf, pos, end)
             if size < 0:
                 return NEED_MORE
             if field == target:

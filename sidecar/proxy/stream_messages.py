@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sidecar.proxy.model_name import read_varint
+
 MESSAGE_HEAD = 4096  # bytes kept of each message: its fields before the tensors
 ENABLE_FINAL = b"triton_enable_empty_final_response"
 FINAL = b"triton_final_response"
@@ -145,22 +147,6 @@ class MessageSplitter:
         return out
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    value = 0
-    shift = 0
-    end = len(buf)
-    while pos < end:
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 63:
-            raise Unreadable("varint too long")
-    return -1, pos  # truncated: the head ends here
-
-
 _CUT = "message cut inside a field"
 Field = tuple[int, int, "bytes | int", bool]
 
@@ -175,6 +161,15 @@ def _fields(buf: bytes, complete: bool = True, last: int = 1 << 29) -> list[Fiel
     writes known fields in field-number order, so the fields read here (ids, names,
     parameters) come before the tensors, which are never walked.
     """
+    try:
+        return _scan(buf, complete, last)
+    except Unreadable:
+        raise
+    except ValueError as exc:  # read_varint's "varint too long"
+        raise Unreadable(str(exc)) from exc
+
+
+def _scan(buf: bytes, complete: bool, last: int) -> list[Field]:
     out: list[Field] = []
     pos = 0
     end = len(buf)
@@ -183,7 +178,7 @@ def _fields(buf: bytes, complete: bool = True, last: int = 1 << 29) -> list[Fiel
         if tag < 0x80:  # one-byte varints: every field number below 16
             pos += 1
         else:
-            tag, pos = _varint(buf, pos)
+            tag, pos = read_varint(buf, pos, end)
             if tag < 0:
                 if complete:
                     raise Unreadable(_CUT)
@@ -199,7 +194,7 @@ def _fields(buf: bytes, complete: bool = True, last: int = 1 << 29) -> list[Fiel
             if 0 <= size < 0x80:
                 pos += 1
             else:
-                size, pos = _varint(buf, pos)
+                size, pos = read_varint(buf, pos, end)
             if size < 0 or pos + size > end:
                 if complete:
                     raise Unreadable(_CUT)
@@ -208,7 +203,7 @@ def _fields(buf: bytes, complete: bool = True, last: int = 1 << 29) -> list[Fiel
             out.append((field, 2, buf[pos : pos + size], pos + size <= end))
             pos += size
         elif wire == 0:
-            value, pos = _varint(buf, pos)
+            value, pos = read_varint(buf, pos, end)
             if value < 0:
                 if complete:
                     raise Unreadable(_CUT)
