@@ -21,19 +21,18 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass
 
 from sidecar.backends import METHODS, REPLAYABLE
 from sidecar.proxy.streams import ConnectionInfo, HeaderDecision, RequestStart, StreamEnd
-from sidecar.replay.job_records import ProfileJob
 from sidecar.sampling.handler import SampleHandler
 from sidecar.sampling.metrics import SamplingMetrics
 from sidecar.sampling.pressure import ServingPressure
+from sidecar.sampling.sampled_request import RelayedRequest, Sample, hand_over, store_request_span
 from sidecar.sampling.sampler import Decision, Sampler, Tentative
 from sidecar.sampling.slow import SlowDetector
 from sidecar.sampling.stream_sampling import StreamSampling
-from sidecar.trace.spans import Level, Source, Span, new_span_id, new_trace_id
+from sidecar.trace.spans import new_span_id, new_trace_id
 
 log = logging.getLogger(__name__)
 
@@ -202,21 +201,8 @@ class SamplingObserver:
         if not hub.handler.known_model(model):
             hub.drop(label, "unknown_model")
             return
-        job = ProfileJob(
-            trace_id=pending.trace_id,
-            parent_span_id=pending.span_id,
-            model=model,
-            method=pending.method,
-            request_message=message,
-            reason=_REASONS[pending.tentative],
-            received_ns=time.time_ns(),
-        )
-        if hub.handler.submit(job):
-            pending.queued = True
-            hub.mark_sampled(pending.trace_id)
-            hub.handler.remember(model, pending.method, message)
-        else:
-            hub.drop(label, "queue_full")
+        sample = Sample(pending.trace_id, pending.span_id, model, pending.method)
+        pending.queued = hand_over(hub, label, sample, message, _REASONS[pending.tentative])
 
     def on_stream_end(self, end: StreamEnd) -> None:
         hub = self._hub
@@ -261,51 +247,19 @@ class SamplingObserver:
         if decision is not Decision.SAMPLED:
             return True
         pending.trace_id, pending.span_id = new_trace_id(), new_span_id()
-        job = ProfileJob(
-            trace_id=pending.trace_id,
-            parent_span_id=pending.span_id,
-            model=model,
-            method=pending.method,
-            request_message=message,
-            reason="slow",
-            received_ns=time.time_ns(),
-        )
-        if not hub.handler.submit(job):
-            hub.drop(label, "queue_full")
-            return True
-        hub.mark_sampled(pending.trace_id)
-        hub.handler.remember(model, pending.method, message)
-        self._store_request_span(pending, end)
+        sample = Sample(pending.trace_id, pending.span_id, model, pending.method)
+        if hand_over(hub, label, sample, message, "slow"):
+            self._store_request_span(pending, end)
         return True
 
     def _store_request_span(self, pending: _Pending, end: StreamEnd) -> None:
         """The relay's span of a queued request, to the store; its exemplar on the latency."""
-        hub = self._hub
-        span = Span(
-            trace_id=pending.trace_id,
-            span_id=pending.span_id,
-            parent_id=None,
-            level=Level.REQUEST,
-            name=end.path,
-            kind=end.method,
-            start_ns=end.start_ns,
-            end_ns=end.start_ns + int(end.duration_s * 1e9),
-            source=Source.PROXY,
-            attributes={
-                "grpc_code": end.grpc_code,
-                "grpc_message": end.grpc_message,
-                "request_bytes": end.request_bytes,
-                "response_bytes": end.response_bytes,
-                "path": end.path,
-                "model": end.model or "",
-                **relay_marks(end),
-            },
-        )
+        request = RelayedRequest(
+            end.method, end.path, end.model, end.start_ns, end.start_ns + int(end.duration_s * 1e9),
+            end.duration_s, end.grpc_code, end.grpc_message, end.request_bytes, end.response_bytes,
+            relay_marks(end),
+        )  # fmt: skip
         try:
-            hub.handler.store_spans(pending.trace_id, [span])
+            store_request_span(self._hub, pending.trace_id, pending.span_id, request)
         except Exception:
-            hub.metrics.store_write_failures.inc()
             log.exception("could not hand the request span to the trace writer")
-            return
-        label = hub.handler.model_label(end.model)
-        hub.handler.record_exemplar(end.method, label, end.duration_s, pending.trace_id)

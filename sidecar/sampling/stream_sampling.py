@@ -18,18 +18,16 @@ replayed: dropped as `sequence_model`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from sidecar.backends.model_repository import CONFIG_FILE, ModelConfigError, read_config
 from sidecar.proxy.inferences import InferenceEnd
 from sidecar.proxy.stream_messages import Unreadable, sequence_parameters
-from sidecar.replay.job_records import ProfileJob
-from sidecar.sampling.handler import SampleHandler
-from sidecar.sampling.metrics import SamplingMetrics
+from sidecar.sampling import sampled_request
+from sidecar.sampling.sampled_request import RelayedRequest, Sample, hand_over, store_request_span
 from sidecar.sampling.sampler import Decision, Sampler, Tentative
-from sidecar.trace.spans import Level, Source, Span, new_span_id, new_trace_id
+from sidecar.trace.spans import new_span_id, new_trace_id
 
 _REASONS = {Tentative.RATE: "rate", Tentative.FORCED: "forced"}
 
@@ -44,26 +42,11 @@ def sequence_model(repository: Path, model: str) -> bool:
         return False
 
 
-class Hub(Protocol):
+class Hub(sampled_request.Hub, Protocol):
     """What a stream's sampling uses of the relay's `observer.SamplingHub`."""
 
     sampler: Sampler
-    metrics: SamplingMetrics
-    handler: SampleHandler
     replayable: dict[str, str]
-
-    def drop(self, label: str, reason: str) -> None: ...
-
-    def mark_sampled(self, trace_id: str) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class _Sampled:
-    """A queued message's trace, followed to its inference's end."""
-
-    trace_id: str
-    span_id: str
-    model: str
 
 
 class StreamSampling:
@@ -122,54 +105,17 @@ class StreamSampling:
         if stateful:
             hub.drop(label, "sequence_model")
             return None
-        sampled = _Sampled(new_trace_id(), new_span_id(), model)
-        job = ProfileJob(
-            trace_id=sampled.trace_id,
-            parent_span_id=sampled.span_id,
-            model=model,
-            method=self._job_method,
-            request_message=full,
-            reason=_REASONS[token],
-            received_ns=time.time_ns(),
-        )
-        if not hub.handler.submit(job):
-            hub.drop(label, "queue_full")
-            return None
-        hub.mark_sampled(sampled.trace_id)
-        hub.handler.remember(model, self._job_method, full)
-        return sampled
+        sample = Sample(new_trace_id(), new_span_id(), model, self._job_method)
+        return sample if hand_over(hub, label, sample, full, _REASONS[token]) else None
 
     def ended(self, sample: object, end: InferenceEnd) -> None:
-        assert isinstance(sample, _Sampled)
-        span = Span(
-            trace_id=sample.trace_id,
-            span_id=sample.span_id,
-            parent_id=None,
-            level=Level.REQUEST,
-            name=self._path,
-            kind=self._method,
-            start_ns=self._ns(end.start),
-            end_ns=self._ns(end.end),
-            source=Source.PROXY,
-            attributes={
-                "grpc_code": end.code,
-                "grpc_message": end.error,
-                "request_bytes": end.request_bytes,
-                "response_bytes": end.response_bytes,
-                "path": self._path,
-                "model": sample.model,
-                "stream_message": True,
-                **self._marks(end),
-            },
-        )
-        hub = self._hub
-        try:
-            hub.handler.store_spans(sample.trace_id, [span])
-        except Exception:
-            hub.metrics.store_write_failures.inc()
-            raise
-        label = hub.handler.model_label(sample.model)
-        hub.handler.record_exemplar(self._method, label, end.end - end.start, sample.trace_id)
+        assert isinstance(sample, Sample)
+        request = RelayedRequest(
+            self._method, self._path, sample.model, self._ns(end.start), self._ns(end.end),
+            end.end - end.start, end.code, end.error, end.request_bytes, end.response_bytes,
+            {"stream_message": True, **self._marks(end)},
+        )  # fmt: skip
+        store_request_span(self._hub, sample.trace_id, sample.span_id, request)
 
     def _ns(self, t: float) -> int:
         return self._base_ns + int((t - self._base_s) * 1e9)

@@ -1,0 +1,110 @@
+"""A sampled request's hand-overs, one implementation for unary calls (`observer`) and an
+inference stream's messages (`stream_sampling`): its `ProfileJob` to the worker (`hand_over`),
+then the relay's span of it, the trace's request span, to the store with its exemplar on the
+latency (`store_request_span`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from sidecar.replay.job_records import ProfileJob
+from sidecar.sampling.handler import SampleHandler
+from sidecar.sampling.metrics import SamplingMetrics
+from sidecar.trace.spans import Level, Source, Span
+
+
+class Hub(Protocol):
+    """What the hand-overs use of the relay's `observer.SamplingHub`."""
+
+    metrics: SamplingMetrics
+    handler: SampleHandler
+
+    def drop(self, label: str, reason: str) -> None: ...
+
+    def mark_sampled(self, trace_id: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """A sampled request's trace ids, and the model and method its job replays."""
+
+    trace_id: str
+    span_id: str
+    model: str
+    method: str  # the job's method (`REPLAYABLE`'s value), e.g. ModelInfer
+
+
+@dataclass(frozen=True, slots=True)
+class RelayedRequest:
+    """A sampled request as the relay saw it: what its request span says."""
+
+    method: str  # the relay's method, the span's kind
+    path: str
+    model: str | None
+    start_ns: int  # Unix epoch ns
+    end_ns: int
+    duration_s: float  # the exemplar's latency
+    grpc_code: str
+    grpc_message: str
+    request_bytes: int
+    response_bytes: int
+    marks: Mapping[str, object]  # further attributes: the relay marks (docs/contracts.md)
+
+
+def hand_over(hub: Hub, label: str, sample: Sample, message: bytes, reason: str) -> bool:
+    """Queue the sample's job (`reason`: the trace's `sample_reason`) and mark its trace
+    sampled; False when the queue is full: then it is dropped as `queue_full`."""
+    job = ProfileJob(
+        trace_id=sample.trace_id,
+        parent_span_id=sample.span_id,
+        model=sample.model,
+        method=sample.method,
+        request_message=message,
+        reason=reason,
+        received_ns=time.time_ns(),
+    )
+    if not hub.handler.submit(job):
+        hub.drop(label, "queue_full")
+        return False
+    hub.mark_sampled(sample.trace_id)
+    hub.handler.remember(sample.model, sample.method, message)
+    return True
+
+
+def request_span(trace_id: str, span_id: str, request: RelayedRequest) -> Span:
+    """The relay's span of a sampled request, the root of its trace."""
+    return Span(
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_id=None,
+        level=Level.REQUEST,
+        name=request.path,
+        kind=request.method,
+        start_ns=request.start_ns,
+        end_ns=request.end_ns,
+        source=Source.PROXY,
+        attributes={
+            "grpc_code": request.grpc_code,
+            "grpc_message": request.grpc_message,
+            "request_bytes": request.request_bytes,
+            "response_bytes": request.response_bytes,
+            "path": request.path,
+            "model": request.model or "",
+            **request.marks,
+        },
+    )
+
+
+def store_request_span(hub: Hub, trace_id: str, span_id: str, request: RelayedRequest) -> None:
+    """The request span of a queued sample to the store, its exemplar on the latency. A
+    failed write is counted in `store_write_failures` and raised (no exemplar then)."""
+    try:
+        hub.handler.store_spans(trace_id, [request_span(trace_id, span_id, request)])
+    except Exception:
+        hub.metrics.store_write_failures.inc()
+        raise
+    label = hub.handler.model_label(request.model)
+    hub.handler.record_exemplar(request.method, label, request.duration_s, trace_id)
