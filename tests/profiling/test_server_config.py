@@ -29,6 +29,7 @@ from sidecar.profiling.server_config import (
     sweep_sizes,
 )
 from tests.harness.models import save_onnx, small_cnn_onnx, small_cnn_torchscript
+from tests.harness.triton.model_repo import write_config
 
 ONNX, TORCHSCRIPT = ModelFormat.ONNX, ModelFormat.TORCHSCRIPT
 
@@ -82,9 +83,7 @@ instance_group [ { kind: KIND_CPU count: 2 }, { kind: KIND_CPU count: 1 } ]
 
 
 def config(tmp_path: Path, text: str) -> Any:
-    path = tmp_path / "config.pbtxt"
-    path.write_text(text)
-    return read_config(path)
+    return read_config(write_config(tmp_path, "cnn", text))
 
 
 def records(settings: ReplaySettings) -> dict[str, SettingRecord]:
@@ -275,8 +274,8 @@ def test_dynamic_batching_gives_the_summary_and_the_default_sweep(tmp_path: Path
 
 
 def test_a_config_that_does_not_parse_is_a_clear_error(tmp_path: Path) -> None:
-    path = tmp_path / "config.pbtxt"
-    path.write_text('name: "cnn"\nbackend: "onnxruntime"\nparameters { key: "x" value: 3 }\n')
+    text = 'name: "cnn"\nbackend: "onnxruntime"\nparameters { key: "x" value: 3 }\n'
+    path = write_config(tmp_path, "cnn", text)
     with pytest.raises(ServerConfigError, match=r"config\.pbtxt is not a valid Triton model"):
         read_config(path)
     with pytest.raises(ServerConfigError, match="cannot read"):
@@ -307,8 +306,7 @@ def test_config_beside_finds_the_repository_layout(tmp_path: Path, onnx_path: Pa
     model = version / "model.onnx"
     model.write_bytes(onnx_path.read_bytes())
     assert config_beside(model) is None
-    (tmp_path / "cnn" / "config.pbtxt").write_text('name: "cnn"\n')
-    assert config_beside(model) == tmp_path / "cnn" / "config.pbtxt"
+    assert config_beside(model) == write_config(tmp_path, "cnn", 'name: "cnn"\n')
 
 
 TORCH_CONFIG = """\

@@ -20,7 +20,7 @@ from sidecar.trace.store import TraceStore, failed_traces
 from tests.e2e.helpers import cnn_infer, wait_until
 from tests.harness.models import save_onnx, small_cnn_onnx
 from tests.harness.sidecar_process import SidecarProcess
-from tests.harness.triton.model_repo import build_model_repository
+from tests.harness.triton.model_repo import build_model_repository, write_config, write_model
 from tests.harness.triton.server import TritonServer
 from tests.replay.test_replay_job import context, infer_request, job
 
@@ -46,9 +46,8 @@ parameters { key: "not_a_knob" value: { string_value: "1" } }
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = build_model_repository(tmp_path_factory.mktemp("repo") / "models")
-    (repo / "cnn_ort" / "1").mkdir(parents=True)
-    (repo / "cnn_ort" / "config.pbtxt").write_text(CNN_ORT_CONFIG)
-    save_onnx(small_cnn_onnx(softmax=False, output="output"), repo / "cnn_ort" / "1" / "model.onnx")
+    version = write_model(repo, "cnn_ort", CNN_ORT_CONFIG)
+    save_onnx(small_cnn_onnx(softmax=False, output="output"), version / "model.onnx")
     return repo
 
 
@@ -97,7 +96,7 @@ def test_a_replay_runs_and_records_the_servers_settings(repo: Path, tmp_path: Pa
 def test_a_config_that_does_not_parse_is_a_stored_error(repo: Path, tmp_path: Path) -> None:
     broken = tmp_path / "models"
     shutil.copytree(repo, broken)
-    (broken / "cnn_ort" / "config.pbtxt").write_text('name: "cnn_ort"\nmax_batch_size: "eight"\n')
+    write_config(broken, "cnn_ort", 'name: "cnn_ort"\nmax_batch_size: "eight"\n')
     the_job = job("cnn_ort", b"", reason="admin")
     result = replay_job(the_job, context(broken, tmp_path / "t.db"))
     assert result.outcome == "error"
@@ -129,7 +128,7 @@ def test_an_unparseable_config_fails_the_profile_not_the_request(
     and is counted."""
     copy = tmp_path / "models"
     shutil.copytree(triton.model_repository, copy)
-    (copy / "simple_cnn" / "config.pbtxt").write_text("instance_group [ { kind: KIND_TPU } ]\n")
+    write_config(copy, "simple_cnn", "instance_group [ { kind: KIND_TPU } ]\n")
     with SidecarProcess(
         backend=triton.grpc_address, log_path=tmp_path / "sidecar.log",
         args=["--model-repository", str(copy), "--db", str(tmp_path / "traces.db"),

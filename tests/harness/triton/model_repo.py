@@ -77,25 +77,36 @@ def _template(name: str) -> str:
     return (TEMPLATES / name).read_text()
 
 
-def _write_model(repo: Path, name: str, config: str, model_py: str) -> Path:
+def write_config(repo: Path, name: str, config: str) -> Path:
+    """Write (or overwrite) model `name`'s `config.pbtxt` in `repo`; returns its path."""
+    path = repo / name / "config.pbtxt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(config)
+    return path
+
+
+def write_model(repo: Path, name: str, config: str, model_py: str | None = None) -> Path:
+    """Write model `name` into `repo`: its `config.pbtxt` and version folder `1`, with the
+    Python backend's `model.py` where given; returns the version folder (for a model file)."""
     version_dir = repo / name / "1"
     version_dir.mkdir(parents=True, exist_ok=True)
-    (repo / name / "config.pbtxt").write_text(config)
-    (version_dir / "model.py").write_text(model_py)
+    write_config(repo, name, config)
+    if model_py is not None:
+        (version_dir / "model.py").write_text(model_py)
     return version_dir
 
 
 def build_model_repository(repo: Path) -> Path:
     """Write the sample models (`add_sub`, `simple_cnn`, `sleep`) into `repo` and return it."""
     repo.mkdir(parents=True, exist_ok=True)
-    _write_model(repo, "add_sub", ADD_SUB_CONFIG, _template("add_sub.py.tmpl"))
-    cnn_dir = _write_model(repo, "simple_cnn", SIMPLE_CNN_CONFIG, _template("onnx_runner.py.tmpl"))
+    write_model(repo, "add_sub", ADD_SUB_CONFIG, _template("add_sub.py.tmpl"))
+    cnn_dir = write_model(repo, "simple_cnn", SIMPLE_CNN_CONFIG, _template("onnx_runner.py.tmpl"))
     onnx.save(simple_cnn(), str(cnn_dir / "model.onnx"))
-    _write_model(repo, "sleep", SLEEP_CONFIG, _template("sleep.py.tmpl"))
+    write_model(repo, "sleep", SLEEP_CONFIG, _template("sleep.py.tmpl"))
     return repo
 
 
 def add_token_stream(repo: Path) -> Path:
     """Add the decoupled `token_stream` model (`models/token_stream.py.tmpl`) to `repo`."""
-    _write_model(repo, "token_stream", TOKEN_STREAM_CONFIG, _template("token_stream.py.tmpl"))
+    write_model(repo, "token_stream", TOKEN_STREAM_CONFIG, _template("token_stream.py.tmpl"))
     return repo
