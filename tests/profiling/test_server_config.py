@@ -306,7 +306,8 @@ def test_config_beside_finds_the_repository_layout(tmp_path: Path, onnx_path: Pa
     model = version / "model.onnx"
     model.write_bytes(onnx_path.read_bytes())
     assert config_beside(model) is None
-    assert config_beside(model) == write_config(tmp_path, "cnn", 'name: "cnn"\n')
+    written = write_config(tmp_path, "cnn", 'name: "cnn"\n')
+    assert config_beside(model) == written == tmp_path / "cnn" / "config.pbtxt"
 
 
 TORCH_CONFIG = """\
