@@ -97,14 +97,8 @@ def trace_ok() -> str:
 
 
 def _span_ok() -> str:
-    checks = [
-        damage.integer("s.start_ns"),
-        damage.integer("s.end_ns"),
-        damage.ordered("s.start_ns", "s.end_ns"),
-        *damage.duration("s.duration_ns"),
-        damage.integer("s.idx", nullable=True),
-    ]  # and attribute text that is not JSON: DuckDB checks it (`SPANS_DUCKDB`)
-    return "NOT (" + " OR ".join(f"({c})" for c, _ in checks) + ")"
+    # and attribute text that is not JSON: DuckDB checks it (`SPANS_DUCKDB`)
+    return damage.sound_span("s")
 
 
 def _stats_ok() -> str:
@@ -145,8 +139,10 @@ SPANS_SQL = (
     + f", s.start_ns, s.end_ns, {_rint('s.duration_ns')}, {_int('s.idx')}, "
     "CAST(s.attributes AS TEXT) FROM spans s "
     "WHERE NOT (s.level = 'kernel' AND s.kind IN ('runtime', 'driver')) "
-    f"AND {_span_ok()} AND s.trace_id IN (SELECT trace_id FROM traces WHERE {trace_ok()})"
+    f"AND {_span_ok()}"
 )
+# a span of a damaged trace, or of none, is left out (needless where `all_in_sound_traces`)
+IN_SOUND_TRACES = f" AND s.trace_id IN (SELECT trace_id FROM traces WHERE {trace_ok()})"
 STATS_SQL = (
     _sentinel("level_stats", ["text", "text", "integer", "real"])
     + " UNION ALL SELECT 0, trace_id, CAST(level AS TEXT), "
@@ -177,15 +173,22 @@ def _immutable(path: Path) -> bool:
 
 @contextmanager
 def record_batches(
-    db: str | Path, table: str, rowids: tuple[int, int] | None = None
+    db: str | Path,
+    table: str,
+    rowids: tuple[int, int] | None = None,
+    sound_traces: bool = False,
 ) -> Iterator[Any]:
     """A `pyarrow.RecordBatchReader` over one table's rows as the analyses take them, with a
     leading `_first` column (true only on the typed sentinel row, which readers drop).
-    `rowids` (spans only): read the rows whose rowid lies in that closed range."""
+    `rowids` (spans only): read the rows whose rowid lies in that closed range.
+    `sound_traces` (spans only): the caller found `all_in_sound_traces(db)` true, so no
+    span needs its trace looked up."""
     import adbc_driver_sqlite.dbapi as adbc
 
     path = Path(db)
     query = QUERIES[table]
+    if table == "spans" and not sound_traces:
+        query += IN_SOUND_TRACES
     if rowids is not None:
         query += f" AND s.rowid BETWEEN {int(rowids[0])} AND {int(rowids[1])}"
     conn = adbc.connect(_uri(path, _immutable(path)))
@@ -201,6 +204,20 @@ def record_batches(
         raise TraceDatabaseError(f"{db}: cannot read the trace store ({exc})") from None
     finally:
         conn.close()
+
+
+def all_in_sound_traces(db: str | Path) -> bool:
+    """Whether every span of the store belongs to a sound trace (the common case), found
+    over the trace-id index's distinct values rather than one lookup per span."""
+    conn = connect_ro(Path(db))
+    try:
+        (outside,) = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM (SELECT DISTINCT trace_id FROM spans) d WHERE NOT "
+            f"coalesce(d.trace_id IN (SELECT trace_id FROM traces WHERE {trace_ok()}), 0))"
+        ).fetchone()
+    finally:
+        conn.close()
+    return not outside
 
 
 def span_ranges(db: str | Path, parts: int) -> list[tuple[int, int] | None]:

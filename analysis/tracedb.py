@@ -175,7 +175,9 @@ def _span_checks(guard_json: bool) -> str:
     ]
     if guard_json:
         checks.append(damage.json_object("s.attributes"))
-    return damage.bad_expression(checks)
+        return damage.bad_expression(checks)
+    # a sound row (most rows) is told by one short conjunction; only the others are named
+    return f"CASE WHEN {damage.sound_span('s')} THEN NULL ELSE {damage.bad_expression(checks)} END"
 
 
 def _stats_checks() -> str:
