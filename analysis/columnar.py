@@ -290,17 +290,16 @@ def select_sql(table: str, source: str, relation: str) -> str:
 
 LAYER_NUMBERS = ("allocated_bytes", "leaf", "flops", "dram_read_bytes", "dram_write_bytes")
 LAYER_FLAGS = ("flops_estimated", "bytes_estimated", "outside_layers")
-LAYER_OBJECTS = ("op_type", "parent_layer", "original_nodes", "original_op_types")
+LAYER_OBJECTS = ("op_type", "original_nodes", "original_op_types")
 LAYER_JSON = ("input_shapes", "output_shapes")  # kept as JSON text
 WORK_NUMBERS = ("flops", "dram_read_bytes", "dram_write_bytes", "achieved_occupancy")
 WORK_FLAGS = ("metrics_estimated",)
-WORK_OBJECTS = ("stream",)
 NUMBERS = ("allocated_bytes", "flops", "dram_read_bytes", "dram_write_bytes",
            "achieved_occupancy", "leaf")  # fmt: skip
 FLAGS = ("flops_estimated", "bytes_estimated", "metrics_estimated", "outside_layers")
-OBJECTS = ("op_type", "stream", "parent_layer", "original_nodes", "original_op_types")
+OBJECTS = LAYER_OBJECTS
 _LAYER_KEYS = (*LAYER_NUMBERS, *LAYER_FLAGS, *LAYER_OBJECTS, *LAYER_JSON)
-_WORK_KEYS = (*WORK_NUMBERS, *WORK_FLAGS, *WORK_OBJECTS)
+_WORK_KEYS = (*WORK_NUMBERS, *WORK_FLAGS)
 _REPORT_NAMES = ("trace_id", "span_id", "level", "name", "kind", "start_ns", "end_ns",
                  "duration_ns", "run_level", "idx", "attributes", "layer", "_bad",
                  *RELAY_OFFSET_COLUMNS.values(), *STREAM_RESPONSE_COLUMNS)  # fmt: skip

@@ -151,7 +151,12 @@ def _trimmed_means(gid: np.ndarray, v: np.ndarray, n_groups: int, proportion: fl
     by the rule of `sidecar.profiling.stats.trimmed_mean`, vectorised."""
     ok = ~np.isnan(v)
     g, v = gid[ok], v[ok]
-    order = np.lexsort((v, g))
+    # values ascending within each group: a sort of the values, then a stable sort of their
+    # groups (a radix sort where the group ids fit 16 bits), twice as fast as `lexsort`; tied
+    # values are equal, so each group's sum below adds the same numbers in the same order
+    order = np.argsort(v)
+    ids = g[order].astype(np.uint16) if n_groups <= 1 << 16 else g[order]
+    order = order[np.argsort(ids, kind="stable")]
     g, v = g[order], v[order]
     counts = np.bincount(g, minlength=n_groups)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
