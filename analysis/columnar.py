@@ -25,8 +25,10 @@ first row of each result is a typed sentinel that DuckDB drops.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -419,9 +421,10 @@ def report_spans(
     """The report's spans of one store as a pandas DataFrame: SQLite's columns, `_bad`,
     the attribute columns (numbers as float64, flags as float64 to be compared with 0,
     objects and shapes as JSON text) and `_wrong` (the members of a JSON object: the values
-    that are not numbers where one is expected, by key)."""
-    import adbc_driver_sqlite.dbapi as adbc
-    import duckdb
+    that are not numbers where one is expected, by key). A large store is read in rowid
+    ranges by one reader per core at once (`span_ranges`; unless filtered), its parts joined
+    in rowid order: the rows and their order are those of one reader."""
+    import pyarrow as pa
 
     if trace_subquery:  # the filters' few plain values, as SQL literals
         pieces = trace_subquery.split("?")
@@ -429,21 +432,44 @@ def report_spans(
         literals = [str(v) if isinstance(v, int) else _sql_text(str(v)) for v in params]
         trace_subquery = "".join(p + q for p, q in zip(pieces, [*literals, ""], strict=True))
     query = report_spans_sql(span_checks, trace_subquery)
-    conn = adbc.connect(_uri(path, _immutable(path)))
+    uri = _uri(path, _immutable(path))
+    # (a filtered read stays one reader: SQLite then walks the selected traces' index, in
+    # its order, where a rowid range would walk the table in another)
+    ranges = span_ranges(path, os.cpu_count() or 1) if trace_subquery is None else [None]
+    parts = [
+        query if r is None else f"{query} AND s.rowid BETWEEN {int(r[0])} AND {int(r[1])}"
+        for r in ranges
+    ]
+    if len(parts) == 1:
+        table = _report_part(path, uri, parts[0], None)
+    else:  # ADBC and DuckDB run without the GIL
+        with ThreadPoolExecutor(len(parts)) as pool:
+            tables = list(pool.map(lambda q: _report_part(path, uri, q, 1), parts))
+        table = pa.concat_tables(tables)
+    return table.to_pandas(self_destruct=True, split_blocks=True)
+
+
+def _report_part(path: Path, uri: str, query: str, threads: int | None) -> Any:
+    """One reader: SQLite's rows of `query` through `REPORT_DUCKDB`, as an Arrow table."""
+    import adbc_driver_sqlite.dbapi as adbc
+    import duckdb
+
+    conn = adbc.connect(uri)
     try:
         cur = conn.cursor()
         con = duckdb.connect()  # closed before the ADBC stream it reads
         try:
             con.execute("SET enable_progress_bar = false")
+            if threads:
+                con.execute(f"SET threads = {int(threads)}")
             cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
             cur.execute(query)
             con.register("batches", cur.fetch_record_batch())
             rel = con.sql(REPORT_DUCKDB)
-            table = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+            return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
         finally:
             con.close()
             cur.close()
-        return table.to_pandas(self_destruct=True, split_blocks=True)
     except adbc.Error as exc:
         raise TraceDatabaseError(f"{path}: cannot read the trace store ({exc})") from None
     finally:
