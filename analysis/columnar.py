@@ -345,13 +345,13 @@ def report_spans_sql(span_checks: str, trace_subquery: str | None) -> str:
     )
 
 
-def _duck_number(x: str, kind: str) -> str:
-    """A JSON value `x` of JSON type `kind` as a DOUBLE as numpy reads the decoded value:
-    numbers, booleans (1/0), numeric text; NULL otherwise."""
+def duck_number(x: str) -> str:
+    """A JSON value `x` as a DOUBLE as numpy reads the decoded value: numbers, booleans
+    (1/0), numeric text; NULL otherwise. DuckDB's cast of a JSON value reads numbers and
+    booleans so and makes NULL of the rest; a JSON string's text is cast as text."""
     return (
-        f"CASE WHEN {kind} IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN {x}::DOUBLE "
-        f"WHEN {kind} = 'BOOLEAN' THEN {x}::BOOLEAN::DOUBLE "
-        f"WHEN {kind} = 'VARCHAR' THEN TRY_CAST(json_extract_string({x}, '$') AS DOUBLE) END"
+        f"CASE WHEN starts_with({x}::VARCHAR, '\"') "
+        f"THEN TRY_CAST(json_extract_string({x}, '$') AS DOUBLE) ELSE TRY_CAST({x} AS DOUBLE) END"
     )
 
 
@@ -367,17 +367,16 @@ def _attribute(key: str) -> str:
 
 def _report_duckdb() -> str:
     """DuckDB over the rows of `report_spans_sql` (relation `batches`). Each numeric
-    attribute's JSON value (`_v_KEY`), its JSON type (`_t_KEY`) and its number are computed
-    once each, one subquery after the other (not once per expression that reads them)."""
+    attribute's JSON value (`_v_KEY`) and its number are computed once each, one subquery
+    after the other (not once per expression that reads them)."""
     layer_paths = "[" + ", ".join(f"'$.{k}'" for k in _LAYER_KEYS) + "]"
     work_paths = "[" + ", ".join(f"'$.{k}'" for k in _WORK_KEYS) + "]"
     numeric = (*NUMBERS, *FLAGS)
     values = ", ".join(f"{_attribute(k)} AS _v_{k}" for k in numeric)
-    types = ", ".join(f"json_type(_v_{k}) AS _t_{k}" for k in numeric)
-    numbers = ", ".join(f"{_duck_number(f'_v_{k}', f'_t_{k}')} AS {k}" for k in numeric)
-    # present, not JSON null, and not a number: ignored, and named
+    numbers = ", ".join(f"{duck_number(f'_v_{k}')} AS {k}" for k in numeric)
+    # present, not JSON null (minified as `null`), and not a number: ignored, and named
     wrong = ", ".join(
-        f"CASE WHEN _v_{k} IS NOT NULL AND _t_{k} != 'NULL' AND {k} IS NULL "
+        f"CASE WHEN _v_{k} IS NOT NULL AND _v_{k}::VARCHAR != 'null' AND {k} IS NULL "
         f"THEN '\"{k}\":' || _v_{k} END"
         for k in numeric
     )
@@ -390,22 +389,19 @@ SELECT trace_id, span_id, level, name, kind, start_ns, end_ns, duration_ns, run_
 FROM (
   SELECT *, {numbers}
   FROM (
-    SELECT *, {types}
+    SELECT * EXCLUDE (_bad),
+           coalesce(_bad, CASE WHEN attributes IS NOT NULL AND a IS NULL
+                               AND NOT json_valid(attributes)
+                          THEN 'attributes: not valid JSON (' || {quoted} || ')' END) AS _bad,
+           {values}
     FROM (
-      SELECT * EXCLUDE (_bad),
-             coalesce(_bad, CASE WHEN attributes IS NOT NULL AND a IS NULL
-                                 AND NOT json_valid(attributes)
-                            THEN 'attributes: not valid JSON (' || {quoted} || ')' END) AS _bad,
-             {values}
-      FROM (
-        SELECT * EXCLUDE (attributes),
-               CASE WHEN level IN ('layer', 'kernel') OR NOT json_valid(attributes)
-                    THEN attributes END AS attributes,
-               CASE WHEN level = 'layer' THEN try(json_extract(attributes, {layer_paths}))
-                    WHEN level = 'kernel' THEN try(json_extract(attributes, {work_paths})) END
-                 AS a
-        FROM batches WHERE _first = 0
-      )
+      SELECT * EXCLUDE (attributes),
+             CASE WHEN level IN ('layer', 'kernel') OR NOT json_valid(attributes)
+                  THEN attributes END AS attributes,
+             CASE WHEN level = 'layer' THEN try(json_extract(attributes, {layer_paths}))
+                  WHEN level = 'kernel' THEN try(json_extract(attributes, {work_paths})) END
+               AS a
+      FROM batches WHERE _first = 0
     )
   )
 )

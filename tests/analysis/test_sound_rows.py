@@ -3,6 +3,8 @@ say what the full checks say: real SQLite, copies of the checked-in stores."""
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 import sqlite3
 from pathlib import Path
@@ -106,3 +108,44 @@ def test_spans_outside_sound_traces_are_found_and_left_out(tmp_path: Path) -> No
     assert fleet.export_parquet([db], out).spans == kept - lost
     exported = {(r[1], r[2]) for r in _spans(out)}
     assert not any(t == damaged or t in ("no-such-trace", None) for t, _ in exported)
+
+
+# JSON values an attribute that should be a number may hold, and the number the loader reads
+# (numpy's float of the decoded value: numbers, booleans, numeric text), or None
+NUMBERS = {
+    "1": 1.0, "1.5": 1.5, "-5": -5.0, "1E2": 100.0, "-0": 0.0, "1e400": math.inf,
+    "18446744073709551615": 18446744073709551615.0, "true": 1.0, "false": 0.0,
+    '"12"': 12.0, '"1e3"': 1000.0, '" 7 "': 7.0, '"1_000"': 1000.0, '"inf"': math.inf,
+    '"abc"': None, '""': None, '"true"': None, '"0x10"': None, "[1]": None, '{"a": 1}': None,
+}  # fmt: skip
+
+
+def _python_number(value: object) -> float | None:
+    if isinstance(value, bool | int | float):
+        return float(value)
+    try:
+        return float(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+def test_duck_number_reads_a_json_value_as_numpy_reads_it_decoded() -> None:
+    for text, expected in NUMBERS.items():  # the rule, in Python
+        assert _python_number(json.loads(text)) == expected, text
+    con = duckdb.connect()
+    try:
+        for text, expected in NUMBERS.items():
+            doc = json.dumps({"x": json.loads(text)})
+            (got,) = con.execute(
+                f"SELECT {columnar.duck_number('v')} FROM "
+                "(SELECT json_extract(?, ['$.x'])[1] AS v)",
+                [doc],
+            ).fetchone()
+            assert got == expected, text
+        (null,) = con.execute(
+            f"SELECT {columnar.duck_number('v')} FROM "
+            "(SELECT json_extract('{\"x\": null}', ['$.x'])[1] AS v)"
+        ).fetchone()
+        assert null is None
+    finally:
+        con.close()
