@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -20,6 +20,7 @@ from analysis.store_file import TRACE_IDENTITY
 from analysis.tracedb import TraceData
 from sidecar.profiling.stats import TRIM
 
+T = TypeVar("T")
 GROUP = ["model", "batch_size"]
 DEVICE_KINDS = ("kernel", "memcpy", "memset")  # work that runs on the accelerator
 KERNEL_TABLE_KINDS = (*DEVICE_KINDS, "cpu_op")  # rows of the kernel table (A8)
@@ -308,14 +309,15 @@ class Frames:
 
     def __init__(self, data: TraceData) -> None:
         self.data = data
-        self._memo: dict[str, pd.DataFrame] = {}
+        self._memo: dict[str, Any] = {}
         self._levels: dict[str, pd.DataFrame] = {}
 
-    def memo(self, key: str, build: Callable[[], pd.DataFrame]) -> pd.DataFrame:
-        """`build()` once per key; callers must not modify the returned frame."""
+    def memo(self, key: str, build: Callable[[], T]) -> T:
+        """`build()` once per key; callers must not modify what it returns."""
         if key not in self._memo:
             self._memo[key] = build()
-        return self._memo[key]
+        value: T = self._memo[key]
+        return value
 
     def at(self, level: str) -> pd.DataFrame:
         """The spans of one level (split once, then shared: do not modify)."""
