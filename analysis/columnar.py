@@ -25,8 +25,10 @@ first row of each result is a typed sentinel that DuckDB drops.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -97,14 +99,8 @@ def trace_ok() -> str:
 
 
 def _span_ok() -> str:
-    checks = [
-        damage.integer("s.start_ns"),
-        damage.integer("s.end_ns"),
-        damage.ordered("s.start_ns", "s.end_ns"),
-        *damage.duration("s.duration_ns"),
-        damage.integer("s.idx", nullable=True),
-    ]  # and attribute text that is not JSON: DuckDB checks it (`SPANS_DUCKDB`)
-    return "NOT (" + " OR ".join(f"({c})" for c, _ in checks) + ")"
+    # and attribute text that is not JSON: DuckDB checks it (`SPANS_DUCKDB`)
+    return damage.sound_span("s")
 
 
 def _stats_ok() -> str:
@@ -145,8 +141,10 @@ SPANS_SQL = (
     + f", s.start_ns, s.end_ns, {_rint('s.duration_ns')}, {_int('s.idx')}, "
     "CAST(s.attributes AS TEXT) FROM spans s "
     "WHERE NOT (s.level = 'kernel' AND s.kind IN ('runtime', 'driver')) "
-    f"AND {_span_ok()} AND s.trace_id IN (SELECT trace_id FROM traces WHERE {trace_ok()})"
+    f"AND {_span_ok()}"
 )
+# a span of a damaged trace, or of none, is left out (needless where `all_in_sound_traces`)
+IN_SOUND_TRACES = f" AND s.trace_id IN (SELECT trace_id FROM traces WHERE {trace_ok()})"
 STATS_SQL = (
     _sentinel("level_stats", ["text", "text", "integer", "real"])
     + " UNION ALL SELECT 0, trace_id, CAST(level AS TEXT), "
@@ -177,15 +175,22 @@ def _immutable(path: Path) -> bool:
 
 @contextmanager
 def record_batches(
-    db: str | Path, table: str, rowids: tuple[int, int] | None = None
+    db: str | Path,
+    table: str,
+    rowids: tuple[int, int] | None = None,
+    sound_traces: bool = False,
 ) -> Iterator[Any]:
     """A `pyarrow.RecordBatchReader` over one table's rows as the analyses take them, with a
     leading `_first` column (true only on the typed sentinel row, which readers drop).
-    `rowids` (spans only): read the rows whose rowid lies in that closed range."""
+    `rowids` (spans only): read the rows whose rowid lies in that closed range.
+    `sound_traces` (spans only): the caller found `all_in_sound_traces(db)` true, so no
+    span needs its trace looked up."""
     import adbc_driver_sqlite.dbapi as adbc
 
     path = Path(db)
     query = QUERIES[table]
+    if table == "spans" and not sound_traces:
+        query += IN_SOUND_TRACES
     if rowids is not None:
         query += f" AND s.rowid BETWEEN {int(rowids[0])} AND {int(rowids[1])}"
     conn = adbc.connect(_uri(path, _immutable(path)))
@@ -203,15 +208,34 @@ def record_batches(
         conn.close()
 
 
-def span_ranges(db: str | Path, parts: int) -> list[tuple[int, int] | None]:
-    """The spans table cut into up to `parts` rowid ranges of about `PART_ROWS` rows or more,
-    which separate readers scan at once (`[None]`: one reader for all)."""
+def all_in_sound_traces(db: str | Path) -> bool:
+    """Whether every span of the store belongs to a sound trace (the common case), found
+    over the trace-id index's distinct values rather than one lookup per span."""
     conn = connect_ro(Path(db))
     try:
-        low, high, n = conn.execute("SELECT min(rowid), max(rowid), count(*) FROM spans").fetchone()
+        (outside,) = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM (SELECT DISTINCT trace_id FROM spans) d WHERE NOT "
+            f"coalesce(d.trace_id IN (SELECT trace_id FROM traces WHERE {trace_ok()}), 0))"
+        ).fetchone()
     finally:
         conn.close()
-    parts = min(parts, int(n or 0) // PART_ROWS)
+    return not outside
+
+
+def span_ranges(db: str | Path, parts: int) -> list[tuple[int, int] | None]:
+    """The spans table cut into up to `parts` rowid ranges of about `PART_ROWS` rows or more,
+    which separate readers scan at once (`[None]`: one reader for all). The rows are counted
+    by their rowid range (two lookups; pruned traces' gaps count as rows), not by a scan."""
+    conn = connect_ro(Path(db))
+    try:
+        low, high = conn.execute(  # each alone, so that SQLite looks it up, not scans
+            "SELECT (SELECT min(rowid) FROM spans), (SELECT max(rowid) FROM spans)"
+        ).fetchone()
+    finally:
+        conn.close()
+    if low is None or high is None:
+        return [None]
+    parts = min(parts, (high - low + 1) // PART_ROWS)
     if parts <= 1:
         return [None]
     step = (high - low + parts) // parts
@@ -273,17 +297,16 @@ def select_sql(table: str, source: str, relation: str) -> str:
 
 LAYER_NUMBERS = ("allocated_bytes", "leaf", "flops", "dram_read_bytes", "dram_write_bytes")
 LAYER_FLAGS = ("flops_estimated", "bytes_estimated", "outside_layers")
-LAYER_OBJECTS = ("op_type", "parent_layer", "original_nodes", "original_op_types")
+LAYER_OBJECTS = ("op_type", "original_nodes", "original_op_types")
 LAYER_JSON = ("input_shapes", "output_shapes")  # kept as JSON text
 WORK_NUMBERS = ("flops", "dram_read_bytes", "dram_write_bytes", "achieved_occupancy")
 WORK_FLAGS = ("metrics_estimated",)
-WORK_OBJECTS = ("stream",)
 NUMBERS = ("allocated_bytes", "flops", "dram_read_bytes", "dram_write_bytes",
            "achieved_occupancy", "leaf")  # fmt: skip
 FLAGS = ("flops_estimated", "bytes_estimated", "metrics_estimated", "outside_layers")
-OBJECTS = ("op_type", "stream", "parent_layer", "original_nodes", "original_op_types")
+OBJECTS = LAYER_OBJECTS
 _LAYER_KEYS = (*LAYER_NUMBERS, *LAYER_FLAGS, *LAYER_OBJECTS, *LAYER_JSON)
-_WORK_KEYS = (*WORK_NUMBERS, *WORK_FLAGS, *WORK_OBJECTS)
+_WORK_KEYS = (*WORK_NUMBERS, *WORK_FLAGS)
 _REPORT_NAMES = ("trace_id", "span_id", "level", "name", "kind", "start_ns", "end_ns",
                  "duration_ns", "run_level", "idx", "attributes", "layer", "_bad",
                  *RELAY_OFFSET_COLUMNS.values(), *STREAM_RESPONSE_COLUMNS)  # fmt: skip
@@ -327,13 +350,13 @@ def report_spans_sql(span_checks: str, trace_subquery: str | None) -> str:
     )
 
 
-def _duck_number(x: str, kind: str) -> str:
-    """A JSON value `x` of JSON type `kind` as a DOUBLE as numpy reads the decoded value:
-    numbers, booleans (1/0), numeric text; NULL otherwise."""
+def duck_number(x: str) -> str:
+    """A JSON value `x` as a DOUBLE as numpy reads the decoded value: numbers, booleans
+    (1/0), numeric text; NULL otherwise. DuckDB's cast of a JSON value reads numbers and
+    booleans so and makes NULL of the rest; a JSON string's text is cast as text."""
     return (
-        f"CASE WHEN {kind} IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN {x}::DOUBLE "
-        f"WHEN {kind} = 'BOOLEAN' THEN {x}::BOOLEAN::DOUBLE "
-        f"WHEN {kind} = 'VARCHAR' THEN TRY_CAST(json_extract_string({x}, '$') AS DOUBLE) END"
+        f"CASE WHEN starts_with({x}::VARCHAR, '\"') "
+        f"THEN TRY_CAST(json_extract_string({x}, '$') AS DOUBLE) ELSE TRY_CAST({x} AS DOUBLE) END"
     )
 
 
@@ -349,17 +372,16 @@ def _attribute(key: str) -> str:
 
 def _report_duckdb() -> str:
     """DuckDB over the rows of `report_spans_sql` (relation `batches`). Each numeric
-    attribute's JSON value (`_v_KEY`), its JSON type (`_t_KEY`) and its number are computed
-    once each, one subquery after the other (not once per expression that reads them)."""
+    attribute's JSON value (`_v_KEY`) and its number are computed once each, one subquery
+    after the other (not once per expression that reads them)."""
     layer_paths = "[" + ", ".join(f"'$.{k}'" for k in _LAYER_KEYS) + "]"
     work_paths = "[" + ", ".join(f"'$.{k}'" for k in _WORK_KEYS) + "]"
     numeric = (*NUMBERS, *FLAGS)
     values = ", ".join(f"{_attribute(k)} AS _v_{k}" for k in numeric)
-    types = ", ".join(f"json_type(_v_{k}) AS _t_{k}" for k in numeric)
-    numbers = ", ".join(f"{_duck_number(f'_v_{k}', f'_t_{k}')} AS {k}" for k in numeric)
-    # present, not JSON null, and not a number: ignored, and named
+    numbers = ", ".join(f"{duck_number(f'_v_{k}')} AS {k}" for k in numeric)
+    # present, not JSON null (minified as `null`), and not a number: ignored, and named
     wrong = ", ".join(
-        f"CASE WHEN _v_{k} IS NOT NULL AND _t_{k} != 'NULL' AND {k} IS NULL "
+        f"CASE WHEN _v_{k} IS NOT NULL AND _v_{k}::VARCHAR != 'null' AND {k} IS NULL "
         f"THEN '\"{k}\":' || _v_{k} END"
         for k in numeric
     )
@@ -372,22 +394,19 @@ SELECT trace_id, span_id, level, name, kind, start_ns, end_ns, duration_ns, run_
 FROM (
   SELECT *, {numbers}
   FROM (
-    SELECT *, {types}
+    SELECT * EXCLUDE (_bad),
+           coalesce(_bad, CASE WHEN attributes IS NOT NULL AND a IS NULL
+                               AND NOT json_valid(attributes)
+                          THEN 'attributes: not valid JSON (' || {quoted} || ')' END) AS _bad,
+           {values}
     FROM (
-      SELECT * EXCLUDE (_bad),
-             coalesce(_bad, CASE WHEN attributes IS NOT NULL AND a IS NULL
-                                 AND NOT json_valid(attributes)
-                            THEN 'attributes: not valid JSON (' || {quoted} || ')' END) AS _bad,
-             {values}
-      FROM (
-        SELECT * EXCLUDE (attributes),
-               CASE WHEN level IN ('layer', 'kernel') OR NOT json_valid(attributes)
-                    THEN attributes END AS attributes,
-               CASE WHEN level = 'layer' THEN try(json_extract(attributes, {layer_paths}))
-                    WHEN level = 'kernel' THEN try(json_extract(attributes, {work_paths})) END
-                 AS a
-        FROM batches WHERE _first = 0
-      )
+      SELECT * EXCLUDE (attributes),
+             CASE WHEN level IN ('layer', 'kernel') OR NOT json_valid(attributes)
+                  THEN attributes END AS attributes,
+             CASE WHEN level = 'layer' THEN try(json_extract(attributes, {layer_paths}))
+                  WHEN level = 'kernel' THEN try(json_extract(attributes, {work_paths})) END
+               AS a
+      FROM batches WHERE _first = 0
     )
   )
 )
@@ -403,9 +422,10 @@ def report_spans(
     """The report's spans of one store as a pandas DataFrame: SQLite's columns, `_bad`,
     the attribute columns (numbers as float64, flags as float64 to be compared with 0,
     objects and shapes as JSON text) and `_wrong` (the members of a JSON object: the values
-    that are not numbers where one is expected, by key)."""
-    import adbc_driver_sqlite.dbapi as adbc
-    import duckdb
+    that are not numbers where one is expected, by key). A large store is read in rowid
+    ranges by one reader per core at once (`span_ranges`; unless filtered), its parts joined
+    in rowid order: the rows and their order are those of one reader."""
+    import pyarrow as pa
 
     if trace_subquery:  # the filters' few plain values, as SQL literals
         pieces = trace_subquery.split("?")
@@ -413,21 +433,44 @@ def report_spans(
         literals = [str(v) if isinstance(v, int) else _sql_text(str(v)) for v in params]
         trace_subquery = "".join(p + q for p, q in zip(pieces, [*literals, ""], strict=True))
     query = report_spans_sql(span_checks, trace_subquery)
-    conn = adbc.connect(_uri(path, _immutable(path)))
+    uri = _uri(path, _immutable(path))
+    # (a filtered read stays one reader: SQLite then walks the selected traces' index, in
+    # its order, where a rowid range would walk the table in another)
+    ranges = span_ranges(path, os.cpu_count() or 1) if trace_subquery is None else [None]
+    parts = [
+        query if r is None else f"{query} AND s.rowid BETWEEN {int(r[0])} AND {int(r[1])}"
+        for r in ranges
+    ]
+    if len(parts) == 1:
+        table = _report_part(path, uri, parts[0], None)
+    else:  # ADBC and DuckDB run without the GIL
+        with ThreadPoolExecutor(len(parts)) as pool:
+            tables = list(pool.map(lambda q: _report_part(path, uri, q, 1), parts))
+        table = pa.concat_tables(tables)
+    return table.to_pandas(self_destruct=True, split_blocks=True)
+
+
+def _report_part(path: Path, uri: str, query: str, threads: int | None) -> Any:
+    """One reader: SQLite's rows of `query` through `REPORT_DUCKDB`, as an Arrow table."""
+    import adbc_driver_sqlite.dbapi as adbc
+    import duckdb
+
+    conn = adbc.connect(uri)
     try:
         cur = conn.cursor()
         con = duckdb.connect()  # closed before the ADBC stream it reads
         try:
             con.execute("SET enable_progress_bar = false")
+            if threads:
+                con.execute(f"SET threads = {int(threads)}")
             cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
             cur.execute(query)
             con.register("batches", cur.fetch_record_batch())
             rel = con.sql(REPORT_DUCKDB)
-            table = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+            return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
         finally:
             con.close()
             cur.close()
-        return table.to_pandas(self_destruct=True, split_blocks=True)
     except adbc.Error as exc:
         raise TraceDatabaseError(f"{path}: cannot read the trace store ({exc})") from None
     finally:

@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -20,6 +20,7 @@ from analysis.store_file import TRACE_IDENTITY
 from analysis.tracedb import TraceData
 from sidecar.profiling.stats import TRIM
 
+T = TypeVar("T")
 GROUP = ["model", "batch_size"]
 DEVICE_KINDS = ("kernel", "memcpy", "memset")  # work that runs on the accelerator
 KERNEL_TABLE_KINDS = (*DEVICE_KINDS, "cpu_op")  # rows of the kernel table (A8)
@@ -151,7 +152,11 @@ def _trimmed_means(gid: np.ndarray, v: np.ndarray, n_groups: int, proportion: fl
     by the rule of `sidecar.profiling.stats.trimmed_mean`, vectorised."""
     ok = ~np.isnan(v)
     g, v = gid[ok], v[ok]
-    order = np.lexsort((v, g))
+    # `lexsort((v, g))`'s order, by a stable sort of the values and then a stable sort of
+    # their groups (a radix sort where the group ids fit 16 bits): a third less time
+    order = np.argsort(v, kind="stable")
+    ids = g[order].astype(np.uint16) if n_groups <= 1 << 16 else g[order]
+    order = order[np.argsort(ids, kind="stable")]
     g, v = g[order], v[order]
     counts = np.bincount(g, minlength=n_groups)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
@@ -182,11 +187,17 @@ def layer_type(layers: pd.DataFrame) -> pd.Series:
     runtime = layers["op_type"].fillna(layers["kind"]).astype(str)
     if "original_op_types" not in layers.columns:
         return runtime
-    fused = [
-        "+".join(str(t) for t in types) if isinstance(types, list) and len(types) > 1 else None
-        for types in layers["original_op_types"]
-    ]
-    return pd.Series(fused, index=layers.index, dtype=object).fillna(runtime).astype(str)
+    # once per distinct object: the loader's rows share one list per distinct JSON text
+    values = layers["original_op_types"].to_numpy(object)
+    ids = np.fromiter(map(id, values), dtype=np.uint64, count=len(values))
+    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    fused = np.empty(len(first), dtype=object)
+    fused[:] = [_fused(values[i]) for i in first.tolist()]
+    return pd.Series(fused[inverse], index=layers.index, dtype=object).fillna(runtime).astype(str)
+
+
+def _fused(types: Any) -> str | None:
+    return "+".join(str(t) for t in types) if isinstance(types, list) and len(types) > 1 else None
 
 
 def keras_layers_only(layers: pd.DataFrame) -> pd.DataFrame:
@@ -244,10 +255,13 @@ def call_names(layers: pd.DataFrame) -> pd.Series:
     name, which would otherwise fold a module called three times into one row."""
     if layers.empty:
         return layers["name"]
-    order = layers.sort_values(["start_ns", "idx"], kind="stable")
-    n = order.groupby(["tkey", "run_level", "name"], dropna=False, sort=False).cumcount()
-    names = order["name"].astype(str)
-    named = names.where(n == 0, names + "#" + n.astype(str))
+    keys = ["tkey", "run_level", "name"]
+    order = layers[[*keys, "start_ns", "idx"]].sort_values(["start_ns", "idx"], kind="stable")
+    n = order.groupby(keys, dropna=False, sort=False).cumcount()
+    named = order["name"].astype(str)
+    repeat = (n > 0).to_numpy()
+    if repeat.any():  # only the repeats get a suffix
+        named[repeat] = named[repeat] + "#" + n[repeat].astype(str)
     return named.reindex(layers.index)
 
 
@@ -295,14 +309,15 @@ class Frames:
 
     def __init__(self, data: TraceData) -> None:
         self.data = data
-        self._memo: dict[str, pd.DataFrame] = {}
+        self._memo: dict[str, Any] = {}
         self._levels: dict[str, pd.DataFrame] = {}
 
-    def memo(self, key: str, build: Callable[[], pd.DataFrame]) -> pd.DataFrame:
-        """`build()` once per key; callers must not modify the returned frame."""
+    def memo(self, key: str, build: Callable[[], T]) -> T:
+        """`build()` once per key; callers must not modify what it returns."""
         if key not in self._memo:
             self._memo[key] = build()
-        return self._memo[key]
+        value: T = self._memo[key]
+        return value
 
     def at(self, level: str) -> pd.DataFrame:
         """The spans of one level (split once, then shared: do not modify)."""

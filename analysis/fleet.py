@@ -66,24 +66,25 @@ def export_parquet(
     for table in TABLES:
         (out / table).mkdir(parents=True, exist_ok=True)
     workers = max(1, threads or os.cpu_count() or 1)
-    jobs: list[tuple[str | Path, str, Path, tuple[int, int] | None]] = []
+    jobs: list[tuple[str | Path, str, Path, tuple[int, int] | None, bool]] = []
     for i, db in enumerate(dbs):
+        sound = columnar.all_in_sound_traces(db)
         for table in TABLES:
             stem = f"{i:04d}-{Path(db).stem}"
             ranges = columnar.span_ranges(db, workers) if table == "spans" else [None]
             for k, rowids in enumerate(ranges):
                 name = stem if len(ranges) == 1 else f"{stem}-{k:02d}"
-                jobs.append((db, table, out / table / f"{name}.parquet", rowids))
+                jobs.append((db, table, out / table / f"{name}.parquet", rowids, sound))
 
-    def write(job: tuple[str | Path, str, Path, tuple[int, int] | None]) -> tuple[str, int]:
-        db, table, target, rowids = job
+    def write(job: tuple[str | Path, str, Path, tuple[int, int] | None, bool]) -> tuple[str, int]:
+        db, table, target, rowids, sound = job
         # one single-threaded DuckDB per reader: parallel COPYs in one DuckDB hold more
         # rows in flight, and the readers are the parallelism
         con = duckdb.connect()
         try:
             con.execute("SET threads = 1")
             con.execute("SET enable_progress_bar = false")
-            with columnar.record_batches(db, table, rowids) as batches:
+            with columnar.record_batches(db, table, rowids, sound) as batches:
                 con.register("batches", batches)
                 try:
                     select = columnar.select_sql(table, str(db), "batches")

@@ -62,18 +62,16 @@ def original_nodes(name: str, nodes: object) -> str:
 
 
 def _layer_frame(fr: Frames) -> pd.DataFrame:
-    ly = fr.layers
-    ly = ly.assign(
-        original_nodes=[
-            original_nodes(n, o) for n, o in zip(ly["name"], ly["original_nodes"], strict=True)
-        ]
-    )
     agg = across_traces(
-        ly,
+        fr.layers,
         [*GROUP, "name"],
         ["duration_ns", "allocated_bytes"],
         ["idx", "type", "container", "original_nodes", "input_shapes", "output_shapes"],
     )
+    # of each group's first row, as carried: once per row of the table, not per layer span
+    agg["original_nodes"] = [
+        original_nodes(n, o) for n, o in zip(agg["name"], agg["original_nodes"], strict=True)
+    ]
     agg["container"] = agg["container"].astype(bool)
     agg["latency_ms"] = agg["duration_ns"] / 1e6
     leaf_ns = agg["duration_ns"].where(~agg["container"])

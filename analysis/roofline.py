@@ -229,8 +229,12 @@ def kernel_roofline(fr: Frames) -> AnalysisResult:
 
 def layer_metrics(fr: Frames) -> tuple[pd.DataFrame, str]:
     """Per trace and layer: flops and DRAM bytes, from kernel counters in traces that have
-    them, else from the layer's own (possibly estimated) attributes. Returns (frame, source).
-    """
+    them, else from the layer's own (possibly estimated) attributes. Returns (frame, source);
+    computed once per `Frames` (A14 and A15 read it): do not modify the frame."""
+    return fr.memo("layer_metrics", lambda: _layer_metrics(fr))
+
+
+def _layer_metrics(fr: Frames) -> tuple[pd.DataFrame, str]:
     kn = fr.kernels
     kn = kn[kn["kind"].isin(("kernel", "cpu_op")) & kn["layer"].notna()]
     kn = kn[kn["flops"].notna() | kn["dram_read_bytes"].notna()]
@@ -264,7 +268,12 @@ def layer_metrics(fr: Frames) -> tuple[pd.DataFrame, str]:
 
 def gpu_run_metrics(fr: Frames) -> pd.DataFrame:
     """Per trace with GPU kernel counters: FLOPs and DRAM bytes summed over every kernel of
-    the run, in a layer or not (a TorchScript model on CUDA has no layers at all)."""
+    the run, in a layer or not (a TorchScript model on CUDA has no layers at all). Computed
+    once per `Frames`: do not modify it."""
+    return fr.memo("gpu_run_metrics", lambda: _gpu_run_metrics(fr))
+
+
+def _gpu_run_metrics(fr: Frames) -> pd.DataFrame:
     kn = fr.kernels
     kn = kn[(kn["kind"] == "kernel") & (kn["flops"].notna() | kn["dram_read_bytes"].notna())]
     kn = kn.assign(dram_bytes=kn["dram_read_bytes"].fillna(0) + kn["dram_write_bytes"].fillna(0))

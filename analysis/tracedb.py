@@ -30,34 +30,12 @@ from analysis.store_file import connect_ro as _connect_ro
 # frame of half a million rows, with it only the columns written are copied.
 pd.set_option("mode.copy_on_write", True)
 
-# Span attribute keys (docs/contracts.md) extracted into columns of `TraceData.spans`, and
-# the spans they are read from (each json_extract parses the JSON again, so only where used).
-LAYER_ATTRIBUTES: tuple[str, ...] = (
-    "op_type",
-    "outside_layers",  # TensorFlow: an op that ran outside every Keras layer
-    "input_shapes",
-    "output_shapes",
-    "allocated_bytes",
-    "flops_estimated",
-    "bytes_estimated",
-    "leaf",  # nested module calls (PyTorch): false for a container (`layer1`, `layer1.0`)
-    "parent_layer",  # the enclosing call's layer name, where layers nest
-)
-WORK_ATTRIBUTES: tuple[str, ...] = ("achieved_occupancy", "metrics_estimated", "stream")
-SHARED_ATTRIBUTES: tuple[str, ...] = ("flops", "dram_read_bytes", "dram_write_bytes")
-SPAN_ATTRIBUTE_COLUMNS = (*LAYER_ATTRIBUTES, *SHARED_ATTRIBUTES, *WORK_ATTRIBUTES)
-_LAYER_SCALARS = tuple(
-    k for k in (*LAYER_ATTRIBUTES, *SHARED_ATTRIBUTES) if k not in ("input_shapes", "output_shapes")
-)
-_WORK_SCALARS = (*SHARED_ATTRIBUTES, *WORK_ATTRIBUTES)
-# Layer attributes kept as JSON text: shapes, and the original graph nodes a fused layer
-# computes (ONNX Runtime: Conv+Relu -> one Conv node named after its output).
+# Span attributes the loader reads beyond numbers and flags (`analysis.columnar`): the graph
+# nodes a fused layer computes (ONNX Runtime: Conv+Relu -> one Conv node named after its
+# output) decoded, and the shapes kept as JSON text. Attributes no analysis reads (a kernel's
+# stream, a layer's parent_layer) are not loaded; the timeline export reads its trace whole.
 _LAYER_JSON = ("input_shapes", "output_shapes")
-_LAYER_LISTS = ("original_nodes", "original_op_types")  # parsed with the scalars
-# The relay's marks on a live request span (docs/contracts.md), loaded as ns after the span's
-# start (exact in float64, which epoch ns are not), NaN where a store has none.
-_IS_LAYER = "s.level = 'layer'"
-_IS_WORK = "s.level = 'kernel' AND s.kind NOT IN ('runtime', 'driver')"
+_LAYER_LISTS = ("original_nodes", "original_op_types")
 # Trace attribute keys extracted into columns of `TraceData.traces`.
 TRACE_ATTRIBUTE_COLUMNS: tuple[str, ...] = (
     "peak_flops_per_s",
@@ -175,7 +153,9 @@ def _span_checks(guard_json: bool) -> str:
     ]
     if guard_json:
         checks.append(damage.json_object("s.attributes"))
-    return damage.bad_expression(checks)
+        return damage.bad_expression(checks)
+    # a sound row (most rows) is told by one short conjunction; only the others are named
+    return f"CASE WHEN {damage.sound_span('s')} THEN NULL ELSE {damage.bad_expression(checks)} END"
 
 
 def _stats_checks() -> str:
@@ -273,7 +253,7 @@ _NUMERIC = (
     "achieved_occupancy",
     "leaf",
 )  # fmt: skip  (leaf: NaN where not recorded)
-_OBJECTS = ("op_type", "stream", "parent_layer", *_LAYER_LISTS)
+_OBJECTS = ("op_type", *_LAYER_LISTS)
 _FLAGS = ("flops_estimated", "bytes_estimated", "metrics_estimated", "outside_layers")
 
 
