@@ -281,9 +281,9 @@ class StreamInferences:
         now = time.perf_counter()
         sm = self.stream_metrics
         if self.requests.mid_message or self.responses.mid_message:
-            sm.anomalies.labels("cut").inc()
+            sm.cut.inc()
         if code == "CANCELLED" and self.pending:
-            sm.anomalies.labels("cancelled").inc()
+            sm.cancelled.inc()
         for seq in list(self.pending):
             p = self.pending[seq]
             if p.responses and not p.final_flag_asked and code == "OK":
