@@ -11,7 +11,8 @@
  *   the tuple `stream_messages.RequestReader.read` / `ResponseReader.read` return (the
  *   pure-Python reference, which the tests compare with this on random messages and random
  *   chunkings). Attributes: `pick` (None or a callable asked at each message's prefix with its
- *   size, returning None or a 2-tuple (token, keep whole)), `capture_limit`, `mid_message`.
+ *   size, returning None or a 2-tuple (token, keep whole)), `capture_limit`, `mid_message`,
+ *   `copying`.
  *   An exception raised by `pick` propagates (the chunk's messages are then lost, as in the
  *   Python reader).
  *
@@ -481,6 +482,10 @@ static PyObject *walker_mid_message(Walker *w, void *closure) {
     return PyBool_FromLong(w->prefix_len > 0 || w->left > 0);
 }
 
+static PyObject *walker_copying(Walker *w, void *closure) {
+    return PyBool_FromLong(w->full != NULL);
+}
+
 static PyObject *walker_new(PyTypeObject *type, PyObject *args, PyObject *kwds, int responses) {
     if ((args != NULL && PyTuple_GET_SIZE(args)) || (kwds != NULL && PyDict_GET_SIZE(kwds))) {
         PyErr_Format(PyExc_TypeError, "%s() takes no arguments", type->tp_name);
@@ -539,6 +544,8 @@ static PyMemberDef walker_members[] = {
 static PyGetSetDef walker_getset[] = {
     {"mid_message", (getter)walker_mid_message, NULL, "True while a message has begun and not ended.",
      NULL},
+    {"copying", (getter)walker_copying, NULL,
+     "True while the message under way is being kept whole (picked, within the limit).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -164,6 +164,7 @@ class StreamInferences:
         now = time.perf_counter()
         sm = self.stream_metrics
         method = self.method
+        responses = sm.responses
         for size, error, model, ident, final, has_outputs in reads:
             self.response_count += 1
             if model is None:
@@ -172,19 +173,22 @@ class StreamInferences:
             seq = self._match(ident)
             if seq is None:
                 sm.unmatched.inc()
-                self._count_response((method, self.metrics.model_label(model)))
+                pair = (method, self.metrics.model_label(model))
+                responses[pair] = responses.get(pair, 0) + 1
                 continue
             p = self.pending[seq]
             p.response_bytes += size
             if has_outputs or error:
                 pair = (method, p.model)
-                self._count_response(pair)
+                responses[pair] = responses.get(pair, 0) + 1
                 if p.responses == 0:
                     p.first = now
-                    sm.histogram(sm.first_response, pair).observe(now - p.start)
+                    hist = sm.first_response.get(pair) or sm.histogram(sm.first_response, pair)
+                    hist.observe(now - p.start)
                 else:
                     gap = now - p.last
-                    sm.histogram(sm.gaps, pair).observe(gap)
+                    hist = sm.gaps.get(pair) or sm.histogram(sm.gaps, pair)
+                    hist.observe(gap)
                     if p.gaps is not None and len(p.gaps) < MAX_GAPS:
                         p.gaps.append(gap)
                 p.responses += 1
@@ -194,10 +198,6 @@ class StreamInferences:
                 self._finish(seq, ERROR_CODE, now)
             elif final is not False:
                 self._finish(seq, "OK", now)
-
-    def _count_response(self, pair: tuple[str, str]) -> None:
-        responses = self.stream_metrics.responses
-        responses[pair] = responses.get(pair, 0) + 1
 
     def _match(self, ident: str) -> int | None:
         """The pending inference a response belongs to; ends older ones it shows are over."""

@@ -87,6 +87,11 @@ class MessageSplitter:
         """True while a message has begun and not ended."""
         return bool(self._prefix) or self._left > 0
 
+    @property
+    def copying(self) -> bool:
+        """True while the message under way is being kept whole (picked, within the limit)."""
+        return self._full is not None
+
     def _ask(self, pick: Pick, size: int) -> tuple[object, bool]:
         picked = pick(size)
         if picked is None:
@@ -376,6 +381,9 @@ class RequestReading(Protocol):
 
     @property
     def mid_message(self) -> bool: ...
+
+    @property
+    def copying(self) -> bool: ...
 
     def read(self, chunk: bytes) -> list[RequestRead]: ...
 

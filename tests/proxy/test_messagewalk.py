@@ -1,7 +1,7 @@
 """The C message walker (`_messagewalk.c`) against the pure-Python readers it accelerates.
 
 Both read the same bytes cut into the same random chunks and must return exactly the same
-tuples after every chunk, and agree on `mid_message`: on random `ModelInferRequest` /
+tuples after every chunk, and agree on `mid_message` and `copying`: on random `ModelInferRequest` /
 `ModelStreamInferResponse` messages built with tritonclient's `service_pb2` (ids, the final
 flags, other parameters, tensors past the kept head), on the same messages corrupted (bytes
 flipped, cut short, random bytes, compressed), on streams cut inside a message, and with a
@@ -119,11 +119,12 @@ answers = st.lists(
 
 
 def read_all(reader: RequestReading | ResponseReading, wire: bytes, cuts: list[int]) -> list:
-    """Each chunk's reads and the reader's mid_message after it."""
+    """Each chunk's reads and the reader's mid_message (and copying) after it."""
     out = []
     pos = 0
     for cut in [*cuts, len(wire)]:
-        out.append((reader.read(wire[pos : pos + cut]), reader.mid_message))
+        read = reader.read(wire[pos : pos + cut])
+        out.append((read, reader.mid_message, getattr(reader, "copying", None)))
         pos += cut
         if pos >= len(wire):
             break
