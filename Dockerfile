@@ -41,7 +41,8 @@ ARG EXTRAS
 ARG PIP_EXTRA_INDEX_URL=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-# a C compiler for the relay's frame walker (sidecar/proxy/_framewalk.c); build stage only
+# a C compiler for the relay's frame and message walkers (sidecar/proxy/_framewalk.c,
+# _messagewalk.c); build stage only
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
@@ -50,7 +51,8 @@ COPY sidecar ./sidecar
 COPY analysis ./analysis
 RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install ".${EXTRAS}" \
-    && /opt/venv/bin/python -c "import sidecar.proxy._framewalk"
+    && /opt/venv/bin/python -c "import sidecar.proxy._framewalk" \
+    && /opt/venv/bin/python -c "import sidecar.proxy._messagewalk"
 
 FROM ${PYTHON_IMAGE} AS runtime-cpu
 COPY --from=build-cpu /opt/venv /opt/venv
@@ -83,6 +85,7 @@ COPY analysis ./analysis
 RUN python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install ".${EXTRAS}" "${CUPTI_SPEC}" \
     && /opt/venv/bin/python -c "import sidecar.proxy._framewalk" \
+    && /opt/venv/bin/python -c "import sidecar.proxy._messagewalk" \
     && /opt/venv/bin/python -c "from cupti import cupti; cupti.ActivityKind.RUNTIME" \
     && /opt/venv/bin/pip uninstall -y onnxruntime \
     && /opt/venv/bin/pip install "${ORT_GPU_SPEC}"

@@ -1,7 +1,8 @@
-"""Builds the relay's optional C frame walker; everything else is in pyproject.toml.
+"""Builds the relay's optional C extensions; everything else is in pyproject.toml.
 
 `optional=True`: without a C compiler the install still succeeds and the relay uses the
-pure-Python scanner (sidecar/proxy/frames.py), which is also the reference the tests compare.
+pure-Python code, which is also the reference the tests compare: the frame scanner
+(sidecar/proxy/frames.py) and an inference stream's message reading (stream_messages.py).
 """
 
 from setuptools import Extension, setup
@@ -13,6 +14,12 @@ setup(
             ["sidecar/proxy/_framewalk.c"],
             optional=True,
             extra_compile_args=["-O2"],
-        )
+        ),
+        Extension(
+            "sidecar.proxy._messagewalk",
+            ["sidecar/proxy/_messagewalk.c"],
+            optional=True,
+            extra_compile_args=["-O2"],
+        ),
     ]
 )

@@ -27,8 +27,9 @@ the median of its windows' p50, and their differences to sampling off.
     python bench/proxy_overhead.py --sampling-ab --duration 30 --rounds 6
 
 With `--streaming` the same closed-loop load also runs as inferences on one `ModelStreamInfer`
-stream per client (grpc.aio: write a message, read its response), direct and relayed, and the
-relay's CPU per inference on a stream is printed beside its CPU per unary call.
+stream per client (grpc.aio: write a message, read its response), direct, relayed and through
+socat, and the relay's CPU per inference on a stream is printed beside its CPU per unary call,
+also as what it costs above socat's.
 
     python bench/proxy_overhead.py --duration 10 [--streaming]
 """
@@ -294,16 +295,31 @@ def start_bare_relay(backend: str) -> tuple[subprocess.Popen[bytes], str] | None
     return await_listening(proc, port, "socat")
 
 
-def report_bare(concurrency: int, direct: Result, bare: Result, relay: Result) -> None:
+def report_bare(
+    concurrency: int, direct: Result, bare: Result, relay: Result, unit: str = "req"
+) -> None:
     """The bare TCP relay beside ours: what the extra hop alone costs here."""
     assert bare.relay_cpu_us is not None and relay.relay_cpu_us is not None
-    print(f"  bare TCP relay (socat, C), same load: {bare.requests} calls")
+    what = "calls" if unit == "req" else "inferences on one stream per client"
+    print(f"  bare TCP relay (socat, C), same load: {bare.requests} {what}")
     print(f"  {'':22}{'socat':>12}{'relay':>12}")
     print(f"  {'throughput / direct':22}{bare.throughput / direct.throughput:12.3f}"
           f"{relay.throughput / direct.throughput:12.3f}")  # fmt: skip
     print(f"  {'p50 added (ms)':22}{bare.p50_ms - direct.p50_ms:+12.3f}"
           f"{relay.p50_ms - direct.p50_ms:+12.3f}")  # fmt: skip
-    print(f"  {'CPU (us/req)':22}{bare.relay_cpu_us:12.1f}{relay.relay_cpu_us:12.1f}")
+    print(f"  {f'CPU (us/{unit})':22}{bare.relay_cpu_us:12.1f}{relay.relay_cpu_us:12.1f}")
+
+
+def report_streaming_floor(unary: tuple[Result, Result], stream: tuple[Result, Result]) -> None:
+    """Relay CPU above socat's, per inference on a stream and per unary call (socat, relay)."""
+    above_unary, above_stream = (_cpu(relay) - _cpu(bare) for bare, relay in (unary, stream))
+    print(f"  relay CPU above socat, stream / unary: {above_stream:.1f} / {above_unary:.1f} us"
+          f" = {above_stream / above_unary:.3f}")  # fmt: skip
+
+
+def _cpu(result: Result) -> float:
+    assert result.relay_cpu_us is not None
+    return result.relay_cpu_us
 
 
 def report(concurrency: int, direct: Result, relay: Result) -> None:
@@ -495,15 +511,22 @@ def main(argv: list[str] | None = None) -> int:
                     print("  bare TCP relay: socat not on PATH, skipped")
                     continue
                 bare, bare_address = started
+                clients = [_client, _stream_client] if args.streaming else [_client]
                 try:
-                    floor = run_load(
-                        bare_address, concurrency, args.duration, args.warmup, triton_pid,
-                        bare.pid, relay_cpu=forking_relay_cpu_seconds,
-                    )  # fmt: skip
+                    floors = [
+                        run_load(
+                            bare_address, concurrency, args.duration, args.warmup, triton_pid,
+                            bare.pid, relay_cpu=forking_relay_cpu_seconds, client=client,
+                        )
+                        for client in clients
+                    ]  # fmt: skip
                 finally:
                     bare.kill()
                     bare.wait(10)
-                report_bare(concurrency, direct, floor, relayed)
+                report_bare(concurrency, direct, floors[0], relayed)
+                if args.streaming:
+                    report_bare(concurrency, streams[0], floors[1], streams[1], unit="inf")
+                    report_streaming_floor((floors[0], relayed), (floors[1], streams[1]))
             if server is not None and server.environment is not None:
                 perf_analyzer_report(
                     backend, relay_address, args.concurrency, args.duration,

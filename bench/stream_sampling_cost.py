@@ -8,7 +8,10 @@ and at rate 0.01 with budget 0 (the coin comes up 1 % of the time: the message i
 the budget refuses it). Prints µs per inference of each and its ratio to no hook; the best of
 `--repeat` rounds, the rounds alternated.
 
-    python bench/stream_sampling_cost.py --inferences 20000 --repeat 5
+    python bench/stream_sampling_cost.py --inferences 20000 --repeat 5 [--pure-python]
+
+`--pure-python` reads the messages with the pure-Python readers (`stream_messages`), the
+fallback where the C message walker (`_messagewalk.c`) is not built.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 from tritonclient.grpc import service_pb2
 
+from sidecar.proxy import stream_messages
 from sidecar.proxy.inferences import StreamInferences
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.streams import RequestStart
@@ -98,7 +102,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--inferences", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--pure-python", action="store_true", help="without the C message walker")
     args = parser.parse_args()
+    if args.pure_python:
+        stream_messages.native_readers = None
+    print(f"message reading: {'C' if stream_messages.native_readers else 'pure Python'}")
     request, response = traffic()
     cases = {"no hook": None, "rate 0": 0.0, "rate 0.01, budget 0": 0.01}
     best = {name: float("inf") for name in cases}

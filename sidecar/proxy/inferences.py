@@ -34,12 +34,7 @@ from typing import Protocol
 
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.model_name import UNKNOWN_MODEL
-from sidecar.proxy.stream_messages import (
-    MessageSplitter,
-    Unreadable,
-    read_request,
-    read_response,
-)
+from sidecar.proxy.stream_messages import request_reader, response_reader
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +102,8 @@ class StreamInferences:
         self.stream_metrics = metrics.streams
         self.method = method
         self.max_pending = max_pending
-        self.requests = MessageSplitter()
-        self.responses = MessageSplitter()
+        self.requests = request_reader()
+        self.responses = response_reader()
         self.pending: dict[int, Pending] = {}  # by arrival sequence, oldest first
         self.by_id: dict[str, int] = {}
         self._seq = 0
@@ -130,32 +125,28 @@ class StreamInferences:
 
     def request_data(self, chunk: bytes) -> None:
         """Client DATA payload bytes of the stream."""
-        messages = self.requests.feed(chunk)
-        if not messages:
+        reads = self.requests.read(chunk)
+        if not reads:
             return
         now = time.perf_counter()
-        for msg in messages:
+        pending = self.pending
+        sampling = self.sampling
+        for size, token, full, name, ident, asked in reads:
             self.request_count += 1
-            model, ident, asked = UNKNOWN_MODEL, "", False
-            name: str | None = None
-            if msg.compressed:
-                self.stream_metrics.anomalies.labels("unreadable").inc()
+            if name is None:
+                self.stream_metrics.unreadable.inc()
+                model = UNKNOWN_MODEL
             else:
-                try:
-                    fields = read_request(msg.head, msg.complete)
-                    name = fields.model or None
-                    model = self.metrics.model_label(fields.model)
-                    ident, asked = fields.id, fields.final_flag_asked
-                except Unreadable:
-                    self.stream_metrics.anomalies.labels("unreadable").inc()
-            if len(self.pending) >= self.max_pending:
+                model = self.metrics.model_label(name)
+                name = name or None
+            if len(pending) >= self.max_pending:
                 self._evict(now)
             seq = self._seq
             self._seq = seq + 1
-            p = self.pending[seq] = Pending(model, ident, now, msg.size, asked)
-            if self.sampling is not None:
+            p = pending[seq] = Pending(model, ident, now, size, asked)
+            if sampling is not None:
                 try:
-                    p.sample = self.sampling.message(msg.sample, name, msg.full)
+                    p.sample = sampling.message(token, name, full)
                 except Exception:
                     self._hook_failed()
                 if p.sample is not None:
@@ -167,51 +158,46 @@ class StreamInferences:
 
     def response_data(self, chunk: bytes) -> None:
         """Backend DATA payload bytes of the stream."""
-        messages = self.responses.feed(chunk)
-        if not messages:
+        reads = self.responses.read(chunk)
+        if not reads:
             return
         now = time.perf_counter()
-        anomalies = self.stream_metrics.anomalies
-        for msg in messages:
+        sm = self.stream_metrics
+        method = self.method
+        responses = sm.responses
+        for size, error, model, ident, final, has_outputs in reads:
             self.response_count += 1
-            if msg.compressed:
-                anomalies.labels("unreadable").inc()
+            if model is None:
+                sm.unreadable.inc()
                 continue
-            try:
-                fields = read_response(msg.head, msg.complete)
-            except Unreadable:
-                anomalies.labels("unreadable").inc()
-                continue
-            seq = self._match(fields.id)
+            seq = self._match(ident)
             if seq is None:
-                anomalies.labels("unmatched").inc()
-                pair = (self.method, self.metrics.model_label(fields.model))
-                self._count_response(pair)
+                sm.unmatched.inc()
+                pair = (method, self.metrics.model_label(model))
+                responses[pair] = responses.get(pair, 0) + 1
                 continue
             p = self.pending[seq]
-            p.response_bytes += msg.size
-            pair = (self.method, p.model)
-            if fields.has_outputs or fields.error:
-                self._count_response(pair)
-                sm = self.stream_metrics
+            p.response_bytes += size
+            if has_outputs or error:
+                pair = (method, p.model)
+                responses[pair] = responses.get(pair, 0) + 1
                 if p.responses == 0:
                     p.first = now
-                    sm.histogram(sm.first_response, pair).observe(now - p.start)
+                    hist = sm.first_response.get(pair) or sm.histogram(sm.first_response, pair)
+                    hist.observe(now - p.start)
                 else:
-                    sm.histogram(sm.gaps, pair).observe(now - p.last)
+                    gap = now - p.last
+                    hist = sm.gaps.get(pair) or sm.histogram(sm.gaps, pair)
+                    hist.observe(gap)
                     if p.gaps is not None and len(p.gaps) < MAX_GAPS:
-                        p.gaps.append(now - p.last)
+                        p.gaps.append(gap)
                 p.responses += 1
                 p.last = now
-            if fields.error:
-                p.error = fields.error
+            if error:
+                p.error = error
                 self._finish(seq, ERROR_CODE, now)
-            elif fields.final is not False:
+            elif final is not False:
                 self._finish(seq, "OK", now)
-
-    def _count_response(self, pair: tuple[str, str]) -> None:
-        responses = self.stream_metrics.responses
-        responses[pair] = responses.get(pair, 0) + 1
 
     def _match(self, ident: str) -> int | None:
         """The pending inference a response belongs to; ends older ones it shows are over."""
@@ -281,7 +267,7 @@ class StreamInferences:
         if p.responses and not p.final_flag_asked:
             self._finish(seq, "OK", now, at_last=True)  # answered; its end just not seen
             return
-        self.stream_metrics.anomalies.labels("overflow").inc()
+        self.stream_metrics.overflow.inc()
         self.pending.pop(seq)
         if p.id and self.by_id.get(p.id) == seq:
             del self.by_id[p.id]
@@ -295,9 +281,9 @@ class StreamInferences:
         now = time.perf_counter()
         sm = self.stream_metrics
         if self.requests.mid_message or self.responses.mid_message:
-            sm.anomalies.labels("cut").inc()
+            sm.cut.inc()
         if code == "CANCELLED" and self.pending:
-            sm.anomalies.labels("cancelled").inc()
+            sm.cancelled.inc()
         for seq in list(self.pending):
             p = self.pending[seq]
             if p.responses and not p.final_flag_asked and code == "OK":

@@ -12,12 +12,20 @@ and cost tens of microseconds, while the fields needed (model_name = 1, id = 3, 
 parameters map = 4; the response's error_message = 1 and infer_response = 2) come before the
 tensors in the wire format, so a walk of the first bytes is enough. `tests/proxy/
 test_stream_messages.py` checks the scan against `service_pb2` on random messages.
+
+The relay reads a stream through `request_reader()` / `response_reader()`: one `read(chunk)`
+per DATA chunk, returning one tuple of fields per message that ends in it. Where the C walker
+(`_messagewalk.c`, built by `pip install` where a C compiler exists) is built, they are its
+`RequestWalker` / `ResponseWalker`; `RequestReader` / `ResponseReader` here (the splitter and
+the scans above, composed) are the reference the tests compare it with and the fallback.
+`native_readers` may be set to None to force the pure-Python path (the tests do).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from sidecar.proxy.model_name import read_varint
 
@@ -78,6 +86,11 @@ class MessageSplitter:
     def mid_message(self) -> bool:
         """True while a message has begun and not ended."""
         return bool(self._prefix) or self._left > 0
+
+    @property
+    def copying(self) -> bool:
+        """True while the message under way is being kept whole (picked, within the limit)."""
+        return self._full is not None
 
     def _ask(self, pick: Pick, size: int) -> tuple[object, bool]:
         picked = pick(size)
@@ -309,6 +322,98 @@ def read_response(head: bytes, complete: bool = True) -> ResponseFields:
                 elif f in (5, 6):  # the first field past 4: the scan stopped there
                     outputs = True
     return ResponseFields(error, model, ident, final, outputs)
+
+
+# One request message: (size with the 5-byte prefix, the pick's token, the whole message if
+# kept, model (None: compressed or unreadable), id, final flag asked).
+RequestRead = tuple[int, object, "bytes | None", "str | None", str, bool]
+# One response message: (size with the prefix, error_message, model (None: compressed or
+# unreadable), id, triton_final_response (None: absent), has an output tensor).
+ResponseRead = tuple[int, str, "str | None", str, "bool | None", bool]
+
+
+class RequestReader(MessageSplitter):
+    """A stream's request messages, each read as a `RequestRead`."""
+
+    __slots__ = ()
+
+    def read(self, chunk: bytes) -> list[RequestRead]:
+        """The messages that end in `chunk`, in order."""
+        out: list[RequestRead] = []
+        for msg in self.feed(chunk):
+            model: str | None = None
+            ident, asked = "", False
+            if not msg.compressed:
+                try:
+                    fields = read_request(msg.head, msg.complete)
+                    model, ident, asked = fields.model, fields.id, fields.final_flag_asked
+                except Unreadable:
+                    pass
+            out.append((msg.size, msg.sample, msg.full, model, ident, asked))
+        return out
+
+
+class ResponseReader(MessageSplitter):
+    """A stream's response messages, each read as a `ResponseRead`."""
+
+    __slots__ = ()
+
+    def read(self, chunk: bytes) -> list[ResponseRead]:
+        """The messages that end in `chunk`, in order."""
+        out: list[ResponseRead] = []
+        for msg in self.feed(chunk):
+            read: ResponseRead = (msg.size, "", None, "", None, False)
+            if not msg.compressed:
+                try:
+                    f = read_response(msg.head, msg.complete)
+                    read = (msg.size, f.error, f.model, f.id, f.final, f.has_outputs)
+                except Unreadable:
+                    pass
+            out.append(read)
+        return out
+
+
+class RequestReading(Protocol):
+    """`RequestReader` or the C `RequestWalker`."""
+
+    pick: Pick | None
+    capture_limit: int
+
+    @property
+    def mid_message(self) -> bool: ...
+
+    @property
+    def copying(self) -> bool: ...
+
+    def read(self, chunk: bytes) -> list[RequestRead]: ...
+
+
+class ResponseReading(Protocol):
+    """`ResponseReader` or the C `ResponseWalker`."""
+
+    @property
+    def mid_message(self) -> bool: ...
+
+    def read(self, chunk: bytes) -> list[ResponseRead]: ...
+
+
+native_readers: tuple[Callable[[], RequestReading], Callable[[], ResponseReading]] | None
+try:
+    from sidecar.proxy._messagewalk import RequestWalker, ResponseWalker
+except ImportError:  # not built (no C compiler at install): the pure-Python readers
+    native_readers = None
+else:
+    native_readers = (RequestWalker, ResponseWalker)
+
+
+def request_reader() -> RequestReading:
+    """A reader of one stream's request messages: the C walker where built."""
+    return native_readers[0]() if native_readers is not None else RequestReader()
+
+
+def response_reader() -> ResponseReading:
+    """A reader of one stream's response messages: the C walker where built."""
+    return native_readers[1]() if native_readers is not None else ResponseReader()
 
 
 SEQUENCE_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end"})

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from itertools import accumulate
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import (
@@ -73,8 +74,10 @@ class StreamMetrics:
             ["reason"],
             registry=registry,
         )
-        for reason in ANOMALIES:
-            self.anomalies.labels(reason)
+        # the children counted per message, looked up once
+        self.unreadable, self.unmatched, self.cut, self.cancelled, self.overflow = (
+            self.anomalies.labels(reason) for reason in ANOMALIES
+        )
         registry.register(_StreamCollector(self))
 
     def histogram(self, table: dict[Pair, Histogram], pair: Pair) -> Histogram:
@@ -101,6 +104,49 @@ class StreamMetrics:
             self.messages[mkey] = self.messages.get(mkey, 0) + n
 
 
+Kind = type[CounterMetricFamily] | type[GaugeMetricFamily] | type[HistogramMetricFamily]
+PAIR = ("method", "model")
+# name, kind, help, labels, the `StreamMetrics` table it is read from (in scrape order)
+FAMILIES: tuple[tuple[str, Kind, str, tuple[str, ...], str], ...] = (
+    ("xsp_first_response_seconds", HistogramMetricFamily,
+     "Streamed inferences: from the request message to its first response.", PAIR,
+     "first_response"),
+    ("xsp_response_gap_seconds", HistogramMetricFamily,
+     "Streamed inferences: time between two responses to one request (per token).", PAIR,
+     "gaps"),
+    ("xsp_responses", CounterMetricFamily,
+     "Streamed inferences: responses with data or an error (an empty final response is not "
+     "counted).", PAIR, "responses"),
+    ("xsp_final_response_unseen", CounterMetricFamily,
+     "Streamed inferences ended at their last response seen: the client did not ask for "
+     "empty final responses, so the final one could not be observed.", PAIR, "final_unseen"),
+    ("xsp_streams", CounterMetricFamily,
+     "Inference streams ended, by method and the stream's gRPC status.",
+     ("method", "grpc_code"), "streams"),
+    ("xsp_stream_duration_seconds", HistogramMetricFamily,
+     "Inference streams: from the stream's request headers to its end.", ("method",),
+     "lifetime"),
+    ("xsp_stream_messages", CounterMetricFamily,
+     "Messages on ended inference streams, by direction (request, response).",
+     ("method", "direction"), "messages"),
+    ("xsp_streams_open", GaugeMetricFamily, "Inference streams open now.", ("method",), "open"),
+)  # fmt: skip
+
+
+def _family(
+    kind: Kind, name: str, doc: str, labels: tuple[str, ...], table: dict[Any, Any]
+) -> Metric:
+    """One family holding a table's entries (keyed by a label value or a tuple of them)."""
+    family = kind(name, doc, labels=list(labels))
+    for key, value in list(table.items()):
+        values = list(key) if isinstance(key, tuple) else [key]
+        if isinstance(family, HistogramMetricFamily):
+            family.add_metric(values, value.family_buckets(), sum_value=value.sum)
+        else:
+            family.add_metric(values, value)
+    return family
+
+
 class _StreamCollector(Collector):
     def __init__(self, metrics: StreamMetrics) -> None:
         self.metrics = metrics
@@ -109,62 +155,7 @@ class _StreamCollector(Collector):
         return self.collect()
 
     def collect(self) -> list[Metric]:
-        m = self.metrics
-        pair = ["method", "model"]
-        first = HistogramMetricFamily(
-            "xsp_first_response_seconds",
-            "Streamed inferences: from the request message to its first response.",
-            labels=pair,
-        )
-        for labels, hist in list(m.first_response.items()):
-            first.add_metric(list(labels), hist.family_buckets(), sum_value=hist.sum)
-        gaps = HistogramMetricFamily(
-            "xsp_response_gap_seconds",
-            "Streamed inferences: time between two responses to one request (per token).",
-            labels=pair,
-        )
-        for labels, hist in list(m.gaps.items()):
-            gaps.add_metric(list(labels), hist.family_buckets(), sum_value=hist.sum)
-        responses = CounterMetricFamily(
-            "xsp_responses",
-            "Streamed inferences: responses with data or an error (an empty final response "
-            "is not counted).",
-            labels=pair,
-        )
-        for labels, n in list(m.responses.items()):
-            responses.add_metric(list(labels), n)
-        unseen = CounterMetricFamily(
-            "xsp_final_response_unseen",
-            "Streamed inferences ended at their last response seen: the client did not ask "
-            "for empty final responses, so the final one could not be observed.",
-            labels=pair,
-        )
-        for labels, n in list(m.final_unseen.items()):
-            unseen.add_metric(list(labels), n)
-        streams = CounterMetricFamily(
-            "xsp_streams",
-            "Inference streams ended, by method and the stream's gRPC status.",
-            labels=["method", "grpc_code"],
-        )
-        for labels2, n in list(m.streams.items()):
-            streams.add_metric(list(labels2), n)
-        lifetime = HistogramMetricFamily(
-            "xsp_stream_duration_seconds",
-            "Inference streams: from the stream's request headers to its end.",
-            labels=["method"],
-        )
-        for method, hist in list(m.lifetime.items()):
-            lifetime.add_metric([method], hist.family_buckets(), sum_value=hist.sum)
-        messages = CounterMetricFamily(
-            "xsp_stream_messages",
-            "Messages on ended inference streams, by direction (request, response).",
-            labels=["method", "direction"],
-        )
-        for labels2, n in list(m.messages.items()):
-            messages.add_metric(list(labels2), n)
-        open_ = GaugeMetricFamily(
-            "xsp_streams_open", "Inference streams open now.", labels=["method"]
-        )
-        for method, n in list(m.open.items()):
-            open_.add_metric([method], n)
-        return [first, gaps, responses, unseen, streams, lifetime, messages, open_]
+        return [
+            _family(kind, name, doc, labels, getattr(self.metrics, table))
+            for name, kind, doc, labels, table in FAMILIES
+        ]

@@ -120,9 +120,10 @@ def test_builds_install_the_package_from_the_source_tree() -> None:
     for name in ("build-cpu", "build-gpu"):
         runs = " ".join(_stage(stages, name).all("RUN"))
         assert 'pip install ".${EXTRAS}"' in runs, name
-        # the relay's C frame walker is built there (a compiler in the build stage only) and
-        # a build that silently fell back to pure Python fails the image build
+        # the relay's C frame and message walkers are built there (a compiler in the build
+        # stage only) and a build that silently fell back to pure Python fails the image build
         assert "gcc" in runs and 'python -c "import sidecar.proxy._framewalk"' in runs, name
+        assert 'python -c "import sidecar.proxy._messagewalk"' in runs, name
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
     assert "pytorch" in extras  # what EXTRAS=[pytorch] selects

@@ -1,19 +1,37 @@
 """The pending table of one inference stream, fed real Triton messages (built with
-`service_pb2`) in the byte chunks the relay hands it."""
+`service_pb2`) in the byte chunks the relay hands it.
+
+Every test runs twice: with the C message walker (`sidecar/proxy/_messagewalk.c`) and with the
+pure-Python readers alone (`stream_messages.native_readers = None`), the fallback where it is
+not built."""
 
 from __future__ import annotations
 
 import tracemalloc
+from collections.abc import Iterator
 
+import pytest
 from prometheus_client import CollectorRegistry
 from tritonclient.grpc import service_pb2
 
+from sidecar.proxy import stream_messages
 from sidecar.proxy.inferences import StreamInferences
 from sidecar.proxy.metrics import ProxyMetrics
 from tests.harness.metrics_text import exemplars, scrape_registry
 from tests.proxy.proxy_h2build import grpc_message
 
 METHOD = "ModelStreamInfer"
+
+
+@pytest.fixture(autouse=True, params=["c-walker", "pure-python"])
+def message_walk(request: pytest.FixtureRequest) -> Iterator[str]:
+    built = stream_messages.native_readers
+    if request.param == "c-walker" and built is None:
+        pytest.skip("the C message walker is not built here (no C compiler at install time)")
+    if request.param == "pure-python":
+        stream_messages.native_readers = None
+    yield request.param
+    stream_messages.native_readers = built
 
 
 def request(model: str, ident: str = "", ask_final: bool = False) -> bytes:

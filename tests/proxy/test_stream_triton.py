@@ -16,7 +16,7 @@ import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from bench import perf_analyzer
-from sidecar.proxy import frames
+from sidecar.proxy import frames, stream_messages
 from tests.harness.metrics_text import sample_sum, sample_value, scrape
 from tests.harness.triton.model_repo import add_token_stream, build_model_repository
 from tests.harness.triton.server import TritonServer
@@ -114,10 +114,11 @@ def test_decoupled_without_final_flag_is_counted_apart(sidecar: SidecarThread) -
 def test_one_stream_two_models_and_a_per_message_error(
     sidecar: SidecarThread, walker: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if walker == "python":
-        monkeypatch.setattr(frames, "native_walk", None)  # the fallback without a compiler
-    elif frames.native_walk is None:
-        pytest.skip("the C frame walker is not built here")
+    if walker == "python":  # the fallbacks without a compiler
+        monkeypatch.setattr(frames, "native_walk", None)
+        monkeypatch.setattr(stream_messages, "native_readers", None)
+    elif frames.native_walk is None or stream_messages.native_readers is None:
+        pytest.skip("the C frame and message walkers are not built here")
     msgs = [
         add_sub(ident="a1"),
         tokens(3, 20, 20, "t1"),

@@ -219,7 +219,7 @@ def test_only_a_picked_message_is_copied(rate: float, copied: bool) -> None:
     s = StreamSetup(rate=rate)
     big = grpc_message(message("m", payload=bytes(10_000)))
     s.inferences.request_data(big[:3000])  # mid-message: the coin has been flipped
-    assert (s.inferences.requests._full is not None) is copied
+    assert s.inferences.requests.copying is copied
     s.inferences.request_data(big[3000:])
     assert len(s.handler.jobs) == int(copied)
 
@@ -229,6 +229,6 @@ def test_a_message_picked_while_the_duty_cycle_is_closed_is_not_copied() -> None
     s.send(message("m"))  # sampled: the worker is busy, the gate closed
     big = grpc_message(message("m", payload=bytes(10_000)))
     s.inferences.request_data(big[:3000])
-    assert s.inferences.requests._full is None  # the coin came up, the gate said no
+    assert not s.inferences.requests.copying  # the coin came up, the gate said no
     s.inferences.request_data(big[3000:])
     assert s.decisions() == {"sampled": 1, "skipped_duty_cycle": 1}

@@ -1,0 +1,197 @@
+"""The C message walker (`_messagewalk.c`) against the pure-Python readers it accelerates.
+
+Both read the same bytes cut into the same random chunks and must return exactly the same
+tuples after every chunk, and agree on `mid_message` and `copying`: on random `ModelInferRequest` /
+`ModelStreamInferResponse` messages built with tritonclient's `service_pb2` (ids, the final
+flags, other parameters, tensors past the kept head), on the same messages corrupted (bytes
+flipped, cut short, random bytes, compressed), on streams cut inside a message, and with a
+`pick` hook that keeps some messages whole.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tritonclient.grpc import service_pb2
+
+from sidecar.proxy import stream_messages
+from sidecar.proxy.stream_messages import (
+    MESSAGE_HEAD,
+    RequestReader,
+    RequestReading,
+    ResponseReader,
+    ResponseReading,
+)
+from tests.proxy.proxy_h2build import grpc_message
+
+native = stream_messages.native_readers
+pytestmark = pytest.mark.skipif(native is None, reason="the C message walker is not built here")
+
+texts = st.text(max_size=20)
+param_values = st.one_of(
+    st.booleans().map(lambda v: ("bool_param", v)),
+    st.integers(-(2**63), 2**63 - 1).map(lambda v: ("int64_param", v)),
+    texts.map(lambda v: ("string_param", v)),
+)
+param_keys = st.one_of(
+    st.sampled_from(["triton_enable_empty_final_response", "triton_final_response"]), texts
+)
+params = st.dictionaries(param_keys, param_values, max_size=3)
+tensor_sizes = st.one_of(st.integers(0, 64), st.integers(MESSAGE_HEAD - 100, MESSAGE_HEAD + 200))
+
+
+def _set_params(target: object, values: dict[str, tuple[str, object]]) -> None:
+    for key, (kind, value) in values.items():
+        setattr(target[key], kind, value)  # type: ignore[index]
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> bytes:
+    req = service_pb2.ModelInferRequest(model_name=draw(texts), id=draw(texts))
+    _set_params(req.parameters, draw(params))
+    size = draw(tensor_sizes)
+    req.inputs.add(name="INPUT0", datatype="UINT8", shape=[size])
+    req.raw_input_contents.append(bytes(size))
+    return req.SerializeToString()
+
+
+@st.composite
+def responses(draw: st.DrawFn) -> bytes:
+    resp = service_pb2.ModelStreamInferResponse(error_message=draw(texts))
+    inner = resp.infer_response
+    inner.model_name = draw(texts)
+    inner.id = draw(texts)
+    _set_params(inner.parameters, draw(params))
+    for i in range(draw(st.integers(0, 2))):
+        size = draw(tensor_sizes)
+        inner.outputs.add(name=f"OUT{i}", datatype="UINT8", shape=[size])
+        inner.raw_output_contents.append(bytes(size))
+    return resp.SerializeToString()
+
+
+@st.composite
+def damaged(draw: st.DrawFn, message: bytes) -> bytes:
+    """The message unchanged, with bytes flipped, cut short, or random bytes instead."""
+    how = draw(st.sampled_from(["intact", "intact", "flip", "cut", "random"]))
+    if how == "flip" and message:
+        body = bytearray(message)
+        for _ in range(draw(st.integers(1, 4))):
+            body[draw(st.integers(0, len(body) - 1))] = draw(st.integers(0, 255))
+        return bytes(body)
+    if how == "cut":
+        return message[: draw(st.integers(0, len(message)))]
+    if how == "random":
+        return draw(st.binary(max_size=60))
+    return message
+
+
+@st.composite
+def streams(draw: st.DrawFn, messages: st.SearchStrategy[bytes]) -> tuple[bytes, list[int]]:
+    """Framed (sometimes compressed) messages, possibly cut inside the last, and chunk sizes."""
+    wire = b"".join(
+        grpc_message(draw(damaged(draw(messages))), compressed=draw(st.integers(0, 9)) == 0)
+        for _ in range(draw(st.integers(1, 5)))
+    )
+    if draw(st.booleans()):
+        wire = wire[: draw(st.integers(0, len(wire)))]  # the stream ends inside a message
+    cuts = draw(st.lists(st.integers(1, 700), max_size=20))
+    return wire, cuts
+
+
+class Pick:
+    """A pick hook that answers from a fixed list of (token, keep) or None, in turn."""
+
+    def __init__(self, answers: list[tuple[object, bool] | None]) -> None:
+        self.answers = answers
+        self.asked: list[int] = []
+
+    def __call__(self, size: int) -> tuple[object, bool] | None:
+        self.asked.append(size)
+        return self.answers[len(self.asked) % len(self.answers)]
+
+
+answers = st.lists(
+    st.one_of(st.none(), st.tuples(st.sampled_from(["tok", None, 7]), st.booleans())),
+    min_size=1,
+    max_size=5,
+)
+
+
+def read_all(reader: RequestReading | ResponseReading, wire: bytes, cuts: list[int]) -> list:
+    """Each chunk's reads and the reader's mid_message (and copying) after it."""
+    out = []
+    pos = 0
+    for cut in [*cuts, len(wire)]:
+        read = reader.read(wire[pos : pos + cut])
+        out.append((read, reader.mid_message, getattr(reader, "copying", None)))
+        pos += cut
+        if pos >= len(wire):
+            break
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(stream=streams(requests()), picks=st.one_of(st.none(), answers), limit=st.integers(0, 5000))
+def test_requests_read_the_same(
+    stream: tuple[bytes, list[int]], picks: list | None, limit: int
+) -> None:
+    assert native is not None
+    wire, cuts = stream
+    readers: list[RequestReading] = [RequestReader(), native[0]()]
+    hooks = []
+    for reader in readers:
+        reader.capture_limit = limit
+        if picks is not None:
+            hook = Pick(picks)
+            hooks.append(hook)
+            reader.pick = hook
+    python, c = (read_all(reader, wire, cuts) for reader in readers)
+    assert c == python
+    if hooks:
+        assert hooks[0].asked == hooks[1].asked
+
+
+@settings(max_examples=400, deadline=None)
+@given(stream=streams(responses()))
+def test_responses_read_the_same(stream: tuple[bytes, list[int]]) -> None:
+    assert native is not None
+    wire, cuts = stream
+    readers: list[ResponseReading] = [ResponseReader(), native[1]()]
+    python, c = (read_all(reader, wire, cuts) for reader in readers)
+    assert c == python
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=st.binary(max_size=80), cuts=st.lists(st.integers(1, 40), max_size=5))
+def test_random_bytes_read_the_same(body: bytes, cuts: list[int]) -> None:
+    assert native is not None
+    wire = grpc_message(body)
+    for python, c in ((RequestReader(), native[0]()), (ResponseReader(), native[1]())):
+        assert read_all(c, wire, cuts) == read_all(python, wire, cuts)
+
+
+def test_reads_what_protobuf_wrote() -> None:
+    """The walker's own fields of known messages (not only agreement with the reference)."""
+    assert native is not None
+    req = service_pb2.ModelInferRequest(model_name="add_sub", id="r1")
+    req.parameters["triton_enable_empty_final_response"].bool_param = True
+    resp = service_pb2.ModelStreamInferResponse(error_message="")
+    resp.infer_response.model_name = "add_sub"
+    resp.infer_response.id = "r1"
+    resp.infer_response.parameters["triton_final_response"].bool_param = True
+    resp.infer_response.outputs.add(name="OUT", datatype="FP32", shape=[1])
+    request_wire = grpc_message(req.SerializeToString())
+    walker = native[0]()
+    walker.capture_limit = 1 << 20
+    walker.pick = lambda size: ("token", True)
+    assert walker.read(request_wire) == [
+        (len(request_wire), "token", request_wire[5:], "add_sub", "r1", True)
+    ]
+    response_wire = grpc_message(resp.SerializeToString())
+    assert native[1]().read(response_wire) == [
+        (len(response_wire), "", "add_sub", "r1", True, True)
+    ]
+    cut = native[1]()
+    assert cut.read(response_wire[:7]) == [] and cut.mid_message
+    assert native[1]().read(grpc_message(b"\x0a\x05ab")) == [(9, "", None, "", None, False)]
