@@ -63,9 +63,9 @@ MAX_HEADER_BLOCK = 1 << 20  # held/assembled header block cap; beyond it we stop
 _HEADER = struct.Struct(">BHBBI")
 
 # The C frame walker (`_framewalk.c`, built by `pip install` where a C compiler exists) handles
-# the whole fast-path frames of a chunk in observe mode; this module is the reference and the
-# fallback. `native_walk` may be set to None to force the pure-Python path (the tests do).
-native_walk: Callable[[FrameSink, bytes, int], int] | None
+# the whole fast-path frames of a chunk, in observe and hold mode; this module is the reference
+# and the fallback. `native_walk` may be set to None to force the pure-Python path (the tests do).
+native_walk: Callable[[FrameSink, bytes, int, FrameScanner | None], int] | None
 try:
     from sidecar.proxy._framewalk import walk as _c_walk
 except ImportError:  # not built: no C compiler at install time
@@ -234,7 +234,7 @@ class FrameScanner:
             if walk is not None and not (
                 self.hold or self._remaining or self._carry or self._block_sid or self._preface_left
             ):
-                pos = walk(self.sink, data, 0)  # whole fast-path frames, in C
+                pos = walk(self.sink, data, 0, None)  # whole fast-path frames, in C
                 if pos == len(data):
                     return
                 data = data[pos:]
@@ -255,7 +255,21 @@ class FrameScanner:
             return [data]
         self._out = out = []
         try:
-            self._scan(data)
+            walk = native_walk
+            if (
+                walk is not None
+                and self.hold
+                and not (self._remaining or self._carry or self._block_sid or self._preface_left)
+            ):
+                self._data = data  # what `_emit_injected` and a failure release read
+                self._emit_from = 0
+                pos = walk(self.sink, data, 0, self)  # whole fast-path frames, in C
+                if pos < len(data):
+                    self._scan(data, pos, self._emit_from)
+                elif self._emit_from < pos:
+                    out.append(data[self._emit_from :] if self._emit_from else data)
+            else:
+                self._scan(data)
         except Exception as exc:
             # Release everything not yet forwarded: the held block, then the rest of the chunk.
             if self._held:
@@ -334,7 +348,8 @@ class FrameScanner:
             with contextlib.suppress(Exception):
                 self.on_failure(reason)
 
-    def _scan(self, data: bytes) -> None:
+    def _scan(self, data: bytes, pos: int = 0, emit_from: int = 0) -> None:
+        """Scan `data` from `pos`; in hold mode `data[:emit_from]` is already forwarded."""
         # Hold-mode invariant: bytes not yet forwarded == self._held + data[self._emit_from:]
         # (plus self._carry once a chunk ends inside a frame header).
         if self._carry:
@@ -343,10 +358,9 @@ class FrameScanner:
         hold = self.hold
         out = self._out
         n = len(data)
-        pos = 0
         if hold:
             self._data = data  # for releasing the unforwarded rest if scanning fails
-        self._emit_from = 0
+        self._emit_from = emit_from
         while pos < n:
             remaining = self._remaining
             if remaining:
@@ -419,12 +433,7 @@ class FrameScanner:
                         sid, bool(flags & FLAG_END_STREAM), fragment, HEADERS
                     )
                     if extra and hold:
-                        if hdr_pos > self._emit_from:
-                            out.append(data[self._emit_from : hdr_pos])
-                        frame = bytearray(data[hdr_pos:end])
-                        self._inject(frame, [(0, length, bool(flags & FLAG_PADDED))], extra, sid)
-                        out.append(bytes(frame))
-                        self._emit_from = end
+                        self._emit_injected(data, hdr_pos, extra)
                 elif ftype in _CONTROL_TYPES:
                     self.sink.on_control(ftype, flags, sid, data[pos:end])
                 pos = end
@@ -537,6 +546,19 @@ class FrameScanner:
         control = bytes(self._payload)
         self._payload = bytearray()
         self.sink.on_control(ftype, flags, sid, control)
+
+    def _emit_injected(self, data: bytes, at: int, extra: bytes) -> None:
+        """Hold mode: forward up to the whole HEADERS frame at `data[at:]`, then that frame
+        with `extra` HPACK bytes appended to its block (the C walk calls this too)."""
+        hi, lo, _, flags, sid = _HEADER.unpack_from(data, at)
+        length = (hi << 16) | lo
+        end = at + 9 + length
+        if at > self._emit_from:
+            self._out.append(data[self._emit_from : at])
+        frame = bytearray(data[at:end])
+        self._inject(frame, [(0, length, bool(flags & FLAG_PADDED))], extra, sid & 0x7FFFFFFF)
+        self._out.append(bytes(frame))
+        self._emit_from = end
 
     def _lose_block(self) -> None:
         """Stop assembling the current header block (too large); release what is held."""

@@ -31,7 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import unquote
 
 from sidecar.backends import MethodInfo
@@ -91,8 +91,10 @@ class ConnectionInfo:
     peer: str
 
 
-@dataclass(frozen=True, slots=True)
-class RequestStart:
+# The two records made for every call a hook observes are NamedTuples: as immutable as a
+# frozen dataclass, and made in a fifth of the time (a frozen dataclass's __init__ sets each
+# field through object.__setattr__: ~1.2 us per StreamEnd, docs/benchmarks.md).
+class RequestStart(NamedTuple):
     """A new request's headers, as decoded (raw bytes; do not mutate)."""
 
     connection_id: int
@@ -122,8 +124,7 @@ class HeaderDecision:
     messages: MessageSampling | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class StreamEnd:
+class StreamEnd(NamedTuple):
     """One ended gRPC call as the relay saw it."""
 
     connection_id: int

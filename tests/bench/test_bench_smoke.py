@@ -46,6 +46,10 @@ SMOKE: dict[str, Smoke] = {
         ("--fleet", "--fleet-dir", "{fleet}"),
         ("fleet report:", "spans/s", "peak"),
     ),
+    "hold_replay.py": Smoke(
+        ("--calls", "200", "--repeat", "1"),
+        ("sampling off", "sampling on, Python", "µs/call", "vs off"),
+    ),
     "stream_sampling_cost.py": Smoke(
         ("--inferences", "200", "--repeat", "1"),
         ("no hook", "rate 0", "rate 0.01, budget 0", "µs/inference"),

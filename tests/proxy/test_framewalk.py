@@ -14,9 +14,14 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from sidecar.proxy import frames
-from sidecar.proxy.frames import FrameScanner, frame_header
+from sidecar.proxy.frames import FrameScanner, frame_header, ping_frame
+from sidecar.proxy.metrics import ProxyMetrics
+from sidecar.proxy.streams import ConnectionTracker, HeaderDecision, RequestStart, StreamEnd
+from tests.proxy.proxy_h2build import Conversation, rst_stream, window_update
+from tests.proxy.test_proxy_frames import INFER, infer_request
 
 pytestmark = pytest.mark.skipif(
     frames.native_walk is None, reason="the C frame walker is not built here"
@@ -29,8 +34,11 @@ class RecordingSink:
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
 
-    def on_header_block(self, stream_id: int, end_stream: bool, block: bytes, ftype: int) -> None:
+    def on_header_block(
+        self, stream_id: int, end_stream: bool, block: bytes, ftype: int
+    ) -> bytes | None:
         self.calls.append(("headers", stream_id, end_stream, block, ftype))
+        return None
 
     def skim_header_block(self, chunk: bytes) -> None:
         self.calls.append(("skim", chunk))
@@ -117,13 +125,13 @@ def test_the_walker_stops_where_the_python_scanner_must_take_over() -> None:
     sink = RecordingSink()
     whole = frame(frames.DATA, frames.FLAG_END_STREAM, 1, b"abc")
     padded = frame(frames.DATA, frames.FLAG_PADDED, 3, b"\x01x\0")
-    assert walk(sink, whole, 0) == len(whole)
+    assert walk(sink, whole, 0, None) == len(whole)
     assert sink.calls == [("data", 1, 3), ("payload", 1, b"abc"), ("end", 1)]
-    assert walk(sink, whole + padded, 0) == len(whole)  # padding: left to Python
-    assert walk(sink, whole + whole[:10], 0) == len(whole)  # split frame: left to Python
-    assert walk(sink, frame(frames.DATA, 0, 0, b"x"), 0) == 0  # stream 0: Python reports it
+    assert walk(sink, whole + padded, 0, None) == len(whole)  # padding: left to Python
+    assert walk(sink, whole + whole[:10], 0, None) == len(whole)  # split frame: left to Python
+    assert walk(sink, frame(frames.DATA, 0, 0, b"x"), 0, None) == 0  # stream 0: Python reports it
     with pytest.raises(ValueError):
-        walk(sink, whole, len(whole) + 1)
+        walk(sink, whole, len(whole) + 1, None)
 
 
 def test_a_sink_exception_propagates() -> None:
@@ -134,10 +142,213 @@ def test_a_sink_exception_propagates() -> None:
     walk = frames.native_walk
     assert walk is not None
     with pytest.raises(KeyError):
-        walk(Failing(), frame(frames.DATA, frames.FLAG_END_STREAM, 1, b""), 0)
+        walk(Failing(), frame(frames.DATA, frames.FLAG_END_STREAM, 1, b""), 0, None)
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 def test_the_install_built_the_walker_where_a_compiler_exists() -> None:
     """`pip install` (scripts/setup.sh, CI, the image) builds it; the fallback is for no cc."""
     assert frames.native_walk is not None
+
+
+# -- hold mode: the same calls, and the same pieces forwarded ---------------------------------
+
+
+class HoldingSink(RecordingSink):
+    """Appends HPACK bytes to the blocks of streams 3 and 6 (long ones to stream 6, so they
+    overflow a small frame size into a CONTINUATION frame); may raise at its n-th call."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        super().__init__()
+        self.fail_at = fail_at
+
+    def _count(self) -> None:
+        if len(self.calls) == self.fail_at:
+            raise RuntimeError("sink failed")
+
+    def on_header_block(
+        self, stream_id: int, end_stream: bool, block: bytes, ftype: int
+    ) -> bytes | None:
+        super().on_header_block(stream_id, end_stream, block, ftype)
+        self._count()
+        return {3: b"\x00\x01a\x01b", 6: b"\x00\x02xy\x20" + b"v" * 32}.get(stream_id)
+
+    def on_data(self, stream_id: int, length: int) -> bool:
+        wanted = super().on_data(stream_id, length)
+        self._count()
+        return wanted
+
+    def on_end_stream(self, stream_id: int) -> None:
+        super().on_end_stream(stream_id)
+        self._count()
+
+    def on_control(self, ftype: int, flags: int, stream_id: int, payload: bytes) -> None:
+        super().on_control(ftype, flags, stream_id, payload)
+        self._count()
+
+
+def process_all(
+    data: bytes, cuts: list[int], walker: Any, max_frame: int, fail_at: int | None
+) -> tuple[list[tuple[Any, ...]], list[bytes], bool, int]:
+    """Hold mode over chunks of `data`: the sink's calls, every piece returned, whether the
+    scanner failed and what it still holds."""
+    saved = frames.native_walk
+    frames.native_walk = walker
+    try:
+        sink = HoldingSink(fail_at)
+        scanner = FrameScanner(sink, client_side=False, hold=True)
+        scanner.max_frame_size = max_frame
+        edges = [0, *sorted(c for c in cuts if 0 < c < len(data)), len(data)]
+        pieces: list[bytes] = []
+        for a, b in itertools.pairwise(edges):
+            pieces += scanner.process(data[a:b])
+        return sink.calls, pieces, scanner.failed, scanner.pending_bytes()
+    finally:
+        frames.native_walk = saved
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    frame_sequences(),
+    st.lists(st.integers(0, 600), max_size=4),
+    st.sampled_from([16384, 40]),
+    st.none() | st.integers(0, 20),
+)
+def test_hold_mode_makes_the_same_calls_and_forwards_the_same_pieces(
+    data: bytes, cuts: list[int], max_frame: int, fail_at: int | None
+) -> None:
+    with_c = process_all(data, cuts, frames.native_walk, max_frame, fail_at)
+    assert with_c == process_all(data, cuts, None, max_frame, fail_at)
+    calls, pieces, _, pending = with_c
+    if not any(c[0] == "headers" and c[1] in (3, 6) for c in calls):  # nothing injected
+        assert b"".join(pieces) + data[len(data) - pending :] == data
+
+
+def test_hold_mode_walks_whole_chunks_in_c() -> None:
+    """A chunk of whole fast-path frames is handed back as the chunk itself (no copy), or cut
+    around a re-emitted HEADERS frame when the sink appends to its block."""
+
+    chunk = frame(frames.HEADERS, frames.FLAG_END_HEADERS, 1, b"\x82") + frame(
+        frames.DATA, frames.FLAG_END_STREAM, 1, b"abc"
+    )
+    scanner = FrameScanner(HoldingSink(), client_side=False, hold=True)
+    (piece,) = scanner.process(chunk)
+    assert piece is chunk
+    headers = frame(frames.HEADERS, frames.FLAG_END_HEADERS, 3, b"\x82")
+    tail = frame(frames.DATA, 0, 3, b"xyz")
+    pieces = scanner.process(chunk + headers + tail)
+    extra = b"\x00\x01a\x01b"
+    injected = frame(frames.HEADERS, frames.FLAG_END_HEADERS, 3, b"\x82" + extra)
+    assert pieces == [chunk, injected, tail]
+
+
+class Recorder:
+    """Wraps a real sink: records each call the scanner makes, with its arguments and result."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[tuple[Any, ...]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.inner, name)
+
+        def call(*args: Any) -> Any:
+            result = method(*args)
+            self.calls.append((name, *args, result))
+            return result
+
+        return call
+
+
+class Sampler:
+    """An observer that samples streams 1, 5, 9, ... (a traceparent, the body captured) and
+    only captures the body of streams 3, 11, 19, ..."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[Any, ...]] = []
+
+    def on_request_headers(self, start: RequestStart) -> HeaderDecision | None:
+        self.seen.append(("start", start.stream_id, start.path, start.raw_headers))
+        if start.stream_id % 4 == 1:
+            tp = f"00-{start.stream_id:032x}-{start.stream_id:016x}-01"
+            return HeaderDecision(extra_headers=[("traceparent", tp)], capture_body=True)
+        return HeaderDecision(capture_body=True) if start.stream_id % 8 == 3 else None
+
+    def on_request_body(self, stream_id: int, model: str | None, body: bytes) -> None:
+        self.seen.append(("body", stream_id, model, body))
+
+    def on_stream_end(self, end: StreamEnd) -> None:
+        self.seen.append(("end", end.stream_id, end.grpc_code, end.request_bytes))
+
+
+@st.composite
+def grpc_exchanges(draw: st.DrawFn) -> bytes:
+    """A client's side of a gRPC connection: ModelInfer calls (small, multi-frame, headers
+    only; padded, prioritised, split header blocks now and then) and control frames."""
+    conv = Conversation()
+    for sid in range(1, 2 * draw(st.integers(1, 6)), 2):
+        size = draw(st.sampled_from([0, 4, 300, 6000]))
+        body = None if draw(st.integers(0, 5)) == 0 else infer_request("add_sub", size)
+        unusual = draw(st.integers(0, 4)) == 0  # padding, priority and CONTINUATION
+        conv.request(
+            sid, INFER, body, metadata=[("x-n", str(draw(st.integers(0, 3))))],
+            pad=3 if unusual else 0, priority=unusual, split=7 if unusual else 0,
+            data_pad=2 if unusual else 0,
+        )  # fmt: skip
+        extra = draw(st.sampled_from([b"", window_update(0), window_update(sid), b"ping"]))
+        conv.client += ping_frame(b"12345678") if extra == b"ping" else extra
+    if draw(st.booleans()):
+        conv.client += rst_stream(1)
+    return bytes(conv.client)
+
+
+def boundaries(data: bytes) -> list[int]:
+    """Where each frame of a client's bytes (after the preface) ends."""
+    pos, out = len(frames.PREFACE), []
+    while pos + 9 <= len(data):
+        pos += 9 + int.from_bytes(data[pos : pos + 3], "big")
+        out.append(pos)
+    return out
+
+
+def relay_all(data: bytes, cuts: list[int], walker: Any) -> tuple[Any, ...]:
+    saved = frames.native_walk
+    frames.native_walk = walker
+    try:
+        observer = Sampler()
+        tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=observer)
+        scanner = tracker.request_scanner
+        scanner.sink = recorder = Recorder(scanner.sink)
+        edges = [0, *sorted(c for c in cuts if 0 < c < len(data)), len(data)]
+        pieces: list[bytes] = []
+        for a, b in itertools.pairwise(edges):
+            pieces += scanner.process(data[a:b])
+        failed, pending = scanner.failed, scanner.pending_bytes()
+        tracker.close("CANCELLED")
+        return recorder.calls, pieces, observer.seen, failed, pending
+    finally:
+        frames.native_walk = saved
+
+
+@settings(max_examples=150, deadline=None)
+@given(grpc_exchanges(), st.lists(st.integers(0, 30000), max_size=4), st.data())
+def test_real_exchanges_in_hold_mode_make_the_same_calls_and_pieces(
+    data: bytes, cuts: list[int], draw: st.DataObject
+) -> None:
+    """Chunks cut anywhere, and at frame boundaries (where the C walk takes a chunk): always
+    after the connection's preface and SETTINGS, as clients send them."""
+    ends = boundaries(data)
+    cuts += [ends[0], *draw.draw(st.lists(st.sampled_from(ends), max_size=6))]
+    walked: list[int] = []
+    walk = frames.native_walk
+    assert walk is not None
+
+    def counting(*args: Any) -> int:
+        walked.append(args[2])
+        return walk(*args)
+
+    with_c = relay_all(data, cuts, counting)
+    assert walked  # the C walk took the chunks that start at a frame boundary
+    assert with_c == relay_all(data, cuts, None)
+    assert not with_c[3]  # never failed
+    assert with_c[4] == 0  # nothing held at the end
