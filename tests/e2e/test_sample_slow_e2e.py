@@ -142,9 +142,15 @@ def test_the_slow_requests_are_the_ones_profiled(loop_triton: TritonServer, tmp_
             infer(client, fast)
         infer(client, 7.0, headers={"x-xsp-profile": "1"})  # fast, forced
         store = TraceStore(db)
-        expected = {**dict.fromkeys(SLOW_TRIPS, "slow"), 7.0: "forced"}
-        assert wait_until(lambda: len(store.list_traces()) >= len(expected), 120), proc.log_tail()
-        assert stored_trips(store) == expected
+        wanted = {**dict.fromkeys(SLOW_TRIPS, "slow"), 7.0: "forced"}
+        assert wait_until(lambda: wanted.items() <= stored_trips(store).items(), 120), (
+            proc.log_tail()
+        )
+        found = stored_trips(store)
+        # a fast request the relay saw answered after SLOW_MS (a loaded machine) is slow too:
+        # profiled as such, its request span says so below
+        late = {trips: reason for trips, reason in found.items() if trips not in wanted}
+        assert set(late) <= set(FAST_TRIPS) and set(late.values()) <= {"slow"}, found
         for trace in store.list_traces():
             assert trace.status == "ok", trace.error
             spans = store.spans(trace.trace_id)
@@ -157,10 +163,12 @@ def test_the_slow_requests_are_the_ones_profiled(loop_triton: TritonServer, tmp_
         def sampled(reason: str) -> float:
             return proc.metric("xsp_sampled_total", model="loop", reason=reason)
 
-        assert (sampled("slow"), sampled("forced"), sampled("rate")) == (3, 1, 0)
+        slow = len(SLOW_TRIPS) + len(late)
+        assert (sampled("slow"), sampled("forced"), sampled("rate")) == (slow, 1, 0)
         decisions = "xsp_sampling_decisions_total"
-        assert proc.metric(decisions, model="loop", decision="sampled") == 4
-        assert proc.metric(decisions, model="loop", decision="skipped_rate") == len(FAST_TRIPS)
+        assert proc.metric(decisions, model="loop", decision="sampled") == slow + 1
+        skipped = len(FAST_TRIPS) - len(late)
+        assert proc.metric(decisions, model="loop", decision="skipped_rate") == skipped
 
 
 def test_with_p99_the_requests_slower_than_the_models_first_100_are_profiled(

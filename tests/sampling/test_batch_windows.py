@@ -43,7 +43,9 @@ def test_the_window_counts_what_the_server_executed(triton: TritonServer) -> Non
     windows = BatchWindows(triton.grpc_address, read_statistics)
     try:
         windows.open("t1")
-        time.sleep(0.2)  # the first read is done before the requests run
+        # the first read is done before the requests run (waited for: a fixed sleep was not
+        # enough on a loaded machine)
+        windows._open["t1"].result(10)
         _infer(client, 2)
         _infer(client, 3)
         got = _closed(windows, "t1", "simple_cnn", time.time_ns())
@@ -71,7 +73,7 @@ def test_a_late_first_read_that_predates_the_request_is_kept(triton: TritonServe
     windows = BatchWindows(triton.grpc_address, read_statistics)
     try:
         windows.open("t5")
-        time.sleep(0.2)
+        windows._open["t5"].result(10)  # the first read is done
         started = time.time_ns()
         _infer(client, 4)
         done = threading.Event()
@@ -89,7 +91,7 @@ def test_no_request_in_the_window_is_refused(triton: TritonServer) -> None:
     windows = BatchWindows(triton.grpc_address, read_statistics, settle_s=0.001)
     try:
         windows.open("t3")
-        time.sleep(0.2)
+        windows._open["t3"].result(10)  # the first read is done
         got = _closed(windows, "t3", "simple_cnn", time.time_ns())
     finally:
         windows.stop()
