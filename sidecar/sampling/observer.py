@@ -179,7 +179,7 @@ class SamplingObserver:
             return None
         sampler = hub.sampler
         forced = False
-        wanted = sampler.force_header
+        wanted = sampler.hot.force_header
         if wanted is not None:
             for name, value in start.raw_headers:  # no dict per request: usually 5-8 fields
                 if name == wanted:

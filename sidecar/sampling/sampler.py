@@ -147,7 +147,7 @@ class StoreBackoff:
         return not self.allows(self._clock())
 
 
-class _Hot(NamedTuple):
+class HotSettings(NamedTuple):
     """What every request's header-time step reads of the settings, worked out once."""
 
     settings: SamplingSettings
@@ -155,9 +155,11 @@ class _Hot(NamedTuple):
     force_header: bytes | None  # the header's name as the relay reads it (None: no forcing)
 
 
-def _hot(settings: SamplingSettings) -> _Hot:
+def _hot(settings: SamplingSettings) -> HotSettings:
     header = settings.force_header
-    return _Hot(settings, settings.max_rate, None if header is None else header.encode("latin-1"))
+    return HotSettings(
+        settings, settings.max_rate, None if header is None else header.encode("latin-1")
+    )
 
 
 class Sampler:
@@ -174,22 +176,17 @@ class Sampler:
         self._rand = rand
         self._lock = threading.Lock()
         self._buckets: dict[str, TokenBucket] = {}
-        self._hot = _hot(settings)
+        self.hot = _hot(settings)  # read by the hook on every request; replaced, never changed
         self.duty = DutyCycleGate(settings.duty_cycle, clock)
         self.store = StoreBackoff(clock)
 
     @property
     def settings(self) -> SamplingSettings:
-        return self._hot.settings
+        return self.hot.settings
 
     @settings.setter
     def settings(self, settings: SamplingSettings) -> None:
-        self._hot = _hot(settings)  # one assignment: a reader sees old or new, not a mix
-
-    @property
-    def force_header(self) -> bytes | None:
-        """The force header's name as raw header bytes (None: forcing is off)."""
-        return self._hot.force_header
+        self.hot = _hot(settings)  # one assignment: a reader sees old or new, not a mix
 
     def update(self, settings: SamplingSettings) -> None:
         """Apply new settings at run time; budgets restart full, the duty-cycle wait ends."""
@@ -209,7 +206,7 @@ class Sampler:
 
     def at_headers(self, forced: bool) -> Tentative:
         """Header-time step: forced, or a coin flip at the highest configured rate."""
-        hot = self._hot
+        hot = self.hot
         if not hot.settings.enabled:
             return Tentative.NO
         if not forced:
@@ -238,7 +235,7 @@ class Sampler:
         for every request: skipped requests are counted too. `FORCED` and `SLOW` skip the rate,
         not the budget or the duty cycle. A `SAMPLED` decision must be followed by
         `duty.record_busy` (profile done) or `duty.cancel` (never ran)."""
-        hot = self._hot
+        hot = self.hot
         if tentative is Tentative.NO:
             return Decision.SKIPPED_RATE
         if tentative is Tentative.GATED:
