@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.backends import METHODS, REPLAYABLE
@@ -44,6 +45,9 @@ _HOLD_FOR_SLOW = HeaderDecision(capture_body=True, capture_limit=MAX_SAMPLED_BOD
 _SLOW_METHODS = frozenset(method for method, job in REPLAYABLE.items() if method == job)
 # Job reasons (the trace's `sample_reason`) of what the hook samples.
 _REASONS = {Tentative.RATE: "rate", Tentative.FORCED: "forced", Tentative.SLOW: "slow"}
+# Model names whose label and `skipped_rate` counter the hub keeps (names read from requests
+# are unbounded; past this many the rest are looked up each time).
+_CACHED_MODELS = 1024
 
 
 @dataclass(slots=True)
@@ -107,6 +111,11 @@ class SamplingHub:
         self.per_message = frozenset(
             info.name for info in METHODS.values() if info.per_message and info.name in REPLAYABLE
         )
+        # methods decided on as one call, at their headers and their stream's end
+        self.per_call = frozenset(REPLAYABLE) - self.per_message
+        # per model name read from requests (bounded: past `_CACHED_MODELS` names, uncached)
+        self._labels: dict[str | None, str] = {}
+        self._skipped: dict[str | None, Callable[[], None]] = {}
 
     def observer_factory(self, info: ConnectionInfo) -> SamplingObserver:
         return SamplingObserver(self)
@@ -124,6 +133,27 @@ class SamplingHub:
         is given back, and it is counted by `reason`."""
         self.sampler.duty.cancel()
         self.metrics.dropped.labels(label, reason).inc()
+
+    def label(self, model: str | None) -> str:
+        """`handler.model_label(model)`, kept per model name (a name's label never changes:
+        the proxy's cap only ever adds names)."""
+        label = self._labels.get(model)
+        if label is None:
+            label = self.handler.model_label(model)
+            if len(self._labels) < _CACHED_MODELS:
+                self._labels[model] = label
+        return label
+
+    def count_skipped(self, model: str | None) -> None:
+        """One request of `model` not picked at header time: `skipped_rate` in the decisions
+        counter, whose labelled child is kept per model name (the unsampled path's one metric)."""
+        inc = self._skipped.get(model)
+        if inc is None:
+            label = self.label(model)
+            inc = self.metrics.decisions.labels(label, Decision.SKIPPED_RATE.value).inc
+            if len(self._skipped) < _CACHED_MODELS:
+                self._skipped[model] = inc
+        inc()
 
     def mark_sampled(self, trace_id: str) -> None:
         with self._lock:
@@ -144,26 +174,23 @@ class SamplingObserver:
     def on_request_headers(self, start: RequestStart) -> HeaderDecision | None:
         hub = self._hub
         hub.pressure.request_started()
-        if start.method not in REPLAYABLE:
+        method = start.method
+        if method not in REPLAYABLE:
             return None
+        sampler = hub.sampler
         forced = False
-        header = hub.sampler.settings.force_header
-        if header is not None:
-            wanted = header.encode("latin-1")
+        wanted = sampler.hot.force_header
+        if wanted is not None:
             for name, value in start.raw_headers:  # no dict per request: usually 5-8 fields
                 if name == wanted:
-                    forced = hub.sampler.is_forced(value.decode("latin-1"))
+                    forced = sampler.is_forced(value.decode("latin-1"))
                     break
-        if start.method in hub.per_message:
-            sampling = StreamSampling(hub, start.method, start.path, forced, MAX_SAMPLED_BODY)
+        if method in hub.per_message:
+            sampling = StreamSampling(hub, method, start.path, forced, MAX_SAMPLED_BODY)
             return HeaderDecision(messages=sampling)
-        tentative = hub.sampler.at_headers(forced)
-        if tentative is Tentative.NO:
-            if (
-                hub.slow is None
-                or start.method not in _SLOW_METHODS
-                or not hub.sampler.may_hold_for_slow()
-            ):
+        tentative = sampler.at_headers(forced)
+        if tentative is Tentative.NO:  # the common case: nothing kept, nothing made
+            if hub.slow is None or method not in _SLOW_METHODS or not sampler.may_hold_for_slow():
                 return None
             self._pending[start.stream_id] = _Pending("", "", Tentative.SLOW, start.method)
             return _HOLD_FOR_SLOW
@@ -207,18 +234,18 @@ class SamplingObserver:
     def on_stream_end(self, end: StreamEnd) -> None:
         hub = self._hub
         hub.pressure.request_ended()
-        pending = self._pending.pop(end.stream_id, None)
-        if end.method not in REPLAYABLE or end.method in hub.per_message:
-            return  # an inference stream's messages were decided on one by one
+        pending = self._pending.pop(end.stream_id, None) if self._pending else None
+        if end.method not in hub.per_call:
+            return  # not replayable, or an inference stream (its messages were decided on)
         if hub.slow is not None and end.method in _SLOW_METHODS:
-            label = hub.handler.model_label(end.model)
+            label = hub.label(end.model)
             slow = end.grpc_code == "OK" and hub.slow.observe(label, end.duration_s)
             if pending is not None and pending.tentative is Tentative.SLOW:
                 if not (slow and self._profile_slow(pending, end, label)):
                     hub.metrics.record_decision(label, Decision.SKIPPED_RATE)
                 return
         if pending is None:  # every request not picked at header time
-            hub.metrics.record_decision(hub.handler.model_label(end.model), Decision.SKIPPED_RATE)
+            hub.count_skipped(end.model)
             return
         if pending.tentative is Tentative.GATED or pending.tentative is Tentative.STORE_FAILING:
             label = hub.handler.model_label(end.model)

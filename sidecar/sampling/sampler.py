@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from sidecar.sampling.settings import SamplingSettings
 
@@ -146,6 +147,21 @@ class StoreBackoff:
         return not self.allows(self._clock())
 
 
+class HotSettings(NamedTuple):
+    """What every request's header-time step reads of the settings, worked out once."""
+
+    settings: SamplingSettings
+    max_rate: float
+    force_header: bytes | None  # the header's name as the relay reads it (None: no forcing)
+
+
+def _hot(settings: SamplingSettings) -> HotSettings:
+    header = settings.force_header
+    return HotSettings(
+        settings, settings.max_rate, None if header is None else header.encode("latin-1")
+    )
+
+
 class Sampler:
     """Decides which live requests become profiles; safe to call from several threads."""
 
@@ -160,9 +176,17 @@ class Sampler:
         self._rand = rand
         self._lock = threading.Lock()
         self._buckets: dict[str, TokenBucket] = {}
-        self.settings = settings
+        self.hot = _hot(settings)  # read by the hook on every request; replaced, never changed
         self.duty = DutyCycleGate(settings.duty_cycle, clock)
         self.store = StoreBackoff(clock)
+
+    @property
+    def settings(self) -> SamplingSettings:
+        return self.hot.settings
+
+    @settings.setter
+    def settings(self, settings: SamplingSettings) -> None:
+        self.hot = _hot(settings)  # one assignment: a reader sees old or new, not a mix
 
     def update(self, settings: SamplingSettings) -> None:
         """Apply new settings at run time; budgets restart full, the duty-cycle wait ends."""
@@ -182,11 +206,11 @@ class Sampler:
 
     def at_headers(self, forced: bool) -> Tentative:
         """Header-time step: forced, or a coin flip at the highest configured rate."""
-        settings = self.settings
-        if not settings.enabled:
+        hot = self.hot
+        if not hot.settings.enabled:
             return Tentative.NO
         if not forced:
-            max_rate = settings.max_rate
+            max_rate = hot.max_rate
             if max_rate <= 0.0 or self._rand() >= max_rate:
                 return Tentative.NO
         # Checked here too so that, while the gate is closed, picked requests cost nothing
@@ -211,7 +235,7 @@ class Sampler:
         for every request: skipped requests are counted too. `FORCED` and `SLOW` skip the rate,
         not the budget or the duty cycle. A `SAMPLED` decision must be followed by
         `duty.record_busy` (profile done) or `duty.cancel` (never ran)."""
-        settings = self.settings
+        hot = self.hot
         if tentative is Tentative.NO:
             return Decision.SKIPPED_RATE
         if tentative is Tentative.GATED:
@@ -219,8 +243,8 @@ class Sampler:
         if tentative is Tentative.STORE_FAILING:
             return Decision.SKIPPED_STORE_FAILING
         if tentative is Tentative.RATE:
-            max_rate = settings.max_rate
-            model_rate = settings.rate_for(model)
+            max_rate = hot.max_rate
+            model_rate = hot.settings.rate_for(model)
             if model_rate < max_rate and self._rand() * max_rate >= model_rate:
                 return Decision.SKIPPED_RATE
         now = self._clock()

@@ -384,3 +384,32 @@ def test_the_request_span_carries_the_relays_marks_on_its_clock() -> None:
     ((_, (span,)),) = s.handler.spans
     assert span.attributes["relay_request_start_ns"] == span.start_ns
     assert span.attributes["relay_response_end_ns"] == span.end_ns
+
+
+@pytest.mark.parametrize("cached_models", [1024, 2])
+def test_requests_not_picked_count_under_their_models_label(
+    monkeypatch: pytest.MonkeyPatch, cached_models: int
+) -> None:
+    """The hook keeps each model name's label and `skipped_rate` counter; past its cap of
+    names it looks them up each time, and every request still counts once under its label."""
+    monkeypatch.setattr("sidecar.sampling.observer._CACHED_MODELS", cached_models)
+    s = Setup(rate=0.0)
+    for _ in range(3):
+        for model in ("a", "b", None, "c"):
+            assert s.request(model) is None
+    counts = {m: s.sample("xsp_sampling_decisions_total", m, decision="skipped_rate")
+              for m in ("a", "b", "_unknown", "c")}  # fmt: skip
+    assert counts == {"a": 3, "b": 3, "_unknown": 3, "c": 3}
+    assert s.decisions() == {}  # model "m" saw none
+
+
+def test_settings_changed_at_run_time_reach_the_header_step() -> None:
+    """The header step reads the rate and the force header worked out once per settings."""
+    s = Setup(rate=0.0, force_header="x-a")
+    assert s.request(headers=((b"x-b", b"1"),)) is None
+    s.sampler.update(s.sampler.settings.updated(force_header="x-b"))
+    assert s.request(headers=((b"x-a", b"1"),)) is None
+    assert s.request(headers=((b"x-b", b"1"),)) is not None
+    s.sampler.update(s.sampler.settings.updated(model_rates={"other": 1.0}))
+    assert s.request("other") is not None  # the highest rate is the coin at the headers
+    assert [job.reason for job in s.handler.jobs] == ["forced", "rate"]
