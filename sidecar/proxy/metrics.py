@@ -247,6 +247,31 @@ class ProxyMetrics:
         st.request_bytes += request_bytes
         st.response_bytes += response_bytes
 
+    def call_stats(self, method: str, model: str) -> _CallStats:
+        """The counters of one label pair, created on first use (a pair is on /metrics from
+        its first ended call): a caller that ends many calls of one pair keeps it."""
+        st = self._stats.get((method, model))
+        if st is None:
+            st = self._stats[(method, model)] = _CallStats()
+        return st
+
+    def record_in(
+        self,
+        st: _CallStats,
+        key: tuple[str, str, str],
+        duration_s: float,
+        request_bytes: int,
+        response_bytes: int,
+    ) -> None:
+        """`record` into counters `call_stats` gave, `key` their (method, model, code)."""
+        codes = self._codes
+        codes[key] = codes.get(key, 0) + 1
+        st.buckets[bisect_left(DURATION_BUCKETS, duration_s)] += 1
+        st.count += 1
+        st.sum += duration_s
+        st.request_bytes += request_bytes
+        st.response_bytes += response_bytes
+
     def count(self, method: str, model: str, code: str) -> None:
         """Count one ended call whose duration is unknown (labels already bounded)."""
         key = (method, model, code)
