@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from sidecar.proxy.metrics import ProxyMetrics, _CallStats
+from sidecar.proxy.metrics import CallStats, ProxyMetrics
 from sidecar.proxy.model_name import UNKNOWN_MODEL
 from sidecar.proxy.stream_messages import request_reader, response_reader
 from sidecar.proxy.stream_metrics import Histogram
@@ -87,7 +87,7 @@ class Labels:
         self.model = model  # bounded label value
         self.pair = (method, model)
         self.ok = (method, model, "OK")  # the usual `xsp_requests_total` key
-        self.stats: _CallStats | None = None
+        self.stats: CallStats | None = None
         self.first: Histogram | None = None
         self.gaps: Histogram | None = None
 
