@@ -32,9 +32,10 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from sidecar.proxy.metrics import ProxyMetrics
+from sidecar.proxy.metrics import CallStats, ProxyMetrics
 from sidecar.proxy.model_name import UNKNOWN_MODEL
 from sidecar.proxy.stream_messages import request_reader, response_reader
+from sidecar.proxy.stream_metrics import Histogram
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +77,26 @@ class MessageSampling(Protocol):
         """A message `message` took has ended."""
 
 
+class Labels:
+    """One model's label pair on a stream and its counters, looked up once per stream: each
+    is bound on its first use, so a pair appears on /metrics exactly when it did before."""
+
+    __slots__ = ("first", "gaps", "model", "ok", "pair", "stats")
+
+    def __init__(self, method: str, model: str) -> None:
+        self.model = model  # bounded label value
+        self.pair = (method, model)
+        self.ok = (method, model, "OK")  # the usual `xsp_requests_total` key
+        self.stats: CallStats | None = None
+        self.first: Histogram | None = None
+        self.gaps: Histogram | None = None
+
+
 @dataclass(slots=True)
 class Pending:
     """One inference waiting for (more of) its responses."""
 
-    model: str  # bounded label value
+    labels: Labels
     id: str
     start: float  # perf_counter at its request message
     request_bytes: int
@@ -110,6 +126,7 @@ class StreamInferences:
         self.request_count = 0
         self.response_count = 0
         self.sampling: MessageSampling | None = None
+        self._labels: dict[str | None, Labels] = {}  # by model name as read (None: unreadable)
 
     def sample_with(self, sampling: MessageSampling) -> None:
         """Offer each request message from now on to `sampling`."""
@@ -131,19 +148,21 @@ class StreamInferences:
         now = time.perf_counter()
         pending = self.pending
         sampling = self.sampling
+        labels = self._labels
         for size, token, full, name, ident, asked in reads:
             self.request_count += 1
             if name is None:
                 self.stream_metrics.unreadable.inc()
-                model = UNKNOWN_MODEL
             else:
-                model = self.metrics.model_label(name)
                 name = name or None
+            lab = labels.get(name)
+            if lab is None:
+                lab = self._labels_of(name)
             if len(pending) >= self.max_pending:
                 self._evict(now)
             seq = self._seq
             self._seq = seq + 1
-            p = pending[seq] = Pending(model, ident, now, size, asked)
+            p = pending[seq] = Pending(lab, ident, now, size, asked)
             if sampling is not None:
                 try:
                     p.sample = sampling.message(token, name, full)
@@ -153,6 +172,13 @@ class StreamInferences:
                     p.gaps = []
             if ident and ident not in self.by_id:
                 self.by_id[ident] = seq
+
+    def _labels_of(self, name: str | None) -> Labels:
+        model = UNKNOWN_MODEL if name is None else self.metrics.model_label(name)
+        lab = Labels(self.method, model)
+        if len(self._labels) < self.metrics.max_models:  # bounded like the label values
+            self._labels[name] = lab
+        return lab
 
     # -- responses ------------------------------------------------------------------------
 
@@ -179,15 +205,20 @@ class StreamInferences:
             p = self.pending[seq]
             p.response_bytes += size
             if has_outputs or error:
-                pair = (method, p.model)
+                lab = p.labels
+                pair = lab.pair
                 responses[pair] = responses.get(pair, 0) + 1
                 if p.responses == 0:
                     p.first = now
-                    hist = sm.first_response.get(pair) or sm.histogram(sm.first_response, pair)
+                    hist = lab.first
+                    if hist is None:
+                        hist = lab.first = sm.histogram(sm.first_response, pair)
                     hist.observe(now - p.start)
                 else:
                     gap = now - p.last
-                    hist = sm.gaps.get(pair) or sm.histogram(sm.gaps, pair)
+                    hist = lab.gaps
+                    if hist is None:
+                        hist = lab.gaps = sm.histogram(sm.gaps, pair)
                     hist.observe(gap)
                     if p.gaps is not None and len(p.gaps) < MAX_GAPS:
                         p.gaps.append(gap)
@@ -238,15 +269,17 @@ class StreamInferences:
         p = self.pending.pop(seq)
         if p.id and self.by_id.get(p.id) == seq:
             del self.by_id[p.id]
-        pair = (self.method, p.model)
+        lab = p.labels
         end = now
         if at_last:
             end = p.last
             unseen = self.stream_metrics.final_unseen
-            unseen[pair] = unseen.get(pair, 0) + 1
-        self.metrics.record(
-            self.method, p.model, code, end - p.start, p.request_bytes, p.response_bytes
-        )
+            unseen[lab.pair] = unseen.get(lab.pair, 0) + 1
+        st = lab.stats
+        if st is None:
+            st = lab.stats = self.metrics.call_stats(self.method, lab.model)
+        key = lab.ok if code == "OK" else (self.method, lab.model, code)
+        self.metrics.record_in(st, key, end - p.start, p.request_bytes, p.response_bytes)
         if p.sample is not None:
             self._ended(p, code, end)
 
@@ -271,7 +304,9 @@ class StreamInferences:
         self.pending.pop(seq)
         if p.id and self.by_id.get(p.id) == seq:
             del self.by_id[p.id]
-        self.metrics.count(self.method, p.model, ERROR_CODE)  # no latency: its end is unknown
+        self.metrics.count(
+            self.method, p.labels.model, ERROR_CODE
+        )  # no latency: its end is unknown
         if p.sample is not None:
             p.error = "evicted from the stream's pending table"
             self._ended(p, ERROR_CODE, now)

@@ -45,7 +45,7 @@ OBSERVER_HOOKS = ("connection", "request_headers", "request_body", "stream_end",
 _LE = [floatToGoString(b) for b in DURATION_BUCKETS] + ["+Inf"]
 
 
-class _CallStats:
+class CallStats:
     """Duration histogram and byte counts of one (method, model) label pair."""
 
     __slots__ = ("buckets", "count", "exemplars", "request_bytes", "response_bytes", "sum")
@@ -78,7 +78,7 @@ class _CallCollector(Collector):
     @staticmethod
     def _families(
         codes: list[tuple[tuple[str, str, str], int]],
-        stats: list[tuple[tuple[str, str], _CallStats]],
+        stats: list[tuple[tuple[str, str], CallStats]],
         observer_errors: dict[str, int],
     ) -> list[Metric]:
         requests = CounterMetricFamily(
@@ -120,7 +120,7 @@ class _CallCollector(Collector):
 
 
 def _buckets(
-    st: _CallStats,
+    st: CallStats,
 ) -> list[tuple[str, float] | tuple[str, float, Exemplar]]:
     """Cumulative buckets of one label pair, each with its exemplar where it has one."""
     counts = accumulate(st.buckets)
@@ -152,7 +152,7 @@ class ProxyMetrics:
         # failures of the observer's hooks, by hook (written by the event-loop thread only)
         self.observer_errors = dict.fromkeys(OBSERVER_HOOKS, 0)
         self._codes: dict[tuple[str, str, str], int] = {}
-        self._stats: dict[tuple[str, str], _CallStats] = {}
+        self._stats: dict[tuple[str, str], CallStats] = {}
         registry.register(_CallCollector(self))
         self.in_flight = Gauge(
             "xsp_requests_in_flight", "gRPC calls started and not yet ended.", registry=registry
@@ -240,7 +240,32 @@ class ProxyMetrics:
         self._codes[key] = self._codes.get(key, 0) + 1
         st = self._stats.get((method, model))
         if st is None:
-            st = self._stats[(method, model)] = _CallStats()
+            st = self._stats[(method, model)] = CallStats()
+        st.buckets[bisect_left(DURATION_BUCKETS, duration_s)] += 1
+        st.count += 1
+        st.sum += duration_s
+        st.request_bytes += request_bytes
+        st.response_bytes += response_bytes
+
+    def call_stats(self, method: str, model: str) -> CallStats:
+        """The counters of one label pair, created on first use (a pair is on /metrics from
+        its first ended call): a caller that ends many calls of one pair keeps it."""
+        st = self._stats.get((method, model))
+        if st is None:
+            st = self._stats[(method, model)] = CallStats()
+        return st
+
+    def record_in(
+        self,
+        st: CallStats,
+        key: tuple[str, str, str],
+        duration_s: float,
+        request_bytes: int,
+        response_bytes: int,
+    ) -> None:
+        """`record` into counters `call_stats` gave, `key` their (method, model, code)."""
+        codes = self._codes
+        codes[key] = codes.get(key, 0) + 1
         st.buckets[bisect_left(DURATION_BUCKETS, duration_s)] += 1
         st.count += 1
         st.sum += duration_s

@@ -198,3 +198,21 @@ def test_a_sampled_stream_leaves_no_exemplar_on_the_inference_histogram() -> Non
         scrape_registry(registry, openmetrics=True), "xsp_request_duration_seconds_bucket"
     )
     assert [labels["method"] for labels, _ in found] == ["ModelInfer"]
+
+
+def test_model_labels_stay_bounded_on_one_stream() -> None:
+    """Each model's labels are looked up once per stream; past `max_models` names the extra
+    ones count under `_other` as unary calls do, and the stream's lookup table stays bounded."""
+    registry = CollectorRegistry()
+    inf = StreamInferences(ProxyMetrics(registry, max_models=2), METHOD)
+    names = ["a", "b", "c", "d", "a", "c", "", "b"]
+    for name in names:
+        inf.request_data(request(name))
+        inf.response_data(response(name or "x"))
+    assert requests_total(registry, "a") == 2 and requests_total(registry, "b") == 2
+    assert requests_total(registry, "_other") == 3  # c, d, c
+    assert requests_total(registry, "_unknown") == 1  # the empty name
+    assert value(registry, "xsp_responses_total", method=METHOD, model="_other") == 3
+    count = value(registry, "xsp_request_duration_seconds_count", method=METHOD, model="_other")
+    assert count == 3
+    assert len(inf._labels) <= 2
