@@ -21,6 +21,7 @@ from collections.abc import Callable
 import numpy as np
 from hpack import Encoder
 from prometheus_client import CollectorRegistry
+from stream_sampling_cost import Handler, framed  # the bench beside this one
 from tritonclient.grpc import service_pb2
 
 from sidecar.proxy import frames
@@ -35,35 +36,6 @@ from sidecar.sampling.settings import SamplingSettings
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
-class Handler:
-    """The hub's handler with nothing behind it (a sampled request's job is refused)."""
-
-    def model_label(self, model: str | None) -> str:
-        return model or "_unknown"
-
-    def known_model(self, model: str) -> bool:
-        return True
-
-    def sequence_model(self, model: str) -> bool:
-        return False
-
-    def on_sampled(self, *args: object) -> None: ...
-
-    def submit(self, job: object) -> bool:
-        return False
-
-    def remember(self, *args: object) -> None: ...
-
-    def store_spans(self, *args: object) -> bool:
-        return True
-
-    def record_exemplar(self, *args: object) -> None: ...
-
-
-def grpc_message(message: bytes) -> bytes:
-    return b"\0" + len(message).to_bytes(4, "big") + message
-
-
 def connection(calls: int) -> tuple[list[bytes], list[bytes]]:
     """The client's and the backend's chunks: the connection preface, then one per call."""
     req = service_pb2.ModelInferRequest(model_name="add_sub")
@@ -74,8 +46,8 @@ def connection(calls: int) -> tuple[list[bytes], list[bytes]]:
         resp.outputs.add(name=f"OUTPUT{i}", datatype="FP32", shape=[16])
         resp.raw_output_contents.append(np.ones(16, np.float32).tobytes())
     request, response = (
-        grpc_message(req.SerializeToString()),
-        grpc_message(resp.SerializeToString()),
+        framed(req.SerializeToString()),
+        framed(resp.SerializeToString()),
     )
     client, server = Encoder(), Encoder()
     settings = frame_header(0, SETTINGS, 0, 0)
