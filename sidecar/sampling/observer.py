@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.backends import METHODS, REPLAYABLE
@@ -45,8 +44,8 @@ _HOLD_FOR_SLOW = HeaderDecision(capture_body=True, capture_limit=MAX_SAMPLED_BOD
 _SLOW_METHODS = frozenset(method for method, job in REPLAYABLE.items() if method == job)
 # Job reasons (the trace's `sample_reason`) of what the hook samples.
 _REASONS = {Tentative.RATE: "rate", Tentative.FORCED: "forced", Tentative.SLOW: "slow"}
-# Model names whose label and `skipped_rate` counter the hub keeps (names read from requests
-# are unbounded; past this many the rest are looked up each time).
+# Model names whose label the hub keeps (names read from requests are unbounded; past this
+# many the rest are looked up each time).
 _CACHED_MODELS = 1024
 
 
@@ -115,7 +114,6 @@ class SamplingHub:
         self.per_call = frozenset(REPLAYABLE) - self.per_message
         # per model name read from requests (bounded: past `_CACHED_MODELS` names, uncached)
         self._labels: dict[str | None, str] = {}
-        self._skipped: dict[str | None, Callable[[], None]] = {}
 
     def observer_factory(self, info: ConnectionInfo) -> SamplingObserver:
         return SamplingObserver(self)
@@ -143,17 +141,6 @@ class SamplingHub:
             if len(self._labels) < _CACHED_MODELS:
                 self._labels[model] = label
         return label
-
-    def count_skipped(self, model: str | None) -> None:
-        """One request of `model` not picked at header time: `skipped_rate` in the decisions
-        counter, whose labelled child is kept per model name (the unsampled path's one metric)."""
-        inc = self._skipped.get(model)
-        if inc is None:
-            label = self.label(model)
-            inc = self.metrics.decisions.labels(label, Decision.SKIPPED_RATE.value).inc
-            if len(self._skipped) < _CACHED_MODELS:
-                self._skipped[model] = inc
-        inc()
 
     def mark_sampled(self, trace_id: str) -> None:
         with self._lock:
@@ -245,7 +232,7 @@ class SamplingObserver:
                     hub.metrics.record_decision(label, Decision.SKIPPED_RATE)
                 return
         if pending is None:  # every request not picked at header time
-            hub.count_skipped(end.model)
+            hub.metrics.record_decision(hub.label(end.model), Decision.SKIPPED_RATE)
             return
         if pending.tentative is Tentative.GATED or pending.tentative is Tentative.STORE_FAILING:
             label = hub.handler.model_label(end.model)
