@@ -304,9 +304,8 @@ class StreamInferences:
         self.pending.pop(seq)
         if p.id and self.by_id.get(p.id) == seq:
             del self.by_id[p.id]
-        self.metrics.count(
-            self.method, p.labels.model, ERROR_CODE
-        )  # no latency: its end is unknown
+        # no latency: its end is unknown
+        self.metrics.count(self.method, p.labels.model, ERROR_CODE)
         if p.sample is not None:
             p.error = "evicted from the stream's pending table"
             self._ended(p, ERROR_CODE, now)

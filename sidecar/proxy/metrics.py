@@ -236,16 +236,10 @@ class ProxyMetrics:
         response_bytes: int,
     ) -> None:
         """Count one ended call (labels already bounded). Call from one thread only."""
-        key = (method, model, code)
-        self._codes[key] = self._codes.get(key, 0) + 1
-        st = self._stats.get((method, model))
-        if st is None:
-            st = self._stats[(method, model)] = CallStats()
-        st.buckets[bisect_left(DURATION_BUCKETS, duration_s)] += 1
-        st.count += 1
-        st.sum += duration_s
-        st.request_bytes += request_bytes
-        st.response_bytes += response_bytes
+        self.record_in(
+            self.call_stats(method, model), (method, model, code),
+            duration_s, request_bytes, response_bytes,
+        )  # fmt: skip
 
     def call_stats(self, method: str, model: str) -> CallStats:
         """The counters of one label pair, created on first use (a pair is on /metrics from
