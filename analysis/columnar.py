@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,8 @@ from analysis.store_file import (
 )
 
 BATCH_ROWS = 16_384  # rows per Arrow record batch: a few MB of spans
-PART_ROWS = 200_000  # a store's spans are read in parallel parts of at least this many rows
+PART_ROWS = 200_000  # the export reads a store's spans in parallel parts of at least this many rows
+REPORT_BATCH_ROWS = 100_000  # the report reads a store's spans in batches of this many rowids
 
 TRACE_COLUMNS = (*TRACE_IDENTITY, "status", "created_ns")
 # the columns every span has, as stored
@@ -222,10 +225,8 @@ def all_in_sound_traces(db: str | Path) -> bool:
     return not outside
 
 
-def span_ranges(db: str | Path, parts: int) -> list[tuple[int, int] | None]:
-    """The spans table cut into up to `parts` rowid ranges of about `PART_ROWS` rows or more,
-    which separate readers scan at once (`[None]`: one reader for all). The rows are counted
-    by their rowid range (two lookups; pruned traces' gaps count as rows), not by a scan."""
+def _rowid_bounds(db: str | Path) -> tuple[int | None, int | None]:
+    """The spans' smallest and largest rowid (None, None for no span)."""
     conn = connect_ro(Path(db))
     try:
         low, high = conn.execute(  # each alone, so that SQLite looks it up, not scans
@@ -233,6 +234,14 @@ def span_ranges(db: str | Path, parts: int) -> list[tuple[int, int] | None]:
         ).fetchone()
     finally:
         conn.close()
+    return low, high
+
+
+def span_ranges(db: str | Path, parts: int) -> list[tuple[int, int] | None]:
+    """The spans table cut into up to `parts` rowid ranges of about `PART_ROWS` rows or more,
+    which separate readers scan at once (`[None]`: one reader for all). The rows are counted
+    by their rowid range (two lookups; pruned traces' gaps count as rows), not by a scan."""
+    low, high = _rowid_bounds(db)
     if low is None or high is None:
         return [None]
     parts = min(parts, (high - low + 1) // PART_ROWS)
@@ -416,17 +425,16 @@ FROM (
 REPORT_DUCKDB = _report_duckdb()
 
 
-def report_spans(
+def report_span_batches(
     path: Path, span_checks: str, trace_subquery: str | None, params: Sequence[object]
-) -> Any:
-    """The report's spans of one store as a pandas DataFrame: SQLite's columns, `_bad`,
-    the attribute columns (numbers as float64, flags as float64 to be compared with 0,
-    objects and shapes as JSON text) and `_wrong` (the members of a JSON object: the values
-    that are not numbers where one is expected, by key). A large store is read in rowid
-    ranges by one reader per core at once (`span_ranges`; unless filtered), its parts joined
-    in rowid order: the rows and their order are those of one reader."""
-    import pyarrow as pa
-
+) -> Iterator[Any]:
+    """The report's spans of one store as pandas DataFrames, one per batch of about
+    `REPORT_BATCH_ROWS` rowids, in rowid order: SQLite's columns, `_bad`, the attribute
+    columns (numbers as float64, flags as float64 to be compared with 0, objects and shapes
+    as JSON text) and `_wrong` (the members of a JSON object: the values that are not numbers
+    where one is expected, by key). One reader per core reads the next batches while the
+    caller takes one (unless filtered), so that a few batches are held at once, whatever
+    the store's size; the rows and their order are those of one reader."""
     if trace_subquery:  # the filters' few plain values, as SQL literals
         pieces = trace_subquery.split("?")
         assert len(pieces) == len(params) + 1
@@ -436,18 +444,38 @@ def report_spans(
     uri = _uri(path, _immutable(path))
     # (a filtered read stays one reader: SQLite then walks the selected traces' index, in
     # its order, where a rowid range would walk the table in another)
-    ranges = span_ranges(path, os.cpu_count() or 1) if trace_subquery is None else [None]
+    ranges = batch_ranges(path, REPORT_BATCH_ROWS) if trace_subquery is None else [None]
     parts = [
         query if r is None else f"{query} AND s.rowid BETWEEN {int(r[0])} AND {int(r[1])}"
         for r in ranges
     ]
     if len(parts) == 1:
-        table = _report_part(path, uri, parts[0], None)
-    else:  # ADBC and DuckDB run without the GIL
-        with ThreadPoolExecutor(len(parts)) as pool:
-            tables = list(pool.map(lambda q: _report_part(path, uri, q, 1), parts))
-        table = pa.concat_tables(tables)
+        yield _pandas(_report_part(path, uri, parts[0], None))
+        return
+    readers = min(len(parts), os.cpu_count() or 1)
+    with ThreadPoolExecutor(readers) as pool:  # ADBC and DuckDB run without the GIL
+        waiting = iter(parts)
+        reading = deque(
+            pool.submit(_report_part, path, uri, q, 1) for q in islice(waiting, readers)
+        )
+        while reading:
+            table = reading.popleft().result()
+            if (following := next(waiting, None)) is not None:
+                reading.append(pool.submit(_report_part, path, uri, following, 1))
+            yield _pandas(table)
+
+
+def _pandas(table: Any) -> Any:
     return table.to_pandas(self_destruct=True, split_blocks=True)
+
+
+def batch_ranges(db: str | Path, rows: int) -> list[tuple[int, int] | None]:
+    """The spans table cut into rowid ranges of `rows` rowids (`[None]`: one range for all),
+    bounded by two rowid lookups, not a scan."""
+    low, high = _rowid_bounds(db)
+    if low is None or high is None or high - low + 1 <= rows:
+        return [None]
+    return [(a, min(high, a + rows - 1)) for a in range(low, high + 1, rows)]
 
 
 def _report_part(path: Path, uri: str, query: str, threads: int | None) -> Any:

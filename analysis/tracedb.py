@@ -22,6 +22,7 @@ import pandas as pd
 
 from analysis import columnar, damage
 from analysis.damage import BadRow
+from analysis.level_rows import LevelRows
 from analysis.store_file import RELAY_OFFSET_COLUMNS, STREAM_RESPONSE_COLUMNS, TraceDatabaseError
 from analysis.store_file import connect_ro as _connect_ro
 
@@ -180,12 +181,15 @@ def _json(column: str, expr: str, guard_json: bool) -> str:
     return f"CASE WHEN json_valid({column}) THEN {expr} END" if guard_json else expr
 
 
-Loaded = tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, int, dict[str, int]]
+# traces, level_stats, failed profiles skipped, their reasons, and the filter's trace-id
+# subquery and its parameters (None: every trace)
+Loaded = tuple[pd.DataFrame, pd.DataFrame, int, dict[str, int], tuple[str, Sequence[object]] | None]
 
 
 def _load_one(path: Path, flt: TraceFilter, guard_json: bool = False) -> Loaded:
-    """Traces, spans and level_stats rows of one store, each with a `_bad` column that names
-    the damage of a damaged row (NULL for a sound one). Without `guard_json` SQLite parses
+    """Traces and level_stats rows of one store, each with a `_bad` column that names the
+    damage of a damaged row (NULL for a sound one); its spans are read afterwards, batch by
+    batch (`_store_spans`). Without `guard_json` SQLite parses
     attribute JSON unchecked (fast); a malformed text then fails the query, and the load is
     repeated with every JSON text checked first."""
     conn = _connect_ro(path)
@@ -219,13 +223,6 @@ def _load_one(path: Path, flt: TraceFilter, guard_json: bool = False) -> Loaded:
         # Selecting a few traces: let SQLite pick their rows. Otherwise reading every row and
         # dropping those of failed traces afterwards is faster than a lookup per row.
         narrow = bool(flt.models or flt.trace_ids or flt.batch_sizes or flt.since_ns is not None)
-        # SQLite checks each row and joins a kernel's layer (its parent, or its launch's
-        # parent); DuckDB reads the attributes (analysis/columnar.py). The CUDA API records
-        # themselves (runtime/driver) serve only that join and the timeline export (which
-        # reads its trace in full), so the bulk load leaves them out.
-        spans = columnar.report_spans(
-            path, _span_checks(False), sub if narrow else None, params if narrow else ()
-        )
         stats = pd.read_sql_query(
             "SELECT trace_id, level, iterations, warmup, trimmed_mean_ns, median_ns, min_ns, "
             "max_ns, overhead_ratio, CASE WHEN level = 'model' THEN samples_ns END AS samples_ns, "
@@ -242,7 +239,7 @@ def _load_one(path: Path, flt: TraceFilter, guard_json: bool = False) -> Loaded:
         raise TraceDatabaseError(f"{path}: cannot read the trace store ({cause or exc})") from None
     finally:
         conn.close()
-    return traces, spans, stats, skipped, failed
+    return traces, stats, skipped, failed, (sub, params) if narrow else None
 
 
 _NUMERIC = (
@@ -389,27 +386,55 @@ def _samples(stats: pd.DataFrame, source: str) -> tuple[list[list[float] | None]
 
 
 def _normalize(
-    traces: pd.DataFrame, spans: pd.DataFrame, stats: pd.DataFrame, source: str
-) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list[BadRow]]:
+    traces: pd.DataFrame, stats: pd.DataFrame, source: str
+) -> tuple[pd.DataFrame, pd.DataFrame, list[BadRow], list[BadRow]]:
     """Typed columns that do not depend on which values a database happens to hold, with
-    damaged rows skipped (and named); returns traces, spans (with the attribute columns),
-    level stats and the damaged rows."""
+    damaged rows skipped (and named); returns traces, level stats and the damaged rows of
+    each."""
     traces, bad = damage.from_frame(traces, source, "traces", None)
     traces, bad_attrs = _trace_attributes(traces, source)
     bad += bad_attrs
     traces["batch_size"] = pd.to_numeric(traces["batch_size"]).astype("Int64")
     traces["created_ns"] = traces["created_ns"].astype("int64")
-    spans, bad_spans = damage.from_frame(spans, source, "spans", "span_id")
     stats, bad_stats = damage.from_frame(stats, source, "level_stats", "level")
-    bad += bad_spans + bad_stats
     for col in ("iterations", "warmup", "trimmed_mean_ns", "median_ns", "min_ns", "max_ns",
                 "overhead_ratio"):  # fmt: skip
         stats[col] = pd.to_numeric(stats[col])
     stats["samples_ns"], bad_samples = _samples(stats, source)
-    bad += bad_samples
-    spans, bad_attrs = _span_attributes(spans, source)
-    bad += bad_attrs
-    return traces, spans, stats, bad
+    return traces, stats, bad, bad_stats + bad_samples
+
+
+def _store_spans(
+    path: Path,
+    source: str,
+    keys: pd.Series,
+    narrow: tuple[str, Sequence[object]] | None,
+    into: LevelRows,
+) -> tuple[list[BadRow], list[BadRow]]:
+    """Read one store's spans batch by batch into `into`: of each batch, the sound rows of
+    the traces in `keys` (trace id -> tkey), typed, with `source_db` and `tkey` and without
+    `span_id` (which only names damaged rows). Returns the damaged rows and the ignored
+    attribute values. SQLite checks each row and joins a kernel's layer (its parent, or its
+    launch's parent); DuckDB reads the attributes (analysis/columnar.py). The CUDA API
+    records themselves (runtime/driver) serve only that join and the timeline export (which
+    reads its trace in full), so the bulk load leaves them out."""
+    sub, params = narrow if narrow else (None, ())
+    bad: list[BadRow] = []
+    bad_attrs: list[BadRow] = []
+    for batch in columnar.report_span_batches(path, _span_checks(False), sub, params):
+        spans, bad_rows = damage.from_frame(batch, source, "spans", "span_id")
+        del batch
+        spans, ignored = _span_attributes(spans, source)
+        bad += bad_rows
+        bad_attrs += ignored
+        mask = spans["trace_id"].isin(keys.index)
+        if not mask.all():  # spans of failed (or damaged) traces
+            spans = spans[mask]
+        spans = spans.drop(columns="span_id")
+        spans.insert(0, "source_db", source)
+        spans.insert(1, "tkey", spans["trace_id"].map(keys).astype("int64"))
+        into.add(spans)
+    return bad, bad_attrs
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -422,11 +447,15 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def load_traces(paths: Sequence[str | Path], flt: TraceFilter | None = None) -> TraceData:
-    """Read the selected traces of every database in `paths` (opened read-only)."""
+    """Read the selected traces of every database in `paths` (opened read-only). The spans
+    come batch by batch; the frame they make holds each level's rows together (`LevelRows`),
+    so that the analyses take a level as a slice of it (`Frames.at`), not as a second copy
+    of every span."""
     flt = flt or TraceFilter()
     if not paths:
         raise TraceDatabaseError("no trace database given")
-    all_traces, all_spans, all_stats = [], [], []
+    all_traces, all_stats = [], []
+    spans = LevelRows()
     skipped = 0
     bad_rows: list[BadRow] = []
     failed_reasons: dict[str, int] = {}
@@ -435,35 +464,24 @@ def load_traces(paths: Sequence[str | Path], flt: TraceFilter | None = None) -> 
     for raw in paths:
         path = Path(raw)
         source = str(raw)
-        traces, spans, stats, n_skipped, failed = _load_one(path, flt)
+        traces, stats, n_skipped, failed, narrow = _load_one(path, flt)
         for reason, count in failed.items():
             failed_reasons[reason] = failed_reasons.get(reason, 0) + count
-        traces, spans, stats, bad = _normalize(traces, spans, stats, source)
-        bad_rows += bad
+        traces, stats, bad, bad_stats = _normalize(traces, stats, source)
         skipped += n_skipped
         sources.append(source)
         keys = pd.Series(range(next_key, next_key + len(traces)), index=traces["trace_id"])
         next_key += len(traces)
-        mask = spans["trace_id"].isin(keys.index)
-        if not mask.all():  # spans of failed (or damaged) traces
-            spans = spans[mask].reset_index(drop=True)
+        bad_spans, bad_attrs = _store_spans(path, source, keys, narrow, spans)
+        bad_rows += bad + bad_spans + bad_stats + bad_attrs
         stats = stats[stats["trace_id"].isin(keys.index)].reset_index(drop=True)
-        for df in (traces, spans, stats):
+        for df in (traces, stats):
             df.insert(0, "source_db", source)
             df.insert(1, "tkey", df["trace_id"].map(keys).astype("int64"))
         all_traces.append(traces)
-        all_spans.append(spans)
         all_stats.append(stats)
-    traces, spans, stats = (_concat(f) for f in (all_traces, all_spans, all_stats))
-    return TraceData(traces, _by_level(spans), stats, sources, skipped, bad_rows, failed_reasons)
-
-
-def _by_level(spans: pd.DataFrame) -> pd.DataFrame:
-    """The spans with each level's rows together (a stable sort: within a level, rows and
-    their index labels keep their order), so that the analyses take a level as a slice of
-    this frame (`Frames.at`), not as a second copy of every span."""
-    codes, _ = pd.factorize(spans["level"], use_na_sentinel=False)
-    return spans.take(np.argsort(codes, kind="stable"))
+    traces, stats = (_concat(f) for f in (all_traces, all_stats))
+    return TraceData(traces, spans.frame(), stats, sources, skipped, bad_rows, failed_reasons)
 
 
 def model_counts(paths: Sequence[str | Path]) -> dict[str, int]:
