@@ -1,36 +1,56 @@
-"""The single-store report's loader reads a large store in parallel rowid ranges: the same
-spans in the same order, and the same analyses, as one reader. Real SQLite, the checked-in
-stores."""
+"""The single-store report's loader reads a store's spans in batches of rowids, two readers
+ahead of the analyses: the same spans in the same order, and the same analyses and report,
+as one reader over the whole store. Real SQLite, the checked-in stores."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from analysis import columnar
+from analysis.report import main
 from analysis.trace_analysis import TraceAnalysis
 from analysis.tracedb import TraceFilter, load_traces
+from tests.analysis.golden import damage_store
 from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB
 
 
-@pytest.mark.parametrize("db", [CPU_DB, GPU_DB, LIVE_DB], ids=lambda p: Path(p).parent.name)
-def test_spans_read_in_parts_are_those_of_one_reader(
-    db: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    parts: list[int] = []
-    real = columnar.span_ranges
+@pytest.fixture
+def damaged(tmp_path: Path) -> Path:
+    """A copy of the CPU store with damaged rows (skipped and named), as the goldens'."""
+    db = tmp_path / "damaged.sqlite"
+    shutil.copy(CPU_DB, db)
+    damage_store(db)
+    return db
+
+
+def _batches(monkeypatch: pytest.MonkeyPatch, rows: int) -> list[int]:
+    """Force batches of `rows` rowids; returns the list the loader's batch counts go to."""
+    counts: list[int] = []
+    real = columnar.batch_ranges
 
     def spy(path: str | Path, n: int) -> list[tuple[int, int] | None]:
-        parts.append(len(ranges := real(path, max(n, 3))))
+        counts.append(len(ranges := real(path, n)))
         return ranges
 
+    monkeypatch.setattr(columnar, "REPORT_BATCH_ROWS", rows)
+    monkeypatch.setattr(columnar, "batch_ranges", spy)
+    return counts
+
+
+@pytest.mark.parametrize("name", ["cpu", "gpu", "live", "damaged"])
+def test_spans_read_in_batches_are_those_of_one_reader(
+    name: str, damaged: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = {"cpu": CPU_DB, "gpu": GPU_DB, "live": LIVE_DB, "damaged": damaged}[name]
     whole = load_traces([db])
-    monkeypatch.setattr(columnar, "PART_ROWS", 50)
-    monkeypatch.setattr(columnar, "span_ranges", spy)
+    counts = _batches(monkeypatch, 37)
+    monkeypatch.setattr(columnar.os, "cpu_count", lambda: 3)
     split = load_traces([db])
-    assert parts == [3]
+    assert counts and counts[0] > 3  # more batches than readers
     pd.testing.assert_frame_equal(split.spans, whole.spans)
     assert split.bad_rows == whole.bad_rows
     one = TraceAnalysis(whole).run_all()
@@ -38,12 +58,31 @@ def test_spans_read_in_parts_are_those_of_one_reader(
         pd.testing.assert_frame_equal(res.table, one[key].table)
 
 
+def test_the_report_of_a_store_read_in_batches_is_that_of_one_batch(
+    damaged: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The whole report (findings, every analysis, the damaged rows), two stores at once."""
+
+    def report(out: Path) -> str:
+        assert main([str(GPU_DB), str(damaged), "--format", "json", "--out", str(out)]) == 0
+        text = (out / "report.json").read_text()
+        return "\n".join(line for line in text.splitlines() if '"generated"' not in line)
+
+    counts = _batches(monkeypatch, 10**9)
+    whole = report(tmp_path / "whole")
+    assert counts == [1, 1]
+    counts = _batches(monkeypatch, 29)
+    split = report(tmp_path / "split")
+    assert min(counts) > 2
+    assert split == whole
+
+
 def test_a_filtered_read_keeps_one_reader(monkeypatch: pytest.MonkeyPatch) -> None:
     """SQLite walks the selected traces' index for a filter: one reader keeps its order."""
-    monkeypatch.setattr(columnar, "PART_ROWS", 50)
-    monkeypatch.setattr(columnar.os, "cpu_count", lambda: 3)
+    counts = _batches(monkeypatch, 37)
     data = load_traces([LIVE_DB], TraceFilter(models=("big_cnn",)))
     assert set(data.traces["model"]) == {"big_cnn"}
-    monkeypatch.setattr(columnar, "PART_ROWS", 10**9)
+    assert counts == []
+    monkeypatch.setattr(columnar, "REPORT_BATCH_ROWS", 10**9)
     one = load_traces([LIVE_DB], TraceFilter(models=("big_cnn",)))
     pd.testing.assert_frame_equal(data.spans, one.spans)
