@@ -1,5 +1,6 @@
-"""The loader keeps each level's spans together, so that `Frames.at` slices them; a frame in
-any other order is split by `groupby`, with the same rows, order and index labels."""
+"""The loader keeps each level's spans together (`LevelRows`, batch by batch), so that
+`Frames.at` slices them; a frame in any other order is split by `groupby`, with the same
+rows, order and index labels."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.common import _level_slices
-from analysis.tracedb import _by_level
+from analysis.level_rows import LevelRows
 
 
 def _spans() -> pd.DataFrame:
@@ -19,11 +20,16 @@ def _by_groupby(spans: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return {str(k): g for k, g in spans.groupby("level", sort=False)}
 
 
-def test_levels_ordered_by_the_loader_are_the_groupby_split() -> None:
+def test_levels_gathered_batch_by_batch_are_the_groupby_split() -> None:
     spans = _spans()
-    ordered = _by_level(spans)
+    rows = LevelRows()
+    for batch in (spans.iloc[:4], spans.iloc[4:4], spans.iloc[4:7], spans.iloc[7:]):
+        rows.add(batch)
+    ordered = rows.frame()
     assert list(ordered["level"]) == ["model"] * 2 + ["layer"] * 3 + ["kernel"] * 3 + [None]
     assert list(ordered.loc[ordered["level"] == "layer", "n"]) == [1, 3, 8]
+    assert list(ordered.index) == [0, 7, 1, 3, 8, 2, 4, 5, 6]  # each row's position
+    spans = spans.reset_index(drop=True)
     got, want = _level_slices(ordered), _by_groupby(spans)
     assert got.keys() == want.keys()
     for level, frame in want.items():
@@ -39,3 +45,13 @@ def test_interleaved_levels_are_split_by_groupby() -> None:
     for level, frame in want.items():
         pd.testing.assert_frame_equal(got[level], frame)
     assert _level_slices(spans.iloc[:0]) == {}
+
+
+def test_missing_levels_are_one_level_and_no_rows_keep_the_columns() -> None:
+    rows = LevelRows()
+    rows.add(pd.DataFrame({"level": ["a", None], "n": [0, 1]}))
+    rows.add(pd.DataFrame({"level": [np.nan, "a"], "n": [2, 3]}))
+    assert list(rows.frame()["n"]) == [0, 3, 1, 2]
+    none = LevelRows()
+    none.add(pd.DataFrame({"level": pd.Series([], dtype=object), "n": pd.Series([], dtype=int)}))
+    assert list(none.frame().columns) == ["level", "n"]

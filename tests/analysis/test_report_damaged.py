@@ -109,7 +109,8 @@ def test_bad_rows_are_named_skipped_and_counted(
     assert (stats.table, stats.column, stats.reason) == ("level_stats", "trimmed_mean_ns", "NULL")
     # the spans are gone from the data, every trace is still there
     assert len(ta.data.traces) == 15
-    assert not set(ta.data.spans["span_id"]) & {s for _, s in broken.values()}
+    # (the loaded spans name no span id: the four damaged spans are missing from the count)
+    assert len(ta.data.spans) == len(_analyse(CPU_DB).data.spans) - 4
 
 
 def test_good_numbers_are_unchanged(damaged: tuple[Path, dict[str, tuple[str, str]]]) -> None:
