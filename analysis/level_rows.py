@@ -53,9 +53,26 @@ class LevelRows:
             return self._empty if self._empty is not None else pd.DataFrame()
         if len(pieces) == 1:
             return pieces[0]
+        first = pieces[0]
+        if all(_same_columns(p, first) for p in pieces[1:]):
+            # one column at a time (pandas' concat would look for all-NA object columns
+            # value by value), each the pieces' arrays joined once and not copied again
+            columns = {c: np.concatenate([p[c].to_numpy() for p in pieces]) for c in first}
+            index = pd.Index(np.concatenate([p.index.to_numpy() for p in pieces]))
+            return pd.DataFrame(columns, index=index, copy=False)
         with warnings.catch_warnings():  # all-NA attribute columns in one batch are expected
             warnings.simplefilter("ignore", FutureWarning)
             return pd.concat(pieces)
+
+
+def _same_columns(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    """The same columns of the same numpy dtypes (as the loader's batches have)."""
+    return (
+        a.columns.equals(b.columns)
+        and not a.columns.has_duplicates
+        and all(isinstance(t, np.dtype) for t in a.dtypes)
+        and a.dtypes.equals(b.dtypes)
+    )
 
 
 def _key(level: object) -> object:
