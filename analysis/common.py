@@ -265,6 +265,25 @@ def call_names(layers: pd.DataFrame) -> pd.Series:
     return named.reindex(layers.index)
 
 
+def left_join(df: pd.DataFrame, right: pd.DataFrame, on: Sequence[str]) -> pd.DataFrame:
+    """`df.merge(right, on=on, how="left")` where `right`'s keys are unique, without copying
+    `df`'s columns (copy-on-write): only the key columns are merged, to find each row's match,
+    and `right`'s other columns taken by it (missing where none matches, as merge fills)."""
+    on = list(on)
+    if right.duplicated(on).any() or df.columns.isin(right.columns.difference(on)).any():
+        return df.merge(right, on=on, how="left")  # rows repeated, or columns renamed
+    rows = pd.Series(np.arange(len(right)), index=pd.MultiIndex.from_frame(right[on]))
+    found = df[on].merge(rows.rename("_row").reset_index(), on=on, how="left")["_row"]
+    at = found.fillna(-1).to_numpy("int64")  # -1: no match
+    missing = bool((at < 0).any())
+    out = df.reset_index(drop=True)
+    for col in right.columns.difference(on, sort=False):
+        values = right[col]
+        data = values.to_numpy() if isinstance(values.dtype, np.dtype) else values.array
+        out[col] = pd.api.extensions.take(data, at, allow_fill=missing)
+    return out
+
+
 def _to_calls(kernels: pd.DataFrame, repeated: pd.DataFrame) -> pd.DataFrame:
     """`kernels` with `layer` moved from a repeated module's name to the call it ran in:
     the last call of that module in the same trace and run to start at or before it."""
@@ -340,7 +359,7 @@ class Frames:
         return self.data.traces[cols]
 
     def with_meta(self, df: pd.DataFrame, cols: Sequence[str] = GROUP) -> pd.DataFrame:
-        return df.merge(self.meta[["tkey", *cols]], on="tkey", how="left")
+        return left_join(df, self.meta[["tkey", *cols]], ["tkey"])
 
     @cached_property
     def model_latency(self) -> pd.DataFrame:
@@ -401,7 +420,7 @@ class Frames:
         types = pd.DataFrame(
             {"tkey": calls["tkey"], "layer": calls["name"], "layer_type": layer_type(calls)}
         ).drop_duplicates(["tkey", "layer"])
-        kn = kn.merge(types, on=["tkey", "layer"], how="left")
+        kn = left_join(kn, types, ["tkey", "layer"])
         return self.with_meta(kn)
 
     def kernel_reason(self) -> str:

@@ -235,7 +235,17 @@ def layer_metrics(fr: Frames) -> tuple[pd.DataFrame, str]:
 
 
 def _layer_metrics(fr: Frames) -> tuple[pd.DataFrame, str]:
-    kn = fr.kernels
+    kn = fr.kernels[
+        [
+            "tkey",
+            "layer",
+            "kind",
+            "flops",
+            "dram_read_bytes",
+            "dram_write_bytes",
+            "metrics_estimated",
+        ]
+    ]  # fmt: skip  (the columns read: rows filtered are copied)
     kn = kn[kn["kind"].isin(("kernel", "cpu_op")) & kn["layer"].notna()]
     kn = kn[kn["flops"].notna() | kn["dram_read_bytes"].notna()]
     kn = kn.assign(dram_bytes=kn["dram_read_bytes"].fillna(0) + kn["dram_write_bytes"].fillna(0))

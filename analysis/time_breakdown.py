@@ -41,7 +41,7 @@ def union_ns(df: pd.DataFrame) -> pd.Series:
 def time_breakdown(fr: Frames) -> AnalysisResult:
     if fr.data.empty:
         return empty_result("time_breakdown", TITLE)
-    dev = fr.at("kernel")
+    dev = fr.at("kernel")[["tkey", "kind", "start_ns", "end_ns"]]  # (rows filtered are copied)
     dev = dev[dev["kind"].isin(DEVICE_KINDS)]
     if dev.empty:
         return not_captured("time_breakdown", TITLE, fr.kernel_reason())

@@ -19,6 +19,7 @@ from analysis import (
     compare,
     damage,
     fidelity,
+    heap,
     kernel_level,
     layer_level,
     live,
@@ -102,6 +103,7 @@ class TraceAnalysis:
                 said = [n for n in self._frames.metrics_notes() if n.startswith("metrics_level")]
                 res.reason = "; ".join([res.reason, *said])
             self._results[key] = res
+            heap.trim()  # its temporaries' pages, for the next analysis
         return self._results[key]
 
     def run_all(self, keys: Sequence[str] | None = None) -> dict[str, AnalysisResult]:
