@@ -24,6 +24,10 @@ T = TypeVar("T")
 GROUP = ["model", "batch_size"]
 DEVICE_KINDS = ("kernel", "memcpy", "memset")  # work that runs on the accelerator
 KERNEL_TABLE_KINDS = (*DEVICE_KINDS, "cpu_op")  # rows of the kernel table (A8)
+# the columns of a kernel-level span that the analyses read (`Frames.kernels`)
+KERNEL_COLUMNS = ("tkey", "run_level", "layer", "idx", "name", "kind", "start_ns",
+                  "duration_ns", "flops", "dram_read_bytes", "dram_write_bytes",
+                  "achieved_occupancy", "metrics_estimated")  # fmt: skip
 
 
 class NotCapturedError(LookupError):
@@ -411,7 +415,7 @@ class Frames:
         loader resolves `layer` to the parent's (or the launch's parent's) stored name; where
         a trace's run called that module more than once, the call is the last one of that
         name to start at or before the kernel."""
-        kn = self.at("kernel")
+        kn = self.at("kernel")[list(KERNEL_COLUMNS)]  # (filtered rows copy only these)
         calls = self._layer_calls
         keys = ["tkey", "run_level", "module"]
         repeated = calls[calls.duplicated(keys, keep=False)]

@@ -197,11 +197,16 @@ def _on_roofline(
     return agg, table.sort_values([*GROUP, *sort_columns]).reset_index(drop=True)
 
 
+_COUNTERS = ("flops", "dram_read_bytes", "dram_write_bytes")
+
+
 def kernel_roofline(fr: Frames) -> AnalysisResult:
     """A9: every kernel with FLOPs or DRAM bytes placed on the roofline."""
     if fr.data.empty:
         return empty_result("A9", A9_TITLE)
-    kn = fr.kernels
+    # the columns read, before rows are filtered (which copies every column)
+    kn = fr.kernels[["tkey", *GROUP, "layer", "idx", "name", "kind", "duration_ns", *_COUNTERS,
+                     "metrics_estimated"]]  # fmt: skip
     kn = kn[kn["kind"].isin(("kernel", "cpu_op"))]
     if kn.empty:
         return not_captured(
@@ -235,17 +240,7 @@ def layer_metrics(fr: Frames) -> tuple[pd.DataFrame, str]:
 
 
 def _layer_metrics(fr: Frames) -> tuple[pd.DataFrame, str]:
-    kn = fr.kernels[
-        [
-            "tkey",
-            "layer",
-            "kind",
-            "flops",
-            "dram_read_bytes",
-            "dram_write_bytes",
-            "metrics_estimated",
-        ]
-    ]  # fmt: skip  (the columns read: rows filtered are copied)
+    kn = fr.kernels[["tkey", "layer", "kind", *_COUNTERS, "metrics_estimated"]]  # (see A9)
     kn = kn[kn["kind"].isin(("kernel", "cpu_op")) & kn["layer"].notna()]
     kn = kn[kn["flops"].notna() | kn["dram_read_bytes"].notna()]
     kn = kn.assign(dram_bytes=kn["dram_read_bytes"].fillna(0) + kn["dram_write_bytes"].fillna(0))
@@ -284,7 +279,7 @@ def gpu_run_metrics(fr: Frames) -> pd.DataFrame:
 
 
 def _gpu_run_metrics(fr: Frames) -> pd.DataFrame:
-    kn = fr.kernels
+    kn = fr.kernels[["tkey", "kind", *_COUNTERS, "metrics_estimated"]]  # (see A9)
     kn = kn[(kn["kind"] == "kernel") & (kn["flops"].notna() | kn["dram_read_bytes"].notna())]
     kn = kn.assign(dram_bytes=kn["dram_read_bytes"].fillna(0) + kn["dram_write_bytes"].fillna(0))
     return kn.groupby("tkey", as_index=False).agg(
