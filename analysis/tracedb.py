@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import columnar, damage, heap
+from analysis import columnar, damage
 from analysis.damage import BadRow
 from analysis.level_rows import LevelRows
 from analysis.store_file import RELAY_OFFSET_COLUMNS, STREAM_RESPONSE_COLUMNS, TraceDatabaseError
@@ -434,8 +434,6 @@ def _store_spans(
         spans.insert(0, "source_db", source)
         spans.insert(1, "tkey", spans["trace_id"].map(keys).astype("int64"))
         into.add(spans)
-        del spans
-        heap.trim()  # the batch's pages, for the next batch and the frame
     return bad, bad_attrs
 
 
