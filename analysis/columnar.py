@@ -46,6 +46,7 @@ from analysis.store_file import (
 
 BATCH_ROWS = 16_384  # rows per Arrow record batch: a few MB of spans
 PART_ROWS = 200_000  # the export reads a store's spans in parallel parts of at least this many rows
+BUSY_TIMEOUT_MS = 10_000  # how long a batch reader waits for a lock on the store
 REPORT_BATCH_ROWS = 100_000  # the report reads a store's spans in batches of this many rowids
 
 TRACE_COLUMNS = (*TRACE_IDENTITY, "status", "created_ns")
@@ -494,6 +495,10 @@ def _report_part(path: Path, uri: str, query: str, threads: int | None) -> Any:
         cur = conn.cursor()
         con = duckdb.connect()  # closed before the ADBC stream it reads
         try:
+            # wait out another reader's brief lock (a WAL store's readers opening and
+            # closing beside each other), which without a timeout fails the query at once
+            cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            cur.fetchall()
             con.execute("SET enable_progress_bar = false")
             if threads:
                 con.execute(f"SET threads = {int(threads)}")
