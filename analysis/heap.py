@@ -1,7 +1,7 @@
 """Freed memory handed back to the operating system.
 
-glibc's allocator keeps the pages of freed small and mid-sized blocks (a batch's arrays, the
-pieces of a frame being joined) in its heap, where a later large array, which it maps
+glibc's allocator keeps the pages of freed small and mid-sized blocks (the pieces of a frame
+being joined, an analysis's temporaries) in its heap, where a later large array, which it maps
 afresh, cannot use them: the process's resident memory then grows by what it has already
 let go. `trim()` asks glibc to return the free pages (`malloc_trim`); elsewhere (another C
 library) it does nothing.
