@@ -2,8 +2,10 @@
 
 Each database is one source (e.g. one pod of a fleet). Every row keeps its `source_db`, and
 `tkey` (an integer unique across all loaded databases) identifies a trace even when two
-databases hold the same trace id. Span attributes that the analyses read are pulled out of
-the JSON column by SQLite (`json_extract`) so that loading stays fast on large stores.
+databases hold the same trace id. A store's spans are read in batches (SQLite checks the rows,
+DuckDB reads the attributes the analyses use: `analysis.columnar`), each cut to its sound rows
+before the next, and gathered with each level's rows together (`analysis.level_rows`), so
+that the load holds the spans once plus a few batches, not copies of every span.
 """
 
 from __future__ import annotations
@@ -280,7 +282,7 @@ def _json_values(texts: np.ndarray) -> np.ndarray:
 
 def _span_attributes(spans: pd.DataFrame, source: str) -> tuple[pd.DataFrame, list[BadRow]]:
     """The spans' typed attribute columns from the columns DuckDB read out of their JSON
-    (`columnar.report_spans`): numbers as float64, flags as booleans, objects decoded. A
+    (`columnar.report_span_batches`): numbers as float64, flags as booleans, objects decoded. A
     value that is not a number where one is expected is left out and named."""
     bad: list[BadRow] = []
     wrong = spans["_wrong"].to_numpy(object)
