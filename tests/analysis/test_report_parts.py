@@ -5,6 +5,9 @@ as one reader over the whole store. Real SQLite, the checked-in stores."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pandas as pd
@@ -86,3 +89,47 @@ def test_a_filtered_read_keeps_one_reader(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(columnar, "REPORT_BATCH_ROWS", 10**9)
     one = load_traces([LIVE_DB], TraceFilter(models=("big_cnn",)))
     pd.testing.assert_frame_equal(data.spans, one.spans)
+
+
+_HOLD_LOCK = """
+import sqlite3, sys, time
+writer = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=0)
+while True:  # (until the batch readers already reading let go of the store)
+    try:
+        writer.execute("BEGIN EXCLUSIVE")
+        break
+    except sqlite3.OperationalError:
+        time.sleep(0.01)
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_a_batch_reader_waits_for_a_lock_on_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that finds the store locked (here: another process's exclusive lock, taken
+    as the first batch starts and let go a moment later) waits for it, instead of failing
+    the report with 'database is locked'."""
+    db = tmp_path / "cpu.sqlite"  # (a rollback-journal store: the lock keeps readers out)
+    shutil.copy(CPU_DB, db)
+    whole = load_traces([db])
+    _batches(monkeypatch, 37)
+    real = columnar._report_part
+    holders: list[subprocess.Popen[str]] = []
+
+    first = threading.Lock()  # (two readers start at once: one takes the lock)
+
+    def locking(path: Path, uri: str, query: str, threads: int | None) -> object:
+        with first:
+            if not holders:
+                cmd = [sys.executable, "-c", _HOLD_LOCK, str(db), "0.5"]
+                holders.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
+                assert holders[0].stdout is not None
+                assert holders[0].stdout.readline().strip() == "locked"
+        return real(path, uri, query, threads)
+
+    monkeypatch.setattr(columnar, "_report_part", locking)
+    split = load_traces([db])
+    assert holders and holders[0].wait() == 0
+    pd.testing.assert_frame_equal(split.spans, whole.spans)
