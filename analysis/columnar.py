@@ -454,22 +454,16 @@ def report_span_batches(
         yield _pandas(_report_part(path, uri, parts[0], None))
         return
     readers = min(len(parts), os.cpu_count() or 1)
-    # One connection held open while the readers come and go: none of them then finds a
-    # WAL-mode store's index unopened and rebuilds it under a lock that fails the others.
-    keep = connect_ro(path)
-    try:
-        with ThreadPoolExecutor(readers) as pool:  # ADBC and DuckDB run without the GIL
-            waiting = iter(parts)
-            reading = deque(
-                pool.submit(_report_part, path, uri, q, 1) for q in islice(waiting, readers)
-            )
-            while reading:
-                table = reading.popleft().result()
-                if (following := next(waiting, None)) is not None:
-                    reading.append(pool.submit(_report_part, path, uri, following, 1))
-                yield _pandas(table)
-    finally:
-        keep.close()
+    with ThreadPoolExecutor(readers) as pool:  # ADBC and DuckDB run without the GIL
+        waiting = iter(parts)
+        reading = deque(
+            pool.submit(_report_part, path, uri, q, 1) for q in islice(waiting, readers)
+        )
+        while reading:
+            table = reading.popleft().result()
+            if (following := next(waiting, None)) is not None:
+                reading.append(pool.submit(_report_part, path, uri, following, 1))
+            yield _pandas(table)
 
 
 def _pandas(table: Any) -> Any:
