@@ -188,7 +188,11 @@ class SamplingObserver:
         if method in hub.per_message:
             sampling = StreamSampling(hub, method, start.path, forced, MAX_SAMPLED_BODY)
             return HeaderDecision(messages=sampling)
-        tentative = sampler.at_headers(forced)
+        # `sampler.at_headers(forced)`, its coin flip inline
+        if not forced and sampler.rand() >= sampler.hot.pick_rate:
+            tentative = Tentative.NO
+        else:
+            tentative = sampler.after_coin(forced)
         if tentative is Tentative.NO:  # the common case: nothing kept, nothing made
             if hub.slow is None or method not in _SLOW_METHODS or not sampler.may_hold_for_slow():
                 return None
