@@ -22,7 +22,10 @@ those plus `--sample-slow p99`, and plus `--sample-slow p99 --sample-budget 0` (
 until its response ends, nothing profiled: the gate never closes). Each measurement is split
 into `--rounds` windows taken in turn (off, default, p99, p99 held, off, ...), so drift in the
 machine's load falls on all of them; it prints each relay's CPU per request, throughput and
-the median of its windows' p50, and their differences to sampling off.
+the median of its windows' p50, and their differences to sampling off. The relays run under
+`bench/thread_names_shim.py` (each Python thread's name given to its OS thread), so it also
+prints where each relay's CPU went by thread (/proc/<pid>/task/*/schedstat): with no traffic
+for `--idle` seconds (ms of CPU per second), and under each load (µs per request).
 
     python bench/proxy_overhead.py --sampling-ab --duration 30 --rounds 6
 
@@ -67,6 +70,30 @@ def cpu_seconds(pid: int, *, reaped_children: bool = False) -> float:
         fields = fh.read().rsplit(")", 1)[1].split()
     used = (11, 12, 13, 14) if reaped_children else (11, 12)
     return sum(int(fields[i]) for i in used) / CLK_TCK
+
+
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """On-CPU seconds of each of `pid`'s live threads, summed by thread name (`comm`; named
+    after the Python thread under `thread_names_shim.py`), from /proc/<pid>/task/*/schedstat
+    (nanoseconds, not the stat file's clock ticks)."""
+    out: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as fh:
+                name = fh.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                seconds = int(fh.read().split()[0]) / 1e9
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[name] = out.get(name, 0.0) + seconds
+    return out
+
+
+def thread_cpu_delta(pid: int, before: dict[str, float]) -> dict[str, float]:
+    """Each live thread name's CPU seconds since `before` (a thread that ended meanwhile is
+    not counted: the relay's threads live as long as it does)."""
+    after = thread_cpu_seconds(pid)
+    return {name: after[name] - before.get(name, 0.0) for name in after}
 
 
 def process_tree(pid: int) -> list[int]:
@@ -201,6 +228,7 @@ class Result:
     p99_ms: float
     relay_cpu_us: float | None
     triton_cpu_us: float
+    threads: dict[str, float] | None = None  # the relay's CPU seconds by thread name
 
     @property
     def throughput(self) -> float:
@@ -210,7 +238,7 @@ class Result:
 def run_load(
     address: str, concurrency: int, duration: float, warmup: float, triton_pid: int,
     relay_pid: int | None, model: str = "add_sub", relay_cpu: Callable[[int], float] = cpu_seconds,
-    client: Callable[..., None] = _client,
+    client: Callable[..., None] = _client, by_thread: bool = False,
 ) -> Result:  # fmt: skip
     ctx = mp.get_context("spawn")
     pipes, procs = [], []
@@ -227,6 +255,7 @@ def run_load(
             raise RuntimeError("a client process failed to warm up")
     triton0 = tree_cpu_seconds(triton_pid)
     relay0 = relay_cpu(relay_pid) if relay_pid else 0.0
+    threads0 = thread_cpu_seconds(relay_pid) if by_thread and relay_pid else None
     start = time.perf_counter()
     for pipe in pipes:
         pipe.send("go")
@@ -236,6 +265,7 @@ def run_load(
     elapsed = time.perf_counter() - start
     triton_cpu = tree_cpu_seconds(triton_pid) - triton0
     relay_seconds = relay_cpu(relay_pid) - relay0 if relay_pid else None
+    threads = thread_cpu_delta(relay_pid, threads0) if threads0 is not None and relay_pid else None
     for pipe in pipes:
         pipe.send("close")
     for proc in procs:
@@ -249,13 +279,20 @@ def run_load(
         p99_ms=latencies[min(n - 1, int(n * 0.99))] * 1e3,
         relay_cpu_us=relay_seconds / n * 1e6 if relay_seconds is not None else None,
         triton_cpu_us=triton_cpu / n * 1e6,
+        threads=threads,
     )
 
 
-def start_relay(backend: str, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_relay(
+    backend: str, *extra: str, named_threads: bool = False
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`xsp-sidecar serve` in front of `backend`; with `named_threads`, under
+    `thread_names_shim.py` (its threads named for a per-thread CPU reading)."""
     port = free_port()
     script = Path(sys.executable).with_name("xsp-sidecar")
     prefix = [str(script)] if script.exists() else [sys.executable, "-m", "sidecar"]
+    if named_threads:
+        prefix = [sys.executable, str(Path(__file__).resolve().with_name("thread_names_shim.py"))]
     cmd = [
         *prefix, "--log-level", "WARNING", "serve", "--backend", backend,
         "--listen", f"127.0.0.1:{port}", "--metrics-port", str(free_port()),
@@ -404,22 +441,61 @@ def sampling_ab(
             if extra is not None:
                 store = ("--db", str(tmp / f"traces-{i}.db"), "--otlp-port", "0")
                 flags = ("--model-repository", str(repo), *store, *extra)
-            relays[name] = start_relay(backend, *flags)
+            relays[name] = start_relay(backend, *flags, named_threads=True)
         print(f"Triton {backend}; {args.model}; {args.duration:.0f} s per relay and concurrency "
               f"in {args.rounds} alternating windows; CPU from /proc/<pid>/stat")  # fmt: skip
+        if args.idle > 0:
+            report_threads(
+                f"idle (no traffic, {args.idle:.0f} s each): relay CPU by thread, ms/s",
+                {name: [idle_threads(proc.pid, args.idle)] for name, (proc, _) in relays.items()},
+                scale=dict.fromkeys(relays, 1e3 / args.idle),
+            )
         for concurrency in args.concurrency:
             runs: dict[str, list[Result]] = {name: [] for name in relays}
             for _ in range(args.rounds):
                 for name, (proc, address) in relays.items():
                     runs[name].append(
                         run_load(address, concurrency, args.duration / args.rounds,
-                                 args.warmup, triton_pid, proc.pid, args.model)
+                                 args.warmup, triton_pid, proc.pid, args.model, by_thread=True)
                     )  # fmt: skip
             report_sampling(concurrency, runs)
+            report_threads(
+                f"concurrency {concurrency}: relay CPU by thread, us/req",
+                {name: [r.threads or {} for r in results] for name, results in runs.items()},
+                scale={name: 1e6 / sum(r.requests for r in rs) for name, rs in runs.items()},
+            )
     finally:
         for proc, _ in relays.values():
             proc.send_signal(signal.SIGTERM)
             proc.wait(20)
+
+
+def idle_threads(pid: int, seconds: float) -> dict[str, float]:
+    """The relay's CPU seconds by thread over `seconds` with no traffic."""
+    before = thread_cpu_seconds(pid)
+    time.sleep(seconds)
+    return thread_cpu_delta(pid, before)
+
+
+def report_threads(
+    title: str, windows: dict[str, list[dict[str, float]]], scale: dict[str, float]
+) -> None:
+    """One row per thread name, one column per relay: its CPU seconds over all its windows
+    times `scale[relay]` (1e6 / requests: us per request; 1e3 / seconds: ms per second)."""
+    totals = {
+        relay: {name: sum(w.get(name, 0.0) for w in ws) * scale[relay] for name in _names(ws)}
+        for relay, ws in windows.items()
+    }
+    names = sorted({n for t in totals.values() for n in t})
+    print(f"  {title}")
+    print(f"  {'thread':18}" + "".join(f"{relay:>15}" for relay in totals))
+    for name in names:
+        print(f"  {name:18}" + "".join(f"{t.get(name, 0.0):15.1f}" for t in totals.values()))
+    print(f"  {'all threads':18}" + "".join(f"{sum(t.values()):15.1f}" for t in totals.values()))
+
+
+def _names(windows: list[dict[str, float]]) -> set[str]:
+    return {name for w in windows for name in w}
 
 
 def report_sampling(concurrency: int, runs: dict[str, list[Result]]) -> None:
@@ -461,6 +537,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--model", default="add_sub", help="--sampling-ab's model: add_sub or simple_cnn (add_sub)"
     )
+    parser.add_argument(
+        "--idle", type=float, default=5.0,
+        help="--sampling-ab: seconds each relay is read with no traffic, by thread (5; 0: not)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.backend and not args.triton_pid:
         parser.error("--backend needs --triton-pid (the bench reads Triton's CPU time)")

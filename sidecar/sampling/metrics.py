@@ -1,11 +1,17 @@
-"""Prometheus aggregates of sampling and profiling (names fixed in docs/contracts.md)."""
+"""Prometheus aggregates of sampling and profiling (names fixed in docs/contracts.md).
+
+`xsp_sampling_decisions_total`, counted for every replayable request, is a plain dictionary of
+integers turned into its family at scrape time (`DecisionCounts`), as the proxy's per-call
+counters are: no lock and no prometheus child on the relay's path.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from sidecar.replay.job_records import JobResult
 from sidecar.sampling.sampler import Decision
@@ -33,6 +39,31 @@ PHASE_BUCKETS = (
 )
 
 
+class DecisionCounts(Collector):
+    """`xsp_sampling_decisions_total{model, decision}` from plain counts, kept by the relay's
+    thread and read at scrape time. Unpicked requests, nearly all of them, are counted by
+    model label alone (`skipped`), the rest by (label, decision value)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.skipped: dict[str, int] = {}  # model label -> `skipped_rate` decisions
+        self.other: dict[tuple[str, str], int] = {}  # (label, decision value) -> decisions
+        registry.register(self)
+
+    def collect(self) -> list[Metric]:
+        counts = dict(self.other)
+        for label, n in list(self.skipped.items()):
+            key = (label, Decision.SKIPPED_RATE.value)
+            counts[key] = counts.get(key, 0) + n
+        family = CounterMetricFamily(
+            "xsp_sampling_decisions",
+            "Sampling decisions on live requests.",
+            labels=["model", "decision"],
+        )
+        for labels, n in counts.items():
+            family.add_metric(labels, n)
+        return [family]
+
+
 class SamplingMetrics:
     """Counters and gauges for decisions, drops, the worker and profile results.
 
@@ -42,12 +73,7 @@ class SamplingMetrics:
     """
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.decisions = Counter(
-            "xsp_sampling_decisions",
-            "Sampling decisions on live requests.",
-            ["model", "decision"],
-            registry=registry,
-        )
+        self.decisions = DecisionCounts(registry)
         self.dropped = Counter(
             "xsp_samples_dropped",
             "Sampled requests dropped before profiling.",
@@ -124,7 +150,6 @@ class SamplingMetrics:
             registry=registry,
         )
         self._layer_types: dict[str, set[str]] = {}
-        self._decision_children: dict[tuple[str, Decision], Any] = {}
 
     def bind_queue_depth(self, depth: Callable[[], int]) -> None:
         self.queue_depth.set_function(lambda: float(depth()))
@@ -139,13 +164,17 @@ class SamplingMetrics:
         self.last_request_bytes.set_function(lambda: float(last_request_bytes()))
 
     def record_decision(self, model: str, decision: Decision) -> None:
-        # Called for every replayable request: keep the labelled child instead of looking
-        # it up through `labels()` each time.
-        key = (model, decision)
-        child = self._decision_children.get(key)
-        if child is None:
-            child = self._decision_children[key] = self.decisions.labels(model, decision.value)
-        child.inc()
+        if decision is Decision.SKIPPED_RATE:
+            self.count_skipped(model)
+            return
+        other = self.decisions.other
+        key = (model, decision.value)
+        other[key] = other.get(key, 0) + 1
+
+    def count_skipped(self, model: str) -> None:
+        """One `skipped_rate` decision for model label `model` (every unpicked request)."""
+        skipped = self.decisions.skipped
+        skipped[model] = skipped.get(model, 0) + 1
 
     def record_result(self, result: JobResult, model: str) -> None:
         """Count a profile under `model`, the bounded label of `result.model`."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from operator import itemgetter
 
 from sidecar.backends import METHODS, REPLAYABLE
 from sidecar.proxy.streams import ConnectionInfo, HeaderDecision, RequestStart, StreamEnd
@@ -47,6 +48,7 @@ _REASONS = {Tentative.RATE: "rate", Tentative.FORCED: "forced", Tentative.SLOW: 
 # Model names whose label the hub keeps (names read from requests are unbounded; past this
 # many the rest are looked up each time).
 _CACHED_MODELS = 1024
+_NAME = itemgetter(0)  # a raw header field's name
 
 
 @dataclass(slots=True)
@@ -114,6 +116,16 @@ class SamplingHub:
         self.per_call = frozenset(REPLAYABLE) - self.per_message
         # per model name read from requests (bounded: past `_CACHED_MODELS` names, uncached)
         self._labels: dict[str | None, str] = {}
+        self._skipped = metrics.decisions.skipped  # model label -> unpicked requests
+
+    def count_skipped(self, model: str | None) -> None:
+        """A request not picked at header time has ended: one `skipped_rate` decision under
+        its model's label (every unpicked request: one cache look-up and one addition)."""
+        label = self._labels.get(model)
+        if label is None:
+            label = self.label(model)
+        skipped = self._skipped
+        skipped[label] = skipped.get(label, 0) + 1
 
     def observer_factory(self, info: ConnectionInfo) -> SamplingObserver:
         return SamplingObserver(self)
@@ -160,22 +172,27 @@ class SamplingObserver:
 
     def on_request_headers(self, start: RequestStart) -> HeaderDecision | None:
         hub = self._hub
-        hub.pressure.request_started()
+        hub.pressure.counts[0] += 1  # `ServingPressure.request_started`, inline
         method = start.method
         if method not in REPLAYABLE:
             return None
         sampler = hub.sampler
         forced = False
         wanted = sampler.hot.force_header
-        if wanted is not None:
-            for name, value in start.raw_headers:  # no dict per request: usually 5-8 fields
+        # no dict per request (usually 5-8 fields), and the names compared in C
+        if wanted is not None and wanted in map(_NAME, start.raw_headers):
+            for name, value in start.raw_headers:
                 if name == wanted:
                     forced = sampler.is_forced(value.decode("latin-1"))
                     break
         if method in hub.per_message:
             sampling = StreamSampling(hub, method, start.path, forced, MAX_SAMPLED_BODY)
             return HeaderDecision(messages=sampling)
-        tentative = sampler.at_headers(forced)
+        # `sampler.at_headers(forced)`, its coin flip inline
+        if not forced and sampler.rand() >= sampler.hot.pick_rate:
+            tentative = Tentative.NO
+        else:
+            tentative = sampler.after_coin(forced)
         if tentative is Tentative.NO:  # the common case: nothing kept, nothing made
             if hub.slow is None or method not in _SLOW_METHODS or not sampler.may_hold_for_slow():
                 return None
@@ -220,7 +237,7 @@ class SamplingObserver:
 
     def on_stream_end(self, end: StreamEnd) -> None:
         hub = self._hub
-        hub.pressure.request_ended()
+        hub.pressure.counts[1] += 1  # `ServingPressure.request_ended`, inline
         pending = self._pending.pop(end.stream_id, None) if self._pending else None
         if end.method not in hub.per_call:
             return  # not replayable, or an inference stream (its messages were decided on)
@@ -232,7 +249,7 @@ class SamplingObserver:
                     hub.metrics.record_decision(label, Decision.SKIPPED_RATE)
                 return
         if pending is None:  # every request not picked at header time
-            hub.metrics.record_decision(hub.label(end.model), Decision.SKIPPED_RATE)
+            hub.count_skipped(end.model)
             return
         if pending.tentative is Tentative.GATED or pending.tentative is Tentative.STORE_FAILING:
             label = hub.handler.model_label(end.model)

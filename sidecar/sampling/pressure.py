@@ -22,23 +22,24 @@ class PressureSignal(Protocol):
 class ServingPressure:
     """The relay's request counters in shared memory (see module docstring)."""
 
-    __slots__ = ("_counts",)
+    __slots__ = ("counts",)
 
     def __init__(self) -> None:
-        self._counts: Any = multiprocessing.get_context("spawn").RawArray("q", 2)
+        # [started, ended]; the sampling hook bumps them in place (no method call per request)
+        self.counts: Any = multiprocessing.get_context("spawn").RawArray("q", 2)
 
     def request_started(self) -> None:
-        self._counts[0] += 1
+        self.counts[0] += 1
 
     def request_ended(self) -> None:
-        self._counts[1] += 1
+        self.counts[1] += 1
 
     def snapshot(self) -> tuple[int, int]:
-        counts = self._counts
+        counts = self.counts
         return counts[0], counts[1]
 
     def __getstate__(self) -> Any:  # pickled only while spawning the worker process
-        return self._counts
+        return self.counts
 
     def __setstate__(self, state: Any) -> None:
-        self._counts = state
+        self.counts = state

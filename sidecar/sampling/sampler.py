@@ -153,12 +153,16 @@ class HotSettings(NamedTuple):
     settings: SamplingSettings
     max_rate: float
     force_header: bytes | None  # the header's name as the relay reads it (None: no forcing)
+    pick_rate: float  # the coin flip's rate: `max_rate`, 0 while sampling is switched off
 
 
 def _hot(settings: SamplingSettings) -> HotSettings:
     header = settings.force_header
     return HotSettings(
-        settings, settings.max_rate, None if header is None else header.encode("latin-1")
+        settings,
+        settings.max_rate,
+        None if header is None else header.encode("latin-1"),
+        settings.max_rate if settings.enabled else 0.0,
     )
 
 
@@ -173,7 +177,7 @@ class Sampler:
         rand: Callable[[], float] = random.random,
     ) -> None:
         self._clock = clock
-        self._rand = rand
+        self.rand = rand  # the coin; the hook flips it inline (`at_headers`)
         self._lock = threading.Lock()
         self._buckets: dict[str, TokenBucket] = {}
         self.hot = _hot(settings)  # read by the hook on every request; replaced, never changed
@@ -205,14 +209,17 @@ class Sampler:
         )
 
     def at_headers(self, forced: bool) -> Tentative:
-        """Header-time step: forced, or a coin flip at the highest configured rate."""
-        hot = self.hot
-        if not hot.settings.enabled:
+        """Header-time step: forced, or a coin flip at the highest configured rate. The
+        relay's hook makes the flip's common outcome itself, without a call: `not forced and
+        rand() >= hot.pick_rate` is `NO`; otherwise it calls `after_coin`."""
+        if not forced and self.rand() >= self.hot.pick_rate:
             return Tentative.NO
-        if not forced:
-            max_rate = hot.max_rate
-            if max_rate <= 0.0 or self._rand() >= max_rate:
-                return Tentative.NO
+        return self.after_coin(forced)
+
+    def after_coin(self, forced: bool) -> Tentative:
+        """The header-time step of a request the coin flip picked, or a forced one."""
+        if not self.hot.settings.enabled:
+            return Tentative.NO
         # Checked here too so that, while the gate is closed, picked requests cost nothing
         # more than unpicked ones (no traceparent, no body copy).
         now = self._clock()
@@ -245,7 +252,7 @@ class Sampler:
         if tentative is Tentative.RATE:
             max_rate = hot.max_rate
             model_rate = hot.settings.rate_for(model)
-            if model_rate < max_rate and self._rand() * max_rate >= model_rate:
+            if model_rate < max_rate and self.rand() * max_rate >= model_rate:
                 return Decision.SKIPPED_RATE
         now = self._clock()
         if not self.store.allows(now):

@@ -94,8 +94,19 @@ SMOKE: dict[str, Smoke] = {
             "1",
             "--concurrency",
             "1",
+            "--idle",
+            "0.5",
         ),
-        ("sampling off", "default", "slow p99", "p99, all held", "CPU us/req"),
+        (
+            "sampling off",
+            "default",
+            "slow p99",
+            "p99, all held",
+            "CPU us/req",
+            "relay CPU by thread, ms/s",
+            "relay CPU by thread, us/req",
+            "xsp-profiling",  # a thread named under thread_names_shim.py
+        ),
         triton=True,
         timeout=300.0,
     ),
@@ -135,6 +146,7 @@ SMOKE: dict[str, Smoke] = {
 COVERED_ELSEWHERE = {
     "soak.py": "tests/bench/test_soak_short.py",
     "relay_shim.py": "relay_breakdown.py runs the relay under it",
+    "thread_names_shim.py": "proxy_overhead.py --sampling-ab runs its relays under it",
     "perf_analyzer.py": "proxy_overhead.py runs it (a module, no command line)",
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 
@@ -97,6 +98,27 @@ def test_duty_cycle_skip_gives_the_budget_token_back() -> None:
 def test_disabled_sampling_samples_nothing() -> None:
     sampler = Sampler(SamplingSettings(rate=1.0, enabled=False))
     assert sampler.at_headers(forced=True) is Tentative.NO
+
+
+@pytest.mark.parametrize(
+    ("settings", "picked_below"),
+    [
+        (SamplingSettings(rate=0.25, model_rates={"m": 0.5}), 0.5),  # the highest rate
+        (SamplingSettings(rate=0.0), 0.0),  # a draw of 0.0 is not picked either
+        (SamplingSettings(rate=1.0, enabled=False), None),  # nothing, forced or not
+    ],
+)
+def test_header_time_coin_picks_below_the_highest_rate_while_enabled(
+    settings: SamplingSettings, picked_below: float | None
+) -> None:
+    """`at_headers` and the hook's inline flip (`hot.pick_rate`, then `after_coin`)."""
+    for draw in (0.0, 0.2, 0.25, 0.49, 0.5, 0.99):
+        sampler = Sampler(settings, rand=itertools.repeat(draw).__next__)
+        expected = Tentative.RATE if picked_below and draw < picked_below else Tentative.NO
+        assert sampler.at_headers(False) is expected, draw
+        assert (sampler.rand() < sampler.hot.pick_rate) is (expected is Tentative.RATE)
+        forced = Tentative.NO if picked_below is None else Tentative.FORCED
+        assert sampler.at_headers(True) is forced and sampler.after_coin(True) is forced
 
 
 @pytest.mark.parametrize(

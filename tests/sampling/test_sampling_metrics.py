@@ -39,6 +39,25 @@ def test_decisions_count_per_model_and_decision(
     assert value("b", "sampled") is None  # no series for what never happened
 
 
+def test_unpicked_requests_counted_apart_are_one_skipped_rate_series(
+    registry: CollectorRegistry, metrics: SamplingMetrics
+) -> None:
+    """The hook's fast count (`count_skipped`) and `record_decision(SKIPPED_RATE)` (a stream's
+    messages, `sample_slow`) add up in one series, exposed as a counter family."""
+    metrics.count_skipped("a")
+    metrics.count_skipped("a")
+    metrics.record_decision("a", Decision.SKIPPED_RATE)
+    metrics.record_decision("a", Decision.SKIPPED_DUTY_CYCLE)
+    labels = {"model": "a", "decision": "skipped_rate"}
+    assert registry.get_sample_value("xsp_sampling_decisions_total", labels) == 3
+    family = next(m for m in registry.collect() if m.name == "xsp_sampling_decisions")
+    assert family.type == "counter"
+    assert sorted((s.labels["decision"], s.value) for s in family.samples) == [
+        ("skipped_duty_cycle", 1),
+        ("skipped_rate", 3),
+    ]
+
+
 def test_a_result_counts_a_profile_and_sets_the_latest_numbers(
     registry: CollectorRegistry, metrics: SamplingMetrics
 ) -> None:
