@@ -49,7 +49,9 @@ PART_ROWS = 200_000  # the export reads a store's spans in parallel parts of at 
 BUSY_TIMEOUT_MS = 10_000  # how long a batch reader waits for a lock on the store
 REPORT_BATCH_ROWS = 100_000  # the report reads a store's spans in batches of this many rowids
 
-TRACE_COLUMNS = (*TRACE_IDENTITY, "status", "created_ns")
+TRACE_COLUMNS = (*TRACE_IDENTITY, "status", "created_ns", "sample_reason")
+# the traces' columns as SQLite hands them over (attributes as JSON text)
+_TRACE_ROWS = (*TRACE_COLUMNS, "attributes")
 # the columns every span has, as stored
 _SPAN_FIELDS = ("source_db", "trace_id", "span_id", "level", "name", "kind", "run_level",
                 "start_ns", "end_ns", "duration_ns", "idx")  # fmt: skip
@@ -62,7 +64,7 @@ SPAN_COLUMNS = (
     *RELAY_OFFSET_COLUMNS.values(),  # the relay's marks on a live request span
 )
 STATS_COLUMNS = ("source_db", "trace_id", "level", "trimmed_mean_ns", "overhead_ratio")
-_NAMES = {"traces": TRACE_COLUMNS, "spans": _SPAN_ROWS, "level_stats": STATS_COLUMNS}
+_NAMES = {"traces": _TRACE_ROWS, "spans": _SPAN_ROWS, "level_stats": STATS_COLUMNS}
 
 
 def _text(expr: str) -> str:
@@ -130,12 +132,13 @@ def _sentinel(table: str, types: Sequence[str]) -> str:
 
 
 TRACES_SQL = (
-    _sentinel("traces", ["text"] * 3 + ["integer"] + ["text"] * 3 + ["integer"])
+    _sentinel("traces", ["text"] * 3 + ["integer"] + ["text"] * 3 + ["integer"] + ["text"] * 2)
     + " UNION ALL SELECT 0, trace_id, "
     + ", ".join(_text(c) for c in ("model", "model_version"))
     + ", CASE WHEN typeof(batch_size) = 'integer' THEN batch_size END, "
     + ", ".join(_text(c) for c in ("device", "runtime", "status"))
-    + f", created_ns FROM traces WHERE {trace_ok()}"
+    + f", created_ns, {_text('sample_reason')}, {_text('attributes')} FROM traces "
+    f"WHERE {trace_ok()}"
 )
 
 SPANS_SQL = (
@@ -290,13 +293,15 @@ WHERE (attributes IS NULL OR j IS NOT NULL OR json_valid(attributes))
 """
 
 
-def select_sql(table: str, source: str, relation: str) -> str:
+def select_sql(table: str, source: str, relation: str, extra: str = "") -> str:
     """DuckDB SQL over a relation of `record_batches(db, table)`: the table's columns with
-    `source_db` in front, the sentinel row dropped (spans: attributes read)."""
+    `source_db` in front, the sentinel row dropped (spans: attributes read). `extra`: more
+    columns (traces: SQL expressions over the relation, e.g. of its `attributes` text)."""
     quoted = "'" + source.replace("'", "''") + "'"
     if table == "spans":
         return SPANS_DUCKDB.format(source=quoted, relation=relation)
-    cols = ", ".join(f'"{c}"' for c in _NAMES[table][1:])
+    names = TRACE_COLUMNS if table == "traces" else _NAMES[table]
+    cols = ", ".join([*(f'"{c}"' for c in names[1:]), *([extra] if extra else [])])
     return f"SELECT {quoted} AS source_db, {cols} FROM {relation} WHERE _first = 0"
 
 

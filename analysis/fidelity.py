@@ -56,10 +56,10 @@ def request_fields(attrs: dict[str, Any]) -> dict[str, Any]:
     window = _attrs(fid.get("server_batch_window"))
     return {
         "fidelity_kept": bool(fid),
-        "live_ns": _number(fid.get("live_compute_ns")),
+        "live_ns": number(fid.get("live_compute_ns")),
         "live_source": fid.get("live_source"),
         "server_batch_sizes": sorted(int(s) for s in _attrs(window.get("batch_sizes"))),
-        "window_executions": _number(window.get("executions")),
+        "window_executions": number(window.get("executions")),
         "window_note": window.get("unobserved"),
         "causes": _causes(attrs),
     }
@@ -88,7 +88,7 @@ def per_request(fr: Frames) -> pd.DataFrame:
                 "sample_reason": reason,
                 "live_ns": fields["live_ns"],
                 "live_source": fields["live_source"],
-                "replay_ns": _number(replay.get(int(t.tkey))),
+                "replay_ns": number(replay.get(int(t.tkey))),
                 "server_batch_sizes": fields["server_batch_sizes"],
                 "window_executions": fields["window_executions"],
                 "window_note": fields["window_note"],
@@ -120,7 +120,7 @@ def _live_from_spans(fr: Frames) -> dict[int, dict[str, Any]]:
     return out
 
 
-def _number(value: Any) -> float:
+def number(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return float("nan")
     return float(value)
@@ -165,7 +165,7 @@ def _causes(attrs: dict[str, Any]) -> list[tuple[str, bool]]:
     return out
 
 
-def _batch_causes(grp: pd.DataFrame, batch: Any) -> list[str]:
+def batch_causes(grp: pd.DataFrame, batch: Any) -> list[str]:
     out = []
     sizes = sorted({s for v in grp["server_batch_sizes"] for s in v})
     if sizes and not pd.isna(batch) and max(sizes) > int(batch):
@@ -205,14 +205,16 @@ def fidelity(fr: Frames) -> AnalysisResult:
     measured = live.dropna(subset=["ratio"])
     slow = every[every["sample_reason"] == "slow"]
     if measured.empty and slow.empty:
-        return not_captured("fidelity", TITLE, _why_none(fr, every))
+        reasons = fr.data.traces["sample_reason"].astype(str).value_counts().to_dict()
+        with_live = int(every["live_ns"].notna().sum()) if not every.empty else 0
+        return not_captured("fidelity", TITLE, why_none(reasons, with_live))
     rows, same_kernels = [], {}
     keys = ["model", "batch_size"]
     for (model, batch), grp in pd.concat([measured, slow]).groupby(keys, dropna=False, sort=True):
         ok = grp[grp["sample_reason"] != "slow"].dropna(subset=["ratio"])
         p50 = float(ok["ratio"].median()) if not ok.empty else float("nan")
         causes = dict.fromkeys(c for cs in ok["causes"] for c in cs)
-        reasons = [c for c, _ in causes] + _batch_causes(ok, batch)
+        reasons = [c for c, _ in causes] + batch_causes(ok, batch)
         if not reasons:
             reasons = [NONE_RECORDED]
         same_kernels[f"{model}|{batch}"] = all(same for _, same in causes)
@@ -236,14 +238,17 @@ def fidelity(fr: Frames) -> AnalysisResult:
     table = pd.DataFrame(rows)
     res = AnalysisResult("fidelity", TITLE, table)
     res.extra[SAME_KERNELS] = same_kernels
-    res.notes.append(
-        "ratio = the replay's model time (M, trimmed mean) / the server's own compute time of "
-        "the same request (Triton: compute_infer; TF-Serving: its op envelope); "
-        f"{REPRESENTS[0]}-{REPRESENTS[1]}: the replay represents the server; "
-        "ratio_at_server_batch: the same against the replay at the batch size the server ran"
-    )
+    res.notes.append(RATIO_NOTE)
     res.notes += _notes(every, live)
     return res
+
+
+RATIO_NOTE = (
+    "ratio = the replay's model time (M, trimmed mean) / the server's own compute time of "
+    "the same request (Triton: compute_infer; TF-Serving: its op envelope); "
+    f"{REPRESENTS[0]}-{REPRESENTS[1]}: the replay represents the server; "
+    "ratio_at_server_batch: the same against the replay at the batch size the server ran"
+)
 
 
 def verdict(requests: int, ratio_p50: float) -> str:
@@ -270,18 +275,18 @@ def _slow(every: pd.DataFrame, model: Any, batch: Any) -> tuple[int | None, int]
     return int((replayed >= SLOW_REPRODUCED * float(peers.median())).sum()), len(slow)
 
 
-def _why_none(fr: Frames, every: pd.DataFrame) -> str:
-    reasons = fr.data.traces["sample_reason"].astype(str)
-    live = reasons.isin(LIVE_REASONS)
-    if not live.any():
+def why_none(reasons: dict[str, int], with_live: int) -> str:
+    """Why no request can be compared: `reasons`, the traces per sample reason; `with_live`,
+    the sampled requests with the backend's compute time."""
+    live = sum(n for r, n in reasons.items() if r in LIVE_REASONS)
+    if not live:
         return (
             "no trace sampled from live traffic (the selected traces come from "
-            f"{', '.join(sorted(set(reasons)))}): there is no server compute time to compare"
+            f"{', '.join(sorted(reasons))}): there is no server compute time to compare"
         )
-    with_live = every["live_ns"].notna().sum() if not every.empty else 0
     if with_live == 0:
         return (
-            f"none of the {int(live.sum())} live samples has the backend's own compute time "
+            f"none of the {live} live samples has the backend's own compute time "
             "(no backend span: Triton's tracing is off or its spans did not arrive; "
             "TF-Serving needs --tf-profiler-address)"
         )
