@@ -145,7 +145,8 @@ def fidelity_fields(attributes: str) -> str:
         attrs = {}
     attrs = attrs if isinstance(attrs, dict) else {}
     got = fidelity.request_fields(attrs)
-    fid = attrs.get("fidelity") if isinstance(attrs.get("fidelity"), dict) else {}
+    stored = attrs.get("fidelity")
+    fid = stored if isinstance(stored, dict) else {}
     out = {
         "fidelity_kept": got["fidelity_kept"],
         "live_compute_ns": got["live_ns"],
@@ -416,7 +417,8 @@ WITH {_PER_TRACE_LATENCY}, infer AS (
     WHERE s.reason = 'slow' GROUP BY s.model, s.batch_size
 )
 SELECT model, batch_size, coalesce(m.requests, 0) AS requests, live_p50_ms, replay_p50_ms,
-       ratio_p50, ratio_p90, ratio_at_server_batch_p50, server_batch_sizes,
+       ratio_p50, ratio_p90, ratio_at_server_batch_p50,
+       coalesce(server_batch_sizes, []) AS server_batch_sizes,
        window_executions, coalesce(c.causes, []) AS causes,
        coalesce(s.slow_requests, 0) AS slow_requests, slow_reproduced
 FROM groups g LEFT JOIN measured m USING (model, batch_size)
@@ -484,9 +486,9 @@ def _fidelity(groups: pd.DataFrame, counts: pd.DataFrame) -> pd.DataFrame:
     `analysis.fidelity`), its notes and, without rows, why (`_FIDELITY_COUNTS`)."""
     rows = []
     for g in groups.itertuples(index=False):
-        ok = pd.DataFrame({"server_batch_sizes": [list(g.server_batch_sizes or [])],
+        ok = pd.DataFrame({"server_batch_sizes": [list(g.server_batch_sizes)],
                            "window_executions": [g.window_executions]})  # fmt: skip
-        reasons = [*g.causes, *fidelity.batch_causes(ok, g.batch_size)] if g.requests else []
+        reasons = [*list(g.causes), *fidelity.batch_causes(ok, g.batch_size)] if g.requests else []
         rows.append({
             **g._asdict(),
             "verdict": fidelity.verdict(int(g.requests), g.ratio_p50),
@@ -501,7 +503,7 @@ def _fidelity(groups: pd.DataFrame, counts: pd.DataFrame) -> pd.DataFrame:
             f"{older} traces were stored before the sidecar kept their fidelity: the "
             "server's compute time is read from their backend spans (no batch window)"
         )
-    if unexported:
+    if unexported and unexported < int(counts["traces"].sum()):
         notes.append(
             f"{unexported} traces come from exports without the fidelity columns (written "
             "before them) and are left out: export their stores again"

@@ -235,7 +235,9 @@ def run_fleet(args: argparse.Namespace) -> int:
         return 0
     tables = fleet.fleet_tables(args.fleet_dir, top=args.top, threads=args.threads)
     if args.format == "json":
-        text = json.dumps({k: records(df) for k, df in tables.items()}, indent=1, allow_nan=False)
+        payload: dict[str, Any] = {k: records(df) for k, df in tables.items()}
+        payload["notes"] = {k: dict(df.attrs) for k, df in tables.items() if df.attrs}
+        text = json.dumps(payload, indent=1, allow_nan=False)
     else:
         text = fleet.render_text(tables)
     if args.out is None:
