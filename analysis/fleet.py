@@ -5,9 +5,10 @@ One SQLite store per pod is right for a pod; a fleet of hundreds is analysed col
 are left out the same way, layer types are resolved the same way, and the CUDA runtime/driver
 API records, which only place kernels under their layers, are not carried) to
 `DIR/{traces,spans,level_stats}/NNNN-<db>.parquet`, files that DuckDB, Spark or Trino read
-as they are. `fleet_tables` runs the per-model analyses over `DIR` with DuckDB in process:
-traces per model, model latency per batch size, layer type shares, top layers by time and the
-live request breakdown. The numbers follow the single-store report's rules (trimmed means over
+as they are; each trace carries its fidelity fields (`FIDELITY_COLUMNS`, from its attributes
+by `analysis.fidelity`'s rules). `fleet_tables` runs the per-model analyses over `DIR` with
+DuckDB in process: traces per model, model latency per batch size, layer type shares, top
+layers by time, the live request breakdown and the replay's fidelity. The numbers follow the single-store report's rules (trimmed means over
 traces cutting `TRIM` at each end, the L run's layer spans where there is one, pandas' linear
 quantiles), which `tests/analysis/test_fleet.py` checks against it.
 """
