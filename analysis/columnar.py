@@ -62,6 +62,8 @@ SPAN_COLUMNS = (
     "layer_type",
     "flops",
     *RELAY_OFFSET_COLUMNS.values(),  # the relay's marks on a live request span
+    "stream_span",  # a request span with a stream message's `responses`
+    *STREAM_RESPONSE_COLUMNS,  # its values, where they are numbers (else NULL)
 )
 STATS_COLUMNS = ("source_db", "trace_id", "level", "trimmed_mean_ns", "overhead_ratio")
 _NAMES = {"traces": _TRACE_ROWS, "spans": _SPAN_ROWS, "level_stats": STATS_COLUMNS}
@@ -272,6 +274,27 @@ _RELAY_EXPORT = ",\n".join(
     f"END AS {col}"
     for k, col in RELAY_OFFSET_COLUMNS.items()
 )
+_NUMBER_TYPES = "('BIGINT', 'UBIGINT', 'DOUBLE')"  # a JSON number (not a boolean)
+# A sampled stream message's responses (`analysis.stream_responses`' rules): whether the
+# request span has a `responses` (not null), the count as a number and the gaps as a list of
+# numbers (empty when absent), each NULL where it is something else.
+_STREAM_EXPORT = f"""
+       CASE WHEN level = 'request' THEN
+           coalesce(try(json_type(attributes, '$.responses')), 'NULL') <> 'NULL'
+       END AS stream_span,
+       CASE WHEN level = 'request' AND try(json_type(attributes, '$.responses'))
+                 IN {_NUMBER_TYPES}
+            THEN try(json_extract(attributes, '$.responses')::DOUBLE) END AS responses,
+       CASE WHEN level = 'request' THEN
+           CASE WHEN coalesce(try(json_type(attributes, '$.response_gaps_ns')), 'NULL') = 'NULL'
+                THEN []::DOUBLE[]
+                WHEN try(json_type(attributes, '$.response_gaps_ns')) = 'ARRAY'
+                     AND list_bool_and(list_transform(
+                         try(json_extract(attributes, '$.response_gaps_ns[*]')),
+                         lambda x: json_type(x) IN {_NUMBER_TYPES})) IS NOT FALSE
+                THEN try(json_extract(attributes, '$.response_gaps_ns')::DOUBLE[]) END
+       END AS response_gaps_ns"""
+_STREAM_SQL = _STREAM_EXPORT.replace("{", "{{").replace("}", "}}")  # SPANS_DUCKDB is formatted
 SPANS_DUCKDB = f"""
 SELECT {{source}} AS source_db, trace_id, span_id, level, name, kind, run_level, start_ns,
        end_ns, duration_ns, idx,
@@ -282,7 +305,7 @@ SELECT {{source}} AS source_db, trace_id, span_id, level, name, kind, run_level,
                 ELSE coalesce(j.op_type, kind) END
        END AS layer_type,
        j.flops AS flops,
-{_RELAY_EXPORT}
+{_RELAY_EXPORT},{_STREAM_SQL}
 FROM (
     SELECT *, CASE WHEN level = 'layer' OR ({_IS_WORK})
                    THEN try(from_json(attributes, '{_MEMBERS_SQL}')) END AS j

@@ -6,11 +6,13 @@ are left out the same way, layer types are resolved the same way, and the CUDA r
 API records, which only place kernels under their layers, are not carried) to
 `DIR/{traces,spans,level_stats}/NNNN-<db>.parquet`, files that DuckDB, Spark or Trino read
 as they are; each trace carries its fidelity fields (`FIDELITY_COLUMNS`, from its attributes
-by `analysis.fidelity`'s rules). `fleet_tables` runs the per-model analyses over `DIR` with
-DuckDB in process: traces per model, model latency per batch size, layer type shares, top
-layers by time, the live request breakdown and the replay's fidelity. The numbers follow the single-store report's rules (trimmed means over
-traces cutting `TRIM` at each end, the L run's layer spans where there is one, pandas' linear
-quantiles), which `tests/analysis/test_fleet.py` checks against it.
+by `analysis.fidelity`'s rules), each stream message's request span its responses
+(`STREAM_COLUMNS`). `fleet_tables` runs the per-model analyses over `DIR` with DuckDB in
+process: traces per model, model latency per batch size, layer type shares, top layers by
+time, the live request breakdown, the replay's fidelity and the streamed responses. The
+numbers follow the single-store report's rules (trimmed means over traces cutting `TRIM` at
+each end, the L run's layer spans where there is one, pandas' linear quantiles), which
+`tests/analysis/test_fleet.py` checks against it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from analysis import columnar, fidelity
+from analysis import columnar, fidelity, stream_responses
 from analysis.live import (
     BACKEND_PHASES,
     OVERLAP_TOLERANCE,
@@ -52,6 +54,7 @@ FLEET_ANALYSES = (
     "top_layers",
     "live_breakdown",
     "fidelity",
+    "stream_responses",
 )
 # What a trace's attributes say for the fidelity analysis (`fidelity.request_fields`), kept as
 # columns of `traces` (DuckDB types); `replay_model_ns` and `fidelity_ratio` are the stored
@@ -186,7 +189,8 @@ def connect(fleet_dir: Path, threads: int | None = None) -> duckdb.DuckDBPyConne
         )
         have = {row[0] for row in con.execute(f"DESCRIBE {table}_raw").fetchall()}
         # and exports before the fidelity columns: NULL there (the analysis says so)
-        wanted = {"spans": dict.fromkeys(RELAY_OFFSET_COLUMNS.values(), "BIGINT"),
+        wanted = {"spans": {**dict.fromkeys(RELAY_OFFSET_COLUMNS.values(), "BIGINT"),
+                            **STREAM_COLUMNS},
                   "traces": {"sample_reason": "VARCHAR", **FIDELITY_COLUMNS}}  # fmt: skip
         missing = {c: t for c, t in wanted.get(table, {}).items() if c not in have}
         extra = "".join(f", NULL::{t} AS {c}" for c, t in missing.items())
@@ -443,6 +447,51 @@ FROM traces t LEFT JOIN infer i USING (source_db, trace_id)
 GROUP BY ALL
 """
 
+STREAM_COLUMNS = {"stream_span": "BOOLEAN", "responses": "DOUBLE",
+                  "response_gaps_ns": "DOUBLE[]"}  # fmt: skip
+_Q = "[" + ", ".join(str(q) for q in stream_responses.PERCENTILES) + "]"
+_P = [round(q * 100) for q in stream_responses.PERCENTILES]
+
+
+def _quantiles(name: str) -> str:
+    return ", ".join(f"q_{name}[{i + 1}] AS {name}_p{p}" for i, p in enumerate(_P))
+
+
+# The rules of `analysis.stream_responses`: per model over the sampled stream messages'
+# request spans, linear percentiles of responses per request, time to the first response,
+# the gaps (pooled) and latency, and the median share of latency before the first response.
+_STREAM = f"""
+WITH req AS (
+    SELECT t.model, s.duration_ns::DOUBLE AS latency_ns,
+           s.relay_response_start_offset_ns::DOUBLE AS first_ns,
+           s.responses, s.response_gaps_ns AS gaps
+    FROM spans s JOIN traces t USING (source_db, trace_id)
+    WHERE s.level = 'request' AND s.stream_span
+      AND s.responses IS NOT NULL AND s.response_gaps_ns IS NOT NULL
+), per AS (
+    SELECT model, count(*) AS requests,
+           quantile_cont(responses, {_Q}) AS q_responses,
+           quantile_cont(first_ns / 1e6, {_Q}) AS q_first_response_ms,
+           quantile_cont(latency_ns / 1e6, {_Q}) AS q_latency_ms,
+           quantile_cont(first_ns / CASE WHEN latency_ns > 0 THEN latency_ns END, 0.5)
+             AS first_response_share
+    FROM req GROUP BY model
+), gaps AS (
+    SELECT model, count(gap) AS gaps, quantile_cont(gap / 1e6, {_Q}) AS q_gap_ms
+    FROM (SELECT model, unnest(gaps) AS gap FROM req) GROUP BY model
+)
+SELECT model, requests, {_quantiles("responses")}, {_quantiles("first_response_ms")},
+       coalesce(g.gaps, 0) AS gaps, {_quantiles("gap_ms")}, {_quantiles("latency_ms")},
+       first_response_share
+FROM per LEFT JOIN gaps g USING (model) ORDER BY model
+"""
+_STREAM_COUNTS = """
+SELECT count(*) FILTER (WHERE stream_span AND (responses IS NULL OR response_gaps_ns IS NULL))
+         AS bad,
+       count(*) FILTER (WHERE stream_span IS NULL) AS not_exported, count(*) AS requests
+FROM spans WHERE level = 'request'
+"""
+
 _TRACES = """
 SELECT model, count(*) AS traces, count(DISTINCT source_db) AS databases,
        min(created_ns) AS first_ns, max(created_ns) AS last_ns
@@ -463,6 +512,9 @@ def fleet_tables(
             "top_layers": con.execute(_TOP_LAYERS, {"top": top}).df(),
         }
         live = con.execute(_LIVE).df()
+        out["stream_responses"] = _stream(
+            con.execute(_STREAM).df(), con.execute(_STREAM_COUNTS).fetchone()
+        )
         out["fidelity"] = _fidelity(con.execute(_FIDELITY).df(), con.execute(_FIDELITY_COUNTS).df())
     finally:
         con.close()
@@ -520,6 +572,34 @@ def _fidelity(groups: pd.DataFrame, counts: pd.DataFrame) -> pd.DataFrame:
                 int(counts["with_live"].sum()),
             )
         )
+    return table
+
+
+def _stream(table: pd.DataFrame, counts: tuple[int, int, int] | None) -> pd.DataFrame:
+    """The stream_responses table, its notes and, without rows, why (as the report says)."""
+    bad, unexported, requests = counts or (0, 0, 0)
+    notes = []
+    if not table.empty:
+        notes.append(stream_responses.NOTE)
+    if bad:
+        notes.append(f"{bad} stream span(s) left out: response counts or gaps not numbers")
+    if unexported and unexported < requests:
+        notes.append(
+            f"{unexported} request spans come from exports without the stream columns "
+            "(written before them) and are left out: export their stores again"
+        )
+    table.attrs[NOTES] = notes
+    if table.empty:
+        if unexported and unexported == requests:
+            reason = (
+                f"every request span ({unexported}) comes from an export without the stream "
+                "columns (written before them): export the stores again"
+            )
+        else:
+            reason = stream_responses.NONE
+            if bad:
+                reason += f" ({bad} whose response counts or gaps are not numbers)"
+        table.attrs[NOT_CAPTURED] = reason
     return table
 
 

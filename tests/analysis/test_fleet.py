@@ -28,8 +28,12 @@ from analysis.fleet import (
 )
 from analysis.layer_level import layer_frame
 from analysis.trace_analysis import TraceAnalysis
+from sidecar.trace.spans import new_trace_id
 from sidecar.trace.store import TraceStore
+from tests.analysis.helpers import MS, write_live
 from tests.analysis.test_fidelity import PY, write
+from tests.analysis.test_stream_responses import store as stream_store
+from tests.analysis.test_stream_responses import stream_span
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 DBS = [str(DATA / name / "traces.sqlite") for name in ("cpu", "gpu", "live")]
@@ -312,3 +316,37 @@ def test_the_fleet_json_carries_the_fidelity_and_its_notes(
     out = json.loads(capsys.readouterr().out)
     assert {r["model"] for r in out["fidelity"]} == {"g", "m", "py", "s"}
     assert out["notes"]["fidelity"]["notes"][0].startswith("ratio = the replay's model time")
+
+
+def test_stream_responses_match(tmp_path: Path) -> None:
+    """Sampled stream messages as the relay writes them, one with a count that is not a
+    number, one whose gaps hold a boolean, one with a JSON null count (not a stream message)."""
+    db, _ = stream_store(tmp_path)
+    odd = [stream_span(new_trace_id(), 5 * MS, [MS, MS]) for _ in range(3)]
+    odd[0].attributes["responses"] = "three"
+    odd[1].attributes["response_gaps_ns"] = [MS, True]
+    odd[2].attributes["responses"] = None
+    write_live(tmp_path / "odd.sqlite", [("tok", [s]) for s in odd])
+    dbs = [str(db), str(tmp_path / "odd.sqlite")]
+    export_parquet(dbs, tmp_path / "fleet")
+    fleet = fleet_tables(tmp_path / "fleet")["stream_responses"]
+    store = TraceAnalysis.from_paths(dbs).result("stream_responses")
+    assert set(fleet["model"]) == {"chat", "tok"}
+    same(fleet, store.table, ["model"], [c for c in store.table.columns if c != "model"])
+    assert fleet.attrs[NOTES] == store.notes and "2 stream span(s) left out" in store.notes[-1]
+
+
+def test_stream_responses_without_stream_messages_or_columns(tmp_path: Path) -> None:
+    export_parquet(DBS, tmp_path / "none")
+    fleet = fleet_tables(tmp_path / "none")["stream_responses"]
+    store = TraceAnalysis.from_paths(DBS).result("stream_responses")
+    assert fleet.empty and fleet.attrs[NOT_CAPTURED] == store.reason
+    db, _ = stream_store(tmp_path)
+    export_parquet([db], tmp_path / "old")
+    (path,) = (tmp_path / "old" / "spans").glob("*.parquet")
+    con = duckdb.connect()
+    con.execute(f"CREATE TABLE s AS SELECT * EXCLUDE (stream_span, responses, "
+                f"response_gaps_ns) FROM '{path}'")  # fmt: skip
+    con.execute(f"COPY s TO '{path}' (FORMAT parquet)")
+    old = fleet_tables(tmp_path / "old")["stream_responses"]
+    assert old.empty and "without the stream columns" in old.attrs[NOT_CAPTURED]
