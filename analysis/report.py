@@ -207,7 +207,8 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "fleet",
         help="fleet analyses over a Parquet export, in DuckDB",
         description="Per model over every pod of an export: traces, model latency per batch "
-        "size, layer type shares, top layers by time, live request breakdown.",
+        "size, layer type shares, top layers by time, live request breakdown, the replay's "
+        "fidelity and streamed responses (JSON: per analysis its rows, and `notes`).",
     )
     fl.add_argument("fleet_dir", type=Path, metavar="DIR", help="folder of export-parquet")
     fl.add_argument("--top", type=int, default=10, help="top layers per model (default: 10)")
