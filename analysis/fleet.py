@@ -440,7 +440,8 @@ WITH infer AS (
 )
 SELECT coalesce(sample_reason, 'None') AS reason, count(*) AS traces,
        count(*) FILTER (WHERE fidelity_kept IS NULL) AS not_exported,
-       count(*) FILTER (WHERE NOT fidelity_kept AND i.trace_id IS NOT NULL) AS from_spans,
+       count(*) FILTER (WHERE NOT fidelity_kept AND i.trace_id IS NOT NULL
+                        AND coalesce(sample_reason, '') <> 'slow') AS from_spans,
        count(*) FILTER (WHERE (fidelity_kept AND live_compute_ns IS NOT NULL)
                         OR (NOT fidelity_kept AND i.trace_id IS NOT NULL)) AS with_live
 FROM traces t LEFT JOIN infer i USING (source_db, trace_id)
