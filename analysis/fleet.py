@@ -188,7 +188,7 @@ def connect(fleet_dir: Path, threads: int | None = None) -> duckdb.DuckDBPyConne
             f"'{_quote(fleet_dir / table)}/*.parquet', union_by_name = true)"
         )
         have = {row[0] for row in con.execute(f"DESCRIBE {table}_raw").fetchall()}
-        # and exports before the fidelity columns: NULL there (the analysis says so)
+        # and exports before the fidelity and stream columns: NULL there (the analyses say so)
         wanted = {"spans": {**dict.fromkeys(RELAY_OFFSET_COLUMNS.values(), "BIGINT"),
                             **STREAM_COLUMNS},
                   "traces": {"sample_reason": "VARCHAR", **FIDELITY_COLUMNS}}  # fmt: skip
@@ -371,8 +371,7 @@ WITH {_PER_TRACE_LATENCY}, infer AS (
              AS live_ns,
            CASE WHEN t.fidelity_kept THEN t.server_batch_sizes ELSE [] END AS sizes,
            CASE WHEN t.fidelity_kept THEN t.window_executions END AS executions,
-           t.fidelity_causes AS causes, p.latency_ns AS replay_ns,
-           NOT t.fidelity_kept AND coalesce(i.ns, o.ns) IS NOT NULL AS from_spans
+           t.fidelity_causes AS causes, p.latency_ns AS replay_ns
     FROM traces t
     LEFT JOIN infer i USING (source_db, trace_id)
     LEFT JOIN ops o USING (source_db, trace_id)
