@@ -49,7 +49,9 @@ PART_ROWS = 200_000  # the export reads a store's spans in parallel parts of at 
 BUSY_TIMEOUT_MS = 10_000  # how long a batch reader waits for a lock on the store
 REPORT_BATCH_ROWS = 100_000  # the report reads a store's spans in batches of this many rowids
 
-TRACE_COLUMNS = (*TRACE_IDENTITY, "status", "created_ns")
+TRACE_COLUMNS = (*TRACE_IDENTITY, "status", "created_ns", "sample_reason")
+# the traces' columns as SQLite hands them over (attributes as JSON text)
+_TRACE_ROWS = (*TRACE_COLUMNS, "attributes")
 # the columns every span has, as stored
 _SPAN_FIELDS = ("source_db", "trace_id", "span_id", "level", "name", "kind", "run_level",
                 "start_ns", "end_ns", "duration_ns", "idx")  # fmt: skip
@@ -60,9 +62,11 @@ SPAN_COLUMNS = (
     "layer_type",
     "flops",
     *RELAY_OFFSET_COLUMNS.values(),  # the relay's marks on a live request span
+    "stream_span",  # a request span with a stream message's `responses`
+    *STREAM_RESPONSE_COLUMNS,  # its values, where they are numbers (else NULL)
 )
 STATS_COLUMNS = ("source_db", "trace_id", "level", "trimmed_mean_ns", "overhead_ratio")
-_NAMES = {"traces": TRACE_COLUMNS, "spans": _SPAN_ROWS, "level_stats": STATS_COLUMNS}
+_NAMES = {"traces": _TRACE_ROWS, "spans": _SPAN_ROWS, "level_stats": STATS_COLUMNS}
 
 
 def _text(expr: str) -> str:
@@ -130,12 +134,13 @@ def _sentinel(table: str, types: Sequence[str]) -> str:
 
 
 TRACES_SQL = (
-    _sentinel("traces", ["text"] * 3 + ["integer"] + ["text"] * 3 + ["integer"])
+    _sentinel("traces", ["text"] * 3 + ["integer"] + ["text"] * 3 + ["integer"] + ["text"] * 2)
     + " UNION ALL SELECT 0, trace_id, "
     + ", ".join(_text(c) for c in ("model", "model_version"))
     + ", CASE WHEN typeof(batch_size) = 'integer' THEN batch_size END, "
     + ", ".join(_text(c) for c in ("device", "runtime", "status"))
-    + f", created_ns FROM traces WHERE {trace_ok()}"
+    + f", created_ns, {_text('sample_reason')}, {_text('attributes')} FROM traces "
+    f"WHERE {trace_ok()}"
 )
 
 SPANS_SQL = (
@@ -269,6 +274,27 @@ _RELAY_EXPORT = ",\n".join(
     f"END AS {col}"
     for k, col in RELAY_OFFSET_COLUMNS.items()
 )
+_NUMBER_TYPES = "('BIGINT', 'UBIGINT', 'DOUBLE')"  # a JSON number (not a boolean)
+# A sampled stream message's responses (`analysis.stream_responses`' rules): whether the
+# request span has a `responses` (not null), the count as a number and the gaps as a list of
+# numbers (empty when absent), each NULL where it is something else.
+_STREAM_EXPORT = f"""
+       CASE WHEN level = 'request' THEN
+           coalesce(try(json_type(attributes, '$.responses')), 'NULL') <> 'NULL'
+       END AS stream_span,
+       CASE WHEN level = 'request' AND try(json_type(attributes, '$.responses'))
+                 IN {_NUMBER_TYPES}
+            THEN try(json_extract(attributes, '$.responses')::DOUBLE) END AS responses,
+       CASE WHEN level = 'request' THEN
+           CASE WHEN coalesce(try(json_type(attributes, '$.response_gaps_ns')), 'NULL') = 'NULL'
+                THEN []::DOUBLE[]
+                WHEN try(json_type(attributes, '$.response_gaps_ns')) = 'ARRAY'
+                     AND list_bool_and(list_transform(
+                         try(json_extract(attributes, '$.response_gaps_ns[*]')),
+                         lambda x: json_type(x) IN {_NUMBER_TYPES})) IS NOT FALSE
+                THEN try(json_extract(attributes, '$.response_gaps_ns')::DOUBLE[]) END
+       END AS response_gaps_ns"""
+_STREAM_SQL = _STREAM_EXPORT.replace("{", "{{").replace("}", "}}")  # SPANS_DUCKDB is formatted
 SPANS_DUCKDB = f"""
 SELECT {{source}} AS source_db, trace_id, span_id, level, name, kind, run_level, start_ns,
        end_ns, duration_ns, idx,
@@ -279,7 +305,7 @@ SELECT {{source}} AS source_db, trace_id, span_id, level, name, kind, run_level,
                 ELSE coalesce(j.op_type, kind) END
        END AS layer_type,
        j.flops AS flops,
-{_RELAY_EXPORT}
+{_RELAY_EXPORT},{_STREAM_SQL}
 FROM (
     SELECT *, CASE WHEN level = 'layer' OR ({_IS_WORK})
                    THEN try(from_json(attributes, '{_MEMBERS_SQL}')) END AS j
@@ -290,13 +316,15 @@ WHERE (attributes IS NULL OR j IS NOT NULL OR json_valid(attributes))
 """
 
 
-def select_sql(table: str, source: str, relation: str) -> str:
+def select_sql(table: str, source: str, relation: str, extra: str = "") -> str:
     """DuckDB SQL over a relation of `record_batches(db, table)`: the table's columns with
-    `source_db` in front, the sentinel row dropped (spans: attributes read)."""
+    `source_db` in front, the sentinel row dropped (spans: attributes read). `extra`: more
+    columns (traces: SQL expressions over the relation, e.g. of its `attributes` text)."""
     quoted = "'" + source.replace("'", "''") + "'"
     if table == "spans":
         return SPANS_DUCKDB.format(source=quoted, relation=relation)
-    cols = ", ".join(f'"{c}"' for c in _NAMES[table][1:])
+    names = TRACE_COLUMNS if table == "traces" else _NAMES[table]
+    cols = ", ".join([*(f'"{c}"' for c in names[1:]), *([extra] if extra else [])])
     return f"SELECT {quoted} AS source_db, {cols} FROM {relation} WHERE _first = 0"
 
 

@@ -40,11 +40,29 @@ SLOW_REPRODUCED = 1.5  # a slow request's replay this many times its peers' medi
 LIVE_REASONS = ("rate", "random", "forced")  # sampled from live traffic with a traceparent
 PYTHON_BACKEND = "python"
 ONNXRUNTIME_BACKEND = "onnxruntime"
+NONE_RECORDED = "none recorded (same backend, device and settings as far as the traces record them)"
 SAME_KERNELS = "same_kernels"  # extra: per group, whether shares of layer time may hold
 
 
 def _attrs(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
+
+
+def request_fields(attrs: dict[str, Any]) -> dict[str, Any]:
+    """What one trace's attributes say for its row of `per_request` (the fleet export keeps
+    these as columns): whether the store kept its `fidelity` attribute, the live compute time
+    and its source, the server's batch window and the causes (`_causes`)."""
+    fid = _attrs(attrs.get("fidelity"))
+    window = _attrs(fid.get("server_batch_window"))
+    return {
+        "fidelity_kept": bool(fid),
+        "live_ns": number(fid.get("live_compute_ns")),
+        "live_source": fid.get("live_source"),
+        "server_batch_sizes": sorted(int(s) for s in _attrs(window.get("batch_sizes"))),
+        "window_executions": number(window.get("executions")),
+        "window_note": window.get("unobserved"),
+        "causes": _causes(attrs),
+    }
 
 
 def per_request(fr: Frames) -> pd.DataFrame:
@@ -55,29 +73,27 @@ def per_request(fr: Frames) -> pd.DataFrame:
     replay = fr.model_latency.set_index("tkey")["latency_ns"]
     from_spans = _live_from_spans(fr)
     for t in tr.itertuples(index=False):
-        attrs = _attrs(t.attributes)
-        fid = _attrs(attrs.get("fidelity"))
+        fields = request_fields(_attrs(t.attributes))
         reason = str(t.sample_reason or "")
-        if not fid and int(t.tkey) in from_spans:  # a store older than the attribute
-            fid = from_spans[int(t.tkey)]
-        if not fid and reason != "slow":
+        spans = from_spans.get(int(t.tkey))
+        if not fields["fidelity_kept"] and spans:  # a store older than the attribute
+            fields.update(spans)
+        elif not fields["fidelity_kept"] and reason != "slow":
             continue
-        window = _attrs(fid.get("server_batch_window"))
-        sizes = sorted(int(s) for s in _attrs(window.get("batch_sizes")))
         rows.append(
             {
                 "tkey": int(t.tkey),
                 "model": str(t.model),
                 "batch_size": t.batch_size,
                 "sample_reason": reason,
-                "live_ns": _number(fid.get("live_compute_ns")),
-                "live_source": fid.get("live_source"),
-                "replay_ns": _number(replay.get(int(t.tkey))),
-                "server_batch_sizes": sizes,
-                "window_executions": _number(window.get("executions")),
-                "window_note": window.get("unobserved"),
-                "causes": _causes(attrs, str(t.device), str(t.runtime)),
-                "from_spans": bool(fid.get("from_spans")),
+                "live_ns": fields["live_ns"],
+                "live_source": fields["live_source"],
+                "replay_ns": number(replay.get(int(t.tkey))),
+                "server_batch_sizes": fields["server_batch_sizes"],
+                "window_executions": fields["window_executions"],
+                "window_note": fields["window_note"],
+                "causes": fields["causes"],
+                "from_spans": bool(spans) and not fields["fidelity_kept"],
             }
         )
     cols = ["tkey", "model", "batch_size", "sample_reason", "live_ns", "live_source", "replay_ns",
@@ -95,24 +111,22 @@ def _live_from_spans(fr: Frames) -> dict[int, dict[str, Any]]:
     out: dict[int, dict[str, Any]] = {}
     infer = srv[srv["kind"] == "compute_infer"]
     for tkey, ns in (infer["end_ns"] - infer["start_ns"]).groupby(infer["tkey"]).sum().items():
-        out[int(tkey)] = {"live_compute_ns": float(ns), "live_source": "compute_infer"}
+        out[int(tkey)] = {"live_ns": float(ns), "live_source": "compute_infer"}
     ops = srv[srv["kind"] == "tf_op"].groupby("tkey").agg(start=("start_ns", "min"),
                                                           end=("end_ns", "max"))  # fmt: skip
     for tkey, row in ops.iterrows():
-        out.setdefault(int(tkey), {"live_compute_ns": float(row["end"] - row["start"]),
+        out.setdefault(int(tkey), {"live_ns": float(row["end"] - row["start"]),
                                    "live_source": "tf_ops"})  # fmt: skip
-    for found in out.values():
-        found["from_spans"] = True
     return out
 
 
-def _number(value: Any) -> float:
+def number(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return float("nan")
     return float(value)
 
 
-def _causes(attrs: dict[str, Any], device: str, runtime: str) -> list[tuple[str, bool]]:
+def _causes(attrs: dict[str, Any]) -> list[tuple[str, bool]]:
     """What the trace says differs between the server and the replay: (cause, whether the
     server and the replay still run the same kernels)."""
     server = _attrs(attrs.get("server_config"))
@@ -151,7 +165,7 @@ def _causes(attrs: dict[str, Any], device: str, runtime: str) -> list[tuple[str,
     return out
 
 
-def _batch_causes(grp: pd.DataFrame, batch: Any) -> list[str]:
+def batch_causes(grp: pd.DataFrame, batch: Any) -> list[str]:
     out = []
     sizes = sorted({s for v in grp["server_batch_sizes"] for s in v})
     if sizes and not pd.isna(batch) and max(sizes) > int(batch):
@@ -191,24 +205,18 @@ def fidelity(fr: Frames) -> AnalysisResult:
     measured = live.dropna(subset=["ratio"])
     slow = every[every["sample_reason"] == "slow"]
     if measured.empty and slow.empty:
-        return not_captured("fidelity", TITLE, _why_none(fr, every))
+        reasons = fr.data.traces["sample_reason"].astype(str).value_counts().to_dict()
+        with_live = int(every["live_ns"].notna().sum()) if not every.empty else 0
+        return not_captured("fidelity", TITLE, why_none(reasons, with_live))
     rows, same_kernels = [], {}
     keys = ["model", "batch_size"]
     for (model, batch), grp in pd.concat([measured, slow]).groupby(keys, dropna=False, sort=True):
         ok = grp[grp["sample_reason"] != "slow"].dropna(subset=["ratio"])
         p50 = float(ok["ratio"].median()) if not ok.empty else float("nan")
         causes = dict.fromkeys(c for cs in ok["causes"] for c in cs)
-        reasons = [c for c, _ in causes] + _batch_causes(ok, batch)
-        represents = REPRESENTS[0] <= p50 <= REPRESENTS[1]
-        if ok.empty:
-            verdict = "no live compute time (slow requests only)"
-        elif represents:
-            verdict = "the replay represents the server"
-        else:
-            verdict = "the replay does not represent the server"
+        reasons = [c for c, _ in causes] + batch_causes(ok, batch)
         if not reasons:
-            reasons = ["none recorded (same backend, device and settings as far as the traces "
-                       "record them)"]  # fmt: skip
+            reasons = [NONE_RECORDED]
         same_kernels[f"{model}|{batch}"] = all(same for _, same in causes)
         reproduced, slow_n = _slow(every, model, batch)
         rows.append(
@@ -221,7 +229,7 @@ def fidelity(fr: Frames) -> AnalysisResult:
                 "ratio_p50": p50,
                 "ratio_p90": float(ok["ratio"].quantile(0.9)) if not ok.empty else np.nan,
                 "ratio_at_server_batch_p50": _at_server_batch(every, ok),
-                "verdict": verdict,
+                "verdict": verdict(len(ok), p50),
                 "differences": "; ".join(reasons),
                 "slow_requests": slow_n,
                 "slow_reproduced": reproduced,
@@ -230,14 +238,26 @@ def fidelity(fr: Frames) -> AnalysisResult:
     table = pd.DataFrame(rows)
     res = AnalysisResult("fidelity", TITLE, table)
     res.extra[SAME_KERNELS] = same_kernels
-    res.notes.append(
-        "ratio = the replay's model time (M, trimmed mean) / the server's own compute time of "
-        "the same request (Triton: compute_infer; TF-Serving: its op envelope); "
-        f"{REPRESENTS[0]}-{REPRESENTS[1]}: the replay represents the server; "
-        "ratio_at_server_batch: the same against the replay at the batch size the server ran"
-    )
+    res.notes.append(RATIO_NOTE)
     res.notes += _notes(every, live)
     return res
+
+
+RATIO_NOTE = (
+    "ratio = the replay's model time (M, trimmed mean) / the server's own compute time of "
+    "the same request (Triton: compute_infer; TF-Serving: its op envelope); "
+    f"{REPRESENTS[0]}-{REPRESENTS[1]}: the replay represents the server; "
+    "ratio_at_server_batch: the same against the replay at the batch size the server ran"
+)
+
+
+def verdict(requests: int, ratio_p50: float) -> str:
+    """The verdict on one model and batch size, from its measured requests' p50 ratio."""
+    if not requests:
+        return "no live compute time (slow requests only)"
+    if REPRESENTS[0] <= ratio_p50 <= REPRESENTS[1]:
+        return "the replay represents the server"
+    return "the replay does not represent the server"
 
 
 def _slow(every: pd.DataFrame, model: Any, batch: Any) -> tuple[int | None, int]:
@@ -255,18 +275,18 @@ def _slow(every: pd.DataFrame, model: Any, batch: Any) -> tuple[int | None, int]
     return int((replayed >= SLOW_REPRODUCED * float(peers.median())).sum()), len(slow)
 
 
-def _why_none(fr: Frames, every: pd.DataFrame) -> str:
-    reasons = fr.data.traces["sample_reason"].astype(str)
-    live = reasons.isin(LIVE_REASONS)
-    if not live.any():
+def why_none(reasons: dict[str, int], with_live: int) -> str:
+    """Why no request can be compared: `reasons`, the traces per sample reason; `with_live`,
+    the sampled requests with the backend's compute time."""
+    live = sum(n for r, n in reasons.items() if r in LIVE_REASONS)
+    if not live:
         return (
             "no trace sampled from live traffic (the selected traces come from "
-            f"{', '.join(sorted(set(reasons)))}): there is no server compute time to compare"
+            f"{', '.join(sorted(reasons))}): there is no server compute time to compare"
         )
-    with_live = every["live_ns"].notna().sum() if not every.empty else 0
     if with_live == 0:
         return (
-            f"none of the {int(live.sum())} live samples has the backend's own compute time "
+            f"none of the {live} live samples has the backend's own compute time "
             "(no backend span: Triton's tracing is off or its spans did not arrive; "
             "TF-Serving needs --tf-profiler-address)"
         )

@@ -5,15 +5,19 @@ One SQLite store per pod is right for a pod; a fleet of hundreds is analysed col
 are left out the same way, layer types are resolved the same way, and the CUDA runtime/driver
 API records, which only place kernels under their layers, are not carried) to
 `DIR/{traces,spans,level_stats}/NNNN-<db>.parquet`, files that DuckDB, Spark or Trino read
-as they are. `fleet_tables` runs the per-model analyses over `DIR` with DuckDB in process:
-traces per model, model latency per batch size, layer type shares, top layers by time and the
-live request breakdown. The numbers follow the single-store report's rules (trimmed means over
-traces cutting `TRIM` at each end, the L run's layer spans where there is one, pandas' linear
-quantiles), which `tests/analysis/test_fleet.py` checks against it.
+as they are; each trace carries its fidelity fields (`FIDELITY_COLUMNS`, from its attributes
+by `analysis.fidelity`'s rules), each stream message's request span its responses
+(`STREAM_COLUMNS`). `fleet_tables` runs the per-model analyses over `DIR` with DuckDB in
+process: traces per model, model latency per batch size, layer type shares, top layers by
+time, the live request breakdown, the replay's fidelity and the streamed responses. The
+numbers follow the single-store report's rules (trimmed means over traces cutting `TRIM` at
+each end, the L run's layer spans where there is one, pandas' linear quantiles), which
+`tests/analysis/test_fleet.py` checks against it.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -24,7 +28,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from analysis import columnar
+from analysis import columnar, fidelity, stream_responses
 from analysis.live import (
     BACKEND_PHASES,
     OVERLAP_TOLERANCE,
@@ -43,7 +47,34 @@ TRACE_COLUMNS = columnar.TRACE_COLUMNS
 SPAN_COLUMNS = columnar.SPAN_COLUMNS
 STATS_COLUMNS = columnar.STATS_COLUMNS
 ROW_GROUP_ROWS = 32_768  # Parquet row groups: what the writer holds per file before it flushes
-FLEET_ANALYSES = ("traces", "model_latency", "layer_types", "top_layers", "live_breakdown")
+FLEET_ANALYSES = (
+    "traces",
+    "model_latency",
+    "layer_types",
+    "top_layers",
+    "live_breakdown",
+    "fidelity",
+    "stream_responses",
+)
+# What a trace's attributes say for the fidelity analysis (`fidelity.request_fields`), kept as
+# columns of `traces` (DuckDB types); `replay_model_ns` and `fidelity_ratio` are the stored
+# attribute's own (the analysis takes the replay's time from the model spans and statistics).
+FIDELITY_COLUMNS = {
+    "fidelity_kept": "BOOLEAN",
+    "live_compute_ns": "DOUBLE",
+    "live_source": "VARCHAR",
+    "replay_model_ns": "DOUBLE",
+    "fidelity_ratio": "DOUBLE",
+    "server_batch_sizes": "INTEGER[]",
+    "window_executions": "DOUBLE",
+    "window_note": "VARCHAR",
+    "fidelity_causes": "VARCHAR[]",
+}
+_FIDELITY_UDF = "xsp_fidelity_fields"
+_FIDELITY_EXPORT = (
+    f"unnest(from_json({_FIDELITY_UDF}(coalesce(attributes, '')), "
+    f"'{json.dumps(FIDELITY_COLUMNS)}'))"
+)
 
 
 @dataclass(frozen=True)
@@ -84,10 +115,14 @@ def export_parquet(
         try:
             con.execute("SET threads = 1")
             con.execute("SET enable_progress_bar = false")
+            extra = ""
+            if table == "traces":
+                con.create_function(_FIDELITY_UDF, fidelity_fields, ["VARCHAR"], "VARCHAR")
+                extra = _FIDELITY_EXPORT
             with columnar.record_batches(db, table, rowids, sound) as batches:
                 con.register("batches", batches)
                 try:
-                    select = columnar.select_sql(table, str(db), "batches")
+                    select = columnar.select_sql(table, str(db), "batches", extra)
                     n = con.execute(
                         f"COPY ({select}) TO '{_quote(target)}' "
                         f"(FORMAT parquet, ROW_GROUP_SIZE {ROW_GROUP_ROWS})"
@@ -103,6 +138,32 @@ def export_parquet(
         for table, n in pool.map(write, jobs):
             counts[table] += n
     return ExportCounts(**counts)
+
+
+def fidelity_fields(attributes: str) -> str:
+    """A trace's `FIDELITY_COLUMNS` as JSON, from its attribute text, by the rules of the
+    single-store report (`fidelity.request_fields`; missing numbers are null)."""
+    try:
+        attrs = json.loads(attributes) if attributes else {}
+    except ValueError:  # a damaged trace (left out of the export)
+        attrs = {}
+    attrs = attrs if isinstance(attrs, dict) else {}
+    got = fidelity.request_fields(attrs)
+    stored = attrs.get("fidelity")
+    fid = stored if isinstance(stored, dict) else {}
+    out = {
+        "fidelity_kept": got["fidelity_kept"],
+        "live_compute_ns": got["live_ns"],
+        "live_source": got["live_source"],
+        "replay_model_ns": fidelity.number(fid.get("replay_model_ns")),
+        "fidelity_ratio": fidelity.number(fid.get("ratio")),
+        "server_batch_sizes": got["server_batch_sizes"],
+        "window_executions": got["window_executions"],
+        "window_note": got["window_note"],
+        "fidelity_causes": [cause for cause, _ in got["causes"]],
+    }
+    return json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v
+                       for k, v in out.items()})  # fmt: skip
 
 
 def _quote(path: Path) -> str:
@@ -127,8 +188,12 @@ def connect(fleet_dir: Path, threads: int | None = None) -> duckdb.DuckDBPyConne
             f"'{_quote(fleet_dir / table)}/*.parquet', union_by_name = true)"
         )
         have = {row[0] for row in con.execute(f"DESCRIBE {table}_raw").fetchall()}
-        missing = [c for c in RELAY_OFFSET_COLUMNS.values() if table == "spans" and c not in have]
-        extra = "".join(f", NULL::BIGINT AS {c}" for c in missing)
+        # and exports before the fidelity and stream columns: NULL there (the analyses say so)
+        wanted = {"spans": {**dict.fromkeys(RELAY_OFFSET_COLUMNS.values(), "BIGINT"),
+                            **STREAM_COLUMNS},
+                  "traces": {"sample_reason": "VARCHAR", **FIDELITY_COLUMNS}}  # fmt: skip
+        missing = {c: t for c, t in wanted.get(table, {}).items() if c not in have}
+        extra = "".join(f", NULL::{t} AS {c}" for c, t in missing.items())
         con.execute(f"CREATE VIEW {table}_all AS SELECT *{extra} FROM {table}_raw{where}")
     con.execute("CREATE VIEW traces AS SELECT * FROM traces_all")
     for table in ("spans", "level_stats"):  # only rows of the selected traces
@@ -150,8 +215,10 @@ def _trimmed(value: str, partition: str) -> str:
 
 _KEEP = f"_rank >= floor({TRIM} * _n) AND _rank < _n - floor({TRIM} * _n)"
 
-_MODEL_LATENCY = f"""
-WITH from_stats AS (
+# The replay's model latency per trace (`common.Frames.model_latency`): the M run's trimmed
+# mean where the trace has one, else its first model span (the M run's first).
+_PER_TRACE_LATENCY = """
+from_stats AS (
     SELECT source_db, trace_id, trimmed_mean_ns::DOUBLE AS latency_ns
     FROM level_stats WHERE level = 'model'
 ), from_spans AS (
@@ -162,7 +229,11 @@ WITH from_stats AS (
     SELECT * FROM from_stats
     UNION ALL
     SELECT * FROM from_spans s ANTI JOIN from_stats f USING (source_db, trace_id)
-), ranked AS (
+)
+"""
+
+_MODEL_LATENCY = f"""
+WITH {_PER_TRACE_LATENCY}, ranked AS (
     SELECT t.model, t.batch_size, p.latency_ns,
            {_trimmed("p.latency_ns", "t.model, t.batch_size")}
     FROM per_trace p JOIN traces t USING (source_db, trace_id)
@@ -281,6 +352,146 @@ SELECT model, phase, count(*) AS requests, avg(ns) / 1e6 AS mean_ms,
 FROM long WHERE ns IS NOT NULL AND NOT isnan(ns) GROUP BY model, phase
 """
 
+# The rules of `analysis.fidelity`: per sampled trace the live compute time (the store's
+# `fidelity` attribute, else, for traces stored before it, the backend's spans: the sum of
+# `compute_infer`, else the `tf_op` envelope) and the replay's model time; per model and batch
+# size the quantiles of their ratio over the live samples, the ratio at the batch the server
+# ran, and the slow samples against the others' replays.
+_FIDELITY = f"""
+WITH {_PER_TRACE_LATENCY}, infer AS (
+    SELECT source_db, trace_id, sum(end_ns - start_ns)::DOUBLE AS ns
+    FROM spans WHERE level = 'server' AND kind = 'compute_infer' GROUP BY source_db, trace_id
+), ops AS (
+    SELECT source_db, trace_id, (max(end_ns) - min(start_ns))::DOUBLE AS ns
+    FROM spans WHERE level = 'server' AND kind = '{TF_OP_KIND}' GROUP BY source_db, trace_id
+), every AS (
+    SELECT t.source_db, t.trace_id, t.model, t.batch_size, t.created_ns,
+           coalesce(t.sample_reason, '') AS reason,
+           CASE WHEN t.fidelity_kept THEN t.live_compute_ns ELSE coalesce(i.ns, o.ns) END
+             AS live_ns,
+           CASE WHEN t.fidelity_kept THEN t.server_batch_sizes ELSE [] END AS sizes,
+           CASE WHEN t.fidelity_kept THEN t.window_executions END AS executions,
+           t.fidelity_causes AS causes, p.latency_ns AS replay_ns
+    FROM traces t
+    LEFT JOIN infer i USING (source_db, trace_id)
+    LEFT JOIN ops o USING (source_db, trace_id)
+    LEFT JOIN per_trace p USING (source_db, trace_id)
+    WHERE t.fidelity_kept IS NOT NULL
+      AND (t.fidelity_kept OR coalesce(i.ns, o.ns) IS NOT NULL OR t.sample_reason = 'slow')
+), rated AS (
+    SELECT *, replay_ns / CASE WHEN live_ns > 0 THEN live_ns END AS ratio FROM every
+), ok AS (
+    SELECT * FROM rated WHERE reason <> 'slow' AND ratio IS NOT NULL
+), groups AS (
+    SELECT DISTINCT model, batch_size FROM rated WHERE reason = 'slow' OR ratio IS NOT NULL
+), measured AS (
+    SELECT model, batch_size, count(*) AS requests,
+           quantile_cont(live_ns, 0.5) / 1e6 AS live_p50_ms,
+           quantile_cont(replay_ns, 0.5) / 1e6 AS replay_p50_ms,
+           quantile_cont(ratio, 0.5) AS ratio_p50, quantile_cont(ratio, 0.9) AS ratio_p90,
+           list_sort(list_distinct(flatten(list(sizes)))) AS server_batch_sizes,
+           max(executions) AS window_executions
+    FROM ok GROUP BY model, batch_size
+), replays AS (
+    SELECT model, batch_size, quantile_cont(replay_ns, 0.5) AS replay_p50
+    FROM every WHERE replay_ns IS NOT NULL GROUP BY model, batch_size
+), at_batch AS (
+    SELECT o.model, o.batch_size,
+           quantile_cont(r.replay_p50 / o.live_ns, 0.5) AS ratio_at_server_batch_p50
+    FROM ok o JOIN replays r ON r.model = o.model AND r.batch_size = o.sizes[1]
+    WHERE len(o.sizes) = 1 AND o.executions = 1 AND o.sizes[1] <> o.batch_size
+    GROUP BY o.model, o.batch_size
+), named AS (  -- each cause once, in the order the requests (by creation) first name it
+    SELECT model, batch_size, cause, min((created_ns, source_db, trace_id, pos)) AS first
+    FROM (SELECT model, batch_size, created_ns, source_db, trace_id, unnest(causes) AS cause,
+                 unnest(range(len(causes))) AS pos FROM ok)
+    GROUP BY model, batch_size, cause
+), causes AS (
+    SELECT model, batch_size, list(cause ORDER BY first) AS causes
+    FROM named GROUP BY model, batch_size
+), peers AS (
+    SELECT model, batch_size, quantile_cont(replay_ns, 0.5) AS peer_p50
+    FROM every WHERE reason <> 'slow' AND replay_ns IS NOT NULL GROUP BY model, batch_size
+), slow AS (
+    SELECT s.model, s.batch_size, count(*) AS slow_requests,
+           CASE WHEN count(s.replay_ns) > 0 AND any_value(p.peer_p50) IS NOT NULL
+                THEN count(*) FILTER (WHERE s.replay_ns >= {fidelity.SLOW_REPRODUCED}
+                                      * p.peer_p50) END AS slow_reproduced
+    FROM every s LEFT JOIN peers p USING (model, batch_size)
+    WHERE s.reason = 'slow' GROUP BY s.model, s.batch_size
+)
+SELECT model, batch_size, coalesce(m.requests, 0) AS requests, live_p50_ms, replay_p50_ms,
+       ratio_p50, ratio_p90, ratio_at_server_batch_p50,
+       coalesce(server_batch_sizes, []) AS server_batch_sizes,
+       window_executions, coalesce(c.causes, []) AS causes,
+       coalesce(s.slow_requests, 0) AS slow_requests, slow_reproduced
+FROM groups g LEFT JOIN measured m USING (model, batch_size)
+LEFT JOIN at_batch USING (model, batch_size) LEFT JOIN causes c USING (model, batch_size)
+LEFT JOIN slow s USING (model, batch_size)
+ORDER BY model, batch_size
+"""
+
+# The counts behind the fidelity notes and the reason it has no table
+_FIDELITY_COUNTS = f"""
+WITH infer AS (
+    SELECT DISTINCT source_db, trace_id FROM spans
+    WHERE level = 'server' AND kind IN ('compute_infer', '{TF_OP_KIND}')
+)
+SELECT coalesce(sample_reason, 'None') AS reason, count(*) AS traces,
+       count(*) FILTER (WHERE fidelity_kept IS NULL) AS not_exported,
+       count(*) FILTER (WHERE NOT fidelity_kept AND i.trace_id IS NOT NULL
+                        AND coalesce(sample_reason, '') <> 'slow') AS from_spans,
+       count(*) FILTER (WHERE (fidelity_kept AND live_compute_ns IS NOT NULL)
+                        OR (NOT fidelity_kept AND i.trace_id IS NOT NULL)) AS with_live
+FROM traces t LEFT JOIN infer i USING (source_db, trace_id)
+GROUP BY ALL
+"""
+
+STREAM_COLUMNS = {"stream_span": "BOOLEAN", "responses": "DOUBLE",
+                  "response_gaps_ns": "DOUBLE[]"}  # fmt: skip
+_Q = "[" + ", ".join(str(q) for q in stream_responses.PERCENTILES) + "]"
+_P = [round(q * 100) for q in stream_responses.PERCENTILES]
+
+
+def _quantiles(name: str) -> str:
+    return ", ".join(f"q_{name}[{i + 1}] AS {name}_p{p}" for i, p in enumerate(_P))
+
+
+# The rules of `analysis.stream_responses`: per model over the sampled stream messages'
+# request spans, linear percentiles of responses per request, time to the first response,
+# the gaps (pooled) and latency, and the median share of latency before the first response.
+_STREAM = f"""
+WITH req AS (
+    SELECT t.model, s.duration_ns::DOUBLE AS latency_ns,
+           s.relay_response_start_offset_ns::DOUBLE AS first_ns,
+           s.responses, s.response_gaps_ns AS gaps
+    FROM spans s JOIN traces t USING (source_db, trace_id)
+    WHERE s.level = 'request' AND s.stream_span
+      AND s.responses IS NOT NULL AND s.response_gaps_ns IS NOT NULL
+), per AS (
+    SELECT model, count(*) AS requests,
+           quantile_cont(responses, {_Q}) AS q_responses,
+           quantile_cont(first_ns / 1e6, {_Q}) AS q_first_response_ms,
+           quantile_cont(latency_ns / 1e6, {_Q}) AS q_latency_ms,
+           quantile_cont(first_ns / CASE WHEN latency_ns > 0 THEN latency_ns END, 0.5)
+             AS first_response_share
+    FROM req GROUP BY model
+), gaps AS (
+    SELECT model, count(gap) AS gaps, quantile_cont(gap / 1e6, {_Q}) AS q_gap_ms
+    FROM (SELECT model, unnest(gaps) AS gap FROM req) GROUP BY model
+)
+SELECT model, requests, {_quantiles("responses")}, {_quantiles("first_response_ms")},
+       coalesce(g.gaps, 0) AS gaps, {_quantiles("gap_ms")}, {_quantiles("latency_ms")},
+       first_response_share
+FROM per LEFT JOIN gaps g USING (model) ORDER BY model
+"""
+_STREAM_COUNTS = """
+SELECT count(*) FILTER (WHERE stream_span AND (responses IS NULL OR response_gaps_ns IS NULL))
+         AS bad,
+       count(*) FILTER (WHERE stream_span IS NULL) AS not_exported, count(*) AS requests
+FROM spans WHERE level = 'request'
+"""
+
 _TRACES = """
 SELECT model, count(*) AS traces, count(DISTINCT source_db) AS databases,
        min(created_ns) AS first_ns, max(created_ns) AS last_ns
@@ -301,6 +512,10 @@ def fleet_tables(
             "top_layers": con.execute(_TOP_LAYERS, {"top": top}).df(),
         }
         live = con.execute(_LIVE).df()
+        out["stream_responses"] = _stream(
+            con.execute(_STREAM).df(), con.execute(_STREAM_COUNTS).fetchone()
+        )
+        out["fidelity"] = _fidelity(con.execute(_FIDELITY).df(), con.execute(_FIDELITY_COUNTS).df())
     finally:
         con.close()
     client = live[live["phase"] == "client_total"].set_index("model")["mean_ms"]
@@ -312,13 +527,92 @@ def fleet_tables(
     return out
 
 
+FIDELITY_TABLE = ("model", "batch_size", "requests", "live_p50_ms", "replay_p50_ms",
+                  "ratio_p50", "ratio_p90", "ratio_at_server_batch_p50", "verdict",
+                  "differences", "slow_requests", "slow_reproduced")  # fmt: skip
+NOT_CAPTURED = "not_captured"  # a table's `attrs`: why it has no rows
+NOTES = "notes"  # a table's `attrs`: what its numbers leave out or mean
+
+
+def _fidelity(groups: pd.DataFrame, counts: pd.DataFrame) -> pd.DataFrame:
+    """The fidelity table from `_FIDELITY`'s rows (verdict and differences worded by
+    `analysis.fidelity`), its notes and, without rows, why (`_FIDELITY_COUNTS`)."""
+    rows = []
+    for g in groups.itertuples(index=False):
+        ok = pd.DataFrame({"server_batch_sizes": [list(g.server_batch_sizes)],
+                           "window_executions": [g.window_executions]})  # fmt: skip
+        reasons = [*list(g.causes), *fidelity.batch_causes(ok, g.batch_size)] if g.requests else []
+        rows.append({
+            **g._asdict(),
+            "verdict": fidelity.verdict(int(g.requests), g.ratio_p50),
+            "differences": "; ".join(reasons or [fidelity.NONE_RECORDED]),
+            "slow_reproduced": None if pd.isna(g.slow_reproduced) else int(g.slow_reproduced),
+        })  # fmt: skip
+    table = pd.DataFrame(rows, columns=list(FIDELITY_TABLE))
+    notes = [fidelity.RATIO_NOTE]
+    older, unexported = int(counts["from_spans"].sum()), int(counts["not_exported"].sum())
+    if older:
+        notes.append(
+            f"{older} traces were stored before the sidecar kept their fidelity: the "
+            "server's compute time is read from their backend spans (no batch window)"
+        )
+    if unexported and unexported < int(counts["traces"].sum()):
+        notes.append(
+            f"{unexported} traces come from exports without the fidelity columns (written "
+            "before them) and are left out: export their stores again"
+        )
+    table.attrs[NOTES] = notes
+    if table.empty:
+        table.attrs[NOT_CAPTURED] = (
+            f"every trace ({unexported}) comes from an export without the fidelity columns "
+            "(written before them): export the stores again"
+            if unexported and unexported == int(counts["traces"].sum())
+            else fidelity.why_none(
+                dict(zip(counts["reason"], counts["traces"], strict=True)),
+                int(counts["with_live"].sum()),
+            )
+        )
+    return table
+
+
+def _stream(table: pd.DataFrame, counts: tuple[int, int, int] | None) -> pd.DataFrame:
+    """The stream_responses table, its notes and, without rows, why (as the report says)."""
+    bad, unexported, requests = counts or (0, 0, 0)
+    notes = []
+    if not table.empty:
+        notes.append(stream_responses.NOTE)
+    if bad:
+        notes.append(f"{bad} stream span(s) left out: response counts or gaps not numbers")
+    if unexported and unexported < requests:
+        notes.append(
+            f"{unexported} request spans come from exports without the stream columns "
+            "(written before them) and are left out: export their stores again"
+        )
+    table.attrs[NOTES] = notes
+    if table.empty:
+        if unexported and unexported == requests:
+            reason = (
+                f"every request span ({unexported}) comes from an export without the stream "
+                "columns (written before them): export the stores again"
+            )
+        else:
+            reason = stream_responses.NONE
+            if bad:
+                reason += f" ({bad} whose response counts or gaps are not numbers)"
+        table.attrs[NOT_CAPTURED] = reason
+    return table
+
+
 def render_text(tables: dict[str, pd.DataFrame]) -> str:
-    """The fleet report as plain text, one section per analysis."""
+    """The fleet report as plain text, one section per analysis (its notes below it)."""
     parts = []
     for key in FLEET_ANALYSES:
         df = tables[key]
         body = "(none)" if df.empty else df.to_string(index=False, float_format=_fmt)
-        parts.append(f"== {key} ==\n{body}\n")
+        if NOT_CAPTURED in df.attrs:
+            body = f"not captured: {df.attrs[NOT_CAPTURED]}"
+        notes = "".join(f"note: {n}\n" for n in df.attrs.get(NOTES, []))
+        parts.append(f"== {key} ==\n{body}\n{notes}")
     return "\n".join(parts)
 
 

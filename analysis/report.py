@@ -207,7 +207,8 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "fleet",
         help="fleet analyses over a Parquet export, in DuckDB",
         description="Per model over every pod of an export: traces, model latency per batch "
-        "size, layer type shares, top layers by time, live request breakdown.",
+        "size, layer type shares, top layers by time, live request breakdown, the replay's "
+        "fidelity and streamed responses (JSON: per analysis its rows, and `notes`).",
     )
     fl.add_argument("fleet_dir", type=Path, metavar="DIR", help="folder of export-parquet")
     fl.add_argument("--top", type=int, default=10, help="top layers per model (default: 10)")
@@ -235,7 +236,9 @@ def run_fleet(args: argparse.Namespace) -> int:
         return 0
     tables = fleet.fleet_tables(args.fleet_dir, top=args.top, threads=args.threads)
     if args.format == "json":
-        text = json.dumps({k: records(df) for k, df in tables.items()}, indent=1, allow_nan=False)
+        payload: dict[str, Any] = {k: records(df) for k, df in tables.items()}
+        payload["notes"] = {k: dict(df.attrs) for k, df in tables.items() if df.attrs}
+        text = json.dumps(payload, indent=1, allow_nan=False)
     else:
         text = fleet.render_text(tables)
     if args.out is None:

@@ -24,6 +24,16 @@ KEY = "stream_responses"
 TITLE = "Streamed responses (time to first response, gaps, responses per request)"
 PERCENTILES = (0.5, 0.9, 0.99)
 FIRST_RESPONSE = RELAY_OFFSET_COLUMNS["relay_response_start_ns"]
+NONE = (
+    "no sampled stream messages: the selected traces hold no request span of an "
+    "inference stream (ModelStreamInfer) sampled by the relay"
+)
+NOTE = (
+    "times on the relay's clock: first_response from the request message to its first "
+    "response; gaps between consecutive responses of one request (pooled over requests; "
+    "at most 256 per request); latency from the message to its final response; "
+    "first_response_share is the median of first_response / latency"
+)
 
 
 def _number(value: Any) -> float:
@@ -76,10 +86,7 @@ def stream_responses(fr: Frames) -> AnalysisResult:
         return empty_result(KEY, TITLE)
     per, bad = stream_requests(fr)
     if per.empty:
-        reason = (
-            "no sampled stream messages: the selected traces hold no request span of an "
-            "inference stream (ModelStreamInfer) sampled by the relay"
-        )
+        reason = NONE
         if bad:
             reason += f" ({bad} whose response counts or gaps are not numbers)"
         return not_captured(KEY, TITLE, reason)
@@ -100,12 +107,7 @@ def stream_responses(fr: Frames) -> AnalysisResult:
             }
         )
     res = AnalysisResult(KEY, TITLE, pd.DataFrame(rows))
-    res.notes.append(
-        "times on the relay's clock: first_response from the request message to its first "
-        "response; gaps between consecutive responses of one request (pooled over requests; "
-        "at most 256 per request); latency from the message to its final response; "
-        "first_response_share is the median of first_response / latency"
-    )
+    res.notes.append(NOTE)
     if bad:
         res.notes.append(f"{bad} stream span(s) left out: response counts or gaps not numbers")
     return res
