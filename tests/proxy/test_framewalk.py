@@ -252,10 +252,10 @@ STREAM_TIMES = frozenset({"start", "start_ns", "request_end", "response_start"})
 def snapshot(tracker: ConnectionTracker) -> list[tuple[Any, ...]]:
     """Every open stream's record, field by field (an inference stream's table by presence)."""
     out = []
-    for sid, st in tracker.streams.items():
+    for sid, record in tracker.streams.items():
         values: list[Any] = [sid]
         for name in STREAM_FIELDS:
-            value = getattr(st, name)
+            value = getattr(record, name)
             if name in STREAM_TIMES:
                 value = bool(value)
             elif name == "inferences":

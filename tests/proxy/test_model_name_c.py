@@ -50,7 +50,9 @@ def test_real_heads_cut_at_every_length() -> None:
 _pieces = st.one_of(
     st.builds(lambda f, b: field_bytes(f, b), st.integers(0, 40), st.binary(max_size=30)),
     st.builds(lambda f, v: _varint(f << 3) + _varint(v), st.integers(0, 40), st.integers(0, 2**70)),
-    st.builds(lambda f, w: _varint(f << 3 | w), st.integers(0, 2**62), st.sampled_from([1, 5, 3, 4])),
+    st.builds(
+        lambda f, w: _varint(f << 3 | w), st.integers(0, 2**62), st.sampled_from([1, 5, 3, 4])
+    ),
     st.builds(lambda n: _varint(n), st.integers(0, 2**75)),  # a bare varint (maybe a long tag)
     st.just(b"\xff" * 11),  # a varint too long
     st.binary(max_size=8),
