@@ -7,7 +7,7 @@
  * from here into Python costs several times what it costs replayed hot (cache misses), so
  * the walk also does a stream's DATA bookkeeping itself (`Stream` below).
  *
- * walk(sink, data, start, hold=None, streams=None, request=False) -> int
+ * walk(sink, data, start, hold=None, streams=None, request=False, header_cache=None) -> int
  *   Handles, from `start`, each frame that lies wholly inside `data` and that
  *   FrameScanner._scan's fast branch handles, calling the same sink methods with the same
  *   arguments in the same order; returns where it stopped: len(data), or the first frame it
@@ -24,7 +24,10 @@
  *   and on_end_stream would do it, calling Python only where those do more than count bytes,
  *   read a unary request's model name (`extract_model_name`) and stamp a request's end: a
  *   captured body, an inference stream's messages, a response's end. Any other stream object
- *   gets the sink calls.
+ *   gets the sink calls. `header_cache` (the response direction only, with `streams`): its
+ *   HeaderDecoder's cache of blocks that decode without changing the HPACK table; a HEADERS
+ *   frame whose block it holds and that does not end the stream is _ResponseSide's
+ *   on_header_block done here (the response's start and statuses on the stream's record).
  *   An exception raised by the sink (or by `_emit_injected`) propagates unchanged.
  *
  * Stream(sid, path, method, model_field, start, timeout=None)
@@ -453,11 +456,56 @@ static int inject(PyObject *hold, PyObject *data, Py_ssize_t at, PyObject *extra
     return failed;
 }
 
+/* _ResponseSide.on_header_block for a block that does not end the stream and that `cache` (the
+ * direction's HeaderDecoder.cache: block -> (headers, (grpc-status, grpc-message, :status)))
+ * holds: a hit changes no HPACK state, so the sink would only mark the stream's response start
+ * and statuses. 0 done, 1 not such a block (the sink is called), -1 error. */
+static int cached_response_headers(PyObject *sid, PyObject *block, PyObject *cache,
+                                   PyObject *streams) {
+    PyObject *hit = PyDict_GetItemWithError(cache, block);
+    if (hit == NULL)
+        return PyErr_Occurred() ? -1 : 1;
+    if (!PyTuple_CheckExact(hit) || PyTuple_GET_SIZE(hit) != 2)
+        return 1;
+    PyObject *summary = PyTuple_GET_ITEM(hit, 1);
+    if (!PyTuple_CheckExact(summary) || PyTuple_GET_SIZE(summary) != 3)
+        return 1;
+    PyObject *found = PyDict_GetItemWithError(streams, sid);
+    if (found == NULL)
+        return PyErr_Occurred() ? -1 : 0; /* not a stream the sink tracks: it does nothing */
+    if (!Py_IS_TYPE(found, &StreamType))
+        return 1;
+    Stream *st = (Stream *)found;
+    PyObject *status = PyTuple_GET_ITEM(summary, 0), *http = PyTuple_GET_ITEM(summary, 2);
+    int has_http = PyObject_IsTrue(http);
+    if (has_http < 0)
+        return -1;
+    if (st->response_start == 0.0)
+        st->response_start = perf_counter();
+    if (status != Py_None) {
+        replace(&st->grpc_status, Py_NewRef(status));
+        replace(&st->grpc_message, Py_NewRef(PyTuple_GET_ITEM(summary, 1)));
+    }
+    if (has_http)
+        replace(&st->http_status, Py_NewRef(http));
+    return 0;
+}
+
 static int headers_frame(PyObject *sink, PyObject *sid, const char *payload, Py_ssize_t length,
-                         int flags, PyObject *hold, PyObject *data, Py_ssize_t at) {
+                         int flags, PyObject *hold, PyObject *data, Py_ssize_t at,
+                         PyObject *cache, PyObject *streams) {
     PyObject *args[4] = {sid, (flags & END_STREAM) ? Py_True : Py_False,
                          PyBytes_FromStringAndSize(payload, length), PyLong_FromLong(HEADERS)};
     int failed = -1;
+    if (args[2] != NULL && cache != NULL && streams != NULL && !(flags & END_STREAM)) {
+        failed = cached_response_headers(sid, args[2], cache, streams);
+        if (failed <= 0) {
+            Py_DECREF(args[2]);
+            Py_XDECREF(args[3]);
+            return failed;
+        }
+        failed = -1;
+    }
     if (args[2] != NULL && args[3] != NULL) {
         PyObject *extra = call_sink(sink, s_on_header_block, args, 4);
         if (extra != NULL) {
@@ -500,11 +548,12 @@ static int any_data_frame(PyObject *sink, PyObject *sid, const char *payload, Py
 }
 
 static PyObject *walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 3 || nargs > 6 || !PyBytes_Check(args[1]) ||
-        (nargs > 4 && args[4] != Py_None && !PyDict_CheckExact(args[4]))) {
+    if (nargs < 3 || nargs > 7 || !PyBytes_Check(args[1]) ||
+        (nargs > 4 && args[4] != Py_None && !PyDict_CheckExact(args[4])) ||
+        (nargs > 6 && args[6] != Py_None && !PyDict_CheckExact(args[6]))) {
         PyErr_SetString(PyExc_TypeError,
                         "walk(sink, data: bytes, start: int, hold=None, streams: dict | None = "
-                        "None, request=False)");
+                        "None, request=False, header_cache: dict | None = None)");
         return NULL;
     }
     PyObject *sink = args[0];
@@ -513,6 +562,8 @@ static PyObject *walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     int request = nargs > 5 ? PyObject_IsTrue(args[5]) : 0;
     if (request < 0)
         return NULL;
+    /* the response direction's header cache: only read with a stream table */
+    PyObject *cache = nargs > 6 && args[6] != Py_None && !request && hold == NULL ? args[6] : NULL;
     const char *buf = PyBytes_AS_STRING(args[1]);
     Py_ssize_t n = PyBytes_GET_SIZE(args[1]);
     Py_ssize_t pos = PyLong_AsSsize_t(args[2]);
@@ -551,7 +602,8 @@ static PyObject *walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         int failed =
             ftype == DATA ? any_data_frame(sink, sid, payload, length, flags, streams, request)
             : ftype == HEADERS
-                ? headers_frame(sink, sid, payload, length, flags, hold, args[1], pos)
+                ? headers_frame(sink, sid, payload, length, flags, hold, args[1], pos, cache,
+                                streams)
                 : control_frame(sink, sid, ftype, flags, payload, length);
         Py_DECREF(sid);
         if (failed)
@@ -563,8 +615,8 @@ static PyObject *walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef methods[] = {
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL,
-     "walk(sink, data, start, hold=None, streams=None, request=False) -> position: handle the "
-     "whole fast-path frames of `data`."},
+     "walk(sink, data, start, hold=None, streams=None, request=False, header_cache=None) -> "
+     "position: handle the whole fast-path frames of `data`."},
     {"extract_model_name", (PyCFunction)(void (*)(void))py_extract_model_name, METH_FASTCALL,
      "extract_model_name(head, path, need_more) -> the model name, None, or need_more."},
     {NULL, NULL, 0, NULL},

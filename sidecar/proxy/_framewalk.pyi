@@ -9,13 +9,15 @@ def walk(
     hold: object = None,
     streams: Mapping[int, object] | None = None,
     request: bool = False,
+    header_cache: Mapping[bytes, object] | None = None,
 ) -> int:
     """Handle the whole fast-path frames of `data` from `start`; returns where it stopped.
 
     `hold`: the FrameScanner in hold mode (its `_emit_injected` re-emits a HEADERS frame the
     sink appended HPACK bytes to), or None in observe mode. `streams`: the sink's stream table
     (a dict), whose `Stream` records the walk updates itself on DATA frames; `request`: the
-    direction (client -> backend)."""
+    direction (client -> backend). `header_cache`: the backend direction's
+    `HeaderDecoder.cache`, whose blocks' headers the walk may handle itself."""
 
 def extract_model_name(head: bytes | bytearray, path: tuple[int, ...], need_more: object) -> object:
     """`model_name.extract_model_name`, returning `need_more` where that returns NEED_MORE."""

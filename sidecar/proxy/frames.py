@@ -66,11 +66,18 @@ _HEADER = struct.Struct(">BHBBI")
 # the whole fast-path frames of a chunk, in observe and hold mode; this module is the reference
 # and the fallback. `native_walk` may be set to None to force the pure-Python path (the tests do).
 # Its arguments: sink, data, start, the scanner in hold mode (else None), the sink's stream
-# table (`FrameScanner.streams`) and whether this is the client's direction.
+# table (`FrameScanner.streams`), whether this is the client's direction, and the sink's
+# header cache (`FrameScanner.header_cache`).
 native_walk: (
-    Callable[[FrameSink, bytes, int, FrameScanner | None, Mapping[int, object] | None, bool], int]
+    Callable[
+        [
+            FrameSink, bytes, int, FrameScanner | None, Mapping[int, object] | None, bool,
+            Mapping[bytes, object] | None,
+        ],
+        int,
+    ]
     | None
-)
+)  # fmt: skip
 try:
     from sidecar.proxy._framewalk import walk as _c_walk
 except ImportError:  # not built: no C compiler at install time
@@ -202,6 +209,9 @@ class FrameScanner:
         # The sink's stream table (stream id -> its record), where the sink has one the C walk
         # may update itself (`_framewalk.Stream` records: see `_framewalk.c`); else None.
         self.streams: Mapping[int, object] | None = None
+        # The backend's direction: its HPACK decoder's cache of blocks (`HeaderDecoder.cache`),
+        # where the C walk may handle a response's headers without calling the sink; else None.
+        self.header_cache: Mapping[bytes, object] | None = None
         self.on_failure = on_failure
         self.failed = False
         self.failure_reason = ""
@@ -244,7 +254,9 @@ class FrameScanner:
             if walk is not None and not (
                 self.hold or self._remaining or self._carry or self._block_sid or self._preface_left
             ):
-                pos = walk(self.sink, data, 0, None, self.streams, self.client_side)  # in C
+                pos = walk(  # whole fast-path frames, in C
+                    self.sink, data, 0, None, self.streams, self.client_side, self.header_cache
+                )
                 if pos == len(data):
                     return
                 data = data[pos:]
@@ -273,7 +285,7 @@ class FrameScanner:
             ):
                 self._data = data  # what `_emit_injected` and a failure release read
                 self._emit_from = 0
-                pos = walk(self.sink, data, 0, self, self.streams, self.client_side)  # in C
+                pos = walk(self.sink, data, 0, self, self.streams, self.client_side, None)  # in C
                 if pos < len(data):
                     self._scan(data, pos, self._emit_from)
                 elif self._emit_from < pos:

@@ -520,12 +520,14 @@ class ConnectionTracker:
         )
         self.request.scanner = self.request_scanner
         self.response.scanner = self.response_scanner
-        # With the C walk, stream records it updates itself (one crossing into Python fewer
-        # per DATA frame, END_STREAM and model name); the Python records otherwise.
+        # With the C walk, stream records it updates itself (no crossing into Python for a
+        # DATA frame, a unary request's model name and end, or a response's cached headers);
+        # the Python records otherwise.
         self.stream_type: type[_Stream] = _PyStream
         if frames.native_walk is not None and _NativeStream is not None:
             self.stream_type = _NativeStream
             self.request_scanner.streams = self.response_scanner.streams = self.streams
+            self.response_scanner.header_cache = self.response.decoder.cache
 
     @property
     def in_flight(self) -> int:

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 import pytest
+from hpack import NeverIndexedHeaderTuple
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
@@ -137,10 +138,23 @@ def connections(draw: st.DrawFn) -> list[tuple[bool, bytes]]:
     kinds: dict[int, str] = {}
 
     def respond(sid: int) -> None:
-        how = draw(st.sampled_from(["ok", "ok", "trailers-only", "reset", "error"]))
+        how = draw(
+            st.sampled_from(["ok", "ok", "trailers-only", "reset", "error", "status-early", "http"])
+        )
         enc = conv.server_encoder
         if how == "reset":
             conv.server += rst_stream(sid, draw(st.sampled_from([7, 8])))
+            return
+        if how == "http":  # an HTTP error, the response ended by its DATA frame
+            conv.server += headers_frames(enc.encode([(":status", "503")]), sid)
+            conv.server += data_frames(b"unavailable", sid, end_stream=True)
+            return
+        if how == "status-early":  # a status in headers that do not end the response, then
+            # headers without one, twice; fields never indexed: a block is cached once seen
+            for fields in ([(":status", "200"), ("grpc-status", "5"), ("grpc-message", "x")],
+                           [("x-more", "1")], [("x-more", "1")], [("x-end", "1")]):  # fmt: skip
+                block = enc.encode([NeverIndexedHeaderTuple(*f) for f in fields])
+                conv.server += headers_frames(block, sid, end_stream=fields[0][0] == "x-end")
             return
         status = 0 if how != "error" else 3
         if how == "trailers-only":
@@ -280,46 +294,57 @@ def test_every_result_is_the_same_with_the_walker_on_and_off(
     assert calls > 0  # the connection's calls were counted
 
 
-def unary_connection() -> tuple[bytes, bytes, bytes, bytes, int]:
-    """A connection's first bytes each way (preface, settings), one unary call's request chunk
-    and its response chunk (as a gRPC client and Triton send them), the request message's
-    size."""
+def unary_connection() -> tuple[bytes, bytes, list[tuple[bytes, bytes]], int]:
+    """A connection's first bytes each way (preface, settings), three unary calls (stream ids
+    1, 3, 5) as request and response chunks (as a gRPC client and Triton send them), and the
+    request message's size."""
     conv = Conversation()
     start, server_start = bytes(conv.client), bytes(conv.server)
     req = service_pb2.ModelInferRequest(model_name="add_sub")
     req.raw_input_contents.append(b"\1" * 64)
     message = grpc_message(req.SerializeToString())
-    conv.client += headers_frames(conv.client_encoder.encode(request_headers(INFER)), 1)
-    conv.client += data_frames(message, 1, end_stream=True)
-    conv.response(1, b"\x0a\x03out")
-    request, response = conv.client[len(start) :], conv.server[len(server_start) :]
-    return start, server_start, bytes(request), bytes(response), len(message)
+    calls = []
+    for sid in (1, 3, 5):
+        client, server = len(conv.client), len(conv.server)
+        conv.client += headers_frames(conv.client_encoder.encode(request_headers(INFER)), sid)
+        conv.client += data_frames(message, sid, end_stream=True)
+        conv.response(sid, b"\x0a\x03out")
+        calls.append((bytes(conv.client[client:]), bytes(conv.server[server:])))
+    return start, server_start, calls, len(message)
 
 
-def test_a_unary_call_crosses_into_python_only_for_its_header_blocks() -> None:
-    """Observe mode (sampling off): three sink calls per call, all header blocks; the request's
-    DATA frame is counted, its model name read and its end stamped in C, on the clock of
-    `time.perf_counter` (CLOCK_MONOTONIC)."""
+def test_a_unary_call_crosses_into_python_for_its_start_and_end_only() -> None:
+    """Observe mode (sampling off): the request's header block (a new call) and the response's
+    trailers (its end) are the sink's; the request's DATA frame is counted, its model name read
+    and its end stamped in C, on the clock of `time.perf_counter` (CLOCK_MONOTONIC), and so are
+    the response's headers once their HPACK block is cached (the first call adds a field to the
+    table, the second finds it there and caches the block, the third hits the cache)."""
     assert time.get_clock_info("perf_counter").implementation == "clock_gettime(CLOCK_MONOTONIC)"
-    start, server_start, request, response, size = unary_connection()
+    start, server_start, calls, size = unary_connection()
     registry = CollectorRegistry()
     tracker = ConnectionTracker(ProxyMetrics(registry))
     tracker.request_scanner.observe(start)
     tracker.response_scanner.observe(server_start)
     tracker.request_scanner.sink = sent = Recorder(tracker.request)
     tracker.response_scanner.sink = received = Recorder(tracker.response)
-    before = time.perf_counter()
-    tracker.request_scanner.observe(request)
-    after = time.perf_counter()
-    st = tracker.streams[1]
-    assert type(st) is streams._NativeStream
-    assert (st.model, st.head, st.request_bytes) == ("add_sub", None, size)
-    assert before < st.request_end < after
-    tracker.response_scanner.observe(response)
-    assert [c[0] for c in sent.calls + received.calls] == ["on_header_block"] * 3
-    assert not tracker.streams
+    for i, (request, response) in enumerate(calls):
+        sid = 2 * i + 1
+        before = time.perf_counter()
+        tracker.request_scanner.observe(request)
+        after = time.perf_counter()
+        st = tracker.streams[sid]
+        assert type(st) is streams._NativeStream
+        assert (st.model, st.head, st.request_bytes) == ("add_sub", None, size)
+        assert before < st.request_end < after
+        tracker.response_scanner.observe(response)
+        assert not tracker.streams
+    assert [c[:2] for c in sent.calls] == [("on_header_block", sid) for sid in (1, 3, 5)]
+    assert [c[:2] for c in received.calls] == [
+        ("on_header_block", sid)
+        for sid in (1, 1, 3, 3, 5)  # not the third call's headers
+    ]
     labels = {"method": "ModelInfer", "model": "add_sub", "grpc_code": "OK"}
-    assert registry.get_sample_value("xsp_requests_total", labels) == 1
+    assert registry.get_sample_value("xsp_requests_total", labels) == 3
 
 
 def test_without_the_walker_the_sinks_do_the_same_work() -> None:
@@ -327,11 +352,11 @@ def test_without_the_walker_the_sinks_do_the_same_work() -> None:
     saved = frames.native_walk
     frames.native_walk = None
     try:
-        start, _, request, _, size = unary_connection()
+        start, _, calls, size = unary_connection()
         tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()))
         tracker.request_scanner.observe(start)
         tracker.request_scanner.sink = sent = Recorder(tracker.request)
-        tracker.request_scanner.observe(request)
+        tracker.request_scanner.observe(calls[0][0])
         st = tracker.streams[1]
         assert type(st) is streams._PyStream
         assert (st.model, st.request_bytes) == ("add_sub", size)
