@@ -43,7 +43,8 @@ def _record(connection_id: int, direction: str, data: bytes) -> None:
 
 
 def client_received(self: Any, data: bytes) -> None:
-    _record(self.connection_id, "request", data)
+    if self.pending is None:  # else held until the backend connects, then passed here again
+        _record(self.connection_id, "request", data)
     t0 = _clock()
     _client_received(self, data)
     totals["request_chunks"] += 1

@@ -3,9 +3,11 @@
  * Why hand-written: every relayed chunk is walked frame by frame (two chunks and about eight
  * frames per unary gRPC call), and in Python the walk alone was a third of the observing
  * cost (docs/benchmarks.md). No library walks HTTP/2 frames without also taking over the
- * connection (h2 parses and re-encodes; the relay forwards bytes untouched).
+ * connection (h2 parses and re-encodes; the relay forwards bytes untouched). Live, each call
+ * from here into Python costs several times what it costs replayed hot (cache misses), so
+ * the walk also does a stream's DATA bookkeeping itself (`Stream` below).
  *
- * walk(sink, data, start, hold=None) -> int
+ * walk(sink, data, start, hold=None, streams=None, request=False, header_cache=None) -> int
  *   Handles, from `start`, each frame that lies wholly inside `data` and that
  *   FrameScanner._scan's fast branch handles, calling the same sink methods with the same
  *   arguments in the same order; returns where it stopped: len(data), or the first frame it
@@ -16,21 +18,308 @@
  *   whole frame, so the walk forwards nothing itself: when `on_header_block` returns HPACK
  *   bytes to append (truthy), it calls `hold._emit_injected(data, frame_start, extra)`, the
  *   Python fast branch's own code for re-emitting that frame; the caller forwards the rest.
+ *   `streams`: the sink's stream table (dict: stream id -> stream), `request` its direction.
+ *   A DATA frame of a stream id the table lacks is the sink's no-op (no call); one of a
+ *   `Stream` is done here, as streams._RequestSide / _ResponseSide's on_data, on_data_payload
+ *   and on_end_stream would do it, calling Python only where those do more than count bytes,
+ *   read a unary request's model name (`extract_model_name`) and stamp a request's end: a
+ *   captured body, an inference stream's messages, a response's end. Any other stream object
+ *   gets the sink calls. `header_cache` (the response direction only, with `streams`): its
+ *   HeaderDecoder's cache of blocks that decode without changing the HPACK table; a HEADERS
+ *   frame whose block it holds and that does not end the stream is _ResponseSide's
+ *   on_header_block done here (the response's start and statuses on the stream's record).
  *   An exception raised by the sink (or by `_emit_injected`) propagates unchanged.
  *
- * The pure-Python scanner stays the reference (sidecar/proxy/frames.py) and is used whenever
- * this module is not built; the tests run both.
+ * Stream(sid, path, method, model_field, start, timeout=None)
+ *   The per-stream record of streams.py (`_PyStream`, the dataclass it replaces where this
+ *   module is built): the same attributes, as members the walk reads and updates in place.
+ *
+ * extract_model_name(head, path, need_more) -> str | None | need_more
+ *   model_name.extract_model_name, rule for rule (the walk's own reading of a request's head).
+ *
+ * The pure-Python scanner and sinks stay the reference (frames.py, streams.py) and are used
+ * whenever this module is not built; the tests run both and compare every result.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include "structmember.h"
 
 enum { DATA = 0, HEADERS = 1, PRIORITY = 2, RST_STREAM = 3, SETTINGS = 4, PING = 6,
        GOAWAY = 7, WINDOW_UPDATE = 8 };
 enum { END_STREAM = 0x1, END_HEADERS = 0x4, PADDED = 0x8, PRIORITY_FLAG = 0x20 };
 #define MAX_HEADER_BLOCK (1 << 20) /* frames.MAX_HEADER_BLOCK */
+#define HEAD_LIMIT (5 + 1024)      /* model_name.HEAD_LIMIT */
+#define MAX_PATH 8                 /* deepest model name field path read here */
+#define MAX_FIELD ((uint64_t)1 << 61)
 
 static PyObject *s_on_data, *s_on_data_payload, *s_on_end_stream, *s_on_header_block,
     *s_on_control, *s_emit_injected;
+
+/* ---- the model name: model_name.extract_model_name ---------------------------------------- */
+
+/* A varint at *pos (model_name.read_varint): 1 read (the low 64 bits in *out, *wide if larger),
+ * 0 cut, -1 too long (a tenth continued byte). */
+static int varint(const unsigned char *b, Py_ssize_t *pos, Py_ssize_t end, uint64_t *out,
+                  int *wide) {
+    uint64_t value = 0;
+    int shift = 0, large = 0;
+    Py_ssize_t p = *pos;
+    while (p < end) {
+        unsigned int c = b[p++];
+        uint64_t bits = c & 0x7F;
+        if (shift < 63) {
+            value |= bits << shift;
+        } else { /* shift 63: one bit fits */
+            value |= (bits & 1) << 63;
+            large = (bits >> 1) != 0;
+        }
+        if (!(c & 0x80)) {
+            *out = value;
+            *wide = large;
+            *pos = p;
+            return 1;
+        }
+        shift += 7;
+        if (shift > 63)
+            return -1;
+    }
+    *pos = p;
+    return 0;
+}
+
+enum { NAME_FOUND, NAME_ABSENT, NAME_NEED_MORE };
+
+/* model_name._find: walk `path` through b[pos:end] (`complete`: end is the message's end).
+ * NAME_FOUND sets *val, *len; a too-long varint is NAME_ABSENT (the Python ValueError). */
+static int find(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end, int complete,
+                const uint64_t *path, Py_ssize_t depth, const unsigned char **val,
+                Py_ssize_t *len) {
+    uint64_t target = path[0], tag, value;
+    int wide, r;
+    while (pos < end) {
+        r = varint(b, &pos, end, &tag, &wide);
+        if (r <= 0)
+            return r < 0 ? NAME_ABSENT : NAME_NEED_MORE;
+        int wire = (int)(tag & 7);
+        int match = !wide && (tag >> 3) == target; /* a wide tag's field is >= 2**61 */
+        if (wire == 0) {
+            r = varint(b, &pos, end, &value, &wide);
+            if (r <= 0)
+                return r < 0 ? NAME_ABSENT : NAME_NEED_MORE;
+        } else if (wire == 1) {
+            pos += 8;
+        } else if (wire == 5) {
+            pos += 4;
+        } else if (wire == 2) {
+            r = varint(b, &pos, end, &value, &wide);
+            if (r <= 0)
+                return r < 0 ? NAME_ABSENT : NAME_NEED_MORE;
+            int past = wide || value > (uint64_t)(end - pos); /* the value runs past `end` */
+            if (match) {
+                if (depth == 1) {
+                    if (past)
+                        return NAME_NEED_MORE;
+                    *val = b + pos;
+                    *len = (Py_ssize_t)value;
+                    return NAME_FOUND;
+                }
+                Py_ssize_t stop = past ? end : pos + (Py_ssize_t)value;
+                return find(b, pos, stop, !past, path + 1, depth - 1, val, len);
+            }
+            if (past)
+                return NAME_NEED_MORE; /* the Python walk's pos lands past `end` */
+            pos += (Py_ssize_t)value;
+        } else {
+            return NAME_ABSENT; /* groups */
+        }
+    }
+    return pos > end || !complete ? NAME_NEED_MORE : NAME_ABSENT;
+}
+
+/* model_name.extract_model_name on head[:n]: NAME_FOUND sets *val, *len. */
+static int model_name(const unsigned char *head, Py_ssize_t n, const uint64_t *path,
+                      Py_ssize_t depth, const unsigned char **val, Py_ssize_t *len) {
+    if (n < 5)
+        return NAME_NEED_MORE;
+    if (head[0] & 1)
+        return NAME_ABSENT; /* compressed */
+    Py_ssize_t end = 5 + (Py_ssize_t)(((uint32_t)head[1] << 24) | ((uint32_t)head[2] << 16) |
+                                      ((uint32_t)head[3] << 8) | head[4]);
+    Py_ssize_t available = end < n ? end : n;
+    return find(head, 5, available, available == end, path, depth, val, len);
+}
+
+/* A model field path (a tuple of field numbers) read into `out`: its depth, 0 if it is not
+ * one this walk reads (empty, too deep, or a number outside 0..2**61-1). */
+static Py_ssize_t field_path(PyObject *path, uint64_t *out) {
+    if (!PyTuple_Check(path))
+        return 0;
+    Py_ssize_t depth = PyTuple_GET_SIZE(path);
+    if (depth < 1 || depth > MAX_PATH)
+        return 0;
+    for (Py_ssize_t i = 0; i < depth; i++) {
+        PyObject *item = PyTuple_GET_ITEM(path, i);
+        if (!PyLong_CheckExact(item))
+            return 0;
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
+        if (overflow || v < 0 || (uint64_t)v >= MAX_FIELD)
+            return 0;
+        out[i] = (uint64_t)v;
+    }
+    return depth;
+}
+
+static PyObject *name_text(const unsigned char *val, Py_ssize_t len) {
+    return PyUnicode_DecodeUTF8((const char *)val, len, "replace");
+}
+
+static PyObject *py_extract_model_name(PyObject *module, PyObject *const *args,
+                                       Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "extract_model_name(head, path, need_more)");
+        return NULL;
+    }
+    uint64_t path[MAX_PATH];
+    Py_ssize_t depth = field_path(args[1], path);
+    if (depth == 0) {
+        PyErr_SetString(PyExc_ValueError, "path: 1 to 8 field numbers under 2**61");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *val = NULL;
+    Py_ssize_t len = 0;
+    int r = model_name(view.buf, view.len, path, depth, &val, &len);
+    PyObject *out = r == NAME_FOUND ? name_text(val, len)
+                    : r == NAME_ABSENT ? Py_NewRef(Py_None)
+                                       : Py_NewRef(args[2]);
+    PyBuffer_Release(&view);
+    return out;
+}
+
+/* ---- the per-stream record -------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    long long sid;
+    PyObject *path, *method, *model_field;
+    double start;
+    PyObject *timeout, *model, *head, *body, *capture_limit;
+    long long start_ns;
+    double request_end, response_start;
+    long long request_bytes, response_bytes;
+    PyObject *http_status, *grpc_status, *grpc_message;
+    char sampled;
+    PyObject *inferences, *path_text;
+} Stream;
+
+#define OBJ(name) {#name, T_OBJECT_EX, offsetof(Stream, name), 0, NULL}
+static PyMemberDef stream_members[] = {
+    {"sid", T_LONGLONG, offsetof(Stream, sid), 0, NULL},
+    OBJ(path), OBJ(method), OBJ(model_field),
+    {"start", T_DOUBLE, offsetof(Stream, start), 0, NULL},
+    OBJ(timeout), OBJ(model), OBJ(head), OBJ(body), OBJ(capture_limit),
+    {"start_ns", T_LONGLONG, offsetof(Stream, start_ns), 0, NULL},
+    {"request_end", T_DOUBLE, offsetof(Stream, request_end), 0, NULL},
+    {"response_start", T_DOUBLE, offsetof(Stream, response_start), 0, NULL},
+    {"request_bytes", T_LONGLONG, offsetof(Stream, request_bytes), 0, NULL},
+    {"response_bytes", T_LONGLONG, offsetof(Stream, response_bytes), 0, NULL},
+    OBJ(http_status), OBJ(grpc_status), OBJ(grpc_message),
+    {"sampled", T_BOOL, offsetof(Stream, sampled), 0, NULL},
+    OBJ(inferences), OBJ(path_text),
+    {NULL, 0, 0, 0, NULL},
+};
+#undef OBJ
+
+static PyObject *empty_bytes, *empty_str, *zero;
+
+static PyObject *stream_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"sid", "path", "method", "model_field", "start", "timeout", NULL};
+    long long sid;
+    PyObject *path, *method, *model_field, *timeout = Py_None;
+    double start;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LOOOd|O:Stream", names, &sid, &path,
+                                     &method, &model_field, &start, &timeout))
+        return NULL;
+    Stream *st = (Stream *)type->tp_alloc(type, 0);
+    if (st == NULL)
+        return NULL;
+    st->sid = sid;
+    st->path = Py_NewRef(path);
+    st->method = Py_NewRef(method);
+    st->model_field = Py_NewRef(model_field);
+    st->start = start;
+    st->timeout = Py_NewRef(timeout);
+    st->model = Py_NewRef(Py_None);
+    st->head = Py_NewRef(Py_None);
+    st->body = Py_NewRef(Py_None);
+    st->capture_limit = Py_NewRef(zero);
+    st->http_status = Py_NewRef(empty_bytes);
+    st->grpc_status = Py_NewRef(Py_None);
+    st->grpc_message = Py_NewRef(empty_bytes);
+    st->inferences = Py_NewRef(Py_None);
+    st->path_text = Py_NewRef(empty_str);
+    return (PyObject *)st;
+}
+
+#define STREAM_OBJECTS(X)                                                                     \
+    X(path) X(method) X(model_field) X(timeout) X(model) X(head) X(body) X(capture_limit)    \
+    X(http_status) X(grpc_status) X(grpc_message) X(inferences) X(path_text)
+
+static int stream_traverse(Stream *st, visitproc visit, void *arg) {
+#define VISIT(name) Py_VISIT(st->name);
+    STREAM_OBJECTS(VISIT)
+#undef VISIT
+    return 0;
+}
+
+static int stream_clear(Stream *st) {
+#define CLEAR(name) Py_CLEAR(st->name);
+    STREAM_OBJECTS(CLEAR)
+#undef CLEAR
+    return 0;
+}
+
+static void stream_dealloc(Stream *st) {
+    PyObject_GC_UnTrack(st);
+    stream_clear(st);
+    Py_TYPE(st)->tp_free((PyObject *)st);
+}
+
+static PyTypeObject StreamType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sidecar.proxy._framewalk.Stream",
+    .tp_basicsize = sizeof(Stream),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "One open stream's record (streams._PyStream), updated in place by walk().",
+    .tp_new = stream_new,
+    .tp_dealloc = (destructor)stream_dealloc,
+    .tp_traverse = (traverseproc)stream_traverse,
+    .tp_clear = (inquiry)stream_clear,
+    .tp_members = stream_members,
+};
+
+/* A member set to something (NULL, a deleted member, reads as None here). */
+static int set(PyObject *member) { return member != NULL && member != Py_None; }
+
+static void replace(PyObject **member, PyObject *value) {
+    PyObject *old = *member;
+    *member = value;
+    Py_XDECREF(old);
+}
+
+/* time.perf_counter(): CLOCK_MONOTONIC on Linux, in seconds as a double, the same rounding. */
+static double perf_counter(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)((int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec) / 1e9;
+}
+
+/* ---- the frames --------------------------------------------------------------------------- */
 
 /* sink.<name>(*args); returns a new reference or NULL with an exception set. */
 static PyObject *call_sink(PyObject *sink, PyObject *name, PyObject **args, size_t n) {
@@ -49,6 +338,16 @@ static int done(PyObject *result) {
     return 0;
 }
 
+static int deliver(PyObject *sink, PyObject *sid, const char *payload, Py_ssize_t length) {
+    PyObject *args[2] = {sid, PyBytes_FromStringAndSize(payload, length)};
+    if (args[1] == NULL)
+        return -1;
+    int failed = done(call_sink(sink, s_on_data_payload, args, 2));
+    Py_DECREF(args[1]);
+    return failed;
+}
+
+/* The sink's own handling of a DATA frame: on_data, on_data_payload, on_end_stream. */
 static int data_frame(PyObject *sink, PyObject *sid, const char *payload, Py_ssize_t length,
                       int flags) {
     PyObject *args[2] = {sid, PyLong_FromSsize_t(length)};
@@ -58,22 +357,90 @@ static int data_frame(PyObject *sink, PyObject *sid, const char *payload, Py_ssi
     Py_DECREF(args[1]);
     if (wanted == NULL)
         return -1;
-    int deliver = PyObject_IsTrue(wanted);
+    int want = PyObject_IsTrue(wanted);
     Py_DECREF(wanted);
-    if (deliver < 0)
+    if (want < 0)
         return -1;
-    if (deliver && length > 0) {
-        args[1] = PyBytes_FromStringAndSize(payload, length);
-        if (args[1] == NULL)
-            return -1;
-        int failed = done(call_sink(sink, s_on_data_payload, args, 2));
-        Py_DECREF(args[1]);
-        if (failed)
-            return -1;
-    }
+    if (want && length > 0 && deliver(sink, sid, payload, length))
+        return -1;
     if (flags & END_STREAM)
         return done(call_sink(sink, s_on_end_stream, args, 1));
     return 0;
+}
+
+/* _RequestSide.on_data_payload for a stream that only reads its model name from `head` (a
+ * bytearray of fewer than HEAD_LIMIT bytes): 0 done, 1 not such a stream, -1 error. */
+static int read_head(Stream *st, const char *payload, Py_ssize_t length) {
+    uint64_t path[MAX_PATH];
+    Py_ssize_t depth = field_path(st->model_field, path);
+    PyObject *head = st->head;
+    if (depth == 0 || !PyByteArray_CheckExact(head) || PyByteArray_GET_SIZE(head) >= HEAD_LIMIT)
+        return 1;
+    Py_ssize_t have = PyByteArray_GET_SIZE(head);
+    Py_ssize_t take = length < HEAD_LIMIT - have ? length : HEAD_LIMIT - have;
+    const unsigned char *buf = (const unsigned char *)payload;
+    if (have > 0) { /* what came before, then this frame's first bytes */
+        if (PyByteArray_Resize(head, have + take) < 0)
+            return -1;
+        memcpy(PyByteArray_AS_STRING(head) + have, payload, take);
+        buf = (const unsigned char *)PyByteArray_AS_STRING(head);
+    }
+    const unsigned char *val = NULL;
+    Py_ssize_t len = 0;
+    int r = model_name(buf, have + take, path, depth, &val, &len);
+    if (r == NAME_NEED_MORE) {
+        if (have + take >= HEAD_LIMIT) {
+            replace(&st->head, Py_NewRef(Py_None));
+        } else if (have == 0) { /* keep the bytes for the next frame */
+            if (PyByteArray_Resize(head, take) < 0)
+                return -1;
+            memcpy(PyByteArray_AS_STRING(head), payload, take);
+        }
+        return 0;
+    }
+    PyObject *name = r == NAME_FOUND ? name_text(val, len) : Py_NewRef(Py_None);
+    if (name == NULL)
+        return -1;
+    replace(&st->model, name);
+    replace(&st->head, Py_NewRef(Py_None));
+    return 0;
+}
+
+/* A DATA frame of a known `Stream`: the byte count, the model name and a request's end here;
+ * the sink is called for a payload someone else wants and for an end that does more. */
+static int stream_data(PyObject *sink, PyObject *sid, Stream *st, const char *payload,
+                       Py_ssize_t length, int flags, int request) {
+    int called = 0; /* Python ran: the stream's state may have moved under us */
+    if (request) {
+        st->request_bytes += length;
+        if (length > 0) {
+            int r = 1;
+            if (!set(st->body) && !set(st->inferences) && set(st->head))
+                r = read_head(st, payload, length);
+            if (r < 0)
+                return -1;
+            if (r > 0 && (set(st->head) || set(st->body) || set(st->inferences))) {
+                if (deliver(sink, sid, payload, length))
+                    return -1;
+                called = 1;
+            }
+        }
+        if (!(flags & END_STREAM))
+            return 0;
+        if (!called && !set(st->body)) { /* _RequestSide.on_end_stream, no body to deliver */
+            st->request_end = perf_counter();
+            replace(&st->head, Py_NewRef(Py_None));
+            return 0;
+        }
+    } else {
+        st->response_bytes += length;
+        if (length > 0 && set(st->inferences) && deliver(sink, sid, payload, length))
+            return -1;
+        if (!(flags & END_STREAM))
+            return 0;
+    }
+    PyObject *args[1] = {sid};
+    return done(call_sink(sink, s_on_end_stream, args, 1));
 }
 
 /* In hold mode, a truthy `extra` from on_header_block: hold._emit_injected(data, at, extra). */
@@ -89,11 +456,56 @@ static int inject(PyObject *hold, PyObject *data, Py_ssize_t at, PyObject *extra
     return failed;
 }
 
+/* _ResponseSide.on_header_block for a block that does not end the stream and that `cache` (the
+ * direction's HeaderDecoder.cache: block -> (headers, (grpc-status, grpc-message, :status)))
+ * holds: a hit changes no HPACK state, so the sink would only mark the stream's response start
+ * and statuses. 0 done, 1 not such a block (the sink is called), -1 error. */
+static int cached_response_headers(PyObject *sid, PyObject *block, PyObject *cache,
+                                   PyObject *streams) {
+    PyObject *hit = PyDict_GetItemWithError(cache, block);
+    if (hit == NULL)
+        return PyErr_Occurred() ? -1 : 1;
+    if (!PyTuple_CheckExact(hit) || PyTuple_GET_SIZE(hit) != 2)
+        return 1;
+    PyObject *summary = PyTuple_GET_ITEM(hit, 1);
+    if (!PyTuple_CheckExact(summary) || PyTuple_GET_SIZE(summary) != 3)
+        return 1;
+    PyObject *found = PyDict_GetItemWithError(streams, sid);
+    if (found == NULL)
+        return PyErr_Occurred() ? -1 : 0; /* not a stream the sink tracks: it does nothing */
+    if (!Py_IS_TYPE(found, &StreamType))
+        return 1;
+    Stream *st = (Stream *)found;
+    PyObject *status = PyTuple_GET_ITEM(summary, 0), *http = PyTuple_GET_ITEM(summary, 2);
+    int has_http = PyObject_IsTrue(http);
+    if (has_http < 0)
+        return -1;
+    if (st->response_start == 0.0)
+        st->response_start = perf_counter();
+    if (status != Py_None) {
+        replace(&st->grpc_status, Py_NewRef(status));
+        replace(&st->grpc_message, Py_NewRef(PyTuple_GET_ITEM(summary, 1)));
+    }
+    if (has_http)
+        replace(&st->http_status, Py_NewRef(http));
+    return 0;
+}
+
 static int headers_frame(PyObject *sink, PyObject *sid, const char *payload, Py_ssize_t length,
-                         int flags, PyObject *hold, PyObject *data, Py_ssize_t at) {
+                         int flags, PyObject *hold, PyObject *data, Py_ssize_t at,
+                         PyObject *cache, PyObject *streams) {
     PyObject *args[4] = {sid, (flags & END_STREAM) ? Py_True : Py_False,
                          PyBytes_FromStringAndSize(payload, length), PyLong_FromLong(HEADERS)};
     int failed = -1;
+    if (args[2] != NULL && cache != NULL && streams != NULL && !(flags & END_STREAM)) {
+        failed = cached_response_headers(sid, args[2], cache, streams);
+        if (failed <= 0) {
+            Py_DECREF(args[2]);
+            Py_XDECREF(args[3]);
+            return failed;
+        }
+        failed = -1;
+    }
     if (args[2] != NULL && args[3] != NULL) {
         PyObject *extra = call_sink(sink, s_on_header_block, args, 4);
         if (extra != NULL) {
@@ -119,13 +531,39 @@ static int control_frame(PyObject *sink, PyObject *sid, int ftype, int flags,
     return failed;
 }
 
+/* A DATA frame, through the stream table where there is one. */
+static int any_data_frame(PyObject *sink, PyObject *sid, const char *payload, Py_ssize_t length,
+                          int flags, PyObject *streams, int request) {
+    if (streams == NULL)
+        return data_frame(sink, sid, payload, length, flags);
+    PyObject *st = PyDict_GetItemWithError(streams, sid);
+    if (st == NULL)
+        return PyErr_Occurred() ? -1 : 0; /* not a stream the sink tracks: it does nothing */
+    if (!Py_IS_TYPE(st, &StreamType))
+        return data_frame(sink, sid, payload, length, flags);
+    Py_INCREF(st); /* the sink may drop it from the table while we use it */
+    int failed = stream_data(sink, sid, (Stream *)st, payload, length, flags, request);
+    Py_DECREF(st);
+    return failed;
+}
+
 static PyObject *walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 3 || nargs > 4 || !PyBytes_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "walk(sink, data: bytes, start: int, hold=None)");
+    if (nargs < 3 || nargs > 7 || !PyBytes_Check(args[1]) ||
+        (nargs > 4 && args[4] != Py_None && !PyDict_CheckExact(args[4])) ||
+        (nargs > 6 && args[6] != Py_None && !PyDict_CheckExact(args[6]))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "walk(sink, data: bytes, start: int, hold=None, streams: dict | None = "
+                        "None, request=False, header_cache: dict | None = None)");
         return NULL;
     }
     PyObject *sink = args[0];
-    PyObject *hold = nargs == 4 && args[3] != Py_None ? args[3] : NULL;
+    PyObject *hold = nargs > 3 && args[3] != Py_None ? args[3] : NULL;
+    PyObject *streams = nargs > 4 && args[4] != Py_None ? args[4] : NULL;
+    int request = nargs > 5 ? PyObject_IsTrue(args[5]) : 0;
+    if (request < 0)
+        return NULL;
+    /* the response direction's header cache: only read with a stream table */
+    PyObject *cache = nargs > 6 && args[6] != Py_None && !request && hold == NULL ? args[6] : NULL;
     const char *buf = PyBytes_AS_STRING(args[1]);
     Py_ssize_t n = PyBytes_GET_SIZE(args[1]);
     Py_ssize_t pos = PyLong_AsSsize_t(args[2]);
@@ -161,10 +599,12 @@ static PyObject *walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyObject *sid = PyLong_FromUnsignedLong(stream_id);
         if (sid == NULL)
             return NULL;
-        int failed = ftype == DATA      ? data_frame(sink, sid, payload, length, flags)
-                   : ftype == HEADERS
-                       ? headers_frame(sink, sid, payload, length, flags, hold, args[1], pos)
-                                      : control_frame(sink, sid, ftype, flags, payload, length);
+        int failed =
+            ftype == DATA ? any_data_frame(sink, sid, payload, length, flags, streams, request)
+            : ftype == HEADERS
+                ? headers_frame(sink, sid, payload, length, flags, hold, args[1], pos, cache,
+                                streams)
+                : control_frame(sink, sid, ftype, flags, payload, length);
         Py_DECREF(sid);
         if (failed)
             return NULL;
@@ -175,8 +615,10 @@ static PyObject *walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef methods[] = {
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL,
-     "walk(sink, data, start, hold=None) -> position: handle the whole fast-path frames of "
-     "`data`."},
+     "walk(sink, data, start, hold=None, streams=None, request=False, header_cache=None) -> "
+     "position: handle the whole fast-path frames of `data`."},
+    {"extract_model_name", (PyCFunction)(void (*)(void))py_extract_model_name, METH_FASTCALL,
+     "extract_model_name(head, path, need_more) -> the model name, None, or need_more."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -191,8 +633,20 @@ PyMODINIT_FUNC PyInit__framewalk(void) {
     s_on_header_block = PyUnicode_InternFromString("on_header_block");
     s_on_control = PyUnicode_InternFromString("on_control");
     s_emit_injected = PyUnicode_InternFromString("_emit_injected");
+    empty_bytes = PyBytes_FromStringAndSize(NULL, 0);
+    empty_str = PyUnicode_FromStringAndSize(NULL, 0);
+    zero = PyLong_FromLong(0);
     if (!s_on_data || !s_on_data_payload || !s_on_end_stream || !s_on_header_block ||
-        !s_on_control || !s_emit_injected)
+        !s_on_control || !s_emit_injected || !empty_bytes || !empty_str || !zero)
         return NULL;
-    return PyModule_Create(&framewalk_module);
+    if (PyType_Ready(&StreamType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&framewalk_module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Stream", (PyObject *)&StreamType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -65,7 +65,19 @@ _HEADER = struct.Struct(">BHBBI")
 # The C frame walker (`_framewalk.c`, built by `pip install` where a C compiler exists) handles
 # the whole fast-path frames of a chunk, in observe and hold mode; this module is the reference
 # and the fallback. `native_walk` may be set to None to force the pure-Python path (the tests do).
-native_walk: Callable[[FrameSink, bytes, int, FrameScanner | None], int] | None
+# Its arguments: sink, data, start, the scanner in hold mode (else None), the sink's stream
+# table (`FrameScanner.streams`), whether this is the client's direction, and the sink's
+# header cache (`FrameScanner.header_cache`).
+native_walk: (
+    Callable[
+        [
+            FrameSink, bytes, int, FrameScanner | None, Mapping[int, object] | None, bool,
+            Mapping[bytes, object] | None,
+        ],
+        int,
+    ]
+    | None
+)  # fmt: skip
 try:
     from sidecar.proxy._framewalk import walk as _c_walk
 except ImportError:  # not built: no C compiler at install time
@@ -180,7 +192,8 @@ def _strip_padding(payload: bytes | bytearray, flags: int, skip: int = 0) -> byt
 
 
 class FrameScanner:
-    """Incremental scanner of one direction. `client_side` expects the 24-byte preface first."""
+    """Incremental scanner of one direction. `client_side`: the client's (request) direction,
+    which starts with the 24-byte preface."""
 
     def __init__(
         self,
@@ -192,6 +205,13 @@ class FrameScanner:
     ) -> None:
         self.sink = sink
         self.hold = hold
+        self.client_side = client_side
+        # The sink's stream table (stream id -> its record), where the sink has one the C walk
+        # may update itself (`_framewalk.Stream` records: see `_framewalk.c`); else None.
+        self.streams: Mapping[int, object] | None = None
+        # The backend's direction: its HPACK decoder's cache of blocks (`HeaderDecoder.cache`),
+        # where the C walk may handle a response's headers without calling the sink; else None.
+        self.header_cache: Mapping[bytes, object] | None = None
         self.on_failure = on_failure
         self.failed = False
         self.failure_reason = ""
@@ -234,7 +254,9 @@ class FrameScanner:
             if walk is not None and not (
                 self.hold or self._remaining or self._carry or self._block_sid or self._preface_left
             ):
-                pos = walk(self.sink, data, 0, None)  # whole fast-path frames, in C
+                pos = walk(  # whole fast-path frames, in C
+                    self.sink, data, 0, None, self.streams, self.client_side, self.header_cache
+                )
                 if pos == len(data):
                     return
                 data = data[pos:]
@@ -263,7 +285,7 @@ class FrameScanner:
             ):
                 self._data = data  # what `_emit_injected` and a failure release read
                 self._emit_from = 0
-                pos = walk(self.sink, data, 0, self)  # whole fast-path frames, in C
+                pos = walk(self.sink, data, 0, self, self.streams, self.client_side, None)  # in C
                 if pos < len(data):
                     self._scan(data, pos, self._emit_from)
                 elif self._emit_from < pos:

@@ -77,6 +77,12 @@ class HeaderDecoder(Generic[S]):
             self._cache.clear()  # the table changed: cached results may be stale
         return result
 
+    @property
+    def cache(self) -> dict[bytes, tuple[RawHeaders, S]]:
+        """The cached results, by block (the same dict for the decoder's life; callers only
+        read it): the C frame walk looks the response direction's blocks up here."""
+        return self._cache
+
     def reset(self) -> None:
         """Forget the dynamic table after a block could not be decoded (see `streams.py`).
 

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple, Protocol
 from urllib.parse import unquote
 
 from sidecar.backends import MethodInfo
+from sidecar.proxy import frames
 from sidecar.proxy.frames import (
     FLAG_ACK,
     GOAWAY,
@@ -166,7 +167,11 @@ ObserverFactory = Callable[[ConnectionInfo], "ConnectionObserver | None"]
 
 
 @dataclass(slots=True)
-class _Stream:
+class _PyStream:
+    """One open stream's record. Where the C frame walker is built, `_framewalk.Stream` (the
+    same attributes) is used instead: the walk updates it on DATA frames without calling the
+    sink (`_framewalk.c`); this dataclass is the fallback and, in the tests, the reference."""
+
     sid: int
     path: bytes
     method: str  # bounded label value
@@ -188,6 +193,16 @@ class _Stream:
     sampled: bool = False
     inferences: StreamInferences | None = None  # an inference stream: one per request message
     path_text: str = ""  # `path` decoded, once the observer was asked (its records carry it)
+
+
+_Stream = _PyStream  # the static type of either record (they have the same attributes)
+_NativeStream: type[_PyStream] | None
+try:
+    from sidecar.proxy._framewalk import Stream as _CStream
+except ImportError:  # not built
+    _NativeStream = None
+else:
+    _NativeStream = _CStream  # type: ignore[assignment]
 
 
 def _parse_settings(payload: bytes) -> list[tuple[int, int]]:
@@ -326,7 +341,7 @@ class _RequestSide(_Side):
             t.refuse(stream_id)  # decoded (the table stays in step), never a call
             return None
         t.last_stream_id = stream_id
-        st = _Stream(
+        st = t.stream_type(
             stream_id, path, t.metrics.method_label(info.name), info.model_field,
             time.perf_counter(), timeout,
         )  # fmt: skip
@@ -357,7 +372,7 @@ class _RequestSide(_Side):
         # A new request we cannot read: count it by its stream id, method and model unknown.
         t.last_stream_id = stream_id
         t.metrics.unobserved_streams.inc()
-        st = _Stream(
+        st = t.stream_type(
             stream_id, b"", t.metrics.method_label(UNKNOWN_MODEL), None, time.perf_counter()
         )
         st.start_ns = time.time_ns()
@@ -505,6 +520,14 @@ class ConnectionTracker:
         )
         self.request.scanner = self.request_scanner
         self.response.scanner = self.response_scanner
+        # With the C walk, stream records it updates itself (no crossing into Python for a
+        # DATA frame, a unary request's model name and end, or a response's cached headers);
+        # the Python records otherwise.
+        self.stream_type: type[_Stream] = _PyStream
+        if frames.native_walk is not None and _NativeStream is not None:
+            self.stream_type = _NativeStream
+            self.request_scanner.streams = self.response_scanner.streams = self.streams
+            self.response_scanner.header_cache = self.response.decoder.cache
 
     @property
     def in_flight(self) -> int:

@@ -103,9 +103,9 @@ def test_metrics_and_request_spans_are_the_same_with_the_walker_on_and_off(
         pytest.skip("the C frame walker is not built here")
     held: list[int] = []  # chunks the C walk took in hold mode
 
-    def counting(sink: Any, data: bytes, start: int, hold: Any) -> int:
+    def counting(sink: Any, data: bytes, start: int, hold: Any, *table: Any) -> int:
         held.extend([len(data)] if hold is not None else [])
-        return walk(sink, data, start, hold)
+        return walk(sink, data, start, hold, *table)
 
     monkeypatch.setattr(frames, "native_walk", counting)
     on_text, on = relay_traffic(triton, tmp_path / "on.db")

@@ -1,0 +1,365 @@
+"""The C walk's own stream bookkeeping against the Python sinks it stands in for.
+
+With the C walk built, a tracker's streams are `_framewalk.Stream` records and the walk does a
+DATA frame's work itself: byte counts, a unary request's model name, the request's end
+(`_framewalk.c`). Without it (the reference), the sinks in streams.py do it on `_PyStream`
+records. Whole random connections, both directions, chunked at random and at frame boundaries,
+must leave every result the same: each open stream's record after every chunk, what the
+observer is given (requests, bodies, stream ends, an inference stream's messages), the bytes
+forwarded in hold mode and the /metrics text. The connections mix unary calls (small, multi-
+frame, headers only, compressed, a model name spread over several tiny DATA frames, TF-Serving's
+nested `model_spec.name`, a name not valid UTF-8), inference streams, unknown methods, DATA on
+stream ids never opened or already ended, RST_STREAM from either side mid-stream, a GOAWAY, and
+bodies captured over and under the capture limit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import pytest
+from hpack import NeverIndexedHeaderTuple
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
+from tritonclient.grpc import service_pb2
+
+from sidecar.proxy import frames, streams
+from sidecar.proxy.frames import DATA, FLAG_END_STREAM
+from sidecar.proxy.inferences import InferenceEnd
+from sidecar.proxy.metrics import ProxyMetrics
+from sidecar.proxy.streams import ConnectionTracker, HeaderDecision, RequestStart, StreamEnd
+from tests.harness.metrics_text import SampleKey, sample_map
+from tests.proxy.proxy_h2build import (
+    Conversation,
+    data_frames,
+    frame,
+    goaway,
+    grpc_message,
+    headers_frames,
+    request_headers,
+    rst_stream,
+)
+from tests.proxy.test_framewalk import DATA_CALLS, Recorder, snapshot, untimed
+from tests.proxy.test_proxy_model_name import field_bytes, tf_predict_request
+from tests.proxy.test_stream_inferences import request as stream_request
+from tests.proxy.test_stream_inferences import response as stream_response
+
+pytestmark = pytest.mark.skipif(
+    frames.native_walk is None or streams._NativeStream is None,
+    reason="the C frame walker is not built here",
+)
+
+TRITON = "/inference.GRPCInferenceService/"
+INFER = TRITON + "ModelInfer"
+STREAM = TRITON + "ModelStreamInfer"
+PREDICT = "/tensorflow.serving.PredictionService/Predict"
+OTHER = "/my.Service/DoThing"
+KINDS = ["infer", "infer", "headers-only", "predict", "raw", "compressed", "late", "short",
+         "stream", "other"]  # fmt: skip
+
+
+class Messages:
+    """An inference stream's sampling: every message picked and kept whole (within a limit)."""
+
+    def __init__(self, seen: list[Any], sid: int, limit: int) -> None:
+        self.seen, self.sid, self.capture_limit = seen, sid, limit
+
+    def pick(self, size: int) -> tuple[object, bool] | None:
+        return size, True
+
+    def message(self, token: object, model: str | None, full: bytes | None) -> object:
+        self.seen.append(("message", self.sid, token, model, full))
+        return token
+
+    def ended(self, sample: object, end: InferenceEnd) -> None:
+        self.seen.append(("ended", self.sid, sample, end.code, end.error, end.request_bytes,
+                          end.response_bytes, end.responses))  # fmt: skip
+
+
+class Hook:
+    """Samples streams 1, 7, 13, ... (a traceparent, the body and an inference stream's
+    messages, up to `limit` bytes); records everything it is given."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.seen: list[Any] = []
+
+    def on_request_headers(self, start: RequestStart) -> HeaderDecision | None:
+        self.seen.append(("start", *start))
+        if start.stream_id % 6 != 1:
+            return None
+        return HeaderDecision(
+            extra_headers=[("traceparent", f"00-{start.stream_id:032x}-{1:016x}-01")],
+            capture_body=True, capture_limit=self.limit,
+            messages=Messages(self.seen, start.stream_id, self.limit),
+        )  # fmt: skip
+
+    def on_request_body(self, stream_id: int, model: str | None, body: bytes) -> None:
+        self.seen.append(("body", stream_id, model, body))
+
+    def on_stream_end(self, end: StreamEnd) -> None:
+        self.seen.append(("end", *untimed(end)))
+
+
+def unary_body(draw: st.DrawFn, kind: str) -> bytes:
+    """A request message's bytes (prefix included) for one kind of call."""
+    if kind == "predict":
+        return grpc_message(tf_predict_request(draw(st.sampled_from(["resnet", "résnet"]))))
+    if kind == "raw":  # a name that is not valid UTF-8, after a field of another number
+        return grpc_message(field_bytes(3, b"x") + field_bytes(1, b"\xffa\xc3"))
+    if kind == "short":  # the message ends before its name does: still unread at the end
+        return grpc_message(field_bytes(2, b"x" * 9) + field_bytes(1, b"name"))[:-2]
+    if kind == "late":  # the name past the first HEAD_LIMIT bytes: never read
+        return grpc_message(
+            field_bytes(2, b"\0" * draw(st.sampled_from([1010, 1500]))) + field_bytes(1, b"m")
+        )
+    req = service_pb2.ModelInferRequest(model_name=draw(st.sampled_from(["add_sub", "m"])))
+    req.raw_input_contents.append(b"\1" * draw(st.sampled_from([0, 4, 300, 20000])))
+    return grpc_message(req.SerializeToString(), compressed=kind == "compressed")
+
+
+@st.composite
+def connections(draw: st.DrawFn) -> list[tuple[bool, bytes]]:
+    """One connection as steps (the client's direction?, its bytes), in the order they pass."""
+    conv = Conversation()
+    steps: list[tuple[bool, bytes]] = []
+    marks = [0, 0]
+
+    def cut() -> None:
+        for i, buf in enumerate((conv.client, conv.server)):
+            if len(buf) > marks[i]:
+                steps.append((i == 0, bytes(buf[marks[i] :])))
+                marks[i] = len(buf)
+
+    pending: list[int] = []
+    kinds: dict[int, str] = {}
+
+    def respond(sid: int) -> None:
+        how = draw(
+            st.sampled_from(["ok", "ok", "trailers-only", "reset", "error", "status-early", "http"])
+        )
+        enc = conv.server_encoder
+        if how == "reset":
+            conv.server += rst_stream(sid, draw(st.sampled_from([7, 8])))
+            return
+        if how == "http":  # an HTTP error, the response ended by its DATA frame
+            conv.server += headers_frames(enc.encode([(":status", "503")]), sid)
+            conv.server += data_frames(b"unavailable", sid, end_stream=True)
+            return
+        if how == "status-early":  # a status in headers that do not end the response, then
+            # headers without one, twice; fields never indexed: a block is cached once seen
+            for fields in ([(":status", "200"), ("grpc-status", "5"), ("grpc-message", "x")],
+                           [("x-more", "1")], [("x-more", "1")], [("x-end", "1")]):  # fmt: skip
+                block = enc.encode([NeverIndexedHeaderTuple(*f) for f in fields])
+                conv.server += headers_frames(block, sid, end_stream=fields[0][0] == "x-end")
+            return
+        status = 0 if how != "error" else 3
+        if how == "trailers-only":
+            block = enc.encode([(":status", "200"), ("grpc-status", str(status))])
+            conv.server += headers_frames(block, sid, end_stream=True)
+            return
+        conv.server += headers_frames(enc.encode([(":status", "200")]), sid)
+        if kinds[sid] == "stream":
+            body = b"".join(stream_response("add_sub", str(i)) for i in range(2))
+        else:
+            body = grpc_message(b"\x0a\x03out" + b"\0" * draw(st.sampled_from([0, 5000])))
+        conv.server += data_frames(body, sid, max_size=draw(st.sampled_from([16384, 50])))
+        trailers = [("grpc-status", str(status))] + ([("grpc-message", "bad%20x")] * status)
+        conv.server += headers_frames(enc.encode(trailers), sid, end_stream=True)
+
+    cut()
+    for sid in range(1, 2 * draw(st.integers(1, 7)), 2):
+        kind = draw(st.sampled_from(KINDS))
+        kinds[sid] = kind
+        if draw(st.integers(0, 4)) == 0:  # DATA on a stream id never opened
+            conv.client += frame(DATA, FLAG_END_STREAM, sid + 1000, b"\0\0\0\0\1x")
+        path = {"predict": PREDICT, "stream": STREAM, "other": OTHER}.get(kind, INFER)
+        block = conv.client_encoder.encode(request_headers(path))
+        conv.client += headers_frames(block, sid, end_stream=kind == "headers-only")
+        if kind != "headers-only":
+            if kind == "stream":
+                body = b"".join(stream_request("add_sub", str(i)) for i in range(2))
+            elif kind == "other":
+                body = grpc_message(b"\x0a\x02hi")
+            else:
+                body = unary_body(draw, kind)
+            tiny = len(body) < 400 and draw(st.booleans())  # the name over several frames
+            size = draw(st.sampled_from([3, 7])) if tiny else draw(st.sampled_from([16384, 700]))
+            pad = draw(st.sampled_from([0, 0, 0, 2]))
+            ending = draw(st.sampled_from(["end", "end", "empty-end", "reset"]))
+            conv.client += data_frames(
+                body, sid, end_stream=ending == "end", pad=pad, max_size=size
+            )
+            if ending == "empty-end":
+                conv.client += frame(DATA, FLAG_END_STREAM, sid, b"")
+            elif ending == "reset":  # the client gives up mid-stream
+                conv.client += rst_stream(sid)
+        pending.append(sid)
+        if draw(st.booleans()):
+            cut()
+            for done in pending:
+                respond(done)
+            pending = []
+            if draw(st.integers(0, 3)) == 0:  # late DATA on a stream that ended
+                conv.client += frame(DATA, 0, sid, b"late")
+        cut()
+    if pending and draw(st.booleans()):
+        conv.server += goaway(max(draw(st.sampled_from(pending)) - 2, 0))
+        cut()
+    for sid in pending:
+        respond(sid)
+    cut()
+    return steps
+
+
+def untimed_metrics(registry: CollectorRegistry) -> dict[SampleKey, float]:
+    text = generate_latest(registry).decode()
+    return {
+        k: v
+        for k, v in sample_map(text).items()
+        if not k[0].endswith(("_sum", "_bucket", "_created"))
+    }
+
+
+def run(
+    steps: list[tuple[bool, bytes, list[int]]], limit: int | None, walker: Any
+) -> tuple[Any, ...]:
+    """Feed the steps (each cut at its own offsets) through a fresh tracker; sampling on when
+    `limit` is given. Every result the sinks leave."""
+    saved = frames.native_walk
+    frames.native_walk = walker
+    try:
+        registry = CollectorRegistry()
+        hook = Hook(limit) if limit is not None else None
+        tracker = ConnectionTracker(ProxyMetrics(registry), observer=hook)
+        records, forwarded = [], bytearray()
+        for client, data, cuts in steps:
+            edges = [0, *sorted(c for c in cuts if 0 < c < len(data)), len(data)]
+            for a, b in itertools.pairwise(edges):
+                if client and hook is not None:
+                    forwarded += b"".join(tracker.request_scanner.process(data[a:b]))
+                elif client:
+                    tracker.request_scanner.observe(data[a:b])
+                else:
+                    tracker.response_scanner.observe(data[a:b])
+                records.append(snapshot(tracker))
+        scanners_failed = (tracker.request_scanner.failed, tracker.response_scanner.failed)
+        tracker.close("CANCELLED")
+        seen = hook.seen if hook is not None else None
+        stream_type = tracker.stream_type
+        return (
+            records,
+            seen,
+            bytes(forwarded),
+            untimed_metrics(registry),
+            scanners_failed,
+            (stream_type),
+        )
+    finally:
+        frames.native_walk = saved
+
+
+def frame_ends(data: bytes) -> list[int]:
+    pos, out = len(frames.PREFACE) if data.startswith(frames.PREFACE) else 0, []
+    while pos + 9 <= len(data):
+        pos += 9 + int.from_bytes(data[pos : pos + 3], "big")
+        out.append(pos)
+    return out
+
+
+@settings(max_examples=250, deadline=None)
+@given(connections(), st.sampled_from([None, 60, 1 << 20]), st.data())
+def test_every_result_is_the_same_with_the_walker_on_and_off(
+    steps: list[tuple[bool, bytes]], limit: int | None, draw: st.DataObject
+) -> None:
+    cut_steps = []
+    for client, data in steps:
+        how = draw.draw(st.sampled_from(["whole", "frames", "anywhere"]))
+        cuts: list[int] = []
+        if how == "frames" and frame_ends(data):
+            cuts = draw.draw(st.lists(st.sampled_from(frame_ends(data)), max_size=4))
+        elif how == "anywhere":
+            cuts = draw.draw(st.lists(st.integers(0, len(data)), max_size=3))
+        cut_steps.append((client, data, cuts))
+    with_c = run(cut_steps, limit, frames.native_walk)
+    without = run(cut_steps, limit, None)
+    assert with_c[5] is streams._NativeStream and without[5] is streams._PyStream
+    assert with_c[:5] == without[:5]
+    assert with_c[4] == (False, False)  # observation never stopped
+    metrics = with_c[3]
+    calls = sum(v for (name, _), v in metrics.items() if name == "xsp_requests_total")
+    assert calls > 0  # the connection's calls were counted
+
+
+def unary_connection() -> tuple[bytes, bytes, list[tuple[bytes, bytes]], int]:
+    """A connection's first bytes each way (preface, settings), three unary calls (stream ids
+    1, 3, 5) as request and response chunks (as a gRPC client and Triton send them), and the
+    request message's size."""
+    conv = Conversation()
+    start, server_start = bytes(conv.client), bytes(conv.server)
+    req = service_pb2.ModelInferRequest(model_name="add_sub")
+    req.raw_input_contents.append(b"\1" * 64)
+    message = grpc_message(req.SerializeToString())
+    calls = []
+    for sid in (1, 3, 5):
+        client, server = len(conv.client), len(conv.server)
+        conv.client += headers_frames(conv.client_encoder.encode(request_headers(INFER)), sid)
+        conv.client += data_frames(message, sid, end_stream=True)
+        conv.response(sid, b"\x0a\x03out")
+        calls.append((bytes(conv.client[client:]), bytes(conv.server[server:])))
+    return start, server_start, calls, len(message)
+
+
+def test_a_unary_call_crosses_into_python_for_its_start_and_end_only() -> None:
+    """Observe mode (sampling off): the request's header block (a new call) and the response's
+    trailers (its end) are the sink's; the request's DATA frame is counted, its model name read
+    and its end stamped in C, on the clock of `time.perf_counter` (CLOCK_MONOTONIC), and so are
+    the response's headers once their HPACK block is cached (the first call adds a field to the
+    table, the second finds it there and caches the block, the third hits the cache)."""
+    assert time.get_clock_info("perf_counter").implementation == "clock_gettime(CLOCK_MONOTONIC)"
+    start, server_start, calls, size = unary_connection()
+    registry = CollectorRegistry()
+    tracker = ConnectionTracker(ProxyMetrics(registry))
+    tracker.request_scanner.observe(start)
+    tracker.response_scanner.observe(server_start)
+    tracker.request_scanner.sink = sent = Recorder(tracker.request)
+    tracker.response_scanner.sink = received = Recorder(tracker.response)
+    for i, (request, response) in enumerate(calls):
+        sid = 2 * i + 1
+        before = time.perf_counter()
+        tracker.request_scanner.observe(request)
+        after = time.perf_counter()
+        st = tracker.streams[sid]
+        assert type(st) is streams._NativeStream
+        assert (st.model, st.head, st.request_bytes) == ("add_sub", None, size)
+        assert before < st.request_end < after
+        tracker.response_scanner.observe(response)
+        assert not tracker.streams
+    assert [c[:2] for c in sent.calls] == [("on_header_block", sid) for sid in (1, 3, 5)]
+    assert [c[:2] for c in received.calls] == [
+        ("on_header_block", sid)
+        for sid in (1, 1, 3, 3, 5)  # not the third call's headers
+    ]
+    labels = {"method": "ModelInfer", "model": "add_sub", "grpc_code": "OK"}
+    assert registry.get_sample_value("xsp_requests_total", labels) == 3
+
+
+def test_without_the_walker_the_sinks_do_the_same_work() -> None:
+    """The reference: the Python records and every DATA call through the sinks."""
+    saved = frames.native_walk
+    frames.native_walk = None
+    try:
+        start, _, calls, size = unary_connection()
+        tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()))
+        tracker.request_scanner.observe(start)
+        tracker.request_scanner.sink = sent = Recorder(tracker.request)
+        tracker.request_scanner.observe(calls[0][0])
+        st = tracker.streams[1]
+        assert type(st) is streams._PyStream
+        assert (st.model, st.request_bytes) == ("add_sub", size)
+        assert {c[0] for c in sent.calls} == {"on_header_block"} | DATA_CALLS
+    finally:
+        frames.native_walk = saved
