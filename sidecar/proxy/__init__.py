@@ -16,6 +16,7 @@ from sidecar.proxy.streams import (
     ConnectionObserver,
     HeaderDecision,
     ObserverFactory,
+    QuietEnd,
     RequestStart,
     StreamEnd,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "HeaderDecision",
     "ObserverFactory",
     "ProxyMetrics",
+    "QuietEnd",
     "Relay",
     "RequestStart",
     "StreamEnd",

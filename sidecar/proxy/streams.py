@@ -20,8 +20,9 @@ sampling headers are unknown). Only a broken frame layer (not HTTP/2) stops obse
 
 The observer is the hook for request sampling. It is given each new request's headers and may
 return header fields to append to *that* request's header block (e.g. a W3C `traceparent`) and
-ask for the full request body; it is told when each stream ends. Its exceptions are logged and
-never reach the data path.
+ask for the full request body; it is told when each stream ends, unless it answered the headers
+with a `QuietEnd` (then the relay only counts the end where the observer said). Its exceptions
+are logged and never reach the data path.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableSequence, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 from urllib.parse import unquote
@@ -125,6 +126,23 @@ class HeaderDecision:
     messages: MessageSampling | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class QuietEnd:
+    """An observer's answer to a request it wants nothing more of, its end included.
+
+    Returned by `on_request_headers` instead of a decision: the relay calls no hook at that
+    request's end (no `StreamEnd` is made); it adds 1 to `ended[index]` and, where `per_model`
+    is given, to `per_model[label]` under the model's bounded label (`ProxyMetrics.
+    model_label`). Nearly every request of a sampling hook ends unpicked: counting it here
+    spares a call into the hook after the response's write, when its objects are cold
+    (docs/benchmarks.md, issue 24).
+    """
+
+    ended: MutableSequence[int]  # e.g. a shared-memory counter array
+    index: int
+    per_model: dict[str, int] | None = None
+
+
 class StreamEnd(NamedTuple):
     """One ended gRPC call as the relay saw it."""
 
@@ -156,7 +174,7 @@ _record = tuple.__new__
 class ConnectionObserver(Protocol):
     """Hooks for one relayed connection (see module docstring)."""
 
-    def on_request_headers(self, start: RequestStart) -> HeaderDecision | None: ...
+    def on_request_headers(self, start: RequestStart) -> HeaderDecision | QuietEnd | None: ...
 
     def on_request_body(self, stream_id: int, model: str | None, body: bytes) -> None: ...
 
@@ -506,6 +524,7 @@ class ConnectionTracker:
         self.on_refused: Callable[[int], None] | None = None
         self.on_ping_ack: Callable[[bytes], None] | None = None  # client PING ACK payloads
         self._refused: set[int] = set()
+        self._quiet: dict[int, QuietEnd] = {}  # stream id -> its observer's `QuietEnd`
         self.request = _RequestSide(self)
         self.response = _ResponseSide(self)
         self.request.other = self.response
@@ -544,6 +563,7 @@ class ConnectionTracker:
         self.request_scanner.stop()
         self.response_scanner.stop()
         self.metrics.open_streams -= len(self.streams)
+        self._quiet.clear()
         for st in self.streams.values():
             if st.inferences is not None:  # their responses will not be seen
                 st.inferences.close("UNKNOWN", time.perf_counter() - st.start)
@@ -593,14 +613,21 @@ class ConnectionTracker:
         metrics = self.metrics
         metrics.open_streams -= 1
         duration = time.perf_counter() - st.start
+        label = None
         if st.inferences is not None:  # counted per request message, the stream apart
             st.inferences.close(code, duration)
         else:
+            label = metrics.model_label(st.model)
             metrics.record(
-                st.method, metrics.model_label(st.model), code, duration,
-                st.request_bytes, st.response_bytes,
+                st.method, label, code, duration, st.request_bytes, st.response_bytes
             )  # fmt: skip
-        if self.observer is not None:
+        if self._quiet and (quiet := self._quiet.pop(st.sid, None)) is not None:
+            quiet.ended[quiet.index] += 1
+            if (per_model := quiet.per_model) is not None:
+                if label is None:
+                    label = metrics.model_label(st.model)
+                per_model[label] = per_model.get(label, 0) + 1
+        elif self.observer is not None:
             start = st.start
             message = st.grpc_message
             end = _record(StreamEnd, (
@@ -630,6 +657,10 @@ class ConnectionTracker:
             return None
         if decision is None:
             return None
+        if type(decision) is QuietEnd:
+            self._quiet[st.sid] = decision
+            return None
+        assert isinstance(decision, HeaderDecision)
         if decision.messages is not None and st.inferences is not None:
             st.inferences.sample_with(decision.messages)
         if decision.capture_body:

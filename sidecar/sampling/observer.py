@@ -1,11 +1,14 @@
 """The relay's sampling hook: decide per request, mark sampled ones, hand copies to the worker.
 
 For every request the relay calls `on_request_headers` (before forwarding the headers) and
-`on_stream_end`; only for tentatively sampled requests does it collect the body and call
+`on_stream_end`, except where the hook answers the headers with a `QuietEnd` (a request not
+picked while `sample_slow` is off; a method never replayed): the relay then counts that end
+itself where the hook says (the pressure's end count, `skipped_rate`), with no call into the
+hook. Only for tentatively sampled requests does it collect the body and call
 `on_request_body`. A sampled request gets a W3C `traceparent` so the backend's own spans
-(Triton's OpenTelemetry trace) join the same trace, under the proxy's span. The first and last
-calls also bump the relay's request counters (`ServingPressure`), the profiling worker's view
-of how busy serving is.
+(Triton's OpenTelemetry trace) join the same trace, under the proxy's span. Each request's
+start and end also bump the relay's request counters (`ServingPressure`), the profiling
+worker's view of how busy serving is.
 
 With `sample_slow` on, a request the header-time step did not pick is still asked for its body
 (up to the same capture limit), held until its stream ends: if its response was slower than the
@@ -25,7 +28,13 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 from sidecar.backends import METHODS, REPLAYABLE
-from sidecar.proxy.streams import ConnectionInfo, HeaderDecision, RequestStart, StreamEnd
+from sidecar.proxy.streams import (
+    ConnectionInfo,
+    HeaderDecision,
+    QuietEnd,
+    RequestStart,
+    StreamEnd,
+)
 from sidecar.sampling.handler import SampleHandler
 from sidecar.sampling.metrics import SamplingMetrics
 from sidecar.sampling.pressure import ServingPressure
@@ -117,6 +126,12 @@ class SamplingHub:
         # per model name read from requests (bounded: past `_CACHED_MODELS` names, uncached)
         self._labels: dict[str | None, str] = {}
         self._skipped = metrics.decisions.skipped  # model label -> unpicked requests
+        # What the relay counts itself at the end of a request the hook wants nothing more of
+        # (no `on_stream_end` call): an unpicked one (the pressure's end and one `skipped_rate`
+        # under the model's label, which the relay bounds as `handler.model_label` does), or
+        # one of a method never replayed (the pressure's end only).
+        self.quiet_unpicked = QuietEnd(self.pressure.counts, 1, self._skipped)
+        self.quiet_not_replayable = QuietEnd(self.pressure.counts, 1)
 
     def count_skipped(self, model: str | None) -> None:
         """A request not picked at header time has ended: one `skipped_rate` decision under
@@ -170,12 +185,12 @@ class SamplingObserver:
         self._hub = hub
         self._pending: dict[int, _Pending] = {}
 
-    def on_request_headers(self, start: RequestStart) -> HeaderDecision | None:
+    def on_request_headers(self, start: RequestStart) -> HeaderDecision | QuietEnd | None:
         hub = self._hub
         hub.pressure.counts[0] += 1  # `ServingPressure.request_started`, inline
         method = start.method
         if method not in REPLAYABLE:
-            return None
+            return hub.quiet_not_replayable
         sampler = hub.sampler
         forced = False
         wanted = sampler.hot.force_header
@@ -194,8 +209,10 @@ class SamplingObserver:
         else:
             tentative = sampler.after_coin(forced)
         if tentative is Tentative.NO:  # the common case: nothing kept, nothing made
-            if hub.slow is None or method not in _SLOW_METHODS or not sampler.may_hold_for_slow():
-                return None
+            if hub.slow is None:
+                return hub.quiet_unpicked  # the relay counts its end: no call into the hook
+            if method not in _SLOW_METHODS or not sampler.may_hold_for_slow():
+                return None  # its duration still feeds the slow threshold at its end
             self._pending[start.stream_id] = _Pending("", "", Tentative.SLOW, start.method)
             return _HOLD_FOR_SLOW
         if tentative is Tentative.GATED or tentative is Tentative.STORE_FAILING:

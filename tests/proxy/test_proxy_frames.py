@@ -22,7 +22,13 @@ from tritonclient.grpc import service_pb2
 from sidecar.proxy import frames
 from sidecar.proxy.frames import PREFACE, FrameScanner, frame_header
 from sidecar.proxy.metrics import ProxyMetrics
-from sidecar.proxy.streams import ConnectionTracker, HeaderDecision, RequestStart, StreamEnd
+from sidecar.proxy.streams import (
+    ConnectionTracker,
+    HeaderDecision,
+    QuietEnd,
+    RequestStart,
+    StreamEnd,
+)
 from tests.proxy.proxy_h2build import (
     Conversation,
     data_frames,
@@ -379,3 +385,64 @@ def test_a_call_cut_before_its_response_has_no_response_mark() -> None:
     tracker.close("CANCELLED")
     (end,) = observer.ends
     assert end.request_end_s is not None and end.response_start_s is None
+
+
+class Quiet(Injector):
+    """Observer that wants nothing more of any request but stream 1's: it answers the others'
+    headers with a `QuietEnd`, so the relay counts their ends itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts = [0, 0]  # [started, ended], as the sampling hook's pressure counters
+        self.per_model: dict[str, int] = {}
+        self.quiet = QuietEnd(self.counts, 1, self.per_model)
+
+    def on_request_headers(self, start: RequestStart) -> HeaderDecision | QuietEnd | None:
+        self.starts.append(start)
+        self.counts[0] += 1
+        return None if start.stream_id == 1 else self.quiet
+
+
+def relay(tracker: ConnectionTracker, conv: Conversation, cut: int) -> bytes:
+    """The client's bytes through the hold-mode scanner, the server's observed, both cut."""
+    out = b"".join(
+        b"".join(tracker.request_scanner.process(bytes(piece)))
+        for piece in (conv.client[:cut], conv.client[cut:])
+    )
+    for piece in (conv.server[:cut], conv.server[cut:]):
+        tracker.response_scanner.observe(bytes(piece))
+    return out
+
+
+@pytest.mark.parametrize("cut", [0, 7, 60, 200])
+def test_a_quiet_end_is_counted_by_the_relay_without_a_call(cut: int) -> None:
+    conv = two_calls()
+    reg = CollectorRegistry()
+    observer = Quiet()
+    tracker = ConnectionTracker(ProxyMetrics(reg), observer=observer)
+    assert relay(tracker, conv, cut) == bytes(conv.client)
+    assert_two_calls(reg, tracker)  # the relay's own metrics are as without an observer
+    assert [end.stream_id for end in observer.ends] == [1]  # stream 3 ended quietly
+    assert observer.counts == [2, 1]
+    assert observer.per_model == {"simple_cnn": 1}  # under its label, as the relay bounds it
+
+
+def test_quiet_ends_by_reset_goaway_and_close_are_counted_under_bounded_labels() -> None:
+    conv = Conversation()
+    for sid, model in ((1, "a"), (3, "b"), (5, "c"), (7, "d")):
+        conv.request(sid, INFER, infer_request(model))
+    conv.client += rst_stream(3)
+    conv.server += goaway(5)
+    reg = CollectorRegistry()
+    observer = Quiet()
+    tracker = ConnectionTracker(ProxyMetrics(reg, max_models=2), observer=observer)
+    relay(tracker, conv, 0)
+    assert observer.counts == [4, 2]  # 3 reset by the client, 7 above the GOAWAY's last id
+    tracker.close("CANCELLED")
+    assert observer.counts == [4, 3]  # 5 ended with the connection; 1 was not quiet
+    assert [end.stream_id for end in observer.ends] == [1]
+    # labels go to names as their calls end: "b" and "d" took the two, "c" (and "a") are past
+    # the cap; the same labels as the relay's own counts
+    assert observer.per_model == {"b": 1, "d": 1, "_other": 1}
+    assert sample(reg, "xsp_requests_total", method="ModelInfer", model="_other",
+                  grpc_code="CANCELLED") == 2  # fmt: skip

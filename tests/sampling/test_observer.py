@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.proxy.streams import ConnectionInfo, RequestStart, StreamEnd
+from sidecar.proxy.streams import ConnectionInfo, QuietEnd, RequestStart, StreamEnd
 from sidecar.replay.job_records import ProfileJob
 from sidecar.sampling.metrics import SamplingMetrics
 from sidecar.sampling.observer import (
@@ -125,6 +125,12 @@ class Setup:
         start = RequestStart(1, sid, INFER, method, [(b":path", INFER.encode()), *headers])
         decision = self.observer.on_request_headers(start)
         traceparent = None
+        if isinstance(decision, QuietEnd):  # the relay counts its end; the hook hears no more
+            decision.ended[decision.index] += 1
+            if decision.per_model is not None:
+                label = self.handler.model_label(model)  # the relay's label of the model
+                decision.per_model[label] = decision.per_model.get(label, 0) + 1
+            return None
         if decision is not None:
             assert decision.capture_body and decision.capture_limit == MAX_SAMPLED_BODY
             (name, traceparent), *_ = decision.extra_headers
@@ -413,3 +419,21 @@ def test_settings_changed_at_run_time_reach_the_header_step() -> None:
     s.sampler.update(s.sampler.settings.updated(model_rates={"other": 1.0}))
     assert s.request("other") is not None  # the highest rate is the coin at the headers
     assert [job.reason for job in s.handler.jobs] == ["forced", "rate"]
+
+
+def test_requests_the_hook_wants_nothing_more_of_end_without_a_call() -> None:
+    """An unpicked request (sample_slow off) and a method never replayed are answered with a
+    `QuietEnd`: the relay counts their ends in the pressure's end count, the unpicked one also
+    as `skipped_rate` under its model's label; a picked one keeps its end call."""
+    s = Setup(rate=0.0)
+    counts = s.hub.pressure.counts
+    unpicked = s.observer.on_request_headers(RequestStart(1, 1, INFER, "ModelInfer", []))
+    assert isinstance(unpicked, QuietEnd)
+    assert (unpicked.ended, unpicked.index) == (counts, 1)
+    assert unpicked.per_model is s.hub.metrics.decisions.skipped
+    other = s.observer.on_request_headers(RequestStart(1, 3, INFER, "ModelMetadata", []))
+    assert isinstance(other, QuietEnd) and other.per_model is None
+    assert (other.ended, other.index) == (counts, 1)
+    forced = (DEFAULT_FORCE_HEADER.encode(), b"1")
+    picked = s.observer.on_request_headers(RequestStart(1, 5, INFER, "ModelInfer", [forced]))
+    assert not isinstance(picked, QuietEnd) and picked is not None
