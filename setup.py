@@ -12,12 +12,14 @@ setup(
         Extension(
             "sidecar.proxy._framewalk",
             ["sidecar/proxy/_framewalk.c"],
+            depends=["sidecar/proxy/_varint.h"],
             optional=True,
             extra_compile_args=["-O2"],
         ),
         Extension(
             "sidecar.proxy._messagewalk",
             ["sidecar/proxy/_messagewalk.c"],
+            depends=["sidecar/proxy/_varint.h"],
             optional=True,
             extra_compile_args=["-O2"],
         ),

@@ -46,6 +46,7 @@
 #include <string.h>
 #include <time.h>
 #include "structmember.h"
+#include "_varint.h"
 
 enum { DATA = 0, HEADERS = 1, PRIORITY = 2, RST_STREAM = 3, SETTINGS = 4, PING = 6,
        GOAWAY = 7, WINDOW_UPDATE = 8 };
@@ -59,36 +60,6 @@ static PyObject *s_on_data, *s_on_data_payload, *s_on_end_stream, *s_on_header_b
     *s_on_control, *s_emit_injected;
 
 /* ---- the model name: model_name.extract_model_name ---------------------------------------- */
-
-/* A varint at *pos (model_name.read_varint): 1 read (the low 64 bits in *out, *wide if larger),
- * 0 cut, -1 too long (a tenth continued byte). */
-static int varint(const unsigned char *b, Py_ssize_t *pos, Py_ssize_t end, uint64_t *out,
-                  int *wide) {
-    uint64_t value = 0;
-    int shift = 0, large = 0;
-    Py_ssize_t p = *pos;
-    while (p < end) {
-        unsigned int c = b[p++];
-        uint64_t bits = c & 0x7F;
-        if (shift < 63) {
-            value |= bits << shift;
-        } else { /* shift 63: one bit fits */
-            value |= (bits & 1) << 63;
-            large = (bits >> 1) != 0;
-        }
-        if (!(c & 0x80)) {
-            *out = value;
-            *wide = large;
-            *pos = p;
-            return 1;
-        }
-        shift += 7;
-        if (shift > 63)
-            return -1;
-    }
-    *pos = p;
-    return 0;
-}
 
 enum { NAME_FOUND, NAME_ABSENT, NAME_NEED_MORE };
 

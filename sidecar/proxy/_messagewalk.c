@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "structmember.h"
+#include "_varint.h"
 
 #define MESSAGE_HEAD 4096 /* stream_messages.MESSAGE_HEAD */
 #define LAST_FIELD ((uint64_t)1 << 29)
@@ -33,35 +34,6 @@ static const char FINAL[] = "triton_final_response";
 static PyObject *empty_str;
 
 /* ---- the field scan ---------------------------------------------------------------------- */
-
-/* A varint at *pos: 1 read (low 64 bits in *out, *wide if it is larger), 0 cut, -1 too long
- * (stream_messages's read_varint: "varint too long" after a tenth continued byte). */
-static int varint(const unsigned char *b, Py_ssize_t *pos, Py_ssize_t end, uint64_t *out,
-                  int *wide) {
-    uint64_t value = 0;
-    int shift = 0, large = 0;
-    Py_ssize_t p = *pos;
-    while (p < end) {
-        unsigned int c = b[p++];
-        uint64_t bits = c & 0x7F;
-        if (shift < 63) {
-            value |= bits << shift;
-        } else { /* shift 63: one bit fits */
-            value |= (bits & 1) << 63;
-            large = (bits >> 1) != 0;
-        }
-        if (!(c & 0x80)) {
-            *out = value;
-            *wide = large;
-            *pos = p;
-            return 1;
-        }
-        shift += 7;
-        if (shift > 63)
-            return -1;
-    }
-    return 0;
-}
 
 typedef struct {
     const unsigned char *buf;
