@@ -125,22 +125,12 @@ class SamplingHub:
         self.per_call = frozenset(REPLAYABLE) - self.per_message
         # per model name read from requests (bounded: past `_CACHED_MODELS` names, uncached)
         self._labels: dict[str | None, str] = {}
-        self._skipped = metrics.decisions.skipped  # model label -> unpicked requests
         # What the relay counts itself at the end of a request the hook wants nothing more of
         # (no `on_stream_end` call): an unpicked one (the pressure's end and one `skipped_rate`
         # under the model's label, which the relay bounds as `handler.model_label` does), or
         # one of a method never replayed (the pressure's end only).
-        self.quiet_unpicked = QuietEnd(self.pressure.counts, 1, self._skipped)
+        self.quiet_unpicked = QuietEnd(self.pressure.counts, 1, metrics.decisions.skipped)
         self.quiet_not_replayable = QuietEnd(self.pressure.counts, 1)
-
-    def count_skipped(self, model: str | None) -> None:
-        """A request not picked at header time has ended: one `skipped_rate` decision under
-        its model's label (every unpicked request: one cache look-up and one addition)."""
-        label = self._labels.get(model)
-        if label is None:
-            label = self.label(model)
-        skipped = self._skipped
-        skipped[label] = skipped.get(label, 0) + 1
 
     def observer_factory(self, info: ConnectionInfo) -> SamplingObserver:
         return SamplingObserver(self)
@@ -266,7 +256,7 @@ class SamplingObserver:
                     hub.metrics.record_decision(label, Decision.SKIPPED_RATE)
                 return
         if pending is None:  # every request not picked at header time
-            hub.count_skipped(end.model)
+            hub.metrics.count_skipped(hub.label(end.model))
             return
         if pending.tentative is Tentative.GATED or pending.tentative is Tentative.STORE_FAILING:
             label = hub.handler.model_label(end.model)
