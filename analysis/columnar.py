@@ -206,6 +206,10 @@ def record_batches(
     try:
         cur = conn.cursor()
         try:
+            # wait out another reader's brief lock (readers of a WAL store opening beside
+            # each other, one of them setting up its shared memory), as the report's do
+            cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            cur.fetchall()
             cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
             cur.execute(query)
             yield cur.fetch_record_batch()

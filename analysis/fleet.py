@@ -344,11 +344,12 @@ WITH requests AS (
                        OR op_start > cut + {_TOL} OR op_end < -{_TOL}
                        OR server_other_raw < -{OVERLAP_TOLERANCE} * client_total, false)
 ), long AS (
-    UNPIVOT (SELECT model, {", ".join(PHASES)} FROM per)
+    UNPIVOT (SELECT model, client_total AS client_ns, {", ".join(PHASES)} FROM per)
     ON {", ".join(PHASES)} INTO NAME phase VALUE ns
 )
 SELECT model, phase, count(*) AS requests, avg(ns) / 1e6 AS mean_ms,
-       {", ".join(f"quantile_cont(ns, {q}) / 1e6 AS p{round(q * 100)}_ms" for q in PERCENTILES)}
+       {", ".join(f"quantile_cont(ns, {q}) / 1e6 AS p{round(q * 100)}_ms" for q in PERCENTILES)},
+       sum(ns) / sum(client_ns) AS share_of_client
 FROM long WHERE ns IS NOT NULL AND NOT isnan(ns) GROUP BY model, phase
 """
 
@@ -518,8 +519,6 @@ def fleet_tables(
         out["fidelity"] = _fidelity(con.execute(_FIDELITY).df(), con.execute(_FIDELITY_COUNTS).df())
     finally:
         con.close()
-    client = live[live["phase"] == "client_total"].set_index("model")["mean_ms"]
-    live["share_of_client"] = live["mean_ms"] / live["model"].map(client)
     live["phase"] = pd.Categorical(live["phase"], categories=list(PHASES), ordered=True)
     live = live.sort_values(["model", "phase"]).reset_index(drop=True)
     live["phase"] = live["phase"].astype(str)

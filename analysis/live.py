@@ -165,6 +165,7 @@ def live_breakdown(fr: Frames) -> AnalysisResult:
         return not_captured(
             "live_breakdown", TITLE, "; ".join(_left_out_notes(left_out)) or "no live spans"
         )
+    long["client"] = long["tkey"].map(per.set_index("tkey")["client_total"])
     long["value"] = long["value"] / 1e6
     g = long.groupby(["model", "phase"])["value"]
     table = g.agg(requests="size", mean_ms="mean").reset_index()
@@ -173,8 +174,7 @@ def live_breakdown(fr: Frames) -> AnalysisResult:
         table = table.merge(
             g.quantile(q).rename(col).reset_index(), on=["model", "phase"], how="left"
         )
-    client = table[table["phase"] == "client_total"].set_index("model")["mean_ms"]
-    table["share_of_client"] = table["mean_ms"] / table["model"].map(client)
+    table["share_of_client"] = _shares(long, table)
     table["phase"] = pd.Categorical(table["phase"], categories=list(PHASES), ordered=True)
     table = table.sort_values(["model", "phase"]).reset_index(drop=True)
     table["phase"] = table["phase"].astype(str)
@@ -185,7 +185,8 @@ def live_breakdown(fr: Frames) -> AnalysisResult:
         "network_proxy to server_other (Triton) or tf_ops and outside_tf_ops (TF-Serving) "
         "add up to client_total; backend_response (request forwarded -> first response byte, "
         "the relay's clock alone) and server_after_response (backend work after the response "
-        "left, not part of the client's latency) are shown apart"
+        "left, not part of the client's latency) are shown apart; share_of_client is a "
+        "phase's time over the client latency of the same requests"
     )
     if per["tf_ops"].notna().any():
         res.notes.append(
@@ -208,6 +209,15 @@ def live_breakdown(fr: Frames) -> AnalysisResult:
         )
     res.notes += _left_out_notes(left_out)
     return res
+
+
+def _shares(long: pd.DataFrame, table: pd.DataFrame) -> np.ndarray:
+    """Per row of `table` (model, phase): the phase's time over the client latency of the same
+    requests (those that have the phase), so the shares of phases measured on fewer requests
+    than client_total (no backend spans, no relay marks) still add up where the phases do."""
+    sums = long.groupby(["model", "phase"])[["value", "client"]].sum()
+    keyed = sums.reindex(pd.MultiIndex.from_frame(table[["model", "phase"]]))
+    return (keyed["value"] * 1e6 / keyed["client"]).to_numpy()
 
 
 def _left_out_notes(left_out: pd.DataFrame) -> list[str]:

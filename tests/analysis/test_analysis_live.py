@@ -32,6 +32,7 @@ from tests.analysis.helpers import (
 )
 
 PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
+TRITON_SUM = ("network_proxy", *PHASES, "server_other")
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +68,25 @@ def _expected_phases() -> dict[str, dict[str, list[float]]]:
     return out
 
 
+def _expected_clients() -> dict[str, dict[str, list[float]]]:
+    """Per model and phase: the client latency of each request that has the phase."""
+    server = {tid for (tid,) in q(LIVE_DB, "SELECT trace_id FROM spans WHERE level='server'")}
+    out: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for tid, model, ns in q(
+        LIVE_DB,
+        "SELECT s.trace_id, t.model, s.duration_ns FROM spans s JOIN traces t "
+        "USING (trace_id) WHERE s.level='request'",
+    ):
+        for phase in (
+            "client_total",
+            *((*TRITON_SUM, "server_after_response") if tid in server else ()),
+        ):
+            out[model][phase].append(ns / 1e6)
+    return out
+
+
 def test_live_breakdown_percentiles(ta: TraceAnalysis) -> None:
-    exp = _expected_phases()
+    exp, shares = _expected_phases(), _expected_clients()
     res = ta.result("live_breakdown")
     df = res.table
     assert set(df["model"]) == set(exp)
@@ -79,7 +97,11 @@ def test_live_breakdown_percentiles(ta: TraceAnalysis) -> None:
         assert close(row.p50_ms, float(np.percentile(vals, 50)))
         assert close(row.p90_ms, float(np.percentile(vals, 90)))
         assert close(row.p99_ms, float(np.percentile(vals, 99)))
-        assert close(row.share_of_client, np.mean(vals) / np.mean(exp[row.model]["client_total"]))
+        # over the client latency of the requests that have the phase (not of every request)
+        clients = shares[row.model][row.phase]
+        assert close(row.share_of_client, float(np.sum(vals)) / float(np.sum(clients)))
+    for _model, grp in df.set_index("phase").groupby("model"):
+        assert close(grp.loc[list(TRITON_SUM), "share_of_client"].sum(), 1.0)
     # phases in order, client total first
     first = df[df["model"] == "small_cnn"]["phase"].tolist()
     assert first[:2] == ["client_total", "network_proxy"]
@@ -217,6 +239,10 @@ def test_tf_serving_op_spans_split_client_latency(tmp_path: Path) -> None:
     assert close(table.loc["outside_tf_ops", "mean_ms"], (4 + 14) / 2)
     assert any(n.startswith("tf_ops: ") for n in res.notes)
     assert any("1 sampled requests have no backend spans" in n for n in res.notes)
+    # shares over the two requests with op events: 12 of 30 ms and 18 of 30 ms, adding up
+    assert close(table.loc["tf_ops", "share_of_client"], 12 / 30)
+    assert close(table.loc["outside_tf_ops", "share_of_client"], 18 / 30)
+    assert close(table.loc["client_total", "share_of_client"], 1.0)
 
 
 def _live(db: Path) -> tuple[pd.DataFrame, list[str]]:
