@@ -205,7 +205,8 @@ def live_breakdown(fr: Frames) -> AnalysisResult:
     if no_server:
         res.notes.append(
             f"{no_server} sampled requests have no backend spans (backend tracing off or its "
-            "spans did not arrive); they count only in client_total"
+            "spans did not arrive); they count only in the phases the relay measures "
+            "(client_total, backend_response)"
         )
     res.notes += _left_out_notes(left_out)
     return res
