@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as tc
@@ -37,17 +38,41 @@ def _closed(windows: BatchWindows, trace_id: str, model: str, answered_ns: int) 
     return got
 
 
+def _executions(triton: TritonServer) -> int:
+    with grpc.insecure_channel(triton.grpc_address) as channel:
+        return read_statistics(channel, 10)["simple_cnn"].executions
+
+
+def _listed(triton: TritonServer) -> bool:
+    with grpc.insecure_channel(triton.grpc_address) as channel:
+        return "simple_cnn" in read_statistics(channel, 10)
+
+
+def _wait_for_executions(triton: TritonServer, executions: int, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (seen := _executions(triton)) < executions:
+        assert time.monotonic() < deadline, f"Triton counted {seen} executions, not {executions}"
+        time.sleep(0.01)
+
+
 def test_the_window_counts_what_the_server_executed(triton: TritonServer) -> None:
     client = tc.InferenceServerClient(triton.grpc_address)
+    first = _executions(triton) if _listed(triton) else 0
     _infer(client, 1)  # the model has run once: its statistics list it
+    _wait_for_executions(triton, first + 1)  # and count it before the window opens
     windows = BatchWindows(triton.grpc_address, read_statistics)
     try:
         windows.open("t1")
         # the first read is done before the requests run (waited for: a fixed sleep was not
         # enough on a loaded machine)
         windows._open["t1"].result(10)
+        before = _executions(triton)
         _infer(client, 2)
         _infer(client, 3)
+        # Triton counts an execution after its response left: wait until it has counted
+        # both (the window's own retries cover a short lag, not a loaded machine's), so that
+        # the second read sees what the server executed
+        _wait_for_executions(triton, before + 2)
         got = _closed(windows, "t1", "simple_cnn", time.time_ns())
     finally:
         windows.stop()
