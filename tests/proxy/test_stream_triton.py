@@ -72,6 +72,18 @@ def add_sub(model: str = "add_sub", ident: str = "") -> Any:
     return req
 
 
+def scrape_ended(sidecar: SidecarThread, streams: int = 1, timeout_s: float = 10) -> str:
+    """/metrics once the relay has counted `streams` ended streams: the client can have the
+    stream's trailers before the relay, which forwards them first, has counted them."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = scrape(sidecar.metrics_url)
+        ended = sample_sum(text, "xsp_streams_total")
+        if ended >= streams or time.monotonic() > deadline:
+            return text
+        time.sleep(0.01)
+
+
 def requests(text: str, model: str, code: str = "OK") -> float | None:
     return sample_value(text, "xsp_requests_total", method=METHOD, model=model, grpc_code=code)
 
@@ -80,7 +92,7 @@ def test_decoupled_model_first_response_gaps_and_count(sidecar: SidecarThread) -
     count, first_ms, sleep_ms = 6, 200, 60
     replies = stream(sidecar.address, [tokens(count, first_ms, sleep_ms, "t1")])
     assert len(replies) == count + 1  # N tokens and the empty final response
-    text = scrape(sidecar.metrics_url)
+    text = scrape_ended(sidecar)
     labels = {"method": METHOD, "model": "token_stream"}
     assert requests(text, "token_stream") == 1
     assert sample_value(text, "xsp_responses_total", **labels) == count
@@ -102,7 +114,7 @@ def test_decoupled_without_final_flag_is_counted_apart(sidecar: SidecarThread) -
     msgs = [tokens(3, 10, 10, ask_final=False), tokens(2, 10, 10, ask_final=False)]
     replies = stream(sidecar.address, msgs, pause_s=0.3)  # one after the other, no ids
     assert len(replies) == 5  # no final responses: the client did not ask
-    text = scrape(sidecar.metrics_url)
+    text = scrape_ended(sidecar)
     labels = {"method": METHOD, "model": "token_stream"}
     assert requests(text, "token_stream") == 2
     assert sample_value(text, "xsp_final_response_unseen_total", **labels) == 2
@@ -129,7 +141,7 @@ def test_one_stream_two_models_and_a_per_message_error(
     replies = stream(sidecar.address, msgs)
     errors = [r.error_message for r in replies if r.error_message]
     assert len(errors) == 1 and "no_such_model" in errors[0]
-    text = scrape(sidecar.metrics_url)
+    text = scrape_ended(sidecar)
     assert requests(text, "add_sub") == 3
     assert requests(text, "token_stream") == 1
     assert requests(text, "no_such_model", "UNKNOWN") == 1
