@@ -14,10 +14,13 @@ time, spans/s and peak memory (the process's maximum resident set).
 1 M spans/s, peaking at 0.5 GB or less.
 
 `--fleet`: a fleet of `--databases` pods' exports, generated directly as Parquet by DuckDB SQL
-(`range()`, no Python loop over rows) in the layout of `report.py export-parquet`: per trace one
-request span, five backend spans, and M, L and K runs of a 60-layer model (3 model spans, 120
-layer spans, 371 kernels: 500 spans). Times the fleet report (`report.py fleet`, every analysis
-in DuckDB). Goal: 100 databases x 1,000 traces x 500 spans (50 M spans) in under 2 minutes.
+(`range()`, no Python loop over rows) in the layout of `report.py export-parquet`, every column
+it writes: per trace one request span (the relay's marks; every seventh a stream message with its
+responses), five backend spans, and M, L and K runs of a 60-layer model (3 model spans, 120
+layer spans, 371 kernels: 500 spans); each trace's fidelity fields (most with a batch window,
+some sampled as slow). Times the fleet report (`report.py fleet`, every analysis in DuckDB,
+fidelity and stream responses included). Goal: 100 databases x 1,000 traces x 500 spans (50 M
+spans) in under 2 minutes.
 
 Every step is timed as a separate `report.py` process, so that its peak memory is its own.
 """
@@ -125,7 +128,14 @@ SELECT '{db}' AS source_db, md5('{db}' || '-' || t) AS trace_id,
        CASE WHEN s BETWEEN 9 AND 128 THEN (s - 9) % {layers} ELSE s END AS idx,
        CASE WHEN s BETWEEN 9 AND 128 THEN {types}[1 + (s - 9) % {layers} % 6] END
            AS layer_type,
-       CASE WHEN s > 8 THEN (d * 1000)::DOUBLE END AS flops
+       CASE WHEN s > 8 THEN (d * 1000)::DOUBLE END AS flops,
+       CASE WHEN s = 0 THEN d // 10 END AS relay_request_end_offset_ns,
+       CASE WHEN s = 0 THEN d * 9 // 10 END AS relay_response_start_offset_ns,
+       CASE WHEN s = 0 THEN t % 7 = 0 END AS stream_span,
+       CASE WHEN s = 0 AND t % 7 = 0 THEN (2 + t % 5)::DOUBLE END AS responses,
+       CASE WHEN s = 0 THEN CASE WHEN t % 7 = 0
+            THEN list_transform(range(1 + t % 5), lambda k: (d // 20 * (k + 1))::DOUBLE)
+            ELSE []::DOUBLE[] END END AS response_gaps_ns
 FROM (
     SELECT t, s, (1000 + hash('{db}', t, s) % 100000)::BIGINT AS d
     FROM range({traces}) r(t), range({spans}) q(s)
@@ -135,7 +145,19 @@ _FLEET_TRACES = """
 SELECT '{db}' AS source_db, md5('{db}' || '-' || t) AS trace_id, 'model_' || (t % 5) AS model,
        '1' AS model_version, [1, 2, 4, 8][1 + t % 4]::BIGINT AS batch_size,
        'NVIDIA H100' AS device, 'onnxruntime' AS runtime, 'ok' AS status,
-       {base} + t * 1000000000 AS created_ns
+       {base} + t * 1000000000 AS created_ns,
+       CASE WHEN t % 13 = 7 THEN 'slow' ELSE 'rate' END AS sample_reason,
+       t % 10 <> 9 AS fidelity_kept,
+       CASE WHEN t % 10 <> 9 THEN (300000 + hash('{db}', t) % 600000)::DOUBLE END
+           AS live_compute_ns,
+       CASE WHEN t % 10 <> 9 THEN 'compute_infer' END AS live_source,
+       NULL::DOUBLE AS replay_model_ns, NULL::DOUBLE AS fidelity_ratio,
+       CASE WHEN t % 10 = 9 THEN [] WHEN t % 8 = 3 THEN [1]
+            ELSE [[1, 2, 4, 8][1 + t % 4]] END::INTEGER[] AS server_batch_sizes,
+       CASE WHEN t % 10 <> 9 THEN 1.0 END::DOUBLE AS window_executions,
+       NULL::VARCHAR AS window_note,
+       CASE WHEN t % 8 = 3 THEN ['the server ran another batch size'] ELSE [] END::VARCHAR[]
+           AS fidelity_causes
 FROM range({traces}) r(t)
 """
 _FLEET_STATS = """
