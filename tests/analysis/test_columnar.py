@@ -105,3 +105,31 @@ def test_values_of_another_type_than_the_first_rows_are_read(tmp_path: Path) -> 
     assert sp.loc[at, "duration_ns"].tolist() == [1234]
     assert [r.row for r in data.bad_rows] == [text_idx]  # skipped, and named
     assert [r.reason for r in data.bad_rows] == ["not an integer ('x')"]
+
+
+@pytest.mark.parametrize("orphan", ["", "5", "0" * 32, "7f", "zzz", None, b"\x00blob"])
+def test_a_span_outside_the_sound_traces_is_found_wherever_its_id_sorts(
+    tmp_path: Path, orphan: object
+) -> None:
+    """`all_in_sound_traces` seeks from one distinct trace id to the next: a span of no trace
+    is found whether its id sorts first, between two traces, last, is NULL or a blob."""
+    db = tmp_path / "orphan.sqlite"
+    shutil.copy(GPU_DB, db)
+    assert columnar.all_in_sound_traces(db)
+    conn = sqlite3.connect(db)
+    try:
+        conn.execute(
+            "INSERT INTO spans (trace_id, span_id, level, name, kind, start_ns, end_ns, "
+            "duration_ns) VALUES (?, 'x1', 'model', 'm', 'model', 1, 2, 1)",
+            (orphan,),
+        )
+        conn.commit()
+        (distinct_outside,) = conn.execute(  # the same question over every index entry
+            "SELECT EXISTS (SELECT 1 FROM (SELECT DISTINCT trace_id FROM spans) d WHERE NOT "
+            f"coalesce(d.trace_id IN (SELECT trace_id FROM traces WHERE {columnar.trace_ok()}),"
+            " 0))"
+        ).fetchone()
+    finally:
+        conn.close()
+    assert distinct_outside
+    assert not columnar.all_in_sound_traces(db)
