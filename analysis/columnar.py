@@ -30,7 +30,7 @@ import sqlite3
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -194,7 +194,11 @@ def record_batches(
     `rowids` (spans only): read the rows whose rowid lies in that closed range.
     `sound_traces` (spans only): the caller found `all_in_sound_traces(db)` true, so no
     span needs its trace looked up."""
-    import adbc_driver_sqlite.dbapi as adbc
+    # ADBC's own statements, not its DB-API module, which imports pyarrow.dataset and pandas
+    # (a third of the export's start-up)
+    import adbc_driver_manager as adbc
+    import adbc_driver_sqlite
+    import pyarrow as pa
 
     path = Path(db)
     query = QUERIES[table]
@@ -202,23 +206,28 @@ def record_batches(
         query += IN_SOUND_TRACES
     if rowids is not None:
         query += f" AND s.rowid BETWEEN {int(rowids[0])} AND {int(rowids[1])}"
-    conn = adbc.connect(_uri(path, _immutable(path)))
-    try:
-        cur = conn.cursor()
+    with ExitStack() as opened:
         try:
+            database = adbc_driver_sqlite.connect(_uri(path, _immutable(path)))
+            opened.callback(database.close)
+            conn = adbc.AdbcConnection(database)
+            opened.callback(conn.close)
             # wait out another reader's brief lock (readers of a WAL store opening beside
             # each other, one of them setting up its shared memory), as the report's do
-            cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            cur.fetchall()
-            cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
-            cur.execute(query)
-            yield cur.fetch_record_batch()
-        finally:
-            cur.close()
-    except adbc.Error as exc:
-        raise TraceDatabaseError(f"{db}: cannot read the trace store ({exc})") from None
-    finally:
-        conn.close()
+            pragma = adbc.AdbcStatement(conn)
+            opened.callback(pragma.close)
+            pragma.set_sql_query(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            pragma.execute_update()
+            stmt = adbc.AdbcStatement(conn)
+            opened.callback(stmt.close)
+            stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
+            stmt.set_sql_query(query)
+            stream, _ = stmt.execute_query()
+            reader = pa.RecordBatchReader.from_stream(stream)
+            opened.callback(reader.close)
+        except adbc.Error as exc:
+            raise TraceDatabaseError(f"{db}: cannot read the trace store ({exc})") from None
+        yield reader
 
 
 # The spans' distinct trace ids, one index seek each (the next id after the last), rather

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:  # the SQL checks serve the Parquet export too, which runs without pandas
+    import pandas as pd
 
 # Largest duration accepted, in ns (about 126 years): beyond it a value is garbage, and a
 # float that large does not convert to int64.
@@ -167,6 +168,8 @@ def from_frame(
 
 def frame(rows: Iterable[BadRow]) -> pd.DataFrame:
     """Bad rows as a table (one row each)."""
+    import pandas as pd
+
     cols = list(BadRow.__dataclass_fields__)
     return pd.DataFrame([asdict(r) for r in rows], columns=cols)
 

@@ -1,34 +1,35 @@
 """A fleet's traces as Parquet, and the fleet-level analyses over them in DuckDB SQL.
 
 One SQLite store per pod is right for a pod; a fleet of hundreds is analysed columnar:
-`export_parquet` writes each store's rows (as `analysis.tracedb` loads them, so damaged rows
-are left out the same way, layer types are resolved the same way, and the CUDA runtime/driver
-API records, which only place kernels under their layers, are not carried) to
-`DIR/{traces,spans,level_stats}/NNNN-<db>.parquet`, files that DuckDB, Spark or Trino read
-as they are; each trace carries its fidelity fields (`FIDELITY_COLUMNS`, from its attributes
-by `analysis.fidelity`'s rules), each stream message's request span its responses
-(`STREAM_COLUMNS`). `fleet_tables` runs the per-model analyses over `DIR` with DuckDB in
-process: traces per model, model latency per batch size, layer type shares, top layers by
-time, the live request breakdown, the replay's fidelity and the streamed responses. The
-numbers follow the single-store report's rules (trimmed means over traces cutting `TRIM` at
-each end, the L run's layer spans where there is one, pandas' linear quantiles), which
-`tests/analysis/test_fleet.py` checks against it.
+`export_parquet` (`analysis.fleet_export`) writes each store's rows as Parquet under
+`DIR/{traces,spans,level_stats}/`, each trace with its fidelity fields (`FIDELITY_COLUMNS`),
+each stream message's request span with its responses (`STREAM_COLUMNS`). `fleet_tables` runs
+the per-model analyses over `DIR` with DuckDB in process: traces per model, model latency per
+batch size, layer type shares, top layers by time, the live request breakdown, the replay's
+fidelity and the streamed responses. The numbers follow the single-store report's rules
+(trimmed means over traces cutting `TRIM` at each end, the L run's layer spans where there is
+one, pandas' linear quantiles), which `tests/analysis/test_fleet.py` checks against it.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 import pandas as pd
 
 from analysis import columnar, fidelity, stream_responses
+from analysis.fleet_export import (  # noqa: F401  (the export, as `fleet` names it)
+    FIDELITY_COLUMNS,
+    ROW_GROUP_ROWS,
+    STREAM_COLUMNS,
+    TABLES,
+    ExportCounts,
+    export_parquet,
+    fidelity_fields,
+    quote,
+)
 from analysis.live import (
     BACKEND_PHASES,
     OVERLAP_TOLERANCE,
@@ -42,11 +43,9 @@ from analysis.live import (
 from analysis.store_file import RELAY_OFFSET_COLUMNS
 from sidecar.profiling.stats import TRIM
 
-TABLES = ("traces", "spans", "level_stats")
 TRACE_COLUMNS = columnar.TRACE_COLUMNS
 SPAN_COLUMNS = columnar.SPAN_COLUMNS
 STATS_COLUMNS = columnar.STATS_COLUMNS
-ROW_GROUP_ROWS = 32_768  # Parquet row groups: what the writer holds per file before it flushes
 FLEET_ANALYSES = (
     "traces",
     "model_latency",
@@ -56,122 +55,6 @@ FLEET_ANALYSES = (
     "fidelity",
     "stream_responses",
 )
-# What a trace's attributes say for the fidelity analysis (`fidelity.request_fields`), kept as
-# columns of `traces` (DuckDB types); `replay_model_ns` and `fidelity_ratio` are the stored
-# attribute's own (the analysis takes the replay's time from the model spans and statistics).
-FIDELITY_COLUMNS = {
-    "fidelity_kept": "BOOLEAN",
-    "live_compute_ns": "DOUBLE",
-    "live_source": "VARCHAR",
-    "replay_model_ns": "DOUBLE",
-    "fidelity_ratio": "DOUBLE",
-    "server_batch_sizes": "INTEGER[]",
-    "window_executions": "DOUBLE",
-    "window_note": "VARCHAR",
-    "fidelity_causes": "VARCHAR[]",
-}
-_FIDELITY_UDF = "xsp_fidelity_fields"
-_FIDELITY_EXPORT = (
-    f"unnest(from_json({_FIDELITY_UDF}(coalesce(attributes, '')), "
-    f"'{json.dumps(FIDELITY_COLUMNS)}'))"
-)
-
-
-@dataclass(frozen=True)
-class ExportCounts:
-    """Rows written per table (over all databases)."""
-
-    traces: int = 0
-    spans: int = 0
-    level_stats: int = 0
-
-
-def export_parquet(
-    dbs: Sequence[str | Path], out: Path, threads: int | None = None
-) -> ExportCounts:
-    """Write every trace of each store (failed profiles included, `status` says so) as
-    Parquet under `out`; returns the rows written. Streams: SQLite's rows reach DuckDB's
-    Parquet writer as Arrow record batches (`analysis.columnar`), a few at a time, in
-    `threads` (default: one per core) readers at once, over stores and parts of a large
-    store's spans (each part its own file)."""
-    for table in TABLES:
-        (out / table).mkdir(parents=True, exist_ok=True)
-    workers = max(1, threads or os.cpu_count() or 1)
-    jobs: list[tuple[str | Path, str, Path, tuple[int, int] | None, bool]] = []
-    for i, db in enumerate(dbs):
-        sound = columnar.all_in_sound_traces(db)
-        for table in TABLES:
-            stem = f"{i:04d}-{Path(db).stem}"
-            ranges = columnar.span_ranges(db, workers) if table == "spans" else [None]
-            for k, rowids in enumerate(ranges):
-                name = stem if len(ranges) == 1 else f"{stem}-{k:02d}"
-                jobs.append((db, table, out / table / f"{name}.parquet", rowids, sound))
-
-    def write(job: tuple[str | Path, str, Path, tuple[int, int] | None, bool]) -> tuple[str, int]:
-        db, table, target, rowids, sound = job
-        # one single-threaded DuckDB per reader: parallel COPYs in one DuckDB hold more
-        # rows in flight, and the readers are the parallelism
-        con = duckdb.connect()
-        try:
-            con.execute("SET threads = 1")
-            con.execute("SET enable_progress_bar = false")
-            # Pushed down into the scan, the spans' WHERE would parse each attribute JSON
-            # again for every reference to its members (`columnar.SPANS_DUCKDB`'s `j`), 2-3
-            # parses a row instead of one: half the DuckDB time of an export.
-            con.execute("SET disabled_optimizers = 'filter_pushdown'")
-            extra = ""
-            if table == "traces":
-                con.create_function(_FIDELITY_UDF, fidelity_fields, ["VARCHAR"], "VARCHAR")
-                extra = _FIDELITY_EXPORT
-            with columnar.record_batches(db, table, rowids, sound) as batches:
-                con.register("batches", batches)
-                try:
-                    select = columnar.select_sql(table, str(db), "batches", extra)
-                    n = con.execute(
-                        f"COPY ({select}) TO '{_quote(target)}' "
-                        f"(FORMAT parquet, ROW_GROUP_SIZE {ROW_GROUP_ROWS})"
-                    ).fetchone()
-                finally:  # DuckDB lets go of the stream before ADBC closes it
-                    con.unregister("batches")
-            return table, int(n[0]) if n else 0
-        finally:
-            con.close()
-
-    counts = {t: 0 for t in TABLES}
-    with ThreadPoolExecutor(workers) as pool:  # ADBC and DuckDB run without the GIL
-        for table, n in pool.map(write, jobs):
-            counts[table] += n
-    return ExportCounts(**counts)
-
-
-def fidelity_fields(attributes: str) -> str:
-    """A trace's `FIDELITY_COLUMNS` as JSON, from its attribute text, by the rules of the
-    single-store report (`fidelity.request_fields`; missing numbers are null)."""
-    try:
-        attrs = json.loads(attributes) if attributes else {}
-    except ValueError:  # a damaged trace (left out of the export)
-        attrs = {}
-    attrs = attrs if isinstance(attrs, dict) else {}
-    got = fidelity.request_fields(attrs)
-    stored = attrs.get("fidelity")
-    fid = stored if isinstance(stored, dict) else {}
-    out = {
-        "fidelity_kept": got["fidelity_kept"],
-        "live_compute_ns": got["live_ns"],
-        "live_source": got["live_source"],
-        "replay_model_ns": fidelity.number(fid.get("replay_model_ns")),
-        "fidelity_ratio": fidelity.number(fid.get("ratio")),
-        "server_batch_sizes": got["server_batch_sizes"],
-        "window_executions": got["window_executions"],
-        "window_note": got["window_note"],
-        "fidelity_causes": [cause for cause, _ in got["causes"]],
-    }
-    return json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v
-                       for k, v in out.items()})  # fmt: skip
-
-
-def _quote(path: Path) -> str:
-    return str(path).replace("'", "''")
 
 
 def connect(fleet_dir: Path, threads: int | None = None) -> duckdb.DuckDBPyConnection:
@@ -189,7 +72,7 @@ def connect(fleet_dir: Path, threads: int | None = None) -> duckdb.DuckDBPyConne
         # relay's marks; those columns then read as NULL (the breakdown's fallback)
         con.execute(
             f"CREATE VIEW {table}_raw AS SELECT * FROM read_parquet("
-            f"'{_quote(fleet_dir / table)}/*.parquet', union_by_name = true)"
+            f"'{quote(fleet_dir / table)}/*.parquet', union_by_name = true)"
         )
         have = {row[0] for row in con.execute(f"DESCRIBE {table}_raw").fetchall()}
         # and exports before the fidelity and stream columns: NULL there (the analyses say so)
@@ -452,8 +335,6 @@ FROM traces t LEFT JOIN infer i USING (source_db, trace_id)
 GROUP BY ALL
 """
 
-STREAM_COLUMNS = {"stream_span": "BOOLEAN", "responses": "DOUBLE",
-                  "response_gaps_ns": "DOUBLE[]"}  # fmt: skip
 _Q = "[" + ", ".join(str(q) for q in stream_responses.PERCENTILES) + "]"
 _P = [round(q * 100) for q in stream_responses.PERCENTILES]
 

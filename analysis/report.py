@@ -23,6 +23,13 @@ try:
 except ImportError:  # not installed: use the checkout this script lives in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+if __name__ == "__main__" and sys.argv[1:2] == ["export-parquet"]:
+    # the export needs neither pandas nor the analyses: start without them (0.3 s)
+    import analysis._extra
+    from analysis import fleet_export
+
+    raise SystemExit(fleet_export.main(sys.argv[2:], fleet_export.DESCRIPTION))
+
 import argparse
 import json
 import textwrap
@@ -31,7 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import analysis._extra  # noqa: F401  (first: one line, not a traceback, without the extra)
-from analysis import damage
+from analysis import damage, fleet_export
 from analysis.common import AnalysisResult, records
 from analysis.render_text import Front
 from analysis.timeline import TraceNotFoundError
@@ -198,11 +205,9 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     exp = sub.add_parser(
         "export-parquet",
         help="write trace stores as Parquet for the fleet report",
-        description="Write each store's traces, spans and level statistics as Parquet under "
-        "DIR/{traces,spans,level_stats}/ (failed profiles included, with their status).",
+        description=fleet_export.DESCRIPTION,
     )
-    exp.add_argument("dbs", nargs="+", metavar="DB", help="trace store(s)")
-    exp.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
+    fleet_export.add_arguments(exp)
     fl = sub.add_parser(
         "fleet",
         help="fleet analyses over a Parquet export, in DuckDB",
@@ -223,17 +228,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     from analysis import fleet
 
     if args.command == "export-parquet":
-        for db in args.dbs:
-            if not Path(db).is_file():
-                raise TraceDatabaseError(f"{db}: no such file (expected a trace database)")
-        t0 = time.perf_counter()
-        n = fleet.export_parquet(args.dbs, args.out)
-        print(
-            f"wrote {n.traces} traces, {n.spans} spans, {n.level_stats} level statistics of "
-            f"{len(args.dbs)} stores to {args.out} in {time.perf_counter() - t0:.1f} s",
-            file=sys.stderr,
-        )
-        return 0
+        return fleet_export.run(args)
     tables = fleet.fleet_tables(args.fleet_dir, top=args.top, threads=args.threads)
     if args.format == "json":
         payload: dict[str, Any] = {k: records(df) for k, df in tables.items()}

@@ -1,0 +1,61 @@
+"""`report.py export-parquet` as a process: it starts without pandas and the analyses
+(`analysis.fleet_export`), writes what `export_parquet` writes and says so, and names a
+missing store. Real stores (the checked-in ones), real processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+
+from analysis import fleet
+from tests.analysis.helpers import GPU_DB, LIVE_DB
+
+REPO = Path(__file__).resolve().parents[2]
+REPORT = REPO / "analysis" / "report.py"
+
+
+def _report(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(REPORT), *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def _rows(out: Path, table: str) -> list[tuple[object, ...]]:
+    con = duckdb.connect()
+    try:
+        return sorted(con.sql(f"SELECT * FROM '{out}/{table}/*.parquet'").fetchall(), key=str)
+    finally:
+        con.close()
+
+
+def test_the_export_module_imports_neither_pandas_nor_the_analyses() -> None:
+    code = "import sys, analysis.fleet_export; print(' '.join(sorted(sys.modules)))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert run.returncode == 0, run.stderr
+    loaded = set(run.stdout.split())
+    assert "duckdb" in loaded and "pandas" not in loaded
+    assert {m for m in loaded if m.startswith("analysis.")} == {
+        "analysis.columnar", "analysis.damage", "analysis.fleet_export", "analysis.store_file"
+    }  # fmt: skip
+
+
+def test_the_command_writes_what_export_parquet_writes(tmp_path: Path) -> None:
+    run = _report("export-parquet", str(GPU_DB), str(LIVE_DB), "--out", str(tmp_path / "cli"))
+    assert run.returncode == 0, run.stderr
+    counts = fleet.export_parquet([GPU_DB, LIVE_DB], tmp_path / "lib")
+    assert f"wrote {counts.traces} traces, {counts.spans} spans" in run.stderr
+    for table in fleet.TABLES:
+        assert _rows(tmp_path / "cli", table) == _rows(tmp_path / "lib", table)
+
+
+def test_a_missing_store_is_named(tmp_path: Path) -> None:
+    run = _report("export-parquet", str(tmp_path / "none.db"), "--out", str(tmp_path / "x"))
+    assert run.returncode == 1
+    assert run.stderr.strip() == (
+        f"report.py: {tmp_path / 'none.db'}: no such file (expected a trace database)"
+    )
+    run = _report("export-parquet", str(GPU_DB))
+    assert run.returncode == 2 and "--out" in run.stderr
