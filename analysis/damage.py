@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # the SQL checks serve the Parquet export too, which runs without pandas
+if TYPE_CHECKING:  # (pandas is imported where it is used: the SQL here needs none)
     import pandas as pd
 
 # Largest duration accepted, in ns (about 126 years): beyond it a value is garbage, and a
