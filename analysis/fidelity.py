@@ -33,36 +33,21 @@ import numpy as np
 import pandas as pd
 
 from analysis.common import AnalysisResult, Frames, empty_result, not_captured
+from analysis.fidelity_attrs import (  # noqa: F401  (the rules per trace, as `fidelity` names them)
+    ONNXRUNTIME_BACKEND,
+    PYTHON_BACKEND,
+    _attrs,
+    _causes,
+    number,
+    request_fields,
+)
 
 TITLE = "Fidelity of the replay (replay's model time vs the server's own compute time)"
 REPRESENTS = (0.8, 1.25)  # p50 of replay / live within this range: the replay represents it
 SLOW_REPRODUCED = 1.5  # a slow request's replay this many times its peers' median: input-bound
 LIVE_REASONS = ("rate", "random", "forced")  # sampled from live traffic with a traceparent
-PYTHON_BACKEND = "python"
-ONNXRUNTIME_BACKEND = "onnxruntime"
 NONE_RECORDED = "none recorded (same backend, device and settings as far as the traces record them)"
 SAME_KERNELS = "same_kernels"  # extra: per group, whether shares of layer time may hold
-
-
-def _attrs(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def request_fields(attrs: dict[str, Any]) -> dict[str, Any]:
-    """What one trace's attributes say for its row of `per_request` (the fleet export keeps
-    these as columns): whether the store kept its `fidelity` attribute, the live compute time
-    and its source, the server's batch window and the causes (`_causes`)."""
-    fid = _attrs(attrs.get("fidelity"))
-    window = _attrs(fid.get("server_batch_window"))
-    return {
-        "fidelity_kept": bool(fid),
-        "live_ns": number(fid.get("live_compute_ns")),
-        "live_source": fid.get("live_source"),
-        "server_batch_sizes": sorted(int(s) for s in _attrs(window.get("batch_sizes"))),
-        "window_executions": number(window.get("executions")),
-        "window_note": window.get("unobserved"),
-        "causes": _causes(attrs),
-    }
 
 
 def per_request(fr: Frames) -> pd.DataFrame:
@@ -117,51 +102,6 @@ def _live_from_spans(fr: Frames) -> dict[int, dict[str, Any]]:
     for tkey, row in ops.iterrows():
         out.setdefault(int(tkey), {"live_ns": float(row["end"] - row["start"]),
                                    "live_source": "tf_ops"})  # fmt: skip
-    return out
-
-
-def number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return float("nan")
-    return float(value)
-
-
-def _causes(attrs: dict[str, Any]) -> list[tuple[str, bool]]:
-    """What the trace says differs between the server and the replay: (cause, whether the
-    server and the replay still run the same kernels)."""
-    server = _attrs(attrs.get("server_config"))
-    out: list[tuple[str, bool]] = []
-    backend = str(server.get("backend") or attrs.get("backend") or "")
-    if backend == PYTHON_BACKEND:
-        out.append((
-            "the server runs the model inside a Python-backend model (its stub process, IPC "
-            "and tensor copies); the replay runs only the model file", True,
-        ))  # fmt: skip
-    kind = str(server.get("instance_kind") or "")
-    replay_device = str(attrs.get("replay_device") or "")
-    on_gpu = replay_device.startswith("cuda")
-    if kind == "KIND_GPU" and not on_gpu and replay_device:
-        out.append(("the server runs on a GPU (KIND_GPU), the replay on the CPU", False))
-    elif kind == "KIND_CPU" and on_gpu:
-        out.append(("the server runs on the CPU (KIND_CPU), the replay on a GPU", False))
-    threads = attrs.get("intra_op_threads")
-    settings = [_attrs(x) for x in attrs.get("replay_settings") or []]
-    set_threads = any(x.get("setting", "").endswith("intra_op_thread_count") for x in settings)
-    if backend == ONNXRUNTIME_BACKEND and not set_threads and isinstance(threads, int) and threads:
-        out.append((
-            "the server's ONNX Runtime runs with its default intra-op threads (config.pbtxt "
-            f"sets none: one per core), the replay with {threads}", True,
-        ))  # fmt: skip
-    for setting in attrs.get("replay_settings") or []:
-        s = _attrs(setting)
-        if s and not s.get("applied", True):
-            name, why = str(s.get("setting", "?")), str(s.get("reason", ""))
-            accelerator = "accelerator" in name
-            value = f" = {s['value']}" if s.get("value") not in (None, "") else ""
-            out.append((
-                f"the server's {name}{value} is not applied by the replay ({why})",
-                not accelerator,
-            ))  # fmt: skip
     return out
 
 

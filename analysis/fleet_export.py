@@ -26,7 +26,7 @@ from pathlib import Path
 
 import duckdb
 
-from analysis import columnar
+from analysis import columnar, fidelity_attrs
 from analysis.store_file import TraceDatabaseError
 
 TABLES = ("traces", "spans", "level_stats")
@@ -102,9 +102,6 @@ def export_parquet(
             con.execute("SET disabled_optimizers = 'filter_pushdown'")
             extra = ""
             if table == "traces":
-                # the fidelity rules import pandas: here, while other readers export spans
-                from analysis import fidelity  # noqa: F401
-
                 con.create_function(_FIDELITY_UDF, fidelity_fields, ["VARCHAR"], "VARCHAR")
                 extra = _FIDELITY_EXPORT
             with columnar.record_batches(db, table, rowids, sound) as batches:
@@ -131,22 +128,20 @@ def export_parquet(
 def fidelity_fields(attributes: str) -> str:
     """A trace's `FIDELITY_COLUMNS` as JSON, from its attribute text, by the rules of the
     single-store report (`fidelity.request_fields`; missing numbers are null)."""
-    from analysis import fidelity
-
     try:
         attrs = json.loads(attributes) if attributes else {}
     except ValueError:  # a damaged trace (left out of the export)
         attrs = {}
     attrs = attrs if isinstance(attrs, dict) else {}
-    got = fidelity.request_fields(attrs)
+    got = fidelity_attrs.request_fields(attrs)
     stored = attrs.get("fidelity")
     fid = stored if isinstance(stored, dict) else {}
     out = {
         "fidelity_kept": got["fidelity_kept"],
         "live_compute_ns": got["live_ns"],
         "live_source": got["live_source"],
-        "replay_model_ns": fidelity.number(fid.get("replay_model_ns")),
-        "fidelity_ratio": fidelity.number(fid.get("ratio")),
+        "replay_model_ns": fidelity_attrs.number(fid.get("replay_model_ns")),
+        "fidelity_ratio": fidelity_attrs.number(fid.get("ratio")),
         "server_batch_sizes": got["server_batch_sizes"],
         "window_executions": got["window_executions"],
         "window_note": got["window_note"],

@@ -38,7 +38,8 @@ def test_the_export_module_imports_neither_pandas_nor_the_analyses() -> None:
     loaded = set(run.stdout.split())
     assert "duckdb" in loaded and "pandas" not in loaded
     assert {m for m in loaded if m.startswith("analysis.")} == {
-        "analysis.columnar", "analysis.damage", "analysis.fleet_export", "analysis.store_file"
+        "analysis.columnar", "analysis.damage", "analysis.fidelity_attrs",
+        "analysis.fleet_export", "analysis.store_file",
     }  # fmt: skip
 
 
