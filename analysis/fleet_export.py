@@ -90,16 +90,9 @@ def export_parquet(
 
     def write(job: tuple[str | Path, str, Path, tuple[int, int] | None, bool]) -> tuple[str, int]:
         db, table, target, rowids, sound = job
-        # one single-threaded DuckDB per reader: parallel COPYs in one DuckDB hold more
-        # rows in flight, and the readers are the parallelism
-        con = duckdb.connect()
+        # one DuckDB per reader: parallel COPYs in one DuckDB hold more rows in flight
+        con = reader_duckdb()
         try:
-            con.execute("SET threads = 1")
-            con.execute("SET enable_progress_bar = false")
-            # Pushed down into the scan, the spans' WHERE would parse each attribute JSON
-            # again for every reference to its members (`columnar.SPANS_DUCKDB`'s `j`), 2-3
-            # parses a row instead of one: half the DuckDB time of an export.
-            con.execute("SET disabled_optimizers = 'filter_pushdown'")
             extra = ""
             if table == "traces":
                 con.create_function(_FIDELITY_UDF, fidelity_fields, ["VARCHAR"], "VARCHAR")
@@ -123,6 +116,18 @@ def export_parquet(
         for table, n in pool.map(write, jobs):
             counts[table] += n
     return ExportCounts(**counts)
+
+
+def reader_duckdb() -> duckdb.DuckDBPyConnection:
+    """The DuckDB of one reader: one thread (the readers are the parallelism), and no filter
+    pushdown: pushed down into the scan, the spans' WHERE would parse each attribute JSON
+    again for every reference to its members (`columnar.SPANS_DUCKDB`'s `j`), 2-3 parses a
+    row instead of one, half the DuckDB time of an export."""
+    con = duckdb.connect()
+    con.execute("SET threads = 1")
+    con.execute("SET enable_progress_bar = false")
+    con.execute("SET disabled_optimizers = 'filter_pushdown'")
+    return con
 
 
 def fidelity_fields(attributes: str) -> str:

@@ -11,7 +11,12 @@ process. Goal: 1,000 traces x 486 spans in 2 s or less, peaking at 0.5 GB or les
 time, spans/s and peak memory (the process's maximum resident set).
 
 `--export`: `report.py export-parquet` of `--databases` (4) copies of such a store. Goal:
-1 M spans/s, peaking at 0.5 GB or less.
+1 M spans/s (the spans in the stores / the wall time of the whole command as a process),
+peaking at 0.5 GB or less. `--export --stages`: where an export's time goes, each stage alone
+in this process over the store's first `--stage-rows` rowids (1,000,000): SQLite's scan with
+the export's checks, ADBC's Arrow batches (the bare columns with one and two readers: the
+floor; the export's query), DuckDB's attribute reading, the Parquet writer; and the command's
+imports.
 
 `--fleet`: a fleet of `--databases` pods' exports, generated directly as Parquet by DuckDB SQL
 (`range()`, no Python loop over rows) in the layout of `report.py export-parquet`, every column
@@ -30,12 +35,15 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import shutil
 import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -288,6 +296,95 @@ def export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stage(what: str, run: Callable[[], object]) -> object:
+    """Run one stage in this process and print its wall and CPU seconds."""
+
+    def cpu() -> float:  # this process's and its children's (the imports' process)
+        child = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return time.process_time() + child.ru_utime + child.ru_stime
+
+    cpu0, t0 = cpu(), time.perf_counter()
+    out = run()
+    print(f"  {what}: {time.perf_counter() - t0:.2f} s wall, {cpu() - cpu0:.2f} s CPU")
+    return out
+
+
+def export_stages(args: argparse.Namespace) -> int:
+    """`--export --stages`: the export's stages one by one (see the module's docstring)."""
+    import pyarrow as pa
+
+    from analysis import columnar, fleet_export
+
+    with tempfile.TemporaryDirectory() as tmp:
+        db, _ = store(args, Path(tmp))
+        low, high = columnar._rowid_bounds(db)
+        if low is None or high is None:
+            print("no spans")
+            return 0
+        high = min(high, low + args.stage_rows - 1)
+        where = f"s.rowid BETWEEN {low} AND {high}"
+        cols = "s.trace_id, s.span_id, s.level, s.name, s.kind, s.run_level, s.start_ns, "
+        bare = f"SELECT {cols}s.end_ns, s.duration_ns, s.idx, s.attributes FROM spans s"
+        query = f"{columnar.SPANS_SQL} AND {where}"
+        uri = columnar._uri(db, columnar._immutable(db))  # as the export opens it
+
+        def arrow(sql: str) -> pa.Table:
+            import adbc_driver_manager as adbc
+            import adbc_driver_sqlite
+
+            database = adbc_driver_sqlite.connect(uri)
+            conn = adbc.AdbcConnection(database)
+            stmt = adbc.AdbcStatement(conn)
+            try:
+                stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(columnar.BATCH_ROWS)})
+                stmt.set_sql_query(sql)
+                stream, _ = stmt.execute_query()
+                return pa.RecordBatchReader.from_stream(stream).read_all()
+            finally:
+                stmt.close()
+                conn.close()
+                database.close()
+
+        def readers(n: int) -> int:
+            step = (high - low + n) // n
+            parts = [f"{bare} WHERE s.rowid BETWEEN {low + k * step} AND "
+                     f"{min(high, low + (k + 1) * step - 1)}" for k in range(n)]  # fmt: skip
+            with ThreadPoolExecutor(n) as pool:
+                return sum(t.num_rows for t in pool.map(arrow, parts))
+
+        print(f"stages over rowids {low}..{high} of {db}:")
+        _stage("SQLite's scan with the export's checks (count, no Arrow)",
+               lambda: arrow(f"SELECT count(*) FROM ({query})"))  # fmt: skip
+        _stage("ADBC, bare columns to Arrow, 1 reader", lambda: readers(1))
+        _stage("ADBC, bare columns to Arrow, 2 readers", lambda: readers(2))
+        table = _stage("ADBC, the export's query to Arrow", lambda: arrow(query))
+        con = fleet_export.reader_duckdb()
+        try:
+            con.register("batches", table)
+            select = columnar.select_sql("spans", str(db), "batches")
+            spans = _stage("DuckDB, the export's attribute reading",
+                           lambda: con.sql(select).to_arrow_table())  # fmt: skip
+            con.execute("RESET disabled_optimizers")
+            _stage("  the same with DuckDB's filter pushdown (before issue 25's fifth pass)",
+                   lambda: con.sql(select).to_arrow_table())  # fmt: skip
+            con.register("spans", spans)
+            for codec in ("snappy", "zstd", "uncompressed"):
+                target = Path(tmp) / f"{codec}.parquet"
+                copy = (
+                    f"COPY spans TO '{target}' (FORMAT parquet, COMPRESSION {codec}, "
+                    f"ROW_GROUP_SIZE {fleet_export.ROW_GROUP_ROWS})"
+                )
+                _stage(f"DuckDB's Parquet writer ({codec})", lambda c=copy: con.execute(c))
+                print(f"    {target.stat().st_size / 1e6:.1f} MB for {spans.num_rows:,} spans")
+        finally:
+            con.close()
+        code = "import analysis.fleet_export"
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        _stage("the command's imports (a new process)", lambda: subprocess.run(
+            [sys.executable, "-c", code], check=True, env=env))  # fmt: skip
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--traces", type=int, default=1000)
@@ -301,11 +398,15 @@ def main() -> int:
     )
     parser.add_argument("--databases", type=int, default=None, help="--fleet/--export: pods")
     parser.add_argument("--fleet-dir", type=Path, help="--fleet: time this existing export")
+    parser.add_argument("--stages", action="store_true", help="--export: time its stages")
+    parser.add_argument("--stage-rows", type=int, default=1_000_000, help="--stages: rowids")
     args = parser.parse_args()
     if args.databases is None:
         args.databases = 4 if args.export else 100
     if args.fleet:
         return fleet(args)
+    if args.export and args.stages:
+        return export_stages(args)
     if args.export:
         return export(args)
     with tempfile.TemporaryDirectory() as tmp:

@@ -38,6 +38,10 @@ SMOKE: dict[str, Smoke] = {
         ("--export", "--traces", "8", "--layers", "6", "--databases", "2"),
         ("export-parquet of 2 stores:", "spans/s", "peak"),
     ),
+    "report_speed.py --export --stages": Smoke(
+        ("--export", "--stages", "--traces", "8", "--layers", "6"),
+        ("stages over rowids", "2 readers", "attribute reading", "Parquet writer", "imports"),
+    ),
     "report_speed.py --fleet": Smoke(
         ("--fleet", "--databases", "2", "--traces", "10"),
         ("2 databases x 10 traces, 10,000 spans", "fleet report:", "spans/s"),
