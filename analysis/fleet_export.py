@@ -37,9 +37,10 @@ DESCRIPTION = (
 ROW_GROUP_ROWS = 32_768  # Parquet row groups: what the writer holds per file before it flushes
 STREAM_COLUMNS = {"stream_span": "BOOLEAN", "responses": "DOUBLE",
                   "response_gaps_ns": "DOUBLE[]"}  # fmt: skip
-# What a trace's attributes say for the fidelity analysis (`fidelity.request_fields`), kept as
-# columns of `traces` (DuckDB types); `replay_model_ns` and `fidelity_ratio` are the stored
-# attribute's own (the analysis takes the replay's time from the model spans and statistics).
+# What a trace's attributes say for the fidelity analysis (`fidelity_attrs.request_fields`),
+# kept as columns of `traces` (DuckDB types); `replay_model_ns` and `fidelity_ratio` are the
+# stored attribute's own (the analysis takes the replay's time from the model spans and
+# statistics).
 FIDELITY_COLUMNS = {
     "fidelity_kept": "BOOLEAN",
     "live_compute_ns": "DOUBLE",
@@ -132,7 +133,7 @@ def reader_duckdb() -> duckdb.DuckDBPyConnection:
 
 def fidelity_fields(attributes: str) -> str:
     """A trace's `FIDELITY_COLUMNS` as JSON, from its attribute text, by the rules of the
-    single-store report (`fidelity.request_fields`; missing numbers are null)."""
+    single-store report (`fidelity_attrs.request_fields`; missing numbers are null)."""
     try:
         attrs = json.loads(attributes) if attributes else {}
     except ValueError:  # a damaged trace (left out of the export)
@@ -157,6 +158,7 @@ def fidelity_fields(attributes: str) -> str:
 
 
 def quote(path: Path) -> str:
+    """A path inside a DuckDB SQL string literal."""
     return str(path).replace("'", "''")
 
 
@@ -181,9 +183,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str], description: str) -> int:
+def main(argv: Sequence[str]) -> int:
     """`report.py export-parquet ARGV` without the report's imports (`report.py` calls it)."""
-    parser = argparse.ArgumentParser(prog="report.py export-parquet", description=description)
+    parser = argparse.ArgumentParser(prog="report.py export-parquet", description=DESCRIPTION)
     add_arguments(parser)
     try:
         return run(parser.parse_args(argv))

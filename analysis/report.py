@@ -28,7 +28,7 @@ if __name__ == "__main__" and sys.argv[1:2] == ["export-parquet"]:
     import analysis._extra
     from analysis import fleet_export
 
-    raise SystemExit(fleet_export.main(sys.argv[2:], fleet_export.DESCRIPTION))
+    raise SystemExit(fleet_export.main(sys.argv[2:]))
 
 import argparse
 import json
