@@ -30,7 +30,7 @@ import sqlite3
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -206,28 +206,27 @@ def record_batches(
         query += IN_SOUND_TRACES
     if rowids is not None:
         query += f" AND s.rowid BETWEEN {int(rowids[0])} AND {int(rowids[1])}"
-    with ExitStack() as opened:
-        try:
-            database = adbc_driver_sqlite.connect(_uri(path, _immutable(path)))
-            opened.callback(database.close)
-            conn = adbc.AdbcConnection(database)
-            opened.callback(conn.close)
+    try:
+        with (
+            adbc_driver_sqlite.connect(_uri(path, _immutable(path))) as database,
+            adbc.AdbcConnection(database) as conn,
+            adbc.AdbcStatement(conn) as stmt,
+        ):
             # wait out another reader's brief lock (readers of a WAL store opening beside
             # each other, one of them setting up its shared memory), as the report's do
-            pragma = adbc.AdbcStatement(conn)
-            opened.callback(pragma.close)
-            pragma.set_sql_query(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            pragma.execute_update()
-            stmt = adbc.AdbcStatement(conn)
-            opened.callback(stmt.close)
+            stmt.set_sql_query(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            stmt.execute_update()
             stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
             stmt.set_sql_query(query)
             stream, _ = stmt.execute_query()
-            reader = pa.RecordBatchReader.from_stream(stream)
-            opened.callback(reader.close)
-        except adbc.Error as exc:
-            raise TraceDatabaseError(f"{db}: cannot read the trace store ({exc})") from None
-        yield reader
+            # (as ADBC's DB-API module takes its stream; `from_stream` needs pyarrow 15)
+            reader = pa.RecordBatchReader._import_from_c(stream.address)
+            try:
+                yield reader
+            finally:
+                reader.close()
+    except adbc.Error as exc:
+        raise TraceDatabaseError(f"{db}: cannot read the trace store ({exc})") from None
 
 
 # The spans' distinct trace ids, one index seek each (the next id after the last), rather

@@ -339,7 +339,7 @@ def export_stages(args: argparse.Namespace) -> int:
                 stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(columnar.BATCH_ROWS)})
                 stmt.set_sql_query(sql)
                 stream, _ = stmt.execute_query()
-                return pa.RecordBatchReader.from_stream(stream).read_all()
+                return pa.RecordBatchReader._import_from_c(stream.address).read_all()
             finally:
                 stmt.close()
                 conn.close()
