@@ -31,7 +31,6 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -478,44 +477,67 @@ FROM (
 REPORT_DUCKDB = _report_duckdb()
 
 
-def report_span_batches(
-    path: Path, span_checks: str, trace_subquery: str | None, params: Sequence[object]
-) -> Iterator[Any]:
+class SpanBatches:
     """The report's spans of one store as pandas DataFrames, one per batch of about
     `REPORT_BATCH_ROWS` rowids, in rowid order: SQLite's columns, `_bad`, the attribute
     columns (numbers as float64, flags as float64 to be compared with 0, objects and shapes
     as JSON text) and `_wrong` (the members of a JSON object: the values that are not numbers
-    where one is expected, by key). One reader per core reads the next batches while the
+    where one is expected, by key). The reads start when it is made (so that they run while
+    the caller reads the traces): one reader per core reads the next batches while the
     caller takes one (unless filtered), so that a few batches are held at once, whatever
-    the store's size; the rows and their order are those of one reader."""
-    if trace_subquery:  # the filters' few plain values, as SQL literals
-        pieces = trace_subquery.split("?")
-        assert len(pieces) == len(params) + 1
-        literals = [str(v) if isinstance(v, int) else _sql_text(str(v)) for v in params]
-        trace_subquery = "".join(p + q for p, q in zip(pieces, [*literals, ""], strict=True))
-    query = report_spans_sql(span_checks, trace_subquery)
-    uri = _uri(path, _immutable(path))
-    # (a filtered read stays one reader: SQLite then walks the selected traces' index, in
-    # its order, where a rowid range would walk the table in another)
-    ranges = batch_ranges(path, REPORT_BATCH_ROWS) if trace_subquery is None else [None]
-    parts = [
-        query if r is None else f"{query} AND s.rowid BETWEEN {int(r[0])} AND {int(r[1])}"
-        for r in ranges
-    ]
-    if len(parts) == 1:
-        yield _pandas(_report_part(path, uri, parts[0], None))
-        return
-    readers = min(len(parts), os.cpu_count() or 1)
-    with ThreadPoolExecutor(readers) as pool:  # ADBC and DuckDB run without the GIL
-        waiting = iter(parts)
-        reading = deque(
-            pool.submit(_report_part, path, uri, q, 1) for q in islice(waiting, readers)
+    the store's size; the rows and their order are those of one reader. Iterate it once;
+    `close()` (or the end of a `with` block) waits for the reads under way and drops the
+    rest."""
+
+    def __init__(
+        self, path: Path, span_checks: str, trace_subquery: str | None, params: Sequence[object]
+    ) -> None:
+        if trace_subquery:  # the filters' few plain values, as SQL literals
+            pieces = trace_subquery.split("?")
+            assert len(pieces) == len(params) + 1
+            literals = [str(v) if isinstance(v, int) else _sql_text(str(v)) for v in params]
+            trace_subquery = "".join(p + q for p, q in zip(pieces, [*literals, ""], strict=True))
+        query = report_spans_sql(span_checks, trace_subquery)
+        self._path = path
+        self._uri = _uri(path, _immutable(path))
+        # (a filtered read stays one reader: SQLite then walks the selected traces' index, in
+        # its order, where a rowid range would walk the table in another)
+        ranges = batch_ranges(path, REPORT_BATCH_ROWS) if trace_subquery is None else [None]
+        self._waiting = deque(
+            query if r is None else f"{query} AND s.rowid BETWEEN {int(r[0])} AND {int(r[1])}"
+            for r in ranges
         )
-        while reading:
-            table = reading.popleft().result()
-            if (following := next(waiting, None)) is not None:
-                reading.append(pool.submit(_report_part, path, uri, following, 1))
-            yield _pandas(table)
+        single = len(ranges) == 1
+        readers = 1 if single else min(len(ranges), os.cpu_count() or 1)
+        self._threads = None if single else 1  # one reader alone may use every core
+        self._pool = ThreadPoolExecutor(readers)  # ADBC and DuckDB run without the GIL
+        self._reading: deque[Any] = deque(self._submit() for _ in range(readers))
+
+    def _submit(self) -> Any:
+        query = self._waiting.popleft()
+        return self._pool.submit(_report_part, self._path, self._uri, query, self._threads)
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            while self._reading:
+                table = self._reading.popleft().result()
+                if self._waiting:
+                    self._reading.append(self._submit())
+                yield _pandas(table)
+                del table
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._waiting.clear()
+        self._reading.clear()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> SpanBatches:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _pandas(table: Any) -> Any:
@@ -532,34 +554,39 @@ def batch_ranges(db: str | Path, rows: int) -> list[tuple[int, int] | None]:
 
 
 def _report_part(path: Path, uri: str, query: str, threads: int | None) -> Any:
-    """One reader: SQLite's rows of `query` through `REPORT_DUCKDB`, as an Arrow table."""
-    import adbc_driver_sqlite.dbapi as adbc
+    """One reader: SQLite's rows of `query` through `REPORT_DUCKDB`, as an Arrow table.
+    (ADBC's driver manager itself, not its DB-API module, which imports pyarrow.dataset and
+    pandas: a tenth of a second before the first batch.)"""
+    import adbc_driver_manager
+    import adbc_driver_sqlite
     import duckdb
+    import pyarrow
 
-    conn = adbc.connect(uri)
     try:
-        cur = conn.cursor()
-        con = duckdb.connect()  # closed before the ADBC stream it reads
-        try:
+        with (
+            adbc_driver_sqlite.connect(uri) as db,
+            adbc_driver_manager.AdbcConnection(db) as conn,
+            adbc_driver_manager.AdbcStatement(conn) as stmt,
+        ):
             # wait out another reader's brief lock (a WAL store's readers opening and
             # closing beside each other), which without a timeout fails the query at once
-            cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            cur.fetchall()
-            con.execute("SET enable_progress_bar = false")
-            if threads:
-                con.execute(f"SET threads = {int(threads)}")
-            cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
-            cur.execute(query)
-            con.register("batches", cur.fetch_record_batch())
-            rel = con.sql(REPORT_DUCKDB)
-            return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
-        finally:
-            con.close()
-            cur.close()
-    except adbc.Error as exc:
+            stmt.set_sql_query(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            stmt.execute_update()
+            stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
+            stmt.set_sql_query(query)
+            stream, _ = stmt.execute_query()
+            con = duckdb.connect()  # closed before the ADBC stream it reads
+            try:
+                con.execute("SET enable_progress_bar = false")
+                if threads:
+                    con.execute(f"SET threads = {int(threads)}")
+                con.register("batches", pyarrow.RecordBatchReader._import_from_c(stream.address))
+                rel = con.sql(REPORT_DUCKDB)
+                return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+            finally:
+                con.close()
+    except adbc_driver_manager.Error as exc:
         raise TraceDatabaseError(f"{path}: cannot read the trace store ({exc})") from None
-    finally:
-        conn.close()
 
 
 def _sql_text(value: str) -> str:

@@ -1,6 +1,6 @@
 """Spans gathered batch by batch into one frame with each level's rows together.
 
-The loader reads a store's spans in batches (`columnar.report_span_batches`) and keeps, of
+The loader reads a store's spans in batches (`columnar.SpanBatches`) and keeps, of
 each, only the sound rows of the selected traces. `LevelRows` collects those rows as they
 come and builds the frame the analyses take (`Frames.at` slices it by level) once, at the
 end: the rows of the first level to appear, then the next, each level's rows in the order

@@ -183,9 +183,8 @@ def _json(column: str, expr: str, guard_json: bool) -> str:
     return f"CASE WHEN json_valid({column}) THEN {expr} END" if guard_json else expr
 
 
-# traces, level_stats, failed profiles skipped, their reasons, and the filter's trace-id
-# subquery and its parameters (None: every trace)
-Loaded = tuple[pd.DataFrame, pd.DataFrame, int, dict[str, int], tuple[str, Sequence[object]] | None]
+# traces, level_stats, failed profiles skipped and their reasons
+Loaded = tuple[pd.DataFrame, pd.DataFrame, int, dict[str, int]]
 
 
 def _load_one(path: Path, flt: TraceFilter, guard_json: bool = False) -> Loaded:
@@ -221,17 +220,14 @@ def _load_one(path: Path, flt: TraceFilter, guard_json: bool = False) -> Loaded:
                 err_params,
             ):
                 failed[str(reason)] = int(count)
-        sub = f"SELECT trace_id FROM traces{where}"
-        # Selecting a few traces: let SQLite pick their rows. Otherwise reading every row and
-        # dropping those of failed traces afterwards is faster than a lookup per row.
-        narrow = bool(flt.models or flt.trace_ids or flt.batch_sizes or flt.since_ns is not None)
+        narrow = _selection(flt)
         stats = pd.read_sql_query(
             "SELECT trace_id, level, iterations, warmup, trimmed_mean_ns, median_ns, min_ns, "
             "max_ns, overhead_ratio, CASE WHEN level = 'model' THEN samples_ns END AS samples_ns, "
             f"{_stats_checks()} AS _bad FROM level_stats"
-            + (f" WHERE trace_id IN ({sub})" if narrow else ""),
+            + (f" WHERE trace_id IN ({narrow[0]})" if narrow else ""),
             conn,
-            params=params if narrow else None,
+            params=narrow[1] if narrow else None,
         )
     except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
         if "malformed JSON" in str(exc) and not guard_json:
@@ -241,7 +237,17 @@ def _load_one(path: Path, flt: TraceFilter, guard_json: bool = False) -> Loaded:
         raise TraceDatabaseError(f"{path}: cannot read the trace store ({cause or exc})") from None
     finally:
         conn.close()
-    return traces, stats, skipped, failed, (sub, params) if narrow else None
+    return traces, stats, skipped, failed
+
+
+def _selection(flt: TraceFilter) -> tuple[str, Sequence[object]] | None:
+    """The filter's trace-id subquery and its parameters; None to read every trace's rows.
+    Selecting a few traces: let SQLite pick their rows. Otherwise reading every row and
+    dropping those of failed traces afterwards is faster than a lookup per row."""
+    if not (flt.models or flt.trace_ids or flt.batch_sizes or flt.since_ns is not None):
+        return None
+    where, params = _where(flt)
+    return f"SELECT trace_id FROM traces{where}", params
 
 
 _NUMERIC = (
@@ -282,7 +288,7 @@ def _json_values(texts: np.ndarray) -> np.ndarray:
 
 def _span_attributes(spans: pd.DataFrame, source: str) -> tuple[pd.DataFrame, list[BadRow]]:
     """The spans' typed attribute columns from the columns DuckDB read out of their JSON
-    (`columnar.report_span_batches`): numbers as float64, flags as booleans, objects decoded. A
+    (`columnar.SpanBatches`): numbers as float64, flags as booleans, objects decoded. A
     value that is not a number where one is expected is left out and named."""
     bad: list[BadRow] = []
     wrong = spans["_wrong"].to_numpy(object)
@@ -407,23 +413,21 @@ def _normalize(
 
 
 def _store_spans(
-    path: Path,
+    batches: columnar.SpanBatches,
     source: str,
     keys: pd.Series,
-    narrow: tuple[str, Sequence[object]] | None,
     into: LevelRows,
 ) -> tuple[list[BadRow], list[BadRow]]:
-    """Read one store's spans batch by batch into `into`: of each batch, the sound rows of
+    """Take one store's spans batch by batch into `into`: of each batch, the sound rows of
     the traces in `keys` (trace id -> tkey), typed, with `source_db` and `tkey` and without
     `span_id` (which only names damaged rows). Returns the damaged rows and the ignored
     attribute values. SQLite checks each row and joins a kernel's layer (its parent, or its
     launch's parent); DuckDB reads the attributes (analysis/columnar.py). The CUDA API
     records themselves (runtime/driver) serve only that join and the timeline export (which
     reads its trace in full), so the bulk load leaves them out."""
-    sub, params = narrow if narrow else (None, ())
     bad: list[BadRow] = []
     bad_attrs: list[BadRow] = []
-    for batch in columnar.report_span_batches(path, _span_checks(False), sub, params):
+    for batch in batches:
         spans, bad_rows = damage.from_frame(batch, source, "spans", "span_id")
         del batch
         spans, ignored = _span_attributes(spans, source)
@@ -437,6 +441,17 @@ def _store_spans(
         spans.insert(1, "tkey", spans["trace_id"].map(keys).astype("int64"))
         into.add(spans)
     return bad, bad_attrs
+
+
+def _start_spans(path: Path, flt: TraceFilter) -> columnar.SpanBatches:
+    """The store's span reads, started (they run while its traces are read). A store they
+    cannot start on is reported as the traces' read reports it."""
+    sub, params = _selection(flt) or (None, ())
+    try:
+        return columnar.SpanBatches(path, _span_checks(False), sub, params)
+    except (TraceDatabaseError, sqlite3.Error):
+        _load_one(path, flt)  # (raises, naming what is wrong with the store)
+        raise
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -466,15 +481,16 @@ def load_traces(paths: Sequence[str | Path], flt: TraceFilter | None = None) -> 
     for raw in paths:
         path = Path(raw)
         source = str(raw)
-        traces, stats, n_skipped, failed, narrow = _load_one(path, flt)
+        with _start_spans(path, flt) as batches:
+            traces, stats, n_skipped, failed = _load_one(path, flt)
+            traces, stats, bad, bad_stats = _normalize(traces, stats, source)
+            keys = pd.Series(range(next_key, next_key + len(traces)), index=traces["trace_id"])
+            bad_spans, bad_attrs = _store_spans(batches, source, keys, spans)
         for reason, count in failed.items():
             failed_reasons[reason] = failed_reasons.get(reason, 0) + count
-        traces, stats, bad, bad_stats = _normalize(traces, stats, source)
         skipped += n_skipped
         sources.append(source)
-        keys = pd.Series(range(next_key, next_key + len(traces)), index=traces["trace_id"])
         next_key += len(traces)
-        bad_spans, bad_attrs = _store_spans(path, source, keys, narrow, spans)
         bad_rows += bad + bad_spans + bad_stats + bad_attrs
         stats = stats[stats["trace_id"].isin(keys.index)].reset_index(drop=True)
         for df in (traces, stats):
