@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from analysis import damage
+from analysis import damage, trace_filter
 from analysis.store_file import (
     RELAY_OFFSET_COLUMNS,
     STREAM_RESPONSE_COLUMNS,
@@ -42,6 +42,7 @@ from analysis.store_file import (
     TraceDatabaseError,
     connect_ro,
 )
+from analysis.trace_filter import TraceFilter
 
 BATCH_ROWS = 16_384  # rows per Arrow record batch: a few MB of spans
 PART_ROWS = 200_000  # the export reads a store's spans in parallel parts of at least this many rows
@@ -512,6 +513,16 @@ class SpanBatches:
         self._threads = None if single else 1  # one reader alone may use every core
         self._pool = ThreadPoolExecutor(readers)  # ADBC and DuckDB run without the GIL
         self._reading: deque[Any] = deque(self._submit() for _ in range(readers))
+
+    @classmethod
+    def started(cls, path: Path, flt: TraceFilter) -> SpanBatches | None:
+        """The report's span reads of `path` under `flt`, started now; None where they cannot
+        start (no such store, not a trace store: the loader then says why)."""
+        sub, params = trace_filter.selection(flt) or (None, ())
+        try:
+            return cls(path, trace_filter.span_checks(False), sub, params)
+        except (TraceDatabaseError, sqlite3.Error, OSError):
+            return None
 
     def _submit(self) -> Any:
         query = self._waiting.popleft()

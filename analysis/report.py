@@ -35,15 +35,20 @@ import json
 import textwrap
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import analysis._extra  # noqa: F401  (first: one line, not a traceback, without the extra)
-from analysis import damage, fleet_export
-from analysis.common import AnalysisResult, records
-from analysis.render_text import Front
-from analysis.timeline import TraceNotFoundError
-from analysis.trace_analysis import ANALYSES, TraceAnalysis
-from analysis.tracedb import TraceDatabaseError, TraceFilter, model_counts, parse_since
+from analysis import columnar, damage, fleet_export
+from analysis.keys import ANALYSIS_KEYS
+from analysis.store_file import TraceDatabaseError
+from analysis.trace_filter import TraceFilter, TraceNotFoundError, parse_since
+
+# The analyses (pandas and all) are imported once the command line is read and the first
+# store's spans are being read (`run`): their import then runs beside the reads.
+if TYPE_CHECKING:
+    from analysis.common import AnalysisResult
+    from analysis.render_text import Front
+    from analysis.trace_analysis import TraceAnalysis
 
 
 class UsageError(Exception):
@@ -178,7 +183,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     rep.add_argument(
         "--only",
         metavar="KEYS",
-        help=f"comma-separated analyses to run, from: {', '.join(ANALYSES)}, comparison",
+        help=f"comma-separated analyses to run, from: {', '.join(ANALYSIS_KEYS)}, comparison",
     )
     _sets(rep, "comparison ")
     cmp_ = sub.add_parser(
@@ -226,6 +231,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
 def run_fleet(args: argparse.Namespace) -> int:
     """`export-parquet` and `fleet`: the Parquet path (DuckDB), no pandas over all rows."""
     from analysis import fleet
+    from analysis.common import records
 
     if args.command == "export-parquet":
         return fleet_export.run(args)
@@ -320,6 +326,8 @@ def peak_line(attrs: dict[str, Any]) -> str:
 
 
 def _comparison(ta: TraceAnalysis, args: argparse.Namespace) -> AnalysisResult:
+    from analysis.common import AnalysisResult
+
     base, new = args.base, args.new
     if bool(base) != bool(new):
         raise UsageError("give both --base and --new (or neither)")
@@ -400,6 +408,8 @@ def _check_models(dbs: Sequence[str], models: Sequence[str]) -> None:
     the models that exist."""
     if not models:
         return
+    from analysis.tracedb import model_counts
+
     counts = model_counts(dbs)
     missing = [m for m in models if m not in counts]
     if missing:
@@ -412,7 +422,11 @@ def _check_models(dbs: Sequence[str], models: Sequence[str]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     flt = make_filter(args)
-    ta = TraceAnalysis.from_paths(args.dbs, flt)
+    first = columnar.SpanBatches.started(Path(args.dbs[0]), flt)  # before the analyses' import
+    from analysis.render_text import Front
+    from analysis.trace_analysis import ANALYSES, TraceAnalysis
+
+    ta = TraceAnalysis.from_paths(args.dbs, flt, first)
     _check_models(args.dbs, flt.models)
     _warn_skipped(ta)
     if ta.data.empty:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.trace_filter import TraceNotFoundError
 from analysis.tracedb import TraceData, trace_spans
 
 LIVE_PID = 1
@@ -26,10 +27,6 @@ _TRACK_NAMES = {
     20: "kernel: host calls / CPU ops",
 }
 _DEVICE_KINDS = {"kernel", "memcpy", "memset"}
-
-
-class TraceNotFoundError(LookupError):
-    """No trace, or more than one, matches the requested id."""
 
 
 def find_trace(data: TraceData, trace_id: str) -> int:

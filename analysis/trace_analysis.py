@@ -30,6 +30,7 @@ from analysis import (
     time_breakdown,
     timeline,
 )
+from analysis.columnar import SpanBatches
 from analysis.common import AnalysisResult, Frames
 from analysis.findings import Finding, find
 from analysis.findings import table as findings_table
@@ -81,9 +82,13 @@ class TraceAnalysis:
 
     @classmethod
     def from_paths(
-        cls, paths: Sequence[str | Path], flt: TraceFilter | None = None
+        cls,
+        paths: Sequence[str | Path],
+        flt: TraceFilter | None = None,
+        first: SpanBatches | None = None,
     ) -> TraceAnalysis:
-        return cls(load_traces(paths, flt))
+        """`first`: the first store's span reads, already started (`load_traces`)."""
+        return cls(load_traces(paths, flt, first))
 
     # -- results with status ------------------------------------------------------------
     def result(self, key: str) -> AnalysisResult:

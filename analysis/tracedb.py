@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,6 +26,8 @@ from analysis.damage import BadRow
 from analysis.level_rows import LevelRows
 from analysis.store_file import RELAY_OFFSET_COLUMNS, STREAM_RESPONSE_COLUMNS, TraceDatabaseError
 from analysis.store_file import connect_ro as _connect_ro
+from analysis.trace_filter import TraceFilter, selection, span_checks, sql_where
+from analysis.trace_filter import parse_since as parse_since  # (re-exported)
 
 # Copy-on-write (pandas 3's default): the analyses derive many frames from the spans
 # (filters, `assign`, `reset_index`); without it each derivation copies every column of a
@@ -49,17 +50,6 @@ TRACE_ATTRIBUTE_COLUMNS: tuple[str, ...] = (
     "layer_names",
     "synthetic",
 )
-
-
-@dataclass(frozen=True)
-class TraceFilter:
-    """Which traces to load. Empty fields select everything."""
-
-    models: tuple[str, ...] = ()
-    trace_ids: tuple[str, ...] = ()  # full ids or unique prefixes
-    batch_sizes: tuple[int, ...] = ()
-    since_ns: int | None = None  # created_ns >= since_ns
-    include_errors: bool = False  # traces with status != 'ok'
 
 
 @dataclass
@@ -92,49 +82,6 @@ class TraceData:
         )
 
 
-def parse_since(text: str, now_ns: int | None = None) -> int:
-    """`--since` value to epoch ns: a duration back from now (`30m`, `2h`, `7d`, `45s`),
-    an ISO date/time (`2026-01-31`, `2026-01-31T12:00:00`, UTC unless it has an offset),
-    or epoch nanoseconds."""
-    now = time.time_ns() if now_ns is None else now_ns
-    text = text.strip()
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-    if text and text[-1] in units and text[:-1].replace(".", "", 1).isdigit():
-        return now - int(float(text[:-1]) * units[text[-1]] * 1e9)
-    if text.isdigit():
-        return int(text)
-    try:
-        stamp = pd.Timestamp(text)
-    except ValueError:
-        raise ValueError(
-            f"cannot read --since {text!r}: give a duration like 30m, 2h or 7d, an ISO "
-            "date/time like 2026-01-31T12:00, or epoch nanoseconds"
-        ) from None
-    if stamp.tzinfo is None:
-        stamp = stamp.tz_localize("UTC")
-    return int(stamp.value)
-
-
-def _where(flt: TraceFilter) -> tuple[str, list[object]]:
-    clauses: list[str] = []
-    params: list[object] = []
-    if not flt.include_errors:
-        clauses.append("status = 'ok'")
-    if flt.models:
-        clauses.append(f"model IN ({','.join('?' * len(flt.models))})")
-        params.extend(flt.models)
-    if flt.batch_sizes:
-        clauses.append(f"batch_size IN ({','.join('?' * len(flt.batch_sizes))})")
-        params.extend(flt.batch_sizes)
-    if flt.trace_ids:
-        clauses.append("(" + " OR ".join("trace_id LIKE ? || '%'" for _ in flt.trace_ids) + ")")
-        params.extend(flt.trace_ids)
-    if flt.since_ns is not None:
-        clauses.append("created_ns >= ?")
-        params.append(flt.since_ns)
-    return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
-
-
 def _trace_checks(guard_json: bool) -> str:
     checks = [
         damage.integer("created_ns"),
@@ -144,21 +91,6 @@ def _trace_checks(guard_json: bool) -> str:
     if guard_json:
         checks.append(damage.json_object("attributes"))
     return damage.bad_expression(checks)
-
-
-def _span_checks(guard_json: bool) -> str:
-    checks = [
-        damage.integer("s.start_ns"),
-        damage.integer("s.end_ns"),
-        damage.ordered("s.start_ns", "s.end_ns"),
-        *damage.duration("s.duration_ns"),
-        damage.integer("s.idx", nullable=True),
-    ]
-    if guard_json:
-        checks.append(damage.json_object("s.attributes"))
-        return damage.bad_expression(checks)
-    # a sound row (most rows) is told by one short conjunction; only the others are named
-    return f"CASE WHEN {damage.sound_span('s')} THEN NULL ELSE {damage.bad_expression(checks)} END"
 
 
 def _stats_checks() -> str:
@@ -195,7 +127,7 @@ def _load_one(path: Path, flt: TraceFilter, guard_json: bool = False) -> Loaded:
     repeated with every JSON text checked first."""
     conn = _connect_ro(path)
     try:
-        where, params = _where(flt)
+        where, params = sql_where(flt)
         trace_attr_cols = ", ".join(
             _json("attributes", f"json_extract(attributes, '$.{k}')", guard_json) + f" AS {k}"
             for k in TRACE_ATTRIBUTE_COLUMNS
@@ -208,7 +140,7 @@ def _load_one(path: Path, flt: TraceFilter, guard_json: bool = False) -> Loaded:
             conn,
             params=params,
         )
-        err_where, err_params = _where(TraceFilter(**{**flt.__dict__, "include_errors": True}))
+        err_where, err_params = sql_where(TraceFilter(**{**flt.__dict__, "include_errors": True}))
         n_all = conn.execute(f"SELECT COUNT(*) FROM traces{err_where}", err_params).fetchone()[0]
         skipped = int(n_all) - len(traces)
         failed: dict[str, int] = {}
@@ -220,7 +152,7 @@ def _load_one(path: Path, flt: TraceFilter, guard_json: bool = False) -> Loaded:
                 err_params,
             ):
                 failed[str(reason)] = int(count)
-        narrow = _selection(flt)
+        narrow = selection(flt)
         stats = pd.read_sql_query(
             "SELECT trace_id, level, iterations, warmup, trimmed_mean_ns, median_ns, min_ns, "
             "max_ns, overhead_ratio, CASE WHEN level = 'model' THEN samples_ns END AS samples_ns, "
@@ -238,16 +170,6 @@ def _load_one(path: Path, flt: TraceFilter, guard_json: bool = False) -> Loaded:
     finally:
         conn.close()
     return traces, stats, skipped, failed
-
-
-def _selection(flt: TraceFilter) -> tuple[str, Sequence[object]] | None:
-    """The filter's trace-id subquery and its parameters; None to read every trace's rows.
-    Selecting a few traces: let SQLite pick their rows. Otherwise reading every row and
-    dropping those of failed traces afterwards is faster than a lookup per row."""
-    if not (flt.models or flt.trace_ids or flt.batch_sizes or flt.since_ns is not None):
-        return None
-    where, params = _where(flt)
-    return f"SELECT trace_id FROM traces{where}", params
 
 
 _NUMERIC = (
@@ -446,12 +368,10 @@ def _store_spans(
 def _start_spans(path: Path, flt: TraceFilter) -> columnar.SpanBatches:
     """The store's span reads, started (they run while its traces are read). A store they
     cannot start on is reported as the traces' read reports it."""
-    sub, params = _selection(flt) or (None, ())
-    try:
-        return columnar.SpanBatches(path, _span_checks(False), sub, params)
-    except (TraceDatabaseError, sqlite3.Error):
+    if (batches := columnar.SpanBatches.started(path, flt)) is None:
         _load_one(path, flt)  # (raises, naming what is wrong with the store)
-        raise
+        batches = columnar.SpanBatches(path, span_checks(False), *(selection(flt) or (None, ())))
+    return batches
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -463,11 +383,16 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
         return pd.concat(non_empty or frames[:1], ignore_index=True)
 
 
-def load_traces(paths: Sequence[str | Path], flt: TraceFilter | None = None) -> TraceData:
+def load_traces(
+    paths: Sequence[str | Path],
+    flt: TraceFilter | None = None,
+    first: columnar.SpanBatches | None = None,
+) -> TraceData:
     """Read the selected traces of every database in `paths` (opened read-only). The spans
     come batch by batch; the frame they make holds each level's rows together (`LevelRows`),
     so that the analyses take a level as a slice of it (`Frames.at`), not as a second copy
-    of every span."""
+    of every span. `first`: the first store's span reads, already started under `flt`
+    (`SpanBatches.started`)."""
     flt = flt or TraceFilter()
     if not paths:
         raise TraceDatabaseError("no trace database given")
@@ -481,7 +406,11 @@ def load_traces(paths: Sequence[str | Path], flt: TraceFilter | None = None) -> 
     for raw in paths:
         path = Path(raw)
         source = str(raw)
-        with _start_spans(path, flt) as batches:
+        if first is not None:
+            started, first = first, None
+        else:
+            started = _start_spans(path, flt)
+        with started as batches:
             traces, stats, n_skipped, failed = _load_one(path, flt)
             traces, stats, bad, bad_stats = _normalize(traces, stats, source)
             keys = pd.Series(range(next_key, next_key + len(traces)), index=traces["trace_id"])
