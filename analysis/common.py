@@ -269,6 +269,14 @@ def call_names(layers: pd.DataFrame) -> pd.Series:
     return named.reindex(layers.index)
 
 
+def rows_where(df: pd.DataFrame, mask: pd.Series | np.ndarray) -> pd.DataFrame:
+    """`df[mask]`, without copying `df`'s columns where the mask keeps every row (a boolean
+    row filter copies every column even then; the kernels of a large store are most of its
+    spans): a new frame either way (copy-on-write)."""
+    keep = np.asarray(mask, dtype=bool)
+    return df.copy(deep=False) if keep.all() else df[keep]
+
+
 def left_join(df: pd.DataFrame, right: pd.DataFrame, on: Sequence[str]) -> pd.DataFrame:
     """`df.merge(right, on=on, how="left")` where `right`'s keys are unique, without copying
     `df`'s columns (copy-on-write): only the key columns are merged, to find each row's match,

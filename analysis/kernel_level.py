@@ -22,6 +22,7 @@ from analysis.common import (
     empty_result,
     inclusive_sums,
     not_captured,
+    rows_where,
 )
 from analysis.layer_level import layer_frame
 from analysis.roofline import classify
@@ -41,7 +42,7 @@ def _work(fr: Frames) -> pd.DataFrame:
 
     def build() -> pd.DataFrame:
         kn = fr.kernels
-        return kn[kn["kind"].isin(KERNEL_TABLE_KINDS)].reset_index(drop=True)
+        return rows_where(kn, kn["kind"].isin(KERNEL_TABLE_KINDS)).reset_index(drop=True)
 
     return fr.memo("work", build)
 
@@ -158,7 +159,7 @@ def kernels_by_name(fr: Frames) -> AnalysisResult:
 def _by_layer(fr: Frames) -> pd.DataFrame:
     def build() -> pd.DataFrame:
         kn = _work(fr)
-        kn = kn[kn["layer"].notna()]
+        kn = rows_where(kn, kn["layer"].notna())
         per = fr.with_meta(_sum_per(kn, ["layer"]))
         agg = across_traces(
             per,

@@ -27,6 +27,7 @@ from analysis.common import (
     container_note,
     empty_result,
     not_captured,
+    rows_where,
 )
 from analysis.memory_roof import DRAM, cache_roofs, with_memory_roofs, working_sets
 
@@ -213,7 +214,7 @@ def kernel_roofline(fr: Frames) -> AnalysisResult:
             "A9", A9_TITLE, fr.kernel_reason() + " (A14 places layers on the roofline instead)"
         )
     kn = kn.assign(dram_bytes=kn["dram_read_bytes"] + kn["dram_write_bytes"])
-    kn = kn[kn["flops"].notna() & kn["dram_bytes"].notna()]
+    kn = rows_where(kn, kn["flops"].notna() & kn["dram_bytes"].notna())
     if kn.empty:
         return not_captured(
             "A9",
@@ -241,8 +242,8 @@ def layer_metrics(fr: Frames) -> tuple[pd.DataFrame, str]:
 
 def _layer_metrics(fr: Frames) -> tuple[pd.DataFrame, str]:
     kn = fr.kernels[["tkey", "layer", "kind", *_COUNTERS, "metrics_estimated"]]  # (see A9)
-    kn = kn[kn["kind"].isin(("kernel", "cpu_op")) & kn["layer"].notna()]
-    kn = kn[kn["flops"].notna() | kn["dram_read_bytes"].notna()]
+    kn = rows_where(kn, kn["kind"].isin(("kernel", "cpu_op")) & kn["layer"].notna())
+    kn = rows_where(kn, kn["flops"].notna() | kn["dram_read_bytes"].notna())
     kn = kn.assign(dram_bytes=kn["dram_read_bytes"].fillna(0) + kn["dram_write_bytes"].fillna(0))
     from_kernels = kn.groupby(["tkey", "layer"], as_index=False).agg(
         flops=("flops", "sum"),
