@@ -260,13 +260,22 @@ def call_names(layers: pd.DataFrame) -> pd.Series:
     if layers.empty:
         return layers["name"]
     keys = ["tkey", "run_level", "name"]
-    order = layers[[*keys, "start_ns", "idx"]].sort_values(["start_ns", "idx"], kind="stable")
+    order = sort_rows(layers[[*keys, "start_ns", "idx"]], ["start_ns", "idx"])
     n = order.groupby(keys, dropna=False, sort=False).cumcount()
     named = order["name"].astype(str)
     repeat = (n > 0).to_numpy()
     if repeat.any():  # only the repeats get a suffix
         named[repeat] = named[repeat] + "#" + n[repeat].astype(str)
     return named.reindex(layers.index)
+
+
+def sort_rows(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """`df.sort_values(keys, kind="stable")`; by numpy's `lexsort` (stable) where every key
+    is an integer column, which takes a fraction of the time (pandas factorizes each key)."""
+    columns = [df[k] for k in keys]
+    if columns and all(isinstance(c.dtype, np.dtype) and c.dtype.kind in "iub" for c in columns):
+        return df.iloc[np.lexsort([c.to_numpy() for c in reversed(columns)])]
+    return df.sort_values(list(keys), kind="stable")
 
 
 def rows_where(df: pd.DataFrame, mask: pd.Series | np.ndarray) -> pd.DataFrame:
@@ -413,7 +422,7 @@ class Frames:
         runs = ly.assign(_pref=(ly["run_level"] != "layer").astype(int))
         runs = runs.sort_values(["tkey", "_pref", "run_level"]).drop_duplicates("tkey")
         ly = ly.merge(runs[["tkey", "run_level"]], on=["tkey", "run_level"], how="inner")
-        ly = ly.sort_values(["tkey", "idx", "start_ns"], kind="stable")
+        ly = sort_rows(ly, ["tkey", "idx", "start_ns"])
         ly = ly.assign(type=layer_type(ly), container=is_container(ly))
         return self.with_meta(ly.reset_index(drop=True))
 

@@ -19,6 +19,7 @@ from analysis.common import (
     across_traces,
     empty_result,
     not_captured,
+    sort_rows,
 )
 
 TITLE = "Model time breakdown (kernel busy / non-kernel / idle)"
@@ -28,7 +29,7 @@ def union_ns(df: pd.DataFrame) -> pd.Series:
     """Per tkey: total length of the union of [start_ns, end_ns) intervals."""
     if df.empty:
         return pd.Series(dtype="float64")
-    d = df[["tkey", "start_ns", "end_ns"]].sort_values(["tkey", "start_ns"], kind="stable")
+    d = sort_rows(df[["tkey", "start_ns", "end_ns"]], ["tkey", "start_ns"])
     # int64 throughout: epoch nanoseconds do not fit a float64 exactly
     lowest = np.iinfo(np.int64).min
     cummax = d.groupby("tkey")["end_ns"].cummax().astype("int64")
