@@ -435,7 +435,9 @@ def _attribute(key: str) -> str:
 def _report_duckdb() -> str:
     """DuckDB over the rows of `report_spans_sql` (relation `batches`). Each numeric
     attribute's JSON value (`_v_KEY`) and its number are computed once each, one subquery
-    after the other (not once per expression that reads them)."""
+    after the other (not once per expression that reads them). `span_id` only names a
+    damaged row or value, so it is handed over for those rows alone (a unique string per
+    span is what costs most to make a Python object of)."""
     layer_paths = "[" + ", ".join(f"'$.{k}'" for k in _LAYER_KEYS) + "]"
     work_paths = "[" + ", ".join(f"'$.{k}'" for k in _WORK_KEYS) + "]"
     numeric = (*NUMBERS, *FLAGS)
@@ -450,6 +452,8 @@ def _report_duckdb() -> str:
     objects = ", ".join(f"{_attribute(k)}::VARCHAR AS {k}" for k in (*OBJECTS, *LAYER_JSON))
     quoted = "'''' || replace(substr(attributes, 1, 40), '''', '''''') || ''''"
     return f"""
+SELECT * REPLACE (CASE WHEN _bad IS NOT NULL OR _wrong IS NOT NULL THEN span_id END AS span_id)
+FROM (
 SELECT trace_id, span_id, level, name, kind, start_ns, end_ns, duration_ns, run_level, idx,
        layer, {", ".join((*RELAY_OFFSET_COLUMNS.values(), *STREAM_RESPONSE_COLUMNS))}, _bad,
        {", ".join(numeric)}, nullif(concat_ws(',', {wrong}), '') AS _wrong, {objects}
@@ -471,6 +475,7 @@ FROM (
       FROM batches WHERE _first = 0
     )
   )
+)
 )
 """
 
