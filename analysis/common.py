@@ -156,9 +156,11 @@ def _trimmed_means(gid: np.ndarray, v: np.ndarray, n_groups: int, proportion: fl
     by the rule of `sidecar.profiling.stats.trimmed_mean`, vectorised."""
     ok = ~np.isnan(v)
     g, v = gid[ok], v[ok]
-    # `lexsort((v, g))`'s order, by a stable sort of the values and then a stable sort of
-    # their groups (a radix sort where the group ids fit 16 bits): a third less time
-    order = np.argsort(v, kind="stable")
+    # `lexsort((v, g))`'s order, by a sort of the values and then a stable sort of their
+    # groups (a radix sort where the group ids fit 16 bits): a third less time. The values'
+    # sort need not be stable: values that compare equal are equal (NaN is left out, and
+    # -0.0 and 0.0 add alike), so their order changes neither the trim nor the sums.
+    order = np.argsort(v)
     ids = g[order].astype(np.uint16) if n_groups <= 1 << 16 else g[order]
     order = order[np.argsort(ids, kind="stable")]
     g, v = g[order], v[order]
