@@ -32,9 +32,9 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from analysis import damage, trace_filter
+from analysis import damage
 from analysis.store_file import (
     RELAY_OFFSET_COLUMNS,
     STREAM_RESPONSE_COLUMNS,
@@ -42,7 +42,9 @@ from analysis.store_file import (
     TraceDatabaseError,
     connect_ro,
 )
-from analysis.trace_filter import TraceFilter
+
+if TYPE_CHECKING:  # (the export, which imports this module, needs no filter)
+    from analysis.trace_filter import TraceFilter
 
 BATCH_ROWS = 16_384  # rows per Arrow record batch: a few MB of spans
 PART_ROWS = 200_000  # the export reads a store's spans in parallel parts of at least this many rows
@@ -523,6 +525,8 @@ class SpanBatches:
     def started(cls, path: Path, flt: TraceFilter) -> SpanBatches | None:
         """The report's span reads of `path` under `flt`, started now; None where they cannot
         start (no such store, not a trace store: the loader then says why)."""
+        from analysis import trace_filter
+
         sub, params = trace_filter.selection(flt) or (None, ())
         try:
             return cls(path, trace_filter.span_checks(False), sub, params)
