@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -58,8 +60,11 @@ def counters(pids: list[int]) -> list[float]:
     return out
 
 
-def window(address: str, pids: list[int] | None, concurrency: int, seconds: float) -> list[float]:
-    """One load window: throughput, p50 (ms) and each of `counters` per call."""
+def window(
+    address: str, relay: Callable[[], list[int]], concurrency: int, seconds: float
+) -> list[float]:
+    """One load window: throughput, p50 (ms) and each of `counters` per call of the processes
+    `relay()` names once the clients are connected (socat forks one per connection)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -73,7 +78,8 @@ def window(address: str, pids: list[int] | None, concurrency: int, seconds: floa
     for pipe in pipes:
         if pipe.recv() != "ready":
             raise RuntimeError("a client process failed to warm up")
-    before = counters(pids or [])
+    pids = relay()
+    before = counters(pids)
     start = time.perf_counter()
     for pipe in pipes:
         pipe.send("go")
@@ -81,7 +87,7 @@ def window(address: str, pids: list[int] | None, concurrency: int, seconds: floa
     for pipe in pipes:
         latencies.extend(pipe.recv())
     elapsed = time.perf_counter() - start
-    after = counters(pids or [])
+    after = counters(pids)
     for pipe in pipes:
         pipe.send("close")
     for proc in procs:
@@ -132,7 +138,8 @@ def bare_relay(port: int, host: str, backend_port: int) -> None:
             nodelay(transport)
 
         def data_received(self, data: bytes) -> None:
-            self.client.transport.write(data)
+            if not self.client.transport.is_closing():  # else the client is gone
+                self.client.transport.write(data)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self.client.transport.close()
@@ -156,7 +163,7 @@ def bare_relay(port: int, host: str, backend_port: int) -> None:
         def data_received(self, data: bytes) -> None:
             if self.backend is None:
                 self.pending.append(data)
-            else:
+            elif not self.backend.is_closing():
                 self.backend.write(data)
 
         def connection_lost(self, exc: Exception | None) -> None:
@@ -208,9 +215,9 @@ def main(argv: list[str] | None = None) -> int:
             direct: list[list[float]] = []
             results: dict[str, list[list[float]]] = {name: [] for name in relays}
             for _ in range(args.rounds):
-                direct.append(window(backend, None, args.concurrency, args.duration))
+                direct.append(window(backend, list, args.concurrency, args.duration))
                 for name, (proc, address) in relays.items():
-                    pids = process_tree(proc.pid)[1:] if name == "socat" else [proc.pid]
+                    pids = partial(process_tree, proc.pid) if name == "socat" else [proc.pid].copy
                     results[name].append(window(address, pids, args.concurrency, args.duration))
         finally:
             for proc, _ in relays.values():
