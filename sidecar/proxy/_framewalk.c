@@ -7,7 +7,8 @@
  * from here into Python costs several times what it costs replayed hot (cache misses), so
  * the walk also does a stream's DATA bookkeeping itself (`Stream` below).
  *
- * walk(sink, data, start, hold=None, streams=None, request=False, header_cache=None) -> int
+ * walk(sink, data, start, hold=None, streams=None, request=False, header_cache=None,
+ *      tracker=None) -> int
  *   Handles, from `start`, each frame that lies wholly inside `data` and that
  *   FrameScanner._scan's fast branch handles, calling the same sink methods with the same
  *   arguments in the same order; returns where it stopped: len(data), or the first frame it
@@ -28,7 +29,14 @@
  *   HeaderDecoder's cache of blocks that decode without changing the HPACK table; a HEADERS
  *   frame whose block it holds and that does not end the stream is _ResponseSide's
  *   on_header_block done here (the response's start and statuses on the stream's record).
+ *   `tracker` (observe mode, with `streams`): the sink's ConnectionTracker; with it a new
+ *   request whose block the request direction's `header_cache` holds is started here, and
+ *   cached trailers end a call here, where no Python is needed (see "a call's start and end
+ *   without the sink" below): a unary call then crosses into Python not at all.
  *   An exception raised by the sink (or by `_emit_injected`) propagates unchanged.
+ *
+ * configure(status_names, unknown_model, buckets)
+ *   The constants a call's end is counted with, given once by streams.py.
  *
  * Stream(sid, path, method, model_field, start, timeout=None)
  *   The per-stream record of streams.py (`_PyStream`, the dataclass it replaces where this
