@@ -7,7 +7,8 @@
  * from here into Python costs several times what it costs replayed hot (cache misses), so
  * the walk also does a stream's DATA bookkeeping itself (`Stream` below).
  *
- * walk(sink, data, start, hold=None, streams=None, request=False, header_cache=None) -> int
+ * walk(sink, data, start, hold=None, streams=None, request=False, header_cache=None,
+ *      tracker=None) -> int
  *   Handles, from `start`, each frame that lies wholly inside `data` and that
  *   FrameScanner._scan's fast branch handles, calling the same sink methods with the same
  *   arguments in the same order; returns where it stopped: len(data), or the first frame it
@@ -28,7 +29,14 @@
  *   HeaderDecoder's cache of blocks that decode without changing the HPACK table; a HEADERS
  *   frame whose block it holds and that does not end the stream is _ResponseSide's
  *   on_header_block done here (the response's start and statuses on the stream's record).
+ *   `tracker` (observe mode, with `streams`): the sink's ConnectionTracker; with it a new
+ *   request whose block the request direction's `header_cache` holds is started here, and
+ *   cached trailers end a call here, where no Python is needed (see "a call's start and end
+ *   without the sink" below): a unary call then crosses into Python not at all.
  *   An exception raised by the sink (or by `_emit_injected`) propagates unchanged.
+ *
+ * configure(status_names, unknown_model, buckets)
+ *   The constants a call's end is counted with, given once by streams.py.
  *
  * Stream(sid, path, method, model_field, start, timeout=None)
  *   The per-stream record of streams.py (`_PyStream`, the dataclass it replaces where this
@@ -209,14 +217,8 @@ static PyMemberDef stream_members[] = {
 
 static PyObject *empty_bytes, *empty_str, *zero;
 
-static PyObject *stream_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"sid", "path", "method", "model_field", "start", "timeout", NULL};
-    long long sid;
-    PyObject *path, *method, *model_field, *timeout = Py_None;
-    double start;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LOOOd|O:Stream", names, &sid, &path,
-                                     &method, &model_field, &start, &timeout))
-        return NULL;
+static Stream *stream_make(PyTypeObject *type, long long sid, PyObject *path, PyObject *method,
+                           PyObject *model_field, double start, PyObject *timeout) {
     Stream *st = (Stream *)type->tp_alloc(type, 0);
     if (st == NULL)
         return NULL;
@@ -235,7 +237,18 @@ static PyObject *stream_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     st->grpc_message = Py_NewRef(empty_bytes);
     st->inferences = Py_NewRef(Py_None);
     st->path_text = Py_NewRef(empty_str);
-    return (PyObject *)st;
+    return st;
+}
+
+static PyObject *stream_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"sid", "path", "method", "model_field", "start", "timeout", NULL};
+    long long sid;
+    PyObject *path, *method, *model_field, *timeout = Py_None;
+    double start;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LOOOd|O:Stream", names, &sid, &path,
+                                     &method, &model_field, &start, &timeout))
+        return NULL;
+    return (PyObject *)stream_make(type, sid, path, method, model_field, start, timeout);
 }
 
 #define STREAM_OBJECTS(X)                                                                     \
@@ -427,12 +440,297 @@ static int inject(PyObject *hold, PyObject *data, Py_ssize_t at, PyObject *extra
     return failed;
 }
 
-/* _ResponseSide.on_header_block for a block that does not end the stream and that `cache` (the
- * direction's HeaderDecoder.cache: block -> (headers, (grpc-status, grpc-message, :status)))
- * holds: a hit changes no HPACK state, so the sink would only mark the stream's response start
- * and statuses. 0 done, 1 not such a block (the sink is called), -1 error. */
+/* ---- a call's start and end without the sink ---------------------------------------------
+ * `tracker` (walk's `fast`): the ConnectionTracker, given where its records are `Stream`s. A
+ * new request whose header block the request direction's cache holds, on a connection with no
+ * observer, gets its record here (_RequestSide.on_header_block); a response's trailers whose
+ * block the response direction's cache holds end the call here (_ResponseSide.on_header_block,
+ * ConnectionTracker.end_response and end) where the observer wants nothing at its end (none,
+ * or a QuietEnd for it), counted in ProxyMetrics' plain counters as `record` does and in the
+ * QuietEnd's. Where anything is not as these expect (a label set's first call, a status that
+ * is not a plain code, an inference stream), nothing is changed and the sink is called. */
+
+static PyObject *s_observer, *s_refuse_above, *s_last_stream_id, *s_metrics, *s_open_streams,
+    *s_methods, *s_models, *s_codes, *s_stats, *s_quiet, *s_ended, *s_index, *s_per_model,
+    *s_buckets, *s_count, *s_sum, *s_request_bytes, *s_response_bytes, *s_name,
+    *s_model_field, *s_per_message, *one, *minus_one;
+/* configure(): streams._STATUS_NAMES, model_name.UNKNOWN_MODEL, metrics.DURATION_BUCKETS */
+static PyObject *status_names, *unknown_model;
+#define MAX_BOUNDS 64
+static double bounds[MAX_BOUNDS];
+static Py_ssize_t n_bounds;
+
+/* obj.<name> += delta, as Python's `obj.name += delta` does it for ints and floats. */
+static int add_attr(PyObject *obj, PyObject *name, PyObject *delta) {
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL)
+        return -1;
+    PyObject *sum = PyNumber_InPlaceAdd(value, delta);
+    Py_DECREF(value);
+    if (sum == NULL)
+        return -1;
+    int failed = PyObject_SetAttr(obj, name, sum);
+    Py_DECREF(sum);
+    return failed;
+}
+
+/* seq[key] += 1 */
+static int add_one(PyObject *seq, PyObject *key) {
+    PyObject *value = PyObject_GetItem(seq, key);
+    if (value == NULL)
+        return -1;
+    PyObject *sum = PyNumber_InPlaceAdd(value, one);
+    Py_DECREF(value);
+    if (sum == NULL)
+        return -1;
+    int failed = PyObject_SetItem(seq, key, sum);
+    Py_DECREF(sum);
+    return failed;
+}
+
+/* A new request: 0 done, 1 not one this handles (the sink is called), -1 error. */
+static int cached_request_start(PyObject *sid, unsigned long stream_id, PyObject *block,
+                                PyObject *cache, PyObject *streams, PyObject *tracker,
+                                int end_stream) {
+    PyObject *hit = PyDict_GetItemWithError(cache, block);
+    if (hit == NULL)
+        return PyErr_Occurred() ? -1 : 1;
+    if (!PyTuple_CheckExact(hit) || PyTuple_GET_SIZE(hit) != 2)
+        return 1;
+    PyObject *summary = PyTuple_GET_ITEM(hit, 1); /* (path, timeout, MethodInfo) */
+    if (!PyTuple_CheckExact(summary) || PyTuple_GET_SIZE(summary) != 3)
+        return 1;
+    PyObject *path = PyTuple_GET_ITEM(summary, 0), *timeout = PyTuple_GET_ITEM(summary, 1),
+             *info = PyTuple_GET_ITEM(summary, 2);
+    PyObject *observer = NULL, *refuse = NULL, *last = NULL, *per_message = NULL, *name = NULL,
+             *field = NULL, *metrics = NULL, *methods = NULL;
+    Stream *st = NULL;
+    int r = 1;
+    if ((observer = PyObject_GetAttr(tracker, s_observer)) == NULL ||
+        (refuse = PyObject_GetAttr(tracker, s_refuse_above)) == NULL ||
+        (last = PyObject_GetAttr(tracker, s_last_stream_id)) == NULL)
+        goto error;
+    if (observer != Py_None || refuse != Py_None || !PyLong_CheckExact(last))
+        goto out; /* the hook decides; a draining connection; not ours to read */
+    long long last_id = PyLong_AsLongLong(last);
+    if (last_id == -1 && PyErr_Occurred())
+        goto error;
+    if ((long long)stream_id <= last_id)
+        goto out; /* trailers of a request: the sink's */
+    if ((per_message = PyObject_GetAttr(info, s_per_message)) == NULL)
+        goto error;
+    int streamed = PyObject_IsTrue(per_message);
+    if (streamed < 0)
+        goto error;
+    if (streamed)
+        goto out; /* an inference stream: its messages are counted in Python */
+    if ((name = PyObject_GetAttr(info, s_name)) == NULL ||
+        (field = PyObject_GetAttr(info, s_model_field)) == NULL ||
+        (metrics = PyObject_GetAttr(tracker, s_metrics)) == NULL ||
+        (methods = PyObject_GetAttr(metrics, s_methods)) == NULL)
+        goto error;
+    if (!PyAnySet_Check(methods))
+        goto out;
+    int known = PySet_Contains(methods, name); /* ProxyMetrics.method_label's first case */
+    if (known < 0)
+        goto error;
+    if (!known)
+        goto out;
+    st = stream_make(&StreamType, (long long)stream_id, path, name, field, perf_counter(),
+                     timeout);
+    if (st == NULL)
+        goto error;
+    if (end_stream) {
+        st->request_end = st->start; /* a request of headers only */
+    } else if (field != Py_None) {
+        PyObject *head = PyByteArray_FromStringAndSize(NULL, 0);
+        if (head == NULL)
+            goto error;
+        replace(&st->head, head);
+    }
+    if (PyDict_SetItem(streams, sid, (PyObject *)st) < 0 ||
+        PyObject_SetAttr(tracker, s_last_stream_id, sid) < 0 ||
+        add_attr(metrics, s_open_streams, one) < 0)
+        goto error;
+    r = 0;
+out:
+    Py_XDECREF(observer);
+    Py_XDECREF(refuse);
+    Py_XDECREF(last);
+    Py_XDECREF(per_message);
+    Py_XDECREF(name);
+    Py_XDECREF(field);
+    Py_XDECREF(metrics);
+    Py_XDECREF(methods);
+    Py_XDECREF(st);
+    return r;
+error:
+    r = -1;
+    goto out;
+}
+
+/* What ending a call here takes, looked up before anything is changed. */
+typedef struct {
+    PyObject *metrics, *key, *count, *stats, *quiet, *quiet_table, *label;
+} Ending;
+
+static void ending_clear(Ending *e) {
+    Py_CLEAR(e->metrics);
+    Py_CLEAR(e->key);
+    Py_CLEAR(e->stats);
+    Py_CLEAR(e->quiet_table);
+    Py_CLEAR(e->label);
+    e->count = e->quiet = NULL; /* borrowed from their dicts */
+}
+
+/* 0 ready (e filled), 1 not a call this ends (the sink is called), -1 error. */
+static int ending_ready(Stream *st, PyObject *sid, PyObject *status, PyObject *tracker,
+                        Ending *e) {
+    if (status_names == NULL || set(st->inferences) || status == Py_None)
+        return 1;
+    PyObject *code = PyDict_GetItemWithError(status_names, status); /* end_response */
+    if (code == NULL)
+        return PyErr_Occurred() ? -1 : 1;
+    PyObject *observer = PyObject_GetAttr(tracker, s_observer), *codes = NULL, *all = NULL,
+             *models = NULL, *pair = NULL;
+    int r = 1;
+    if (observer == NULL)
+        goto error;
+    if (observer != Py_None) { /* only a QuietEnd'ed call */
+        if ((e->quiet_table = PyObject_GetAttr(tracker, s_quiet)) == NULL)
+            goto error;
+        if (!PyDict_CheckExact(e->quiet_table))
+            goto out;
+        e->quiet = PyDict_GetItemWithError(e->quiet_table, sid);
+        if (e->quiet == NULL) {
+            if (PyErr_Occurred())
+                goto error;
+            goto out;
+        }
+    }
+    if ((e->metrics = PyObject_GetAttr(tracker, s_metrics)) == NULL)
+        goto error;
+    PyObject *model = st->model; /* ProxyMetrics.model_label, its known names only */
+    if (model == NULL || model == Py_None ||
+        (PyUnicode_CheckExact(model) && PyUnicode_GET_LENGTH(model) == 0)) {
+        e->label = Py_NewRef(unknown_model);
+    } else {
+        if (!PyUnicode_CheckExact(model) ||
+            (models = PyObject_GetAttr(e->metrics, s_models)) == NULL)
+            goto fail;
+        int known = PyAnySet_Check(models) ? PySet_Contains(models, model) : 0;
+        if (known < 0)
+            goto error;
+        if (!known)
+            goto out;
+        e->label = Py_NewRef(model);
+    }
+    if ((codes = PyObject_GetAttr(e->metrics, s_codes)) == NULL ||
+        (all = PyObject_GetAttr(e->metrics, s_stats)) == NULL)
+        goto error;
+    if (!PyDict_CheckExact(codes) || !PyDict_CheckExact(all))
+        goto out;
+    if ((e->key = PyTuple_Pack(3, st->method, e->label, code)) == NULL ||
+        (pair = PyTuple_Pack(2, st->method, e->label)) == NULL)
+        goto error;
+    e->count = PyDict_GetItemWithError(codes, e->key);
+    if (e->count == NULL)
+        goto missing; /* the first call of this label set: `record` makes its counters */
+    e->stats = Py_XNewRef(PyDict_GetItemWithError(all, pair));
+    if (e->stats == NULL)
+        goto missing;
+    r = 0;
+out:
+    Py_XDECREF(observer);
+    Py_XDECREF(codes);
+    Py_XDECREF(all);
+    Py_XDECREF(models);
+    Py_XDECREF(pair);
+    if (r != 0)
+        ending_clear(e);
+    return r;
+missing:
+    if (PyErr_Occurred())
+        goto error;
+    goto out;
+fail:
+    if (!PyErr_Occurred())
+        goto out;
+error:
+    r = -1;
+    goto out;
+}
+
+/* ConnectionTracker.end for a call `ending_ready` said this ends. */
+static int end_call(Stream *st, PyObject *sid, PyObject *streams, Ending *e) {
+    PyObject *codes = NULL, *buckets = NULL, *value = NULL, *index = NULL;
+    int r = -1;
+    Py_INCREF(st); /* the table held the record */
+    if (PyDict_DelItem(streams, sid) < 0 || add_attr(e->metrics, s_open_streams, minus_one) < 0)
+        goto out;
+    double duration = perf_counter() - st->start;
+    /* ProxyMetrics.record_in */
+    if ((codes = PyObject_GetAttr(e->metrics, s_codes)) == NULL)
+        goto out;
+    if ((value = PyNumber_InPlaceAdd(e->count, one)) == NULL ||
+        PyDict_SetItem(codes, e->key, value) < 0)
+        goto out;
+    Py_ssize_t i = 0; /* bisect_left(DURATION_BUCKETS, duration) */
+    while (i < n_bounds && bounds[i] < duration)
+        i++;
+    if ((buckets = PyObject_GetAttr(e->stats, s_buckets)) == NULL ||
+        (index = PyLong_FromSsize_t(i)) == NULL || add_one(buckets, index) < 0 ||
+        add_attr(e->stats, s_count, one) < 0)
+        goto out;
+    Py_CLEAR(value);
+    if ((value = PyFloat_FromDouble(duration)) == NULL || add_attr(e->stats, s_sum, value) < 0)
+        goto out;
+    Py_CLEAR(value);
+    if ((value = PyLong_FromLongLong(st->request_bytes)) == NULL ||
+        add_attr(e->stats, s_request_bytes, value) < 0)
+        goto out;
+    Py_CLEAR(value);
+    if ((value = PyLong_FromLongLong(st->response_bytes)) == NULL ||
+        add_attr(e->stats, s_response_bytes, value) < 0)
+        goto out;
+    Py_CLEAR(value);
+    if (e->quiet != NULL) { /* the QuietEnd's counts */
+        PyObject *quiet = Py_NewRef(e->quiet), *ended = NULL, *at = NULL, *per_model = NULL;
+        int failed = PyDict_DelItem(e->quiet_table, sid) < 0 ||
+                     (ended = PyObject_GetAttr(quiet, s_ended)) == NULL ||
+                     (at = PyObject_GetAttr(quiet, s_index)) == NULL || add_one(ended, at) < 0 ||
+                     (per_model = PyObject_GetAttr(quiet, s_per_model)) == NULL;
+        if (!failed && per_model != Py_None) {
+            PyObject *had = PyObject_CallMethod(per_model, "get", "OO", e->label, zero);
+            PyObject *now = had == NULL ? NULL : PyNumber_Add(had, one);
+            failed = now == NULL || PyObject_SetItem(per_model, e->label, now) < 0;
+            Py_XDECREF(had);
+            Py_XDECREF(now);
+        }
+        Py_DECREF(quiet);
+        Py_XDECREF(ended);
+        Py_XDECREF(at);
+        Py_XDECREF(per_model);
+        if (failed)
+            goto out;
+    }
+    r = 0;
+out:
+    Py_DECREF(st);
+    Py_XDECREF(codes);
+    Py_XDECREF(buckets);
+    Py_XDECREF(value);
+    Py_XDECREF(index);
+    return r;
+}
+
+/* _ResponseSide.on_header_block for a block that `cache` (the direction's HeaderDecoder.cache:
+ * block -> (headers, (grpc-status, grpc-message, :status))) holds: a hit changes no HPACK
+ * state, so the sink would only mark the stream's response start and statuses, and end it if
+ * the block ends the stream (done here only with a `tracker`, as `ending_ready` allows).
+ * 0 done, 1 not such a block (the sink is called), -1 error. */
 static int cached_response_headers(PyObject *sid, PyObject *block, PyObject *cache,
-                                   PyObject *streams) {
+                                   PyObject *streams, PyObject *tracker, int end_stream) {
     PyObject *hit = PyDict_GetItemWithError(cache, block);
     if (hit == NULL)
         return PyErr_Occurred() ? -1 : 1;
@@ -448,9 +746,19 @@ static int cached_response_headers(PyObject *sid, PyObject *block, PyObject *cac
         return 1;
     Stream *st = (Stream *)found;
     PyObject *status = PyTuple_GET_ITEM(summary, 0), *http = PyTuple_GET_ITEM(summary, 2);
+    Ending ending = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    if (end_stream) {
+        if (tracker == NULL)
+            return 1;
+        int r = ending_ready(st, sid, status, tracker, &ending);
+        if (r != 0)
+            return r;
+    }
     int has_http = PyObject_IsTrue(http);
-    if (has_http < 0)
+    if (has_http < 0) {
+        ending_clear(&ending);
         return -1;
+    }
     if (st->response_start == 0.0)
         st->response_start = perf_counter();
     if (status != Py_None) {
@@ -459,17 +767,25 @@ static int cached_response_headers(PyObject *sid, PyObject *block, PyObject *cac
     }
     if (has_http)
         replace(&st->http_status, Py_NewRef(http));
-    return 0;
+    int failed = end_stream ? end_call(st, sid, streams, &ending) : 0;
+    ending_clear(&ending);
+    return failed;
 }
 
-static int headers_frame(PyObject *sink, PyObject *sid, const char *payload, Py_ssize_t length,
-                         int flags, PyObject *hold, PyObject *data, Py_ssize_t at,
-                         PyObject *cache, PyObject *streams) {
-    PyObject *args[4] = {sid, (flags & END_STREAM) ? Py_True : Py_False,
+static int headers_frame(PyObject *sink, PyObject *sid, unsigned long stream_id,
+                         const char *payload, Py_ssize_t length, int flags, PyObject *hold,
+                         PyObject *data, Py_ssize_t at, PyObject *cache, PyObject *streams,
+                         PyObject *tracker, int request) {
+    int end_stream = (flags & END_STREAM) != 0;
+    PyObject *args[4] = {sid, end_stream ? Py_True : Py_False,
                          PyBytes_FromStringAndSize(payload, length), PyLong_FromLong(HEADERS)};
     int failed = -1;
-    if (args[2] != NULL && cache != NULL && streams != NULL && !(flags & END_STREAM)) {
-        failed = cached_response_headers(sid, args[2], cache, streams);
+    if (args[2] != NULL && cache != NULL && streams != NULL) {
+        failed = request ? (tracker == NULL ? 1
+                                            : cached_request_start(sid, stream_id, args[2], cache,
+                                                                   streams, tracker, end_stream))
+                         : cached_response_headers(sid, args[2], cache, streams, tracker,
+                                                   end_stream);
         if (failed <= 0) {
             Py_DECREF(args[2]);
             Py_XDECREF(args[3]);
@@ -519,12 +835,12 @@ static int any_data_frame(PyObject *sink, PyObject *sid, const char *payload, Py
 }
 
 static PyObject *walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 3 || nargs > 7 || !PyBytes_Check(args[1]) ||
+    if (nargs < 3 || nargs > 8 || !PyBytes_Check(args[1]) ||
         (nargs > 4 && args[4] != Py_None && !PyDict_CheckExact(args[4])) ||
         (nargs > 6 && args[6] != Py_None && !PyDict_CheckExact(args[6]))) {
         PyErr_SetString(PyExc_TypeError,
                         "walk(sink, data: bytes, start: int, hold=None, streams: dict | None = "
-                        "None, request=False, header_cache: dict | None = None)");
+                        "None, request=False, header_cache: dict | None = None, tracker=None)");
         return NULL;
     }
     PyObject *sink = args[0];
@@ -533,8 +849,13 @@ static PyObject *walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     int request = nargs > 5 ? PyObject_IsTrue(args[5]) : 0;
     if (request < 0)
         return NULL;
-    /* the response direction's header cache: only read with a stream table */
-    PyObject *cache = nargs > 6 && args[6] != Py_None && !request && hold == NULL ? args[6] : NULL;
+    /* the tracker: only with a stream table, in observe mode */
+    PyObject *tracker = nargs > 7 && args[7] != Py_None && streams != NULL && hold == NULL
+                            ? args[7] : NULL;
+    /* the direction's header cache: only read with a stream table, in observe mode; the
+     * request direction's only with the tracker (a new request is all it is read for) */
+    PyObject *cache = nargs > 6 && args[6] != Py_None && hold == NULL &&
+                              (!request || tracker != NULL) ? args[6] : NULL;
     const char *buf = PyBytes_AS_STRING(args[1]);
     Py_ssize_t n = PyBytes_GET_SIZE(args[1]);
     Py_ssize_t pos = PyLong_AsSsize_t(args[2]);
@@ -573,8 +894,8 @@ static PyObject *walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         int failed =
             ftype == DATA ? any_data_frame(sink, sid, payload, length, flags, streams, request)
             : ftype == HEADERS
-                ? headers_frame(sink, sid, payload, length, flags, hold, args[1], pos, cache,
-                                streams)
+                ? headers_frame(sink, sid, stream_id, payload, length, flags, hold, args[1],
+                                pos, cache, streams, tracker, request)
                 : control_frame(sink, sid, ftype, flags, payload, length);
         Py_DECREF(sid);
         if (failed)
@@ -584,10 +905,33 @@ static PyObject *walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromSsize_t(pos);
 }
 
+static PyObject *configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyDict_CheckExact(args[0]) || !PyUnicode_CheckExact(args[1]) ||
+        !PyTuple_CheckExact(args[2]) || PyTuple_GET_SIZE(args[2]) > MAX_BOUNDS) {
+        PyErr_SetString(PyExc_TypeError, "configure(status_names: dict, unknown_model: str, "
+                                         "buckets: tuple[float, ...])");
+        return NULL;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(args[2]);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double bound = PyFloat_AsDouble(PyTuple_GET_ITEM(args[2], i));
+        if (bound == -1.0 && PyErr_Occurred())
+            return NULL;
+        bounds[i] = bound;
+    }
+    n_bounds = n;
+    Py_XSETREF(status_names, Py_NewRef(args[0]));
+    Py_XSETREF(unknown_model, Py_NewRef(args[1]));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL,
-     "walk(sink, data, start, hold=None, streams=None, request=False, header_cache=None) -> "
-     "position: handle the whole fast-path frames of `data`."},
+     "walk(sink, data, start, hold=None, streams=None, request=False, header_cache=None, "
+     "tracker=None) -> position: handle the whole fast-path frames of `data`."},
+    {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
+     "configure(status_names, unknown_model, buckets): the constants a call's end is counted "
+     "with (streams._STATUS_NAMES, model_name.UNKNOWN_MODEL, metrics.DURATION_BUCKETS)."},
     {"extract_model_name", (PyCFunction)(void (*)(void))py_extract_model_name, METH_FASTCALL,
      "extract_model_name(head, path, need_more) -> the model name, None, or need_more."},
     {NULL, NULL, 0, NULL},
@@ -604,6 +948,33 @@ PyMODINIT_FUNC PyInit__framewalk(void) {
     s_on_header_block = PyUnicode_InternFromString("on_header_block");
     s_on_control = PyUnicode_InternFromString("on_control");
     s_emit_injected = PyUnicode_InternFromString("_emit_injected");
+#define INTERN(var, text)                                                                     \
+    if ((var = PyUnicode_InternFromString(text)) == NULL)                                       \
+        return NULL;
+    INTERN(s_observer, "observer")
+    INTERN(s_refuse_above, "refuse_above")
+    INTERN(s_last_stream_id, "last_stream_id")
+    INTERN(s_metrics, "metrics")
+    INTERN(s_open_streams, "open_streams")
+    INTERN(s_methods, "_methods")
+    INTERN(s_models, "_models")
+    INTERN(s_codes, "_codes")
+    INTERN(s_stats, "_stats")
+    INTERN(s_quiet, "_quiet")
+    INTERN(s_ended, "ended")
+    INTERN(s_index, "index")
+    INTERN(s_per_model, "per_model")
+    INTERN(s_buckets, "buckets")
+    INTERN(s_count, "count")
+    INTERN(s_sum, "sum")
+    INTERN(s_request_bytes, "request_bytes")
+    INTERN(s_response_bytes, "response_bytes")
+    INTERN(s_name, "name")
+    INTERN(s_model_field, "model_field")
+    INTERN(s_per_message, "per_message")
+#undef INTERN
+    if ((one = PyLong_FromLong(1)) == NULL || (minus_one = PyLong_FromLong(-1)) == NULL)
+        return NULL;
     empty_bytes = PyBytes_FromStringAndSize(NULL, 0);
     empty_str = PyUnicode_FromStringAndSize(NULL, 0);
     zero = PyLong_FromLong(0);

@@ -10,14 +10,24 @@ def walk(
     streams: Mapping[int, object] | None = None,
     request: bool = False,
     header_cache: Mapping[bytes, object] | None = None,
+    tracker: object = None,
 ) -> int:
     """Handle the whole fast-path frames of `data` from `start`; returns where it stopped.
 
     `hold`: the FrameScanner in hold mode (its `_emit_injected` re-emits a HEADERS frame the
     sink appended HPACK bytes to), or None in observe mode. `streams`: the sink's stream table
     (a dict), whose `Stream` records the walk updates itself on DATA frames; `request`: the
-    direction (client -> backend). `header_cache`: the backend direction's
-    `HeaderDecoder.cache`, whose blocks' headers the walk may handle itself."""
+    direction (client -> backend). `header_cache`: the direction's `HeaderDecoder.cache`,
+    whose blocks' headers the walk may handle itself (a request's only with `tracker`).
+    `tracker`: the sink's `ConnectionTracker` (observe mode): the walk starts a new request
+    whose block is cached where there is no observer, and ends a call whose cached trailers
+    need nothing from Python (no observer, or a `QuietEnd`), counting it in its metrics."""
+
+def configure(
+    status_names: dict[bytes, str], unknown_model: str, buckets: tuple[float, ...]
+) -> None:
+    """The constants `walk` counts a call's end with: grpc-status values and their code
+    names, the `model` label of a call with no model name, the duration buckets' bounds."""
 
 def extract_model_name(head: bytes | bytearray, path: tuple[int, ...], need_more: object) -> object:
     """`model_name.extract_model_name`, returning `need_more` where that returns NEED_MORE."""

@@ -66,13 +66,13 @@ _HEADER = struct.Struct(">BHBBI")
 # the whole fast-path frames of a chunk, in observe and hold mode; this module is the reference
 # and the fallback. `native_walk` may be set to None to force the pure-Python path (the tests do).
 # Its arguments: sink, data, start, the scanner in hold mode (else None), the sink's stream
-# table (`FrameScanner.streams`), whether this is the client's direction, and the sink's
-# header cache (`FrameScanner.header_cache`).
+# table (`FrameScanner.streams`), whether this is the client's direction, the sink's header
+# cache (`FrameScanner.header_cache`) and the sink's connection (`FrameScanner.tracker`).
 native_walk: (
     Callable[
         [
             FrameSink, bytes, int, FrameScanner | None, Mapping[int, object] | None, bool,
-            Mapping[bytes, object] | None,
+            Mapping[bytes, object] | None, object,
         ],
         int,
     ]
@@ -209,9 +209,13 @@ class FrameScanner:
         # The sink's stream table (stream id -> its record), where the sink has one the C walk
         # may update itself (`_framewalk.Stream` records: see `_framewalk.c`); else None.
         self.streams: Mapping[int, object] | None = None
-        # The backend's direction: its HPACK decoder's cache of blocks (`HeaderDecoder.cache`),
-        # where the C walk may handle a response's headers without calling the sink; else None.
+        # The direction's HPACK decoder's cache of blocks (`HeaderDecoder.cache`), where the C
+        # walk may handle a response's headers, or with `tracker` a new request's, without
+        # calling the sink; else None.
         self.header_cache: Mapping[bytes, object] | None = None
+        # The sink's `streams.ConnectionTracker`, where the C walk may start and end a call
+        # itself in observe mode (see `_framewalk.c`); else None.
+        self.tracker: object = None
         self.on_failure = on_failure
         self.failed = False
         self.failure_reason = ""
@@ -255,7 +259,14 @@ class FrameScanner:
                 self.hold or self._remaining or self._carry or self._block_sid or self._preface_left
             ):
                 pos = walk(  # whole fast-path frames, in C
-                    self.sink, data, 0, None, self.streams, self.client_side, self.header_cache
+                    self.sink,
+                    data,
+                    0,
+                    None,
+                    self.streams,
+                    self.client_side,
+                    self.header_cache,
+                    self.tracker,
                 )
                 if pos == len(data):
                     return
@@ -285,7 +296,9 @@ class FrameScanner:
             ):
                 self._data = data  # what `_emit_injected` and a failure release read
                 self._emit_from = 0
-                pos = walk(self.sink, data, 0, self, self.streams, self.client_side, None)  # in C
+                pos = walk(
+                    self.sink, data, 0, self, self.streams, self.client_side, None, None
+                )  # C
                 if pos < len(data):
                     self._scan(data, pos, self._emit_from)
                 elif self._emit_from < pos:

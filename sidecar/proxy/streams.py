@@ -54,7 +54,7 @@ from sidecar.proxy.headers import (
     encode_literal_without_indexing,
 )
 from sidecar.proxy.inferences import MessageSampling, StreamInferences
-from sidecar.proxy.metrics import ProxyMetrics
+from sidecar.proxy.metrics import DURATION_BUCKETS, ProxyMetrics
 from sidecar.proxy.model_name import (
     HEAD_LIMIT,
     NEED_MORE,
@@ -217,10 +217,13 @@ _Stream = _PyStream  # the static type of either record (they have the same attr
 _NativeStream: type[_PyStream] | None
 try:
     from sidecar.proxy._framewalk import Stream as _CStream
+    from sidecar.proxy._framewalk import configure as _configure_walk
 except ImportError:  # not built
     _NativeStream = None
 else:
     _NativeStream = _CStream  # type: ignore[assignment]
+    # what the walk counts a call's end with where it ends one itself (see ConnectionTracker)
+    _configure_walk(_STATUS_NAMES, UNKNOWN_MODEL, DURATION_BUCKETS)
 
 
 def _parse_settings(payload: bytes) -> list[tuple[int, int]]:
@@ -541,12 +544,17 @@ class ConnectionTracker:
         self.response.scanner = self.response_scanner
         # With the C walk, stream records it updates itself (no crossing into Python for a
         # DATA frame, a unary request's model name and end, or a response's cached headers);
-        # the Python records otherwise.
+        # the Python records otherwise. In observe mode it also starts a call whose request
+        # block is cached (no observer to ask) and ends one whose trailers are cached (no
+        # observer to tell, or a QuietEnd), counting it in `metrics` as `end` does: a unary
+        # call then does not cross into Python at all once its blocks are cached.
         self.stream_type: type[_Stream] = _PyStream
         if frames.native_walk is not None and _NativeStream is not None:
             self.stream_type = _NativeStream
             self.request_scanner.streams = self.response_scanner.streams = self.streams
+            self.request_scanner.header_cache = self.request.decoder.cache
             self.response_scanner.header_cache = self.response.decoder.cache
+            self.request_scanner.tracker = self.response_scanner.tracker = self
 
     @property
     def in_flight(self) -> int:

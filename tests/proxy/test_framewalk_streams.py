@@ -4,8 +4,9 @@ With the C walk built, a tracker's streams are `_framewalk.Stream` records and t
 DATA frame's work itself: byte counts, a unary request's model name, the request's end
 (`_framewalk.c`). Without it (the reference), the sinks in streams.py do it on `_PyStream`
 records. Whole random connections, both directions, chunked at random and at frame boundaries,
-must leave every result the same: each open stream's record after every chunk, what the
-observer is given (requests, bodies, stream ends, an inference stream's messages), the bytes
+must leave every result the same: each open stream's record, the connection's last stream id
+and the in-flight count after every chunk, what the observer is given (requests, bodies, stream
+ends, an inference stream's messages) and its `QuietEnd` counts, the bytes
 forwarded in hold mode and the /metrics text. The connections mix unary calls (small, multi-
 frame, headers only, compressed, a model name spread over several tiny DATA frames, TF-Serving's
 nested `model_spec.name`, a name not valid UTF-8), inference streams, unknown methods, DATA on
@@ -15,6 +16,7 @@ bodies captured over and under the capture limit.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import time
 from typing import Any
@@ -29,8 +31,14 @@ from tritonclient.grpc import service_pb2
 from sidecar.proxy import frames, streams
 from sidecar.proxy.frames import DATA, FLAG_END_STREAM
 from sidecar.proxy.inferences import InferenceEnd
-from sidecar.proxy.metrics import ProxyMetrics
-from sidecar.proxy.streams import ConnectionTracker, HeaderDecision, RequestStart, StreamEnd
+from sidecar.proxy.metrics import DURATION_BUCKETS, ProxyMetrics
+from sidecar.proxy.streams import (
+    ConnectionTracker,
+    HeaderDecision,
+    QuietEnd,
+    RequestStart,
+    StreamEnd,
+)
 from tests.harness.metrics_text import SampleKey, sample_map
 from tests.proxy.proxy_h2build import (
     Conversation,
@@ -81,14 +89,21 @@ class Messages:
 
 class Hook:
     """Samples streams 1, 7, 13, ... (a traceparent, the body and an inference stream's
-    messages, up to `limit` bytes); records everything it is given."""
+    messages, up to `limit` bytes), wants nothing more of streams 3, 9, 15, ... (a `QuietEnd`:
+    their ends counted by the relay, by model label on every other one); records everything it
+    is given."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.seen: list[Any] = []
+        self.ended = [0, 0]  # QuietEnd counts, by index
+        self.per_model: dict[str, int] = {}
 
-    def on_request_headers(self, start: RequestStart) -> HeaderDecision | None:
+    def on_request_headers(self, start: RequestStart) -> HeaderDecision | QuietEnd | None:
         self.seen.append(("start", *start))
+        if start.stream_id % 6 == 3:
+            index = start.stream_id % 4 == 1
+            return QuietEnd(self.ended, int(index), self.per_model if index else None)
         if start.stream_id % 6 != 1:
             return None
         return HeaderDecision(
@@ -245,10 +260,13 @@ def run(
                     tracker.request_scanner.observe(data[a:b])
                 else:
                     tracker.response_scanner.observe(data[a:b])
-                records.append(snapshot(tracker))
+                # the records, and what the walk may update itself in observe mode
+                records.append(
+                    (snapshot(tracker), tracker.last_stream_id, tracker.metrics.open_streams)
+                )
         scanners_failed = (tracker.request_scanner.failed, tracker.response_scanner.failed)
         tracker.close("CANCELLED")
-        seen = hook.seen if hook is not None else None
+        seen = (hook.seen, hook.ended, hook.per_model) if hook is not None else None
         stream_type = tracker.stream_type
         return (
             records,
@@ -313,12 +331,25 @@ def unary_connection() -> tuple[bytes, bytes, list[tuple[bytes, bytes]], int]:
     return start, server_start, calls, len(message)
 
 
-def test_a_unary_call_crosses_into_python_for_its_start_and_end_only() -> None:
-    """Observe mode (sampling off): the request's header block (a new call) and the response's
-    trailers (its end) are the sink's; the request's DATA frame is counted, its model name read
-    and its end stamped in C, on the clock of `time.perf_counter` (CLOCK_MONOTONIC), and so are
-    the response's headers once their HPACK block is cached (the first call adds a field to the
-    table, the second finds it there and caches the block, the third hits the cache)."""
+def duration_buckets(registry: CollectorRegistry) -> tuple[float, list[float]]:
+    """The ModelInfer/add_sub duration histogram: its sum and its cumulative bucket counts."""
+    labels = {"method": "ModelInfer", "model": "add_sub"}
+    total = registry.get_sample_value("xsp_request_duration_seconds_sum", labels) or 0.0
+    counts = [
+        registry.get_sample_value("xsp_request_duration_seconds_bucket", {**labels, "le": le})
+        or 0.0
+        for le in [*map(str, DURATION_BUCKETS), "+Inf"]
+    ]
+    return total, counts
+
+
+def test_a_unary_call_crosses_into_python_only_until_its_blocks_are_cached() -> None:
+    """Observe mode (sampling off): the request's DATA frame is counted, its model name read
+    and its end stamped in C, on the clock of `time.perf_counter` (CLOCK_MONOTONIC). A header
+    block is the sink's until it is cached (the first call adds fields to the HPACK table, the
+    second finds them there and caches its blocks): the third call starts (its record, the
+    connection's last stream id, the in-flight count) and ends (counted on /metrics: the call,
+    its bytes, its duration in its bucket) in C, with no call into Python at all."""
     assert time.get_clock_info("perf_counter").implementation == "clock_gettime(CLOCK_MONOTONIC)"
     start, server_start, calls, size = unary_connection()
     registry = CollectorRegistry()
@@ -335,14 +366,69 @@ def test_a_unary_call_crosses_into_python_for_its_start_and_end_only() -> None:
         st = tracker.streams[sid]
         assert type(st) is streams._NativeStream
         assert (st.model, st.head, st.request_bytes) == ("add_sub", None, size)
-        assert before < st.request_end < after
+        assert before < st.start <= st.request_end < after
+        assert (tracker.last_stream_id, registry.get_sample_value("xsp_requests_in_flight")) == (
+            sid,
+            1,
+        )
+        total, counts = duration_buckets(registry)
         tracker.response_scanner.observe(response)
         assert not tracker.streams
-    assert [c[:2] for c in sent.calls] == [("on_header_block", sid) for sid in (1, 3, 5)]
-    assert [c[:2] for c in received.calls] == [
-        ("on_header_block", sid)
-        for sid in (1, 1, 3, 3, 5)  # not the third call's headers
-    ]
+        assert registry.get_sample_value("xsp_requests_in_flight") == 0
+        # the call's duration, in the bucket `bisect_left` puts it in (ProxyMetrics.record)
+        total_after, counts_after = duration_buckets(registry)
+        grew = [b - a for a, b in zip(counts, counts_after, strict=True)]
+        first = bisect.bisect_left(DURATION_BUCKETS, total_after - total)
+        assert grew == [0.0] * first + [1.0] * (len(grew) - first)
+    assert [c[:2] for c in sent.calls] == [("on_header_block", sid) for sid in (1, 3)]
+    assert [c[:2] for c in received.calls] == [("on_header_block", sid) for sid in (1, 1, 3, 3)]
+    labels = {"method": "ModelInfer", "model": "add_sub"}
+    assert registry.get_sample_value("xsp_requests_total", {**labels, "grpc_code": "OK"}) == 3
+    assert registry.get_sample_value("xsp_request_bytes_total", labels) == 3 * size
+    assert registry.get_sample_value("xsp_response_bytes_total", labels) == 3 * len(
+        grpc_message(b"\x0a\x03out")
+    )
+
+
+class QuietHook:
+    """Wants nothing more of any request (a `QuietEnd`, counted by model label); records the
+    calls it gets."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.ended = [0]
+        self.per_model: dict[str, int] = {}
+
+    def on_request_headers(self, start: RequestStart) -> QuietEnd:
+        self.calls.append("start")
+        return QuietEnd(self.ended, 0, self.per_model)
+
+    def on_request_body(self, stream_id: int, model: str | None, body: bytes) -> None:
+        self.calls.append("body")
+
+    def on_stream_end(self, end: StreamEnd) -> None:
+        self.calls.append("end")
+
+
+def test_a_quiet_call_ends_in_c_once_its_trailers_are_cached() -> None:
+    """Sampling on: the hook is asked at every request's headers (hold mode, in Python); a
+    request it answered with a `QuietEnd` ends in C once the response's blocks are cached,
+    counted in the QuietEnd's counters and on /metrics as the sink would."""
+    start, server_start, calls, _ = unary_connection()
+    registry = CollectorRegistry()
+    hook = QuietHook()
+    tracker = ConnectionTracker(ProxyMetrics(registry), observer=hook)
+    forwarded = tracker.request_scanner.process(start)
+    tracker.response_scanner.observe(server_start)
+    tracker.response_scanner.sink = received = Recorder(tracker.response)
+    for request, response in calls:
+        forwarded += tracker.request_scanner.process(request)
+        tracker.response_scanner.observe(response)
+    assert b"".join(forwarded) == start + b"".join(request for request, _ in calls)
+    assert not tracker.streams and not tracker._quiet
+    assert [c[:2] for c in received.calls] == [("on_header_block", sid) for sid in (1, 1, 3, 3)]
+    assert hook.calls == ["start"] * 3
+    assert (hook.ended, hook.per_model) == ([3], {"add_sub": 3})
     labels = {"method": "ModelInfer", "model": "add_sub", "grpc_code": "OK"}
     assert registry.get_sample_value("xsp_requests_total", labels) == 3
 
