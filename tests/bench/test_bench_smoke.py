@@ -128,6 +128,12 @@ SMOKE: dict[str, Smoke] = {
         triton=True,
         timeout=300.0,
     ),
+    "relay_floor.py": Smoke(
+        ("--duration", "1", "--rounds", "1", "--concurrency", "1"),
+        ("observing off", "bare uvloop", "CPU us", "reads", "writes"),  # socat if installed
+        triton=True,
+        timeout=300.0,
+    ),
     "sampling_impact.py": Smoke(
         (
             "--duration",
