@@ -196,26 +196,35 @@ def record_batches(
     `rowids` (spans only): read the rows whose rowid lies in that closed range.
     `sound_traces` (spans only): the caller found `all_in_sound_traces(db)` true, so no
     span needs its trace looked up."""
-    # ADBC's own statements, not its DB-API module, which imports pyarrow.dataset and pandas
-    # (a third of the export's start-up)
-    import adbc_driver_manager as adbc
-    import adbc_driver_sqlite
-    import pyarrow as pa
-
     path = Path(db)
     query = QUERIES[table]
     if table == "spans" and not sound_traces:
         query += IN_SOUND_TRACES
     if rowids is not None:
         query += f" AND s.rowid BETWEEN {int(rowids[0])} AND {int(rowids[1])}"
+    with sqlite_reader(db, _uri(path, _immutable(path)), query) as reader:
+        yield reader
+
+
+@contextmanager
+def sqlite_reader(name: str | Path, uri: str, query: str) -> Iterator[Any]:
+    """A `pyarrow.RecordBatchReader` over SQLite's rows of `query` on the store at `uri`,
+    `BATCH_ROWS` a batch; an ADBC error is said as the store `name`'s. Through ADBC's own
+    statements, not its DB-API module, which imports pyarrow.dataset and pandas (a third of
+    the export's start-up, a tenth of a second before the report's first batch)."""
+    import adbc_driver_manager as adbc
+    import adbc_driver_sqlite
+    import pyarrow as pa
+
     try:
         with (
-            adbc_driver_sqlite.connect(_uri(path, _immutable(path))) as database,
+            adbc_driver_sqlite.connect(uri) as database,
             adbc.AdbcConnection(database) as conn,
             adbc.AdbcStatement(conn) as stmt,
         ):
             # wait out another reader's brief lock (readers of a WAL store opening beside
-            # each other, one of them setting up its shared memory), as the report's do
+            # each other, one of them setting up its shared memory), which without a
+            # timeout fails the query at once
             stmt.set_sql_query(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             stmt.execute_update()
             stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
@@ -228,7 +237,7 @@ def record_batches(
             finally:
                 reader.close()
     except adbc.Error as exc:
-        raise TraceDatabaseError(f"{db}: cannot read the trace store ({exc})") from None
+        raise TraceDatabaseError(f"{name}: cannot read the trace store ({exc})") from None
 
 
 # The spans' distinct trace ids, one index seek each (the next id after the last), rather
@@ -574,39 +583,20 @@ def batch_ranges(db: str | Path, rows: int) -> list[tuple[int, int] | None]:
 
 
 def _report_part(path: Path, uri: str, query: str, threads: int | None) -> Any:
-    """One reader: SQLite's rows of `query` through `REPORT_DUCKDB`, as an Arrow table.
-    (ADBC's driver manager itself, not its DB-API module, which imports pyarrow.dataset and
-    pandas: a tenth of a second before the first batch.)"""
-    import adbc_driver_manager
-    import adbc_driver_sqlite
+    """One reader: SQLite's rows of `query` through `REPORT_DUCKDB`, as an Arrow table."""
     import duckdb
-    import pyarrow
 
-    try:
-        with (
-            adbc_driver_sqlite.connect(uri) as db,
-            adbc_driver_manager.AdbcConnection(db) as conn,
-            adbc_driver_manager.AdbcStatement(conn) as stmt,
-        ):
-            # wait out another reader's brief lock (a WAL store's readers opening and
-            # closing beside each other), which without a timeout fails the query at once
-            stmt.set_sql_query(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            stmt.execute_update()
-            stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
-            stmt.set_sql_query(query)
-            stream, _ = stmt.execute_query()
-            con = duckdb.connect()  # closed before the ADBC stream it reads
-            try:
-                con.execute("SET enable_progress_bar = false")
-                if threads:
-                    con.execute(f"SET threads = {int(threads)}")
-                con.register("batches", pyarrow.RecordBatchReader._import_from_c(stream.address))
-                rel = con.sql(REPORT_DUCKDB)
-                return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
-            finally:
-                con.close()
-    except adbc_driver_manager.Error as exc:
-        raise TraceDatabaseError(f"{path}: cannot read the trace store ({exc})") from None
+    with sqlite_reader(path, uri, query) as reader:
+        con = duckdb.connect()  # closed before the ADBC stream it reads
+        try:
+            con.execute("SET enable_progress_bar = false")
+            if threads:
+                con.execute(f"SET threads = {int(threads)}")
+            con.register("batches", reader)
+            rel = con.sql(REPORT_DUCKDB)
+            return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+        finally:
+            con.close()
 
 
 def _sql_text(value: str) -> str:

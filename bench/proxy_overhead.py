@@ -55,12 +55,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.harness
 
 from tests.harness.process import free_port
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+T = TypeVar("T")  # what `drive_clients` measures around its window
 
 
 def cpu_seconds(pid: int, *, reaped_children: bool = False) -> float:
@@ -235,11 +237,14 @@ class Result:
         return self.requests / self.duration
 
 
-def run_load(
-    address: str, concurrency: int, duration: float, warmup: float, triton_pid: int,
-    relay_pid: int | None, model: str = "add_sub", relay_cpu: Callable[[int], float] = cpu_seconds,
-    client: Callable[..., None] = _client, by_thread: bool = False,
-) -> Result:  # fmt: skip
+def drive_clients(
+    address: str, concurrency: int, duration: float, warmup: float,
+    on_ready: Callable[[], Callable[[], T]], model: str = "add_sub",
+    client: Callable[..., None] = _client,
+) -> tuple[list[float], float, T]:  # fmt: skip
+    """`concurrency` client processes, warmed up, then timed for `duration` at once: every
+    call's latency, the seconds they ran, and what `on_ready` measured. `on_ready()` runs once
+    the clients are connected and warm; the function it returns runs when they are done."""
     ctx = mp.get_context("spawn")
     pipes, procs = [], []
     for _ in range(concurrency):
@@ -253,9 +258,7 @@ def run_load(
     for pipe in pipes:
         if pipe.recv() != "ready":
             raise RuntimeError("a client process failed to warm up")
-    triton0 = tree_cpu_seconds(triton_pid)
-    relay0 = relay_cpu(relay_pid) if relay_pid else 0.0
-    threads0 = thread_cpu_seconds(relay_pid) if by_thread and relay_pid else None
+    finish = on_ready()
     start = time.perf_counter()
     for pipe in pipes:
         pipe.send("go")
@@ -263,13 +266,39 @@ def run_load(
     for pipe in pipes:
         latencies.extend(pipe.recv())
     elapsed = time.perf_counter() - start
-    triton_cpu = tree_cpu_seconds(triton_pid) - triton0
-    relay_seconds = relay_cpu(relay_pid) - relay0 if relay_pid else None
-    threads = thread_cpu_delta(relay_pid, threads0) if threads0 is not None and relay_pid else None
+    measured = finish()
     for pipe in pipes:
         pipe.send("close")
     for proc in procs:
         proc.join(10)
+    return latencies, elapsed, measured
+
+
+def run_load(
+    address: str, concurrency: int, duration: float, warmup: float, triton_pid: int,
+    relay_pid: int | None, model: str = "add_sub", relay_cpu: Callable[[int], float] = cpu_seconds,
+    client: Callable[..., None] = _client, by_thread: bool = False,
+) -> Result:  # fmt: skip
+    def on_ready() -> Callable[[], tuple[float, float | None, dict[str, float] | None]]:
+        triton0 = tree_cpu_seconds(triton_pid)
+        relay0 = relay_cpu(relay_pid) if relay_pid else 0.0
+        threads0 = thread_cpu_seconds(relay_pid) if by_thread and relay_pid else None
+
+        def finish() -> tuple[float, float | None, dict[str, float] | None]:
+            triton_cpu = tree_cpu_seconds(triton_pid) - triton0
+            relay_seconds = relay_cpu(relay_pid) - relay0 if relay_pid else None
+            threads = (
+                thread_cpu_delta(relay_pid, threads0)
+                if threads0 is not None and relay_pid
+                else None
+            )
+            return triton_cpu, relay_seconds, threads
+
+        return finish
+
+    latencies, elapsed, (triton_cpu, relay_seconds, threads) = drive_clients(
+        address, concurrency, duration, warmup, on_ready, model, client
+    )
     n = len(latencies)
     latencies.sort()
     return Result(

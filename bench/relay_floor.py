@@ -23,7 +23,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -31,7 +30,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.harness
 
-from proxy_overhead import _client, await_listening, cpu_seconds, process_tree, start_bare_relay
+from proxy_overhead import (
+    await_listening,
+    cpu_seconds,
+    drive_clients,
+    process_tree,
+    start_bare_relay,
+)
 
 from tests.harness.process import free_port
 
@@ -65,33 +70,15 @@ def window(
 ) -> list[float]:
     """One load window: throughput, p50 (ms) and each of `counters` per call of the processes
     `relay()` names once the clients are connected (socat forks one per connection)."""
-    import multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
-    pipes, procs = [], []
-    for _ in range(concurrency):
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_client, args=(address, seconds, 1.0, child), daemon=True)
-        proc.start()
-        pipes.append(parent)
-        procs.append(proc)
-    for pipe in pipes:
-        if pipe.recv() != "ready":
-            raise RuntimeError("a client process failed to warm up")
-    pids = relay()
-    before = counters(pids)
-    start = time.perf_counter()
-    for pipe in pipes:
-        pipe.send("go")
-    latencies: list[float] = []
-    for pipe in pipes:
-        latencies.extend(pipe.recv())
-    elapsed = time.perf_counter() - start
-    after = counters(pids)
-    for pipe in pipes:
-        pipe.send("close")
-    for proc in procs:
-        proc.join(10)
+    def on_ready() -> Callable[[], tuple[list[float], list[float]]]:
+        pids = relay()
+        before = counters(pids)
+        return lambda: (before, counters(pids))
+
+    latencies, elapsed, (before, after) = drive_clients(
+        address, concurrency, seconds, 1.0, on_ready
+    )
     n = len(latencies)
     per_call = [(b - a) / n for a, b in zip(before, after, strict=True)]
     per_call[0] *= 1e6

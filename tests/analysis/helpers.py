@@ -171,3 +171,14 @@ def write_live(db: Path, traces: list[tuple[str, list[Span]]]) -> list[str]:
         ids.append(trace_id)
     store.close()
     return ids
+
+
+def parquet_rows(out: Path, table: str) -> list[tuple[object, ...]]:
+    """Every row of one table of an `export-parquet` folder, in a fixed order."""
+    import duckdb
+
+    con = duckdb.connect()
+    try:
+        return sorted(con.sql(f"SELECT * FROM '{out}/{table}/*.parquet'").fetchall(), key=str)
+    finally:
+        con.close()

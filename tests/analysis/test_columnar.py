@@ -14,15 +14,7 @@ import pytest
 
 from analysis import columnar, fleet
 from analysis.tracedb import TraceFilter, load_traces
-from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB, q
-
-
-def _rows(out: Path, table: str) -> list[tuple[object, ...]]:
-    con = duckdb.connect()
-    try:
-        return sorted(con.sql(f"SELECT * FROM '{out}/{table}/*.parquet'").fetchall(), key=str)
-    finally:
-        con.close()
+from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB, parquet_rows, q
 
 
 def test_filters_run_in_sqlites_query(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -50,7 +42,7 @@ def test_filters_run_in_sqlites_query(monkeypatch: pytest.MonkeyPatch) -> None:
     assert returned < everything
 
 
-def test_a_large_stores_spans_are_read_in_parts_with_the_same_rows(
+def test_a_large_stores_spans_are_read_in_parts_with_the_sameparquet_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     whole = tmp_path / "whole"
@@ -61,8 +53,8 @@ def test_a_large_stores_spans_are_read_in_parts_with_the_same_rows(
     assert len(list((parts / "spans").glob("*.parquet"))) == 3
     assert len(list((whole / "spans").glob("*.parquet"))) == 1
     for table in fleet.TABLES:
-        assert _rows(parts, table) == _rows(whole, table)
-    assert counts.spans == len(_rows(whole, "spans"))
+        assert parquet_rows(parts, table) == parquet_rows(whole, table)
+    assert counts.spans == len(parquet_rows(whole, "spans"))
 
 
 def test_values_of_another_type_than_the_first_rows_are_read(tmp_path: Path) -> None:

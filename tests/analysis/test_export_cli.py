@@ -8,10 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import duckdb
-
 from analysis import fleet
-from tests.analysis.helpers import GPU_DB, LIVE_DB
+from tests.analysis.helpers import GPU_DB, LIVE_DB, parquet_rows
 
 REPO = Path(__file__).resolve().parents[2]
 REPORT = REPO / "analysis" / "report.py"
@@ -21,14 +19,6 @@ def _report(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(REPORT), *args], capture_output=True, text=True, timeout=120
     )
-
-
-def _rows(out: Path, table: str) -> list[tuple[object, ...]]:
-    con = duckdb.connect()
-    try:
-        return sorted(con.sql(f"SELECT * FROM '{out}/{table}/*.parquet'").fetchall(), key=str)
-    finally:
-        con.close()
 
 
 def test_the_export_module_imports_neither_pandas_nor_the_analyses() -> None:
@@ -49,7 +39,7 @@ def test_the_command_writes_what_export_parquet_writes(tmp_path: Path) -> None:
     counts = fleet.export_parquet([GPU_DB, LIVE_DB], tmp_path / "lib")
     assert f"wrote {counts.traces} traces, {counts.spans} spans" in run.stderr
     for table in fleet.TABLES:
-        assert _rows(tmp_path / "cli", table) == _rows(tmp_path / "lib", table)
+        assert parquet_rows(tmp_path / "cli", table) == parquet_rows(tmp_path / "lib", table)
 
 
 def test_a_missing_store_is_named(tmp_path: Path) -> None:
