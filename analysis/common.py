@@ -137,7 +137,7 @@ def across_traces(
     keys = list(keys)
     if df.empty:
         return pd.DataFrame(columns=[*keys, *first, *values, "n_traces"])
-    gid = df.groupby(keys, dropna=False, sort=True).ngroup().to_numpy()
+    gid = df.groupby(keys, dropna=False, sort=True, observed=True).ngroup().to_numpy()
     n_groups = int(gid.max()) + 1
     _, first_row = np.unique(gid, return_index=True)  # groups are numbered in key order
     out = df[[*keys, *first]].iloc[first_row].reset_index(drop=True)
@@ -237,9 +237,9 @@ def inclusive_sums(own: pd.DataFrame, layers: pd.DataFrame, values: Sequence[str
     (columns tkey, layer, *values) and those of the modules inside it. `layer1.0` holds
     `layer1.0.conv1` (dotted module paths; a call suffix `#n` is not a path part)."""
     values = list(values)
-    summed = own.groupby(["tkey", "layer"], as_index=False)[values].sum(min_count=1)
+    summed = own.groupby(["tkey", "layer"], as_index=False, observed=True)[values].sum(min_count=1)
     rows: list[list[Any]] = []
-    for tkey, group in layers.groupby("tkey"):
+    for tkey, group in layers.groupby("tkey", observed=True):
         have = summed[summed["tkey"] == tkey]
         names = have["layer"].astype(str).to_numpy()
         data = have[values].to_numpy("float64")
@@ -263,7 +263,7 @@ def call_names(layers: pd.DataFrame) -> pd.Series:
         return layers["name"]
     keys = ["tkey", "run_level", "name"]
     order = sort_rows(layers[[*keys, "start_ns", "idx"]], ["start_ns", "idx"])
-    n = order.groupby(keys, dropna=False, sort=False).cumcount()
+    n = order.groupby(keys, dropna=False, sort=False, observed=True).cumcount()
     named = order["name"].astype(str)
     repeat = (n > 0).to_numpy()
     if repeat.any():  # only the repeats get a suffix
@@ -343,7 +343,7 @@ def _level_slices(spans: pd.DataFrame) -> dict[str, pd.DataFrame]:
             isinstance(v, str) or pd.isna(v) for v, _, _ in runs
         ):
             return {v: spans.iloc[a:b] for v, a, b in runs if isinstance(v, str)}
-    return {str(k): g for k, g in spans.groupby("level", sort=False)}
+    return {str(k): g for k, g in spans.groupby("level", sort=False, observed=True)}
 
 
 class Frames:
@@ -492,7 +492,7 @@ class Frames:
     def peaks(self) -> pd.DataFrame:
         """Per model/batch: the roofline peaks recorded with the traces (median over traces)."""
         m = self.meta
-        return m.groupby(GROUP, dropna=False, as_index=False).agg(
+        return m.groupby(GROUP, dropna=False, as_index=False, observed=True).agg(
             peak_flops_per_s=("peak_flops_per_s", "median"),
             peak_dram_bytes_per_s=("peak_dram_bytes_per_s", "median"),
             peak_source=("peak_source", "first"),

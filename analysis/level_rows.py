@@ -7,17 +7,22 @@ end: the rows of the first level to appear, then the next, each level's rows in 
 they were read, each row labelled with its position among all rows read (as one reader's
 frame, sorted stably by level, would be). No batch is kept whole, the spans are not copied
 a second time to be sorted, and the frame is built a column at a time, each column's pieces
-let go as they are copied into it (and their pages handed back: `heap.trim`).
+let go as they are copied into it (and their pages handed back: `heap.trim`). String
+columns named in `coded` are held as integer codes, batch by batch, and made categoricals
+with sorted categories at the end (`string_codes.StringCodes`); the columns of one group
+share their categories (so that merging one on another matches their strings).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from analysis import heap
+from analysis.string_codes import StringCodes
 
 TRIM_BYTES = 32 << 20  # hand freed pages back after letting go of this many bytes (a trim
 # walks the whole heap: once per column would cost a tenth of a second at 2 M spans)
@@ -27,7 +32,9 @@ Piece = dict[str, np.ndarray]  # one level's rows of one batch: its columns, and
 class LevelRows:
     """Rows added batch by batch (`add`), returned by level (`frame`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, coded: Sequence[Sequence[str]] = ()) -> None:
+        # string columns held as codes: each group's columns share one dictionary
+        self._codes = {str(c): codes for group in coded for codes in [StringCodes()] for c in group}
         self._pieces: dict[Any, list[Piece]] = {}  # level -> its rows of each batch, in order
         self._rows = 0  # rows added so far: the next row's label
         self._empty: pd.DataFrame | None = None  # the columns and their dtypes
@@ -52,6 +59,8 @@ class LevelRows:
         labels = np.arange(self._rows, self._rows + len(batch))
         self._rows += len(batch)
         columns = {str(c): batch[c].to_numpy() for c in batch.columns}
+        for name, codes in self._codes.items():
+            columns[name] = codes.codes(columns[name])
         codes, levels = pd.factorize(batch["level"], use_na_sentinel=False)
         order = np.argsort(codes, kind="stable")
         bounds = np.searchsorted(codes[order], np.arange(len(levels) + 1))
@@ -68,9 +77,11 @@ class LevelRows:
         if self._empty is None:
             return pd.DataFrame()
         if not pieces:
-            return self._empty
+            return self._empty.assign(
+                **{c: codes.categorical(np.empty(0, np.int32)) for c, codes in self._codes.items()}
+            )
         total = sum(len(p[""]) for p in pieces)
-        columns: dict[str, np.ndarray] = {}
+        columns: dict[str, Any] = {}
         let_go = 0  # bytes of pieces let go since the last trim
         for name in ["", *map(str, self._empty.columns)]:
             column = np.empty(total, dtype=pieces[0][name].dtype)
@@ -79,8 +90,11 @@ class LevelRows:
                 values = piece.pop(name)
                 column[at : at + len(values)] = values
                 at += len(values)
-            columns[name] = column
             let_go += column.nbytes
+            columns[name] = column
+            if name in self._codes:
+                columns[name] = self._codes[name].categorical(column)
+            del column
             if let_go >= TRIM_BYTES:  # so that the next columns reuse the pieces' pages
                 heap.trim()
                 let_go = 0

@@ -245,7 +245,7 @@ def _layer_metrics(fr: Frames) -> tuple[pd.DataFrame, str]:
     kn = rows_where(kn, kn["kind"].isin(("kernel", "cpu_op")) & kn["layer"].notna())
     kn = rows_where(kn, kn["flops"].notna() | kn["dram_read_bytes"].notna())
     kn = kn.assign(dram_bytes=kn["dram_read_bytes"].fillna(0) + kn["dram_write_bytes"].fillna(0))
-    from_kernels = kn.groupby(["tkey", "layer"], as_index=False).agg(
+    from_kernels = kn.groupby(["tkey", "layer"], as_index=False, observed=True).agg(
         flops=("flops", "sum"),
         dram_bytes=("dram_bytes", "sum"),
         estimated=("metrics_estimated", "max"),
@@ -283,7 +283,7 @@ def _gpu_run_metrics(fr: Frames) -> pd.DataFrame:
     kn = fr.kernels[["tkey", "kind", *_COUNTERS, "metrics_estimated"]]  # (see A9)
     kn = kn[(kn["kind"] == "kernel") & (kn["flops"].notna() | kn["dram_read_bytes"].notna())]
     kn = kn.assign(dram_bytes=kn["dram_read_bytes"].fillna(0) + kn["dram_write_bytes"].fillna(0))
-    return kn.groupby("tkey", as_index=False).agg(
+    return kn.groupby("tkey", as_index=False, observed=True).agg(
         flops=("flops", "sum"),
         dram_bytes=("dram_bytes", "sum"),
         estimated=("metrics_estimated", "max"),

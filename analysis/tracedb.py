@@ -40,6 +40,12 @@ pd.set_option("mode.copy_on_write", True)
 # stream, a layer's parent_layer) are not loaded; the timeline export reads its trace whole.
 _LAYER_JSON = ("input_shapes", "output_shapes")
 _LAYER_LISTS = ("original_nodes", "original_op_types")
+# The spans' string columns, held as categoricals (sorted categories): a few thousand
+# distinct strings over millions of rows (`LevelRows`, `string_codes.StringCodes`). The
+# names, levels and kinds share their categories: a kernel's `layer` is a layer's `name`,
+# a span's `run_level` a `level`, and the analyses merge one on the other.
+SPAN_CODED = (("source_db",), ("trace_id",),
+              ("level", "name", "kind", "run_level", "layer", *_LAYER_JSON))  # fmt: skip
 # Trace attribute keys extracted into columns of `TraceData.traces`.
 TRACE_ATTRIBUTE_COLUMNS: tuple[str, ...] = (
     "peak_flops_per_s",
@@ -397,7 +403,7 @@ def load_traces(
     if not paths:
         raise TraceDatabaseError("no trace database given")
     all_traces, all_stats = [], []
-    spans = LevelRows()
+    spans = LevelRows(SPAN_CODED)
     skipped = 0
     bad_rows: list[BadRow] = []
     failed_reasons: dict[str, int] = {}
