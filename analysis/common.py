@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
+from analysis import sparse_columns
 from analysis.store_file import TRACE_IDENTITY
 from analysis.tracedb import TraceData
 from sidecar.profiling.stats import TRIM
@@ -264,8 +265,11 @@ def call_names(layers: pd.DataFrame) -> pd.Series:
     keys = ["tkey", "run_level", "name"]
     order = sort_rows(layers[[*keys, "start_ns", "idx"]], ["start_ns", "idx"])
     n = order.groupby(keys, dropna=False, sort=False, observed=True).cumcount()
-    named = order["name"].astype(str)
     repeat = (n > 0).to_numpy()
+    names = layers["name"]
+    if isinstance(names.dtype, pd.CategoricalDtype) and not repeat.any() and names.notna().all():
+        return names.copy(deep=False)  # the loader's codes: no string object per row
+    named = order["name"].astype(str)
     if repeat.any():  # only the repeats get a suffix
         named[repeat] = named[repeat] + "#" + n[repeat].astype(str)
     return named.reindex(layers.index)
@@ -364,8 +368,11 @@ class Frames:
     def at(self, level: str) -> pd.DataFrame:
         """The spans of one level (split once, then shared: do not modify)."""
         if not self._levels:
-            self._levels = _level_slices(self.data.spans)
-        return self._levels.get(level, self.data.spans.iloc[:0])
+            split = _level_slices(self.data.spans)
+            self._levels = {k: sparse_columns.dense(v, k) for k, v in split.items()}
+        if level not in self._levels:
+            return sparse_columns.dense(self.data.spans.iloc[:0], level)
+        return self._levels[level]
 
     @cached_property
     def meta(self) -> pd.DataFrame:

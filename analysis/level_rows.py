@@ -10,18 +10,19 @@ a second time to be sorted, and the frame is built a column at a time, each colu
 let go as they are copied into it (and their pages handed back: `heap.trim`). String
 columns named in `coded` are held as integer codes, batch by batch, and made categoricals
 with sorted categories at the end (`string_codes.StringCodes`); the columns of one group
-share their categories (so that merging one on another matches their strings).
+share their categories (so that merging one on another matches their strings). Columns named
+in `sparse` are made sparse arrays (`sparse_columns`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from analysis import heap
+from analysis import heap, sparse_columns
 from analysis.string_codes import StringCodes
 
 TRIM_BYTES = 32 << 20  # hand freed pages back after letting go of this many bytes (a trim
@@ -32,7 +33,8 @@ Piece = dict[str, np.ndarray]  # one level's rows of one batch: its columns, and
 class LevelRows:
     """Rows added batch by batch (`add`), returned by level (`frame`)."""
 
-    def __init__(self, coded: Sequence[Sequence[str]] = ()) -> None:
+    def __init__(self, coded: Sequence[Sequence[str]] = (), sparse: Collection[str] = ()) -> None:
+        self._sparse = frozenset(sparse)
         # string columns held as codes: each group's columns share one dictionary
         self._codes = {str(c): codes for group in coded for codes in [StringCodes()] for c in group}
         self._pieces: dict[Any, list[Piece]] = {}  # level -> its rows of each batch, in order
@@ -77,9 +79,11 @@ class LevelRows:
         if self._empty is None:
             return pd.DataFrame()
         if not pieces:
-            return self._empty.assign(
+            empty = self._empty.assign(
                 **{c: codes.categorical(np.empty(0, np.int32)) for c, codes in self._codes.items()}
             )
+            held = [c for c in self._sparse if c in empty.columns]
+            return empty.assign(**{c: sparse_columns.sparse(empty[c].to_numpy()) for c in held})
         total = sum(len(p[""]) for p in pieces)
         columns: dict[str, Any] = {}
         let_go = 0  # bytes of pieces let go since the last trim
@@ -94,6 +98,8 @@ class LevelRows:
             columns[name] = column
             if name in self._codes:
                 columns[name] = self._codes[name].categorical(column)
+            elif name in self._sparse:
+                columns[name] = sparse_columns.sparse(column)
             del column
             if let_go >= TRIM_BYTES:  # so that the next columns reuse the pieces' pages
                 heap.trim()

@@ -205,24 +205,25 @@ def kernel_roofline(fr: Frames) -> AnalysisResult:
     """A9: every kernel with FLOPs or DRAM bytes placed on the roofline."""
     if fr.data.empty:
         return empty_result("A9", A9_TITLE)
-    # the columns read, before rows are filtered (which copies every column)
-    kn = fr.kernels[["tkey", *GROUP, "layer", "idx", "name", "kind", "duration_ns", *_COUNTERS,
-                     "metrics_estimated"]]  # fmt: skip
-    kn = kn[kn["kind"].isin(("kernel", "cpu_op"))]
-    if kn.empty:
+    kn = fr.kernels
+    work = kn["kind"].isin(("kernel", "cpu_op")).to_numpy()
+    if not work.any():
         return not_captured(
             "A9", A9_TITLE, fr.kernel_reason() + " (A14 places layers on the roofline instead)"
         )
-    kn = kn.assign(dram_bytes=kn["dram_read_bytes"] + kn["dram_write_bytes"])
-    kn = rows_where(kn, kn["flops"].notna() & kn["dram_bytes"].notna())
-    if kn.empty:
+    dram_bytes = (kn["dram_read_bytes"] + kn["dram_write_bytes"]).to_numpy("float64")
+    keep = work & kn["flops"].notna().to_numpy() & ~np.isnan(dram_bytes)
+    if not keep.any():
         return not_captured(
             "A9",
             A9_TITLE,
             "kernel hardware metrics were not captured: no kernel span carries flops and "
             "dram_read_bytes/dram_write_bytes (profile with metric collection enabled)",
         )
-    kn = kn.assign(estimated=kn["metrics_estimated"].astype(float))
+    # the rows kept, of the columns read only (a row filter copies every column it keeps)
+    estimated = kn["metrics_estimated"].to_numpy()[keep].astype("float64")
+    kn = rows_where(kn[["tkey", *GROUP, "layer", "idx", "name", "duration_ns", "flops"]], keep)
+    kn = kn.assign(dram_bytes=dram_bytes[keep], estimated=estimated)
     agg = across_traces(
         kn, [*GROUP, "layer", "idx", "name"], ["duration_ns", "flops", "dram_bytes", "estimated"]
     )

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import columnar, damage
+from analysis import columnar, damage, sparse_columns
 from analysis.damage import BadRow
 from analysis.level_rows import LevelRows
 from analysis.store_file import RELAY_OFFSET_COLUMNS, STREAM_RESPONSE_COLUMNS, TraceDatabaseError
@@ -403,7 +403,7 @@ def load_traces(
     if not paths:
         raise TraceDatabaseError("no trace database given")
     all_traces, all_stats = [], []
-    spans = LevelRows(SPAN_CODED)
+    spans = LevelRows(SPAN_CODED, sparse_columns.HELD_SPARSE)
     skipped = 0
     bad_rows: list[BadRow] = []
     failed_reasons: dict[str, int] = {}
