@@ -66,11 +66,27 @@ class LevelRows:
         codes, levels = pd.factorize(batch["level"], use_na_sentinel=False)
         order = np.argsort(codes, kind="stable")
         bounds = np.searchsorted(codes[order], np.arange(len(levels) + 1))
+        present = {c: pd.notna(columns[c]) for c in self._sparse if c in columns}
         for code, level in enumerate(levels):
             rows = order[bounds[code] : bounds[code + 1]]
-            piece = {c: values[rows] for c, values in columns.items()}  # own arrays, no view
+            # own arrays, no view; a sparse column that is all missing here is left out
+            piece = {
+                c: values[rows]
+                for c, values in columns.items()
+                if c not in present or present[c][rows].any()
+            }
             piece[""] = labels[rows]
             self._pieces.setdefault(_key(level), []).append(piece)
+
+    def _dtype(self, name: str) -> np.dtype:
+        """The dtype of column `name` in the pieces ("": the labels)."""
+        if name == "":
+            return np.dtype(np.int64)
+        if name in self._codes:
+            return np.dtype(np.int32)
+        assert self._empty is not None
+        dtype: np.dtype = self._empty[name].dtype
+        return dtype
 
     def frame(self) -> pd.DataFrame:
         """Every row added, each level's together; empty (with the columns) if none."""
@@ -84,16 +100,17 @@ class LevelRows:
             )
             held = [c for c in self._sparse if c in empty.columns]
             return empty.assign(**{c: sparse_columns.sparse(empty[c].to_numpy()) for c in held})
-        total = sum(len(p[""]) for p in pieces)
+        lengths = [len(p[""]) for p in pieces]
+        total = sum(lengths)
         columns: dict[str, Any] = {}
         let_go = 0  # bytes of pieces let go since the last trim
         for name in ["", *map(str, self._empty.columns)]:
-            column = np.empty(total, dtype=pieces[0][name].dtype)
+            column = np.empty(total, dtype=self._dtype(name))
             at = 0
-            for piece in pieces:  # each piece's column let go once copied
-                values = piece.pop(name)
-                column[at : at + len(values)] = values
-                at += len(values)
+            for piece, rows in zip(pieces, lengths, strict=True):  # each let go once copied
+                values = piece.pop(name, None)  # (None: a sparse column all missing)
+                column[at : at + rows] = np.nan if values is None else values
+                at += rows
             let_go += column.nbytes
             columns[name] = column
             if name in self._codes:

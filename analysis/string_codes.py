@@ -24,13 +24,16 @@ class StringCodes:
         self._ids: dict[str, int] = {}  # each distinct string -> its code, in order seen
 
     def codes(self, values: np.ndarray) -> np.ndarray:
-        """The `int32` code of each value (`MISSING` where it is missing); values other
-        than strings and missing ones are refused (`TypeError`)."""
+        """The code of each value (`MISSING` where it is missing), `int16` while the
+        strings seen number fewer than 2**15, else `int32`; values other than strings and
+        missing ones are refused (`TypeError`)."""
         local, uniques = pd.factorize(values, use_na_sentinel=True)
         if not all(type(u) is str for u in uniques):
             raise TypeError("StringCodes takes strings and missing values only")
         ids = self._ids
         mapping = np.array([ids.setdefault(u, len(ids)) for u in uniques] + [MISSING], np.int32)
+        if len(ids) < 1 << 15:
+            mapping = mapping.astype(np.int16)
         return mapping[local]  # (local code -1 takes the last entry: MISSING)
 
     def categorical(self, codes: np.ndarray) -> pd.Categorical:
