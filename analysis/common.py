@@ -460,8 +460,11 @@ class Frames:
         types = pd.DataFrame(
             {"tkey": calls["tkey"], "layer": calls["name"], "layer_type": layer_type(calls)}
         ).drop_duplicates(["tkey", "layer"])
-        kn = left_join(kn, types, ["tkey", "layer"])
-        return self.with_meta(kn)
+        # a kernel's layer type and model as codes of a categorical (sorted categories), not
+        # a pointer per kernel: the kernels are most of a store's spans
+        kn = left_join(kn, types.astype({"layer_type": "category"}), ["tkey", "layer"])
+        meta = self.meta[["tkey", *GROUP]]
+        return left_join(kn, meta.astype({"model": "category"}), ["tkey"])
 
     def kernel_reason(self) -> str:
         """Why the kernel level is missing from the selected traces."""

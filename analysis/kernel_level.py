@@ -159,7 +159,8 @@ def kernels_by_name(fr: Frames) -> AnalysisResult:
 def _by_layer(fr: Frames) -> pd.DataFrame:
     def build() -> pd.DataFrame:
         kn = _work(fr)
-        kn = rows_where(kn, kn["layer"].notna())
+        read = ["tkey", "layer", "duration_ns", *METRICS, "achieved_occupancy", "metrics_estimated"]
+        kn = rows_where(kn[read], kn["layer"].notna())  # (a row filter copies every column)
         per = fr.with_meta(_sum_per(kn, ["layer"]))
         agg = across_traces(
             per,
