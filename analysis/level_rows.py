@@ -45,13 +45,17 @@ class LevelRows:
         """Append the rows of `batch` (its index is replaced by the rows' positions). Every
         batch has the first one's columns and numpy dtypes (the loader types each column
         the same way whatever values a batch holds)."""
+        # a coded column: strings or their categorical; a categorical not coded: its objects
+        dtypes = batch.dtypes.astype(object)
+        objects = [
+            isinstance(t, pd.CategoricalDtype) or c in self._codes for c, t in dtypes.items()
+        ]
+        dtypes[objects] = np.dtype(object)
         if self._empty is None:
-            if batch.columns.has_duplicates or not all(
-                isinstance(t, np.dtype) for t in batch.dtypes
-            ):
+            if batch.columns.has_duplicates or not all(isinstance(t, np.dtype) for t in dtypes):
                 raise TypeError("LevelRows takes uniquely named columns of numpy dtypes")
-            self._empty = batch.iloc[:0].reset_index(drop=True)
-        elif not batch.dtypes.equals(self._empty.dtypes):
+            self._empty = batch.iloc[:0].reset_index(drop=True).astype(dict(dtypes))
+        elif not dtypes.equals(self._empty.dtypes.astype(object)):
             raise TypeError(
                 f"a batch's columns {dict(batch.dtypes)} differ from the first batch's "
                 f"{dict(self._empty.dtypes)}"
@@ -60,9 +64,14 @@ class LevelRows:
             return
         labels = np.arange(self._rows, self._rows + len(batch))
         self._rows += len(batch)
-        columns = {str(c): batch[c].to_numpy() for c in batch.columns}
-        for name, codes in self._codes.items():
-            columns[name] = codes.codes(columns[name])
+        columns = {
+            str(c): self._codes[c].codes(batch[c])
+            if c in self._codes
+            else batch[c].to_numpy(
+                object if isinstance(batch[c].dtype, pd.CategoricalDtype) else None
+            )
+            for c in batch.columns
+        }
         codes, levels = pd.factorize(batch["level"], use_na_sentinel=False)
         order = np.argsort(codes, kind="stable")
         bounds = np.searchsorted(codes[order], np.arange(len(levels) + 1))

@@ -23,11 +23,15 @@ class StringCodes:
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}  # each distinct string -> its code, in order seen
 
-    def codes(self, values: np.ndarray) -> np.ndarray:
+    def codes(self, values: np.ndarray | pd.Series) -> np.ndarray:
         """The code of each value (`MISSING` where it is missing), `int16` while the
         strings seen number fewer than 2**15, else `int32`; values other than strings and
-        missing ones are refused (`TypeError`)."""
-        local, uniques = pd.factorize(values, use_na_sentinel=True)
+        missing ones are refused (`TypeError`). A categorical's codes are taken as they are
+        (its categories looked up once each), others' values factorized."""
+        if isinstance(values, pd.Series) and isinstance(values.dtype, pd.CategoricalDtype):
+            local, uniques = values.cat.codes.to_numpy(), values.cat.categories.to_numpy(object)
+        else:
+            local, uniques = pd.factorize(np.asarray(values), use_na_sentinel=True)
         if not all(type(u) is str for u in uniques):
             raise TypeError("StringCodes takes strings and missing values only")
         ids = self._ids

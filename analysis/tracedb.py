@@ -200,13 +200,20 @@ def _as_float(values: Sequence[object]) -> tuple[np.ndarray, np.ndarray]:
         return out, np.isnan(out) & raw.notna().to_numpy()
 
 
-def _json_values(texts: np.ndarray) -> np.ndarray:
-    """JSON texts (None where absent) decoded, one object per row (lists stay whole). Each
-    distinct text is decoded once and its rows share the object (read it, do not modify)."""
+def _json_values(texts: pd.Series) -> np.ndarray:
+    """JSON texts (None where absent; a categorical's or objects) decoded, one object per row
+    (lists stay whole). Each distinct text is decoded once and its rows share the object (read
+    it, do not modify)."""
     out = np.full(len(texts), None, dtype=object)
-    has = pd.notna(texts)
+    if isinstance(texts.dtype, pd.CategoricalDtype):
+        codes, distinct = texts.cat.codes.to_numpy(), texts.cat.categories.to_numpy(object)
+        has = codes >= 0
+        codes = codes[has]
+    else:
+        raw = texts.to_numpy(object)
+        has = pd.notna(raw)
+        codes, distinct = pd.factorize(raw[has])
     if has.any():
-        codes, distinct = pd.factorize(texts[has])
         values = json.loads("[" + ",".join(distinct) + "]")
         column = np.empty(len(values), dtype=object)
         column[:] = values
@@ -244,11 +251,11 @@ def _span_attributes(spans: pd.DataFrame, source: str) -> tuple[pd.DataFrame, li
     for key in _FLAGS:
         columns[key] = spans[key].to_numpy("float64") > 0
     for key in _OBJECTS:
-        columns[key] = _json_values(spans[key].to_numpy(object))
+        columns[key] = _json_values(spans[key])
     for col in RELAY_OFFSET_COLUMNS.values():  # the relay's marks (request spans only)
         columns[col] = spans[col].to_numpy("float64")
     for col in STREAM_RESPONSE_COLUMNS:  # a stream message's responses (request spans only)
-        columns[col] = _json_values(spans[col].to_numpy(object))
+        columns[col] = _json_values(spans[col])
     rest = spans[["trace_id", "span_id", "level", "name", "kind", "run_level",
                   *_LAYER_JSON, "layer"]]  # fmt: skip
     out = pd.concat([rest, pd.DataFrame(columns, index=spans.index)], axis=1)
@@ -365,10 +372,21 @@ def _store_spans(
         if not mask.all():  # spans of failed (or damaged) traces
             spans = spans[mask]
         spans = spans.drop(columns="span_id")
-        spans.insert(0, "source_db", source)
-        spans.insert(1, "tkey", spans["trace_id"].map(keys).astype("int64"))
+        spans.insert(
+            0, "source_db", pd.Categorical.from_codes(np.zeros(len(spans), np.int8), [source])
+        )
+        spans.insert(1, "tkey", _tkeys(spans["trace_id"], keys))
         into.add(spans)
     return bad, bad_attrs
+
+
+def _tkeys(trace_ids: pd.Series, keys: pd.Series) -> np.ndarray:
+    """Each span's tkey (`keys`: trace id -> tkey, holding every id of `trace_ids`), looked
+    up once per distinct id where the ids are a categorical's."""
+    if isinstance(trace_ids.dtype, pd.CategoricalDtype):
+        per_id = keys.reindex(trace_ids.cat.categories).to_numpy()
+        return per_id[trace_ids.cat.codes.to_numpy()].astype("int64")
+    return trace_ids.map(keys).astype("int64").to_numpy()
 
 
 def _start_spans(path: Path, flt: TraceFilter) -> columnar.SpanBatches:

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import sparse_columns, tracedb
+from analysis import columnar, sparse_columns, tracedb
 from analysis.common import Frames
 from analysis.tracedb import load_traces
 from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB
@@ -22,6 +22,7 @@ def _plain(stores: list[Path], monkeypatch: pytest.MonkeyPatch) -> tracedb.Trace
     with monkeypatch.context() as m:
         m.setattr(sparse_columns, "HELD_SPARSE", frozenset())
         m.setattr(tracedb, "SPAN_CODED", ())
+        m.setattr(columnar, "REPORT_DICTIONARY", ())
         return load_traces(stores)
 
 
