@@ -130,25 +130,33 @@ def across_traces(
     values: Sequence[str],
     first: Sequence[str] = (),
     proportion: float = TRIM,
+    rows: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """Trimmed mean of each column in `values` over the traces in each `keys` group.
 
     `df` has one row per trace (`tkey`) and key. Columns in `first` are carried from the
     first row of each group. Adds `n_traces`. Vectorised: one sort per value column.
+    `rows` (a boolean mask): the rows to take, as `across_traces(df[rows], ...)` does, without
+    copying the columns of every row kept (only the keys' codes, and one value column at a
+    time).
     """
     keys = list(keys)
-    if df.empty:
+    if rows is not None and rows.all():
+        rows = None
+    if df.empty or (rows is not None and not rows.any()):
         return pd.DataFrame(columns=[*keys, *first, *values, "n_traces"])
-    gid, first_row = group_ids(df, keys)  # groups numbered in key order
+    gid, first_row = group_ids(df, keys, rows)  # groups numbered in key order
     n_groups = len(first_row)
-    out = df[[*keys, *first]].iloc[first_row].reset_index(drop=True)
+    at = first_row if rows is None else np.flatnonzero(rows)[first_row]
+    out = df[[*keys, *first]].iloc[at].reset_index(drop=True)
     tkey = df["tkey"].to_numpy("int64")
+    if rows is not None:
+        tkey = tkey[rows]
     pairs = np.unique(gid.astype("int64") * (int(tkey.max()) + 1) + tkey)
     out["n_traces"] = np.bincount(pairs // (int(tkey.max()) + 1), minlength=n_groups)
     for col in values:
-        out[col] = _trimmed_means(
-            gid, pd.to_numeric(df[col]).to_numpy("float64"), n_groups, proportion
-        )
+        v = pd.to_numeric(df[col]).to_numpy("float64")
+        out[col] = _trimmed_means(gid, v if rows is None else v[rows], n_groups, proportion)
     return out
 
 

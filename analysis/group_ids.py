@@ -18,21 +18,25 @@ import pandas as pd
 _LIMIT = 1 << 62  # combined codes beyond this would overflow int64: pandas numbers them
 
 
-def group_ids(df: pd.DataFrame, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: its group's number (0.., in the keys' sorted order, missing values last);
-    and per group, the position of its first row."""
+def group_ids(
+    df: pd.DataFrame, keys: Sequence[str], rows: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row (of those `rows` marks, if given): its group's number (0.., in the keys'
+    sorted order, missing values last); and per group, the position of its first row among
+    those rows."""
     combined: np.ndarray | None = None
     size = 1
     for key in keys:
-        codes, n = _sorted_codes(df[key])
+        codes, n = _sorted_codes(df[key] if rows is None else df[key][rows])
         if codes is None or size * n >= _LIMIT:
-            gid = df.groupby(list(keys), dropna=False, sort=True, observed=True).ngroup()
+            taken = df if rows is None else df[list(keys)][rows]
+            gid = taken.groupby(list(keys), dropna=False, sort=True, observed=True).ngroup()
             _, first = np.unique(gid.to_numpy(), return_index=True)
             return gid.to_numpy(np.int64), first
         combined = codes if combined is None else combined * n + codes
         size *= n
     if combined is None:
-        combined = np.zeros(len(df), dtype=np.int64)
+        combined = np.zeros(len(df) if rows is None else int(rows.sum()), dtype=np.int64)
     _, first, inverse = np.unique(combined, return_index=True, return_inverse=True)
     return inverse.reshape(-1), first
 

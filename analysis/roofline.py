@@ -220,12 +220,15 @@ def kernel_roofline(fr: Frames) -> AnalysisResult:
             "kernel hardware metrics were not captured: no kernel span carries flops and "
             "dram_read_bytes/dram_write_bytes (profile with metric collection enabled)",
         )
-    # the rows kept, of the columns read only (a row filter copies every column it keeps)
-    estimated = kn["metrics_estimated"].to_numpy()[keep].astype("float64")
-    kn = rows_where(kn[["tkey", *GROUP, "layer", "idx", "name", "duration_ns", "flops"]], keep)
-    kn = kn.assign(dram_bytes=dram_bytes[keep], estimated=estimated)
+    # the columns read; the rows kept taken by across_traces (a row filter copies every column)
+    estimated = kn["metrics_estimated"].to_numpy().astype("float64")
+    kn = kn[["tkey", *GROUP, "layer", "idx", "name", "duration_ns", "flops"]]
+    kn = kn.assign(dram_bytes=dram_bytes, estimated=estimated)
     agg = across_traces(
-        kn, [*GROUP, "layer", "idx", "name"], ["duration_ns", "flops", "dram_bytes", "estimated"]
+        kn,
+        [*GROUP, "layer", "idx", "name"],
+        ["duration_ns", "flops", "dram_bytes", "estimated"],
+        rows=keep,
     )
     agg, table = _on_roofline(fr, agg, ["layer", "idx", "name"], ["layer", "idx"])
     res = AnalysisResult("A9", A9_TITLE, table, estimated=bool(table["estimated"].any()))

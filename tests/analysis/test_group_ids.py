@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis.common import across_traces
 from analysis.group_ids import group_ids
 
 
@@ -44,3 +45,16 @@ def test_keys_that_cannot_be_sorted_are_left_to_pandas() -> None:
     df = pd.DataFrame({"k": np.array(["b", 1, "a", 1, None], dtype=object), "i": range(5)})
     want = df.groupby(["k"], dropna=False, sort=True, observed=True).ngroup().to_numpy()
     np.testing.assert_array_equal(group_ids(df, ["k"])[0], want)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.3, 0.9, 1.0])
+def test_rows_taken_by_mask_are_the_filtered_frames(share: float) -> None:
+    """`across_traces(df, ..., rows=mask)` is `across_traces(df[mask], ...)`, bit for bit."""
+    df = _frame(600, 3).assign(
+        tkey=lambda d: np.arange(len(d)) % 17, v=np.random.default_rng(1).normal(size=600)
+    )
+    mask = np.random.default_rng(2).random(len(df)) < share
+    keys, values = ["cat", "batch", "i"], ["v", "x"]
+    want = across_traces(df[mask], keys, values, first=["obj"])
+    got = across_traces(df, keys, values, first=["obj"], rows=mask)
+    pd.testing.assert_frame_equal(got, want, check_dtype=share > 0)
