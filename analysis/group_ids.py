@@ -27,7 +27,7 @@ def group_ids(
     combined: np.ndarray | None = None
     size = 1
     for key in keys:
-        codes, n = _sorted_codes(df[key] if rows is None else df[key][rows])
+        codes, n = _sorted_codes(df[key], rows)
         if codes is None or size * n >= _LIMIT:
             taken = df if rows is None else df[list(keys)][rows]
             gid = taken.groupby(list(keys), dropna=False, sort=True, observed=True).ngroup()
@@ -41,16 +41,20 @@ def group_ids(
     return inverse.reshape(-1), first
 
 
-def _sorted_codes(values: pd.Series) -> tuple[np.ndarray | None, int]:
-    """`int64` codes of `values` in the order groupby sorts them (a categorical's categories,
-    else the values sorted), a missing value the last code; None where the values cannot be
-    sorted (mixed types: pandas then decides)."""
+def _sorted_codes(values: pd.Series, rows: np.ndarray | None) -> tuple[np.ndarray | None, int]:
+    """`int64` codes of `values` (of those `rows` marks) in the order groupby sorts them (a
+    categorical's categories, else the values sorted), a missing value the last code; None
+    where the values cannot be sorted (mixed types: pandas then decides). The rows are taken
+    from the arrays, not the Series (whose index a filter would materialize and keep)."""
     if isinstance(values.dtype, pd.CategoricalDtype):
-        codes = values.cat.codes.to_numpy().astype(np.int64)
+        codes = values.cat.codes.to_numpy()
+        codes = (codes if rows is None else codes[rows]).astype(np.int64)
         n = len(values.cat.categories) + 1
     else:
+        array = values.to_numpy() if isinstance(values.dtype, np.dtype) else values.array
+        array = array if rows is None else array[rows]
         try:
-            codes, uniques = pd.factorize(values, sort=True, use_na_sentinel=True)
+            codes, uniques = pd.factorize(array, sort=True, use_na_sentinel=True)
         except TypeError:
             return None, 0
         codes = codes.astype(np.int64, copy=False)
