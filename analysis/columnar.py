@@ -498,13 +498,14 @@ class SpanBatches:
     """The report's spans of one store as pandas DataFrames, one per batch of about
     `REPORT_BATCH_ROWS` rowids, in rowid order: SQLite's columns, `_bad`, the attribute
     columns (numbers as float64, flags as float64 to be compared with 0, objects and shapes
-    as JSON text) and `_wrong` (the members of a JSON object: the values that are not numbers
-    where one is expected, by key). The reads start when it is made (so that they run while
-    the caller reads the traces): one reader per core reads the next batches while the
-    caller takes one (unless filtered), so that a few batches are held at once, whatever
-    the store's size; the rows and their order are those of one reader. Iterate it once;
-    `close()` (or the end of a `with` block) waits for the reads under way and drops the
-    rest."""
+    as JSON text; the `REPORT_DICTIONARY` columns as categoricals) and `_wrong` (the members
+    of a JSON object: the values that are not numbers where one is expected, by key). The
+    reads start when it is made (so that they run while the caller reads the traces): one
+    reader per core reads the next batches while the caller takes one (unless filtered), so
+    that a few batches are held at once, whatever the store's size; the rows and their order
+    are those of one reader. Iterate it once; `close()` (or the end of a `with` block) waits
+    for the reads under way and drops the rest.
+    """
 
     def __init__(
         self, path: Path, span_checks: str, trace_subquery: str | None, params: Sequence[object]
@@ -582,8 +583,27 @@ def batch_ranges(db: str | Path, rows: int) -> list[tuple[int, int] | None]:
     return [(a, min(high, a + rows - 1)) for a in range(low, high + 1, rows)]
 
 
+# The report's string columns of few distinct values, handed over dictionary-encoded (each
+# distinct string once per batch, an integer code per row): pandas makes categoricals of them,
+# with no Python object per row.
+REPORT_DICTIONARY = ("trace_id", "level", "name", "kind", "run_level", "layer", *OBJECTS,
+                     *LAYER_JSON)  # fmt: skip
+
+
+def _dictionary_encoded(table: Any) -> Any:
+    """`table` with its `REPORT_DICTIONARY` columns dictionary-encoded (in the reader's
+    thread, without the GIL)."""
+    import pyarrow.compute as pc
+
+    for name in REPORT_DICTIONARY:
+        at = table.schema.get_field_index(name)
+        table = table.set_column(at, name, pc.dictionary_encode(table.column(at)))
+    return table
+
+
 def _report_part(path: Path, uri: str, query: str, threads: int | None) -> Any:
-    """One reader: SQLite's rows of `query` through `REPORT_DUCKDB`, as an Arrow table."""
+    """One reader: SQLite's rows of `query` through `REPORT_DUCKDB`, as an Arrow table (its
+    `REPORT_DICTIONARY` columns dictionary-encoded)."""
     import duckdb
 
     with sqlite_reader(path, uri, query) as reader:
@@ -594,7 +614,8 @@ def _report_part(path: Path, uri: str, query: str, threads: int | None) -> Any:
                 con.execute(f"SET threads = {int(threads)}")
             con.register("batches", reader)
             rel = con.sql(REPORT_DUCKDB)
-            return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+            table = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+            return _dictionary_encoded(table)
         finally:
             con.close()
 

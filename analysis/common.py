@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
+from analysis import sparse_columns
+from analysis.group_ids import group_ids
 from analysis.store_file import TRACE_IDENTITY
 from analysis.tracedb import TraceData
 from sidecar.profiling.stats import TRIM
@@ -128,26 +130,33 @@ def across_traces(
     values: Sequence[str],
     first: Sequence[str] = (),
     proportion: float = TRIM,
+    rows: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """Trimmed mean of each column in `values` over the traces in each `keys` group.
 
     `df` has one row per trace (`tkey`) and key. Columns in `first` are carried from the
     first row of each group. Adds `n_traces`. Vectorised: one sort per value column.
+    `rows` (a boolean mask): the rows to take, as `across_traces(df[rows], ...)` does, without
+    copying the columns of every row kept (only the keys' codes, and one value column at a
+    time).
     """
     keys = list(keys)
-    if df.empty:
+    if rows is not None and rows.all():
+        rows = None
+    if df.empty or (rows is not None and not rows.any()):
         return pd.DataFrame(columns=[*keys, *first, *values, "n_traces"])
-    gid = df.groupby(keys, dropna=False, sort=True).ngroup().to_numpy()
-    n_groups = int(gid.max()) + 1
-    _, first_row = np.unique(gid, return_index=True)  # groups are numbered in key order
-    out = df[[*keys, *first]].iloc[first_row].reset_index(drop=True)
+    gid, first_row = group_ids(df, keys, rows)  # groups numbered in key order
+    n_groups = len(first_row)
+    at = first_row if rows is None else np.flatnonzero(rows)[first_row]
+    out = df[[*keys, *first]].iloc[at].reset_index(drop=True)
     tkey = df["tkey"].to_numpy("int64")
+    if rows is not None:
+        tkey = tkey[rows]
     pairs = np.unique(gid.astype("int64") * (int(tkey.max()) + 1) + tkey)
     out["n_traces"] = np.bincount(pairs // (int(tkey.max()) + 1), minlength=n_groups)
     for col in values:
-        out[col] = _trimmed_means(
-            gid, pd.to_numeric(df[col]).to_numpy("float64"), n_groups, proportion
-        )
+        v = pd.to_numeric(df[col]).to_numpy("float64")
+        out[col] = _trimmed_means(gid, v if rows is None else v[rows], n_groups, proportion)
     return out
 
 
@@ -155,7 +164,9 @@ def _trimmed_means(gid: np.ndarray, v: np.ndarray, n_groups: int, proportion: fl
     """Per group id: the trimmed mean of its non-NaN values (NaN for a group without any),
     by the rule of `sidecar.profiling.stats.trimmed_mean`, vectorised."""
     ok = ~np.isnan(v)
-    g, v = gid[ok], v[ok]
+    small = gid.astype(np.int32) if n_groups < 1 << 31 else gid
+    g, v = (small, v) if ok.all() else (small[ok], v[ok])
+    del small, ok
     # `lexsort((v, g))`'s order, by a sort of the values and then a stable sort of their
     # groups (a radix sort where the group ids fit 16 bits): a third less time. The values'
     # sort need not be stable: values that compare equal are equal (NaN is left out, and
@@ -163,14 +174,22 @@ def _trimmed_means(gid: np.ndarray, v: np.ndarray, n_groups: int, proportion: fl
     order = np.argsort(v)
     ids = g[order].astype(np.uint16) if n_groups <= 1 << 16 else g[order]
     order = order[np.argsort(ids, kind="stable")]
+    del ids
     g, v = g[order], v[order]
+    del order
+    # each group's rows lie together, its values ascending: keep those from its start + k
+    # to its end - k (k = floor(proportion * count)), marked by +1/-1 at the bounds
     counts = np.bincount(g, minlength=n_groups)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    rank = np.arange(len(g)) - starts[g]
-    k = np.floor(proportion * counts)[g]
-    keep = (rank >= k) & (rank < counts[g] - k)
-    sums = np.bincount(g[keep], weights=v[keep], minlength=n_groups)
-    kept = np.bincount(g[keep], minlength=n_groups)
+    starts = np.cumsum(counts) - counts
+    k = np.floor(proportion * counts).astype(np.int64)
+    bounds = np.zeros(len(g) + 1, dtype=np.int8)
+    np.add.at(bounds, starts + k, 1)
+    np.add.at(bounds, starts + counts - k, -1)
+    keep = np.cumsum(bounds[:-1], dtype=np.int8).astype(bool)
+    del bounds
+    g, v = g[keep], v[keep]
+    sums = np.bincount(g, weights=v, minlength=n_groups)
+    kept = np.bincount(g, minlength=n_groups)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(kept > 0, sums / np.maximum(kept, 1), np.nan)
 
@@ -237,9 +256,9 @@ def inclusive_sums(own: pd.DataFrame, layers: pd.DataFrame, values: Sequence[str
     (columns tkey, layer, *values) and those of the modules inside it. `layer1.0` holds
     `layer1.0.conv1` (dotted module paths; a call suffix `#n` is not a path part)."""
     values = list(values)
-    summed = own.groupby(["tkey", "layer"], as_index=False)[values].sum(min_count=1)
+    summed = own.groupby(["tkey", "layer"], as_index=False, observed=True)[values].sum(min_count=1)
     rows: list[list[Any]] = []
-    for tkey, group in layers.groupby("tkey"):
+    for tkey, group in layers.groupby("tkey", observed=True):
         have = summed[summed["tkey"] == tkey]
         names = have["layer"].astype(str).to_numpy()
         data = have[values].to_numpy("float64")
@@ -263,9 +282,12 @@ def call_names(layers: pd.DataFrame) -> pd.Series:
         return layers["name"]
     keys = ["tkey", "run_level", "name"]
     order = sort_rows(layers[[*keys, "start_ns", "idx"]], ["start_ns", "idx"])
-    n = order.groupby(keys, dropna=False, sort=False).cumcount()
-    named = order["name"].astype(str)
+    n = order.groupby(keys, dropna=False, sort=False, observed=True).cumcount()
     repeat = (n > 0).to_numpy()
+    names = layers["name"]
+    if isinstance(names.dtype, pd.CategoricalDtype) and not repeat.any() and names.notna().all():
+        return names.copy(deep=False)  # the loader's codes: no string object per row
+    named = order["name"].astype(str)
     if repeat.any():  # only the repeats get a suffix
         named[repeat] = named[repeat] + "#" + n[repeat].astype(str)
     return named.reindex(layers.index)
@@ -343,7 +365,7 @@ def _level_slices(spans: pd.DataFrame) -> dict[str, pd.DataFrame]:
             isinstance(v, str) or pd.isna(v) for v, _, _ in runs
         ):
             return {v: spans.iloc[a:b] for v, a, b in runs if isinstance(v, str)}
-    return {str(k): g for k, g in spans.groupby("level", sort=False)}
+    return {str(k): g for k, g in spans.groupby("level", sort=False, observed=True)}
 
 
 class Frames:
@@ -364,8 +386,11 @@ class Frames:
     def at(self, level: str) -> pd.DataFrame:
         """The spans of one level (split once, then shared: do not modify)."""
         if not self._levels:
-            self._levels = _level_slices(self.data.spans)
-        return self._levels.get(level, self.data.spans.iloc[:0])
+            split = _level_slices(self.data.spans)
+            self._levels = {k: sparse_columns.dense(v, k) for k, v in split.items()}
+        if level not in self._levels:
+            return sparse_columns.dense(self.data.spans.iloc[:0], level)
+        return self._levels[level]
 
     @cached_property
     def meta(self) -> pd.DataFrame:
@@ -443,8 +468,11 @@ class Frames:
         types = pd.DataFrame(
             {"tkey": calls["tkey"], "layer": calls["name"], "layer_type": layer_type(calls)}
         ).drop_duplicates(["tkey", "layer"])
-        kn = left_join(kn, types, ["tkey", "layer"])
-        return self.with_meta(kn)
+        # a kernel's layer type and model as codes of a categorical (sorted categories), not
+        # a pointer per kernel: the kernels are most of a store's spans
+        kn = left_join(kn, types.astype({"layer_type": "category"}), ["tkey", "layer"])
+        meta = self.meta[["tkey", *GROUP]]
+        return left_join(kn, meta.astype({"model": "category"}), ["tkey"])
 
     def kernel_reason(self) -> str:
         """Why the kernel level is missing from the selected traces."""
@@ -492,7 +520,7 @@ class Frames:
     def peaks(self) -> pd.DataFrame:
         """Per model/batch: the roofline peaks recorded with the traces (median over traces)."""
         m = self.meta
-        return m.groupby(GROUP, dropna=False, as_index=False).agg(
+        return m.groupby(GROUP, dropna=False, as_index=False, observed=True).agg(
             peak_flops_per_s=("peak_flops_per_s", "median"),
             peak_dram_bytes_per_s=("peak_dram_bytes_per_s", "median"),
             peak_source=("peak_source", "first"),

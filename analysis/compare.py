@@ -110,11 +110,11 @@ def compare(
     a, b = labels
     summary = pd.DataFrame([_describe(a, fb, mb), _describe(b, fn, mn)])
     by_type = (
-        lb.groupby("type")["duration_ns"]
+        lb.groupby("type", observed=True)["duration_ns"]
         .agg(["sum", "size"])
         .rename(columns={"sum": f"{a}_ms", "size": f"{a}_layers"})
         .join(
-            ln.groupby("type")["duration_ns"]
+            ln.groupby("type", observed=True)["duration_ns"]
             .agg(["sum", "size"])
             .rename(columns={"sum": f"{b}_ms", "size": f"{b}_layers"}),
             how="outer",

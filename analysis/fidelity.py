@@ -95,9 +95,11 @@ def _live_from_spans(fr: Frames) -> dict[int, dict[str, Any]]:
     srv = fr.at("server")
     out: dict[int, dict[str, Any]] = {}
     infer = srv[srv["kind"] == "compute_infer"]
-    for tkey, ns in (infer["end_ns"] - infer["start_ns"]).groupby(infer["tkey"]).sum().items():
+    for tkey, ns in (
+        (infer["end_ns"] - infer["start_ns"]).groupby(infer["tkey"], observed=True).sum().items()
+    ):
         out[int(tkey)] = {"live_ns": float(ns), "live_source": "compute_infer"}
-    ops = srv[srv["kind"] == "tf_op"].groupby("tkey").agg(start=("start_ns", "min"),
+    ops = srv[srv["kind"] == "tf_op"].groupby("tkey", observed=True).agg(start=("start_ns", "min"),
                                                           end=("end_ns", "max"))  # fmt: skip
     for tkey, row in ops.iterrows():
         out.setdefault(int(tkey), {"live_ns": float(row["end"] - row["start"]),
@@ -150,7 +152,9 @@ def fidelity(fr: Frames) -> AnalysisResult:
         return not_captured("fidelity", TITLE, why_none(reasons, with_live))
     rows, same_kernels = [], {}
     keys = ["model", "batch_size"]
-    for (model, batch), grp in pd.concat([measured, slow]).groupby(keys, dropna=False, sort=True):
+    for (model, batch), grp in pd.concat([measured, slow]).groupby(
+        keys, dropna=False, sort=True, observed=True
+    ):
         ok = grp[grp["sample_reason"] != "slow"].dropna(subset=["ratio"])
         p50 = float(ok["ratio"].median()) if not ok.empty else float("nan")
         causes = dict.fromkeys(c for cs in ok["causes"] for c in cs)

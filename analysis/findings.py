@@ -70,7 +70,7 @@ def replay_fidelity(results: Results, data: TraceData) -> list[Finding]:
         return []
     out = []
     bad = fd.table[fd.table["verdict"] == "the replay does not represent the server"]
-    for model, grp in bad.groupby("model", sort=True):
+    for model, grp in bad.groupby("model", sort=True, observed=True):
         batches = ", ".join(str(b) for b in grp["batch_size"])
         ratios = [float(r) for r in grp["ratio_p50"]]
         lo, hi = min(ratios), max(ratios)
@@ -115,7 +115,7 @@ def slow_requests(results: Results, data: TraceData) -> list[Finding]:
         return []
     out = []
     rows = fd.table[(fd.table["slow_requests"] > 0) & fd.table["slow_reproduced"].notna()]
-    for model, grp in rows.groupby("model", sort=True):
+    for model, grp in rows.groupby("model", sort=True, observed=True):
         n, hit = int(grp["slow_requests"].sum()), int(grp["slow_reproduced"].sum())
         evidence = (
             f"fidelity: {hit} of {n} slow-sampled requests' replays took at least "
@@ -210,7 +210,7 @@ def launch_bound(results: Results, data: TraceData) -> list[Finding]:
     if not tb.ok:
         return []
     out = []
-    for model, grp in tb.table.groupby("model", sort=True):
+    for model, grp in tb.table.groupby("model", sort=True, observed=True):
         idle = grp[grp["idle_pct"] >= IDLE_SHARE * 100]
         if idle.empty:
             continue
@@ -239,7 +239,7 @@ def memory_bound_layers(results: Results, data: TraceData) -> list[Finding]:
         return []
     out = []
     table = a14.table[a14.table["bound"] != "unknown"]
-    for model, grp in table.groupby("model", sort=True):
+    for model, grp in table.groupby("model", sort=True, observed=True):
         batch = grp["batch_size"].max()
         g = grp[grp["batch_size"] == batch] if pd.notna(batch) else grp
         total = float(g["latency_ms"].sum())
@@ -286,7 +286,9 @@ def tensor_core_use(kernels: pd.DataFrame) -> tuple[float, float, str] | None:
     total = float(kernels["duration_ns"].sum())
     if total <= 0:
         return None
-    kernels = kernels.groupby("name", as_index=False)["duration_ns"].sum()  # once per name
+    kernels = kernels.groupby("name", as_index=False, observed=True)[
+        "duration_ns"
+    ].sum()  # once per name
     names = kernels["name"].astype(str)
     matmul = kernels[names.str.contains(_MATMUL)]
     mm_total = float(matmul["duration_ns"].sum())
@@ -308,7 +310,7 @@ def tensor_cores_unused(results: Results, data: TraceData) -> list[Finding]:
         return []
     kn = a10.table[a10.table["kind"] == "kernel"]
     out = []
-    for model, grp in kn.groupby("model", sort=True):
+    for model, grp in kn.groupby("model", sort=True, observed=True):
         use = tensor_core_use(grp.assign(duration_ns=grp["latency_ms"] * 1e6))
         if use is None:
             continue
@@ -340,7 +342,7 @@ def profiler_overhead(results: Results, data: TraceData) -> list[Finding]:
         return []
     out = []
     heavy = ov.table[ov.table["added_pct"] >= OVERHEAD_ADDED * 100]
-    for (model, level), grp in heavy.groupby(["model", "level"], sort=True):
+    for (model, level), grp in heavy.groupby(["model", "level"], sort=True, observed=True):
         added = list(grp["added_pct"] / 100)
         ratios = f"{grp['overhead_ratio'].min():.3g}"
         if f"{grp['overhead_ratio'].max():.3g}" != ratios:

@@ -116,7 +116,7 @@ def _sum_per(kn: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         _occ_lat=occ * lat,
         _lat_occ=lat.where(occ.notna()),
     )
-    grouped = kn.groupby(["tkey", *keys], dropna=False)
+    grouped = kn.groupby(["tkey", *keys], dropna=False, observed=True)
     g = grouped[["_lat", *METRICS, "_occ_lat", "_lat_occ"]].sum(min_count=1)
     g["count"] = grouped.size()
     g = g.rename(columns={"_lat": "duration_ns"}).reset_index()
@@ -137,9 +137,9 @@ def kernels_by_name(fr: Frames) -> AnalysisResult:
     )
     agg["latency_ms"] = agg["duration_ns"] / 1e6
     agg["mean_latency_ms"] = agg["latency_ms"] / agg["count"]
-    agg["share"] = agg["duration_ns"] / agg.groupby(GROUP, dropna=False)["duration_ns"].transform(
-        "sum"
-    )
+    agg["share"] = agg["duration_ns"] / agg.groupby(GROUP, dropna=False, observed=True)[
+        "duration_ns"
+    ].transform("sum")
     cols = [
         *GROUP,
         "name",
@@ -159,7 +159,8 @@ def kernels_by_name(fr: Frames) -> AnalysisResult:
 def _by_layer(fr: Frames) -> pd.DataFrame:
     def build() -> pd.DataFrame:
         kn = _work(fr)
-        kn = rows_where(kn, kn["layer"].notna())
+        read = ["tkey", "layer", "duration_ns", *METRICS, "achieved_occupancy", "metrics_estimated"]
+        kn = rows_where(kn[read], kn["layer"].notna())  # (a row filter copies every column)
         per = fr.with_meta(_sum_per(kn, ["layer"]))
         agg = across_traces(
             per,

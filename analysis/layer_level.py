@@ -75,7 +75,7 @@ def _layer_frame(fr: Frames) -> pd.DataFrame:
     agg["container"] = agg["container"].astype(bool)
     agg["latency_ms"] = agg["duration_ns"] / 1e6
     leaf_ns = agg["duration_ns"].where(~agg["container"])
-    total = leaf_ns.groupby([agg[k] for k in GROUP], dropna=False).transform("sum")
+    total = leaf_ns.groupby([agg[k] for k in GROUP], dropna=False, observed=True).transform("sum")
     agg["latency_share"] = leaf_ns / total  # of the leaves' time; NaN for a container
     return agg.sort_values([*GROUP, "idx"]).reset_index(drop=True)
 
@@ -156,10 +156,12 @@ def layer_memory(fr: Frames) -> AnalysisResult:
 
 
 def _by_type(agg: pd.DataFrame, value: str) -> pd.DataFrame:
-    g = agg.groupby([*GROUP, "type"], dropna=False, as_index=False).agg(
+    g = agg.groupby([*GROUP, "type"], dropna=False, as_index=False, observed=True).agg(
         layers=("name", "size"), total=(value, "sum")
     )
-    g["share"] = g["total"] / g.groupby(GROUP, dropna=False)["total"].transform("sum")
+    g["share"] = g["total"] / g.groupby(GROUP, dropna=False, observed=True)["total"].transform(
+        "sum"
+    )
     return g.sort_values([*GROUP, "total"], ascending=[True, True, False]).reset_index(drop=True)
 
 
@@ -170,7 +172,9 @@ def type_distribution(fr: Frames) -> AnalysisResult:
     res = AnalysisResult("A5", TITLES["A5"])
     agg = leaf_frame(fr, res).assign(one=1)
     g = _by_type(agg, "one").drop(columns=["total"])
-    g["share"] = g["layers"] / g.groupby(GROUP, dropna=False)["layers"].transform("sum")
+    g["share"] = g["layers"] / g.groupby(GROUP, dropna=False, observed=True)["layers"].transform(
+        "sum"
+    )
     g = g.sort_values([*GROUP, "layers"], ascending=[True, True, False])
     res.table = g.reset_index(drop=True)
     return res

@@ -92,15 +92,19 @@ def request_phases(fr: Frames) -> pd.DataFrame:
     )
     ops = pos["kind"] == TF_OP_KIND
     triton = pos[~ops]
-    wide = triton.pivot_table(index="tkey", columns="kind", values="placed", aggfunc="sum")
+    wide = triton.pivot_table(
+        index="tkey", columns="kind", values="placed", aggfunc="sum", observed=True
+    )
     for col in ("request", *BACKEND_PHASES):
         out[col] = wide[col] if col in wide.columns else float("nan")
-    envelope = pos[ops].groupby("tkey").agg(start=("start", "min"), end=("end", "max"))
+    envelope = (
+        pos[ops].groupby("tkey", observed=True).agg(start=("start", "min"), end=("end", "max"))
+    )
     env_cut = cut.reindex(envelope.index)
     out["tf_ops"] = (np.minimum(envelope["end"], env_cut) - envelope["start"].clip(lower=0.0)).clip(
         lower=0.0
     )
-    last_end = pos.groupby("tkey")["end"].max()
+    last_end = pos.groupby("tkey", observed=True)["end"].max()
     out["server_after_response"] = (last_end - cut.reindex(last_end.index)).clip(lower=0.0)
     out = out.astype({c: "float64" for c in out.columns if c != "relay_marks"})
     phase_sum = out[list(BACKEND_PHASES)].sum(axis=1, min_count=1)
@@ -124,7 +128,7 @@ def _unplaced(
     """Per trace (index of `out`): why its backend spans cannot be placed, or None."""
     tol = PLACEMENT_TOLERANCE_NS
     reason = pd.Series(None, index=out.index, dtype=object)
-    first = triton.groupby("tkey")["start"].min()
+    first = triton.groupby("tkey", observed=True)["start"].min()
     early = first[first < -tol]
     reason[early.index] = "a backend span starts before the request reached the relay"
     late = first[(first > cut.reindex(first.index) + tol) & reason.reindex(first.index).isna()]
@@ -167,7 +171,7 @@ def live_breakdown(fr: Frames) -> AnalysisResult:
         )
     long["client"] = long["tkey"].map(per.set_index("tkey")["client_total"])
     long["value"] = long["value"] / 1e6
-    g = long.groupby(["model", "phase"])["value"]
+    g = long.groupby(["model", "phase"], observed=True)["value"]
     table = g.agg(requests="size", mean_ms="mean").reset_index()
     for q in PERCENTILES:
         col = f"p{round(q * 100)}_ms"
@@ -216,7 +220,7 @@ def _shares(long: pd.DataFrame, table: pd.DataFrame) -> np.ndarray:
     """Per row of `table` (model, phase): the phase's time over the client latency of the same
     requests (those that have the phase), so the shares of phases measured on fewer requests
     than client_total (no backend spans, no relay marks) still add up where the phases do."""
-    sums = long.groupby(["model", "phase"])[["value", "client"]].sum()
+    sums = long.groupby(["model", "phase"], observed=True)[["value", "client"]].sum()
     keyed = sums.reindex(pd.MultiIndex.from_frame(table[["model", "phase"]]))
     return (keyed["value"] * 1e6 / keyed["client"]).to_numpy()
 
@@ -225,7 +229,7 @@ def _left_out_notes(left_out: pd.DataFrame) -> list[str]:
     if left_out.empty:
         return []
     notes = []
-    for reason, grp in left_out.groupby("unplaced", sort=True):
+    for reason, grp in left_out.groupby("unplaced", sort=True, observed=True):
         ids = ", ".join(str(t)[:16] for t in grp["trace_id"].head(NAMED_TRACES))
         more = f" and {len(grp) - NAMED_TRACES} more" if len(grp) > NAMED_TRACES else ""
         models = ", ".join(sorted(map(str, grp["model"].unique())))

@@ -37,7 +37,7 @@ def _relative_errors(fr: Frames, agg: pd.DataFrame) -> dict[tuple[str, int], flo
     ml = fr.model_latency.dropna(subset=["batch_size", "latency_ns"])
     samples = fr.model_samples()
     out: dict[tuple[str, int], float | None] = {}
-    for (model, batch), grp in ml.groupby(GROUP, sort=False):
+    for (model, batch), grp in ml.groupby(GROUP, sort=False, observed=True):
         values = list(grp["latency_ns"])
         if len(values) < 3:
             values = [v for k in grp["tkey"] for v in samples.get(int(k), [])]
@@ -69,7 +69,7 @@ def model_throughput(fr: Frames) -> AnalysisResult:
     notes: list[str] = []
     optimal: dict[str, int | None] = {}
     decisions: dict[str, dict[str, object]] = {}
-    for model, grp in agg.dropna(subset=["batch_size"]).groupby("model", sort=True):
+    for model, grp in agg.dropna(subset=["batch_size"]).groupby("model", sort=True, observed=True):
         lat = {int(b): float(v) for b, v in zip(grp["batch_size"], grp["latency_ns"], strict=True)}
         decision = decide_batch(lat, {b: rse.get((str(model), b)) for b in lat})
         decisions[str(model)] = decision.to_dict()
@@ -115,7 +115,7 @@ def model_aggregate(fr: Frames) -> AnalysisResult:
             reason="no FLOPs/bytes recorded: kernel counters were not captured and layer spans "
             "carry no flops/dram_*_bytes estimates",
         )
-    per_trace = metrics.groupby("tkey", as_index=False).agg(
+    per_trace = metrics.groupby("tkey", as_index=False, observed=True).agg(
         flops=("flops", "sum"), dram_bytes=("dram_bytes", "sum"), estimated=("estimated", "max")
     )
     per_trace = pd.concat(  # GPU runs with counters: all their kernels, layered or not

@@ -71,7 +71,7 @@ def plot_batch_curve(res: AnalysisResult) -> list[str]:
     fig, ax = _fig()
     ax2 = ax.twinx()
     colors = _type_colors(df["model"].astype(str))
-    for model, g in df.groupby("model"):
+    for model, g in df.groupby("model", observed=True):
         g = g.sort_values("batch_size")
         c = colors[str(model)]
         ax.plot(g["batch_size"], g["throughput_per_s"], "o-", color=c, label=f"{model} throughput")
@@ -104,7 +104,7 @@ def plot_layer_latency(res: AnalysisResult) -> list[str]:
     """A3: per model, each layer's latency in execution order for every batch size: one bar
     per batch size and layer, or for a large model one line per batch size."""
     out = []
-    for model, g in res.table.groupby("model", dropna=False, sort=True):
+    for model, g in res.table.groupby("model", dropna=False, sort=True, observed=True):
         batches = sorted(g["batch_size"].dropna().unique())
         order = g.sort_values(["idx"]).drop_duplicates("name")
         names = list(order["name"])
@@ -159,9 +159,9 @@ def _type_colors(types: pd.Series) -> dict[str, Any]:
 
 def plot_latency_by_type(res: AnalysisResult) -> list[str]:
     out = []
-    for model, g in res.table.groupby("model"):
+    for model, g in res.table.groupby("model", observed=True):
         wide = g.pivot_table(
-            index="batch_size", columns="type", values="latency_ms", aggfunc="sum"
+            index="batch_size", columns="type", values="latency_ms", aggfunc="sum", observed=True
         ).fillna(0.0)
         fig, ax = _fig()
         bottom = np.zeros(len(wide))
@@ -187,7 +187,9 @@ def plot_roofline(res: AnalysisResult) -> list[str]:
     df = df.merge(peaks, on=["model", "batch_size"], how="left")
     roofs = df[["peak_flops_per_s", "peak_dram_bytes_per_s"]].astype(float).fillna(-1.0)
     out = []
-    for (pf, bw), g in df.groupby([roofs["peak_flops_per_s"], roofs["peak_dram_bytes_per_s"]]):
+    for (pf, bw), g in df.groupby(
+        [roofs["peak_flops_per_s"], roofs["peak_dram_bytes_per_s"]], observed=True
+    ):
         fig, ax = _fig(7.5, 4.2)
         lo = min(g["arithmetic_intensity"].min(), 0.01) / 2
         hi = max(g["arithmetic_intensity"].max(), pf / bw if pf > 0 else 1.0) * 4
@@ -212,7 +214,7 @@ def plot_roofline(res: AnalysisResult) -> list[str]:
         by = "type" if "type" in g.columns else "layer"
         labels = g[by].fillna("-").astype(str)
         colors = _type_colors(labels)
-        for t, part in g.groupby(labels):
+        for t, part in g.groupby(labels, observed=True):
             ax.scatter(
                 part["arithmetic_intensity"],
                 part["arithmetic_throughput_gflops"],
@@ -248,7 +250,9 @@ def plot_live(res: AnalysisResult) -> list[str]:
     # the phases that add up to the client's latency, then the backend's work after the
     # response (hatched: not part of it); backend_response is the relay's view of the same time
     df = res.table[~res.table["phase"].isin(["client_total", "backend_response"])]
-    wide = df.pivot_table(index="model", columns="phase", values="mean_ms", aggfunc="sum")
+    wide = df.pivot_table(
+        index="model", columns="phase", values="mean_ms", aggfunc="sum", observed=True
+    )
     wide = wide[[c for c in df["phase"].unique() if c in wide.columns]].fillna(0.0)
     fig, ax = _fig(7.5, max(2.2, 0.6 * len(wide) + 1.2))
     left = np.zeros(len(wide))

@@ -205,26 +205,30 @@ def kernel_roofline(fr: Frames) -> AnalysisResult:
     """A9: every kernel with FLOPs or DRAM bytes placed on the roofline."""
     if fr.data.empty:
         return empty_result("A9", A9_TITLE)
-    # the columns read, before rows are filtered (which copies every column)
-    kn = fr.kernels[["tkey", *GROUP, "layer", "idx", "name", "kind", "duration_ns", *_COUNTERS,
-                     "metrics_estimated"]]  # fmt: skip
-    kn = kn[kn["kind"].isin(("kernel", "cpu_op"))]
-    if kn.empty:
+    kn = fr.kernels
+    work = kn["kind"].isin(("kernel", "cpu_op")).to_numpy()
+    if not work.any():
         return not_captured(
             "A9", A9_TITLE, fr.kernel_reason() + " (A14 places layers on the roofline instead)"
         )
-    kn = kn.assign(dram_bytes=kn["dram_read_bytes"] + kn["dram_write_bytes"])
-    kn = rows_where(kn, kn["flops"].notna() & kn["dram_bytes"].notna())
-    if kn.empty:
+    dram_bytes = (kn["dram_read_bytes"] + kn["dram_write_bytes"]).to_numpy("float64")
+    keep = work & kn["flops"].notna().to_numpy() & ~np.isnan(dram_bytes)
+    if not keep.any():
         return not_captured(
             "A9",
             A9_TITLE,
             "kernel hardware metrics were not captured: no kernel span carries flops and "
             "dram_read_bytes/dram_write_bytes (profile with metric collection enabled)",
         )
-    kn = kn.assign(estimated=kn["metrics_estimated"].astype(float))
+    # the columns read; the rows kept taken by across_traces (a row filter copies every column)
+    estimated = kn["metrics_estimated"].to_numpy().astype("float64")
+    kn = kn[["tkey", *GROUP, "layer", "idx", "name", "duration_ns", "flops"]]
+    kn = kn.assign(dram_bytes=dram_bytes, estimated=estimated)
     agg = across_traces(
-        kn, [*GROUP, "layer", "idx", "name"], ["duration_ns", "flops", "dram_bytes", "estimated"]
+        kn,
+        [*GROUP, "layer", "idx", "name"],
+        ["duration_ns", "flops", "dram_bytes", "estimated"],
+        rows=keep,
     )
     agg, table = _on_roofline(fr, agg, ["layer", "idx", "name"], ["layer", "idx"])
     res = AnalysisResult("A9", A9_TITLE, table, estimated=bool(table["estimated"].any()))
@@ -245,7 +249,7 @@ def _layer_metrics(fr: Frames) -> tuple[pd.DataFrame, str]:
     kn = rows_where(kn, kn["kind"].isin(("kernel", "cpu_op")) & kn["layer"].notna())
     kn = rows_where(kn, kn["flops"].notna() | kn["dram_read_bytes"].notna())
     kn = kn.assign(dram_bytes=kn["dram_read_bytes"].fillna(0) + kn["dram_write_bytes"].fillna(0))
-    from_kernels = kn.groupby(["tkey", "layer"], as_index=False).agg(
+    from_kernels = kn.groupby(["tkey", "layer"], as_index=False, observed=True).agg(
         flops=("flops", "sum"),
         dram_bytes=("dram_bytes", "sum"),
         estimated=("metrics_estimated", "max"),
@@ -283,7 +287,7 @@ def _gpu_run_metrics(fr: Frames) -> pd.DataFrame:
     kn = fr.kernels[["tkey", "kind", *_COUNTERS, "metrics_estimated"]]  # (see A9)
     kn = kn[(kn["kind"] == "kernel") & (kn["flops"].notna() | kn["dram_read_bytes"].notna())]
     kn = kn.assign(dram_bytes=kn["dram_read_bytes"].fillna(0) + kn["dram_write_bytes"].fillna(0))
-    return kn.groupby("tkey", as_index=False).agg(
+    return kn.groupby("tkey", as_index=False, observed=True).agg(
         flops=("flops", "sum"),
         dram_bytes=("dram_bytes", "sum"),
         estimated=("metrics_estimated", "max"),

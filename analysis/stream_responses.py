@@ -91,7 +91,7 @@ def stream_responses(fr: Frames) -> AnalysisResult:
             reason += f" ({bad} whose response counts or gaps are not numbers)"
         return not_captured(KEY, TITLE, reason)
     rows = []
-    for model, g in per.groupby("model", sort=True):
+    for model, g in per.groupby("model", sort=True, observed=True):
         gaps = np.array([x for lst in g["gaps"] for x in lst], dtype="float64") / 1e6
         share = (g["first_ns"] / g["latency_ns"]).where(g["latency_ns"] > 0)
         rows.append(

@@ -32,11 +32,11 @@ def union_ns(df: pd.DataFrame) -> pd.Series:
     d = sort_rows(df[["tkey", "start_ns", "end_ns"]], ["tkey", "start_ns"])
     # int64 throughout: epoch nanoseconds do not fit a float64 exactly
     lowest = np.iinfo(np.int64).min
-    cummax = d.groupby("tkey")["end_ns"].cummax().astype("int64")
-    prev = cummax.groupby(d["tkey"]).shift(1, fill_value=lowest).to_numpy("int64")
+    cummax = d.groupby("tkey", observed=True)["end_ns"].cummax().astype("int64")
+    prev = cummax.groupby(d["tkey"], observed=True).shift(1, fill_value=lowest).to_numpy("int64")
     start = np.maximum(d["start_ns"].to_numpy("int64"), prev)
     contrib = np.clip(d["end_ns"].to_numpy("int64") - start, 0, None)
-    return pd.Series(contrib, index=d.index).groupby(d["tkey"]).sum()
+    return pd.Series(contrib, index=d.index).groupby(d["tkey"], observed=True).sum()
 
 
 def time_breakdown(fr: Frames) -> AnalysisResult:

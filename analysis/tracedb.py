@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import columnar, damage
+from analysis import columnar, damage, sparse_columns
 from analysis.damage import BadRow
 from analysis.level_rows import LevelRows
 from analysis.store_file import RELAY_OFFSET_COLUMNS, STREAM_RESPONSE_COLUMNS, TraceDatabaseError
@@ -40,6 +40,12 @@ pd.set_option("mode.copy_on_write", True)
 # stream, a layer's parent_layer) are not loaded; the timeline export reads its trace whole.
 _LAYER_JSON = ("input_shapes", "output_shapes")
 _LAYER_LISTS = ("original_nodes", "original_op_types")
+# The spans' string columns, held as categoricals (sorted categories): a few thousand
+# distinct strings over millions of rows (`LevelRows`, `string_codes.StringCodes`). The
+# names, levels and kinds share their categories: a kernel's `layer` is a layer's `name`,
+# a span's `run_level` a `level`, and the analyses merge one on the other.
+SPAN_CODED = (("source_db",), ("trace_id",),
+              ("level", "name", "kind", "run_level", "layer", *_LAYER_JSON))  # fmt: skip
 # Trace attribute keys extracted into columns of `TraceData.traces`.
 TRACE_ATTRIBUTE_COLUMNS: tuple[str, ...] = (
     "peak_flops_per_s",
@@ -194,13 +200,20 @@ def _as_float(values: Sequence[object]) -> tuple[np.ndarray, np.ndarray]:
         return out, np.isnan(out) & raw.notna().to_numpy()
 
 
-def _json_values(texts: np.ndarray) -> np.ndarray:
-    """JSON texts (None where absent) decoded, one object per row (lists stay whole). Each
-    distinct text is decoded once and its rows share the object (read it, do not modify)."""
+def _json_values(texts: pd.Series) -> np.ndarray:
+    """JSON texts (None where absent; a categorical's or objects) decoded, one object per row
+    (lists stay whole). Each distinct text is decoded once and its rows share the object (read
+    it, do not modify)."""
     out = np.full(len(texts), None, dtype=object)
-    has = pd.notna(texts)
+    if isinstance(texts.dtype, pd.CategoricalDtype):
+        codes, distinct = texts.cat.codes.to_numpy(), texts.cat.categories.to_numpy(object)
+        has = codes >= 0
+        codes = codes[has]
+    else:
+        raw = texts.to_numpy(object)
+        has = pd.notna(raw)
+        codes, distinct = pd.factorize(raw[has])
     if has.any():
-        codes, distinct = pd.factorize(texts[has])
         values = json.loads("[" + ",".join(distinct) + "]")
         column = np.empty(len(values), dtype=object)
         column[:] = values
@@ -238,11 +251,11 @@ def _span_attributes(spans: pd.DataFrame, source: str) -> tuple[pd.DataFrame, li
     for key in _FLAGS:
         columns[key] = spans[key].to_numpy("float64") > 0
     for key in _OBJECTS:
-        columns[key] = _json_values(spans[key].to_numpy(object))
+        columns[key] = _json_values(spans[key])
     for col in RELAY_OFFSET_COLUMNS.values():  # the relay's marks (request spans only)
         columns[col] = spans[col].to_numpy("float64")
     for col in STREAM_RESPONSE_COLUMNS:  # a stream message's responses (request spans only)
-        columns[col] = _json_values(spans[col].to_numpy(object))
+        columns[col] = _json_values(spans[col])
     rest = spans[["trace_id", "span_id", "level", "name", "kind", "run_level",
                   *_LAYER_JSON, "layer"]]  # fmt: skip
     out = pd.concat([rest, pd.DataFrame(columns, index=spans.index)], axis=1)
@@ -359,10 +372,21 @@ def _store_spans(
         if not mask.all():  # spans of failed (or damaged) traces
             spans = spans[mask]
         spans = spans.drop(columns="span_id")
-        spans.insert(0, "source_db", source)
-        spans.insert(1, "tkey", spans["trace_id"].map(keys).astype("int64"))
+        spans.insert(
+            0, "source_db", pd.Categorical.from_codes(np.zeros(len(spans), np.int8), [source])
+        )
+        spans.insert(1, "tkey", _tkeys(spans["trace_id"], keys))
         into.add(spans)
     return bad, bad_attrs
+
+
+def _tkeys(trace_ids: pd.Series, keys: pd.Series) -> np.ndarray:
+    """Each span's tkey (`keys`: trace id -> tkey, holding every id of `trace_ids`), looked
+    up once per distinct id where the ids are a categorical's."""
+    if isinstance(trace_ids.dtype, pd.CategoricalDtype):
+        per_id = keys.reindex(trace_ids.cat.categories).to_numpy()
+        return per_id[trace_ids.cat.codes.to_numpy()].astype("int64")
+    return trace_ids.map(keys).astype("int64").to_numpy()
 
 
 def _start_spans(path: Path, flt: TraceFilter) -> columnar.SpanBatches:
@@ -397,7 +421,7 @@ def load_traces(
     if not paths:
         raise TraceDatabaseError("no trace database given")
     all_traces, all_stats = [], []
-    spans = LevelRows()
+    spans = LevelRows(SPAN_CODED, sparse_columns.HELD_SPARSE)
     skipped = 0
     bad_rows: list[BadRow] = []
     failed_reasons: dict[str, int] = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from analysis.common import _level_slices
 from analysis.level_rows import LevelRows
@@ -55,3 +56,38 @@ def test_missing_levels_are_one_level_and_no_rows_keep_the_columns() -> None:
     none = LevelRows()
     none.add(pd.DataFrame({"level": pd.Series([], dtype=object), "n": pd.Series([], dtype=int)}))
     assert list(none.frame().columns) == ["level", "n"]
+
+
+def test_coded_columns_are_categoricals_of_the_strings_sorted_across_batches() -> None:
+    """Columns named in `coded` come back as categoricals (sorted categories, one set per
+    group of columns), with the values, order and missing values of the object columns."""
+    spans = pd.DataFrame(
+        {
+            "level": ["model", "layer", "kernel", "layer", None, "kernel"],
+            "name": ["m", "conv", "k2", "relu", "x", np.nan],
+            "layer": [None, None, "relu", None, None, "conv"],
+            "n": np.arange(6),
+        }
+    )
+    plain, coded = LevelRows(), LevelRows([["level", "name", "layer"]])
+    for rows in (plain, coded):
+        rows.add(spans.iloc[:3])
+        rows.add(spans.iloc[3:])
+    want, got = plain.frame(), coded.frame()
+    for col in ("level", "name", "layer"):
+        assert isinstance(got[col].dtype, pd.CategoricalDtype)
+        assert list(got[col].cat.categories) == sorted(
+            {v for c in ("level", "name", "layer") for v in spans[c] if isinstance(v, str)}
+        )
+        pd.testing.assert_series_equal(got[col].astype(object), want[col].fillna(np.nan))
+    assert got["name"].dtype == got["layer"].dtype  # one group: merged one on the other
+    pd.testing.assert_series_equal(got["n"], want["n"])
+    empty = LevelRows([["level"]])
+    empty.add(spans.iloc[:0])
+    assert isinstance(empty.frame()["level"].dtype, pd.CategoricalDtype)
+
+
+def test_coded_columns_take_strings_only() -> None:
+    rows = LevelRows([["name"]])
+    with pytest.raises(TypeError, match="strings"):
+        rows.add(pd.DataFrame({"level": ["a"], "name": [3]}))
