@@ -296,9 +296,16 @@ class FrameScanner:
             ):
                 self._data = data  # what `_emit_injected` and a failure release read
                 self._emit_from = 0
-                pos = walk(
-                    self.sink, data, 0, self, self.streams, self.client_side, None, None
-                )  # C
+                pos = walk(  # C
+                    self.sink,
+                    data,
+                    0,
+                    self,
+                    self.streams,
+                    self.client_side,
+                    self.header_cache,
+                    self.tracker,
+                )
                 if pos < len(data):
                     self._scan(data, pos, self._emit_from)
                 elif self._emit_from < pos:

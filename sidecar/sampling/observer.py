@@ -31,6 +31,7 @@ from sidecar.backends import METHODS, REPLAYABLE
 from sidecar.proxy.streams import (
     ConnectionInfo,
     HeaderDecision,
+    QuickDecisions,
     QuietEnd,
     RequestStart,
     StreamEnd,
@@ -131,6 +132,13 @@ class SamplingHub:
         # one of a method never replayed (the pressure's end only).
         self.quiet_unpicked = QuietEnd(self.pressure.counts, 1, metrics.decisions.skipped)
         self.quiet_not_replayable = QuietEnd(self.pressure.counts, 1)
+        # What the relay may decide itself (where it has the request's headers cached): the
+        # hook's own answers above, for an unpicked request or a method never replayed. Only
+        # with `sample_slow` off (else an unpicked request may be held for its duration).
+        self.quick = QuickDecisions(
+            sampler, self.per_call, frozenset(REPLAYABLE), self.pressure.counts,
+            self.quiet_unpicked, self.quiet_not_replayable,
+        )  # fmt: skip
 
     def observer_factory(self, info: ConnectionInfo) -> SamplingObserver:
         return SamplingObserver(self)
@@ -169,11 +177,13 @@ class SamplingHub:
 class SamplingObserver:
     """Per-connection hook (see module docstring)."""
 
-    __slots__ = ("_hub", "_pending")
+    __slots__ = ("_hub", "_pending", "quick")
 
     def __init__(self, hub: SamplingHub) -> None:
         self._hub = hub
         self._pending: dict[int, _Pending] = {}
+        # what the relay may answer for this hook (`streams.QuickDecisions`)
+        self.quick = hub.quick if hub.slow is None else None
 
     def on_request_headers(self, start: RequestStart) -> HeaderDecision | QuietEnd | None:
         hub = self._hub
@@ -193,8 +203,8 @@ class SamplingObserver:
         if method in hub.per_message:
             sampling = StreamSampling(hub, method, start.path, forced, MAX_SAMPLED_BODY)
             return HeaderDecision(messages=sampling)
-        # `sampler.at_headers(forced)`, its coin flip inline
-        if not forced and sampler.rand() >= sampler.hot.pick_rate:
+        # `sampler.at_headers(forced)`, its coin flip inline (unless the relay flipped it)
+        if not forced and not hub.quick.coin_picked and sampler.rand() >= sampler.hot.pick_rate:
             tentative = Tentative.NO
         else:
             tentative = sampler.after_coin(forced)
