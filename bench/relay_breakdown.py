@@ -137,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
           "(forward + observe, thread CPU)")  # fmt: skip
     observing = per_call("observe_ns") + per_call("hold_ns")
     print(f"  of which observing (FrameScanner)      {observing:8.1f} us/call")
+    request = per_call("observe_request_ns") + per_call("hold_ns")
+    print(f"    the client's direction               {request:8.1f} us/call")
     if args.sampling:
         print(f"    hold mode (FrameScanner.process)     {per_call('hold_ns'):8.1f} us/call")
         blocks = totals.get("request_blocks", 0) / calls

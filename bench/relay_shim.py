@@ -70,7 +70,10 @@ def backend_received(self: Any, data: bytes) -> None:
 def observe(self: FrameScanner, data: bytes) -> None:
     t0 = _clock()
     _observe(self, data)
-    totals["observe_ns"] += _clock() - t0
+    spent = _clock() - t0
+    totals["observe_ns"] += spent
+    if self.client_side:
+        totals["observe_request_ns"] += spent
 
 
 def process(self: FrameScanner, data: bytes) -> list[bytes]:
