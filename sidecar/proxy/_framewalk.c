@@ -490,6 +490,33 @@ static int add_one(PyObject *seq, PyObject *key) {
     return failed;
 }
 
+/* seq[key] += 1, in place where `seq` is a writable buffer of native 64-bit integers (the
+ * sampling hook's shared-memory counters: a ctypes array, format "<q") and key an index in
+ * it: no Python int made or looked up. Anything else through add_one. */
+static int count_one(PyObject *seq, PyObject *key) {
+    if (PyObject_CheckBuffer(seq) && PyLong_CheckExact(key)) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(seq, &view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_ND) < 0) {
+            PyErr_Clear();
+            return add_one(seq, key);
+        }
+        Py_ssize_t i = PyLong_AsSsize_t(key);
+        const char *f = view.format;
+        int native = view.itemsize == 8 && view.ndim == 1 && f != NULL &&
+                     (strcmp(f, "q") == 0 || strcmp(f, "=q") == 0 ||
+                      (PY_LITTLE_ENDIAN && strcmp(f, "<q") == 0));
+        if (native && i >= 0 && i < view.shape[0]) {
+            ((long long *)view.buf)[i] += 1;
+            PyBuffer_Release(&view);
+            return 0;
+        }
+        PyBuffer_Release(&view);
+        if (i == -1 && PyErr_Occurred())
+            PyErr_Clear();
+    }
+    return add_one(seq, key);
+}
+
 /* time.time_ns(): CLOCK_REALTIME in ns. */
 static long long time_ns(void) {
     struct timespec ts;
@@ -676,7 +703,7 @@ static int cached_request_start(PyObject *sid, unsigned long stream_id, PyObject
                                          "replace")) == NULL)
             goto error;
         replace(&st->path_text, Py_NewRef(text));
-        if (add_one(started, zero) < 0 || PyDict_SetItem(quiet_table, sid, quiet) < 0)
+        if (count_one(started, zero) < 0 || PyDict_SetItem(quiet_table, sid, quiet) < 0)
             goto error;
     }
     if (end_stream) {
@@ -845,11 +872,19 @@ static int end_call(Stream *st, PyObject *sid, PyObject *streams, Ending *e) {
         PyObject *quiet = Py_NewRef(e->quiet), *ended = NULL, *at = NULL, *per_model = NULL;
         int failed = PyDict_DelItem(e->quiet_table, sid) < 0 ||
                      (ended = PyObject_GetAttr(quiet, s_ended)) == NULL ||
-                     (at = PyObject_GetAttr(quiet, s_index)) == NULL || add_one(ended, at) < 0 ||
+                     (at = PyObject_GetAttr(quiet, s_index)) == NULL ||
+                     count_one(ended, at) < 0 ||
                      (per_model = PyObject_GetAttr(quiet, s_per_model)) == NULL;
-        if (!failed && per_model != Py_None) {
-            PyObject *had = PyObject_CallMethod(per_model, "get", "OO", e->label, zero);
-            PyObject *now = had == NULL ? NULL : PyNumber_Add(had, one);
+        if (!failed && per_model != Py_None) { /* per_model[label] = per_model.get(label, 0) + 1 */
+            PyObject *had = NULL, *now = NULL;
+            if (PyDict_CheckExact(per_model)) {
+                had = Py_XNewRef(PyDict_GetItemWithError(per_model, e->label));
+                if (had == NULL && !PyErr_Occurred())
+                    had = Py_NewRef(zero);
+            } else {
+                had = PyObject_CallMethod(per_model, "get", "OO", e->label, zero);
+            }
+            now = had == NULL ? NULL : PyNumber_Add(had, one);
             failed = now == NULL || PyObject_SetItem(per_model, e->label, now) < 0;
             Py_XDECREF(had);
             Py_XDECREF(now);
