@@ -29,10 +29,11 @@
  *   HeaderDecoder's cache of blocks that decode without changing the HPACK table; a HEADERS
  *   frame whose block it holds and that does not end the stream is _ResponseSide's
  *   on_header_block done here (the response's start and statuses on the stream's record).
- *   `tracker` (observe mode, with `streams`): the sink's ConnectionTracker; with it a new
- *   request whose block the request direction's `header_cache` holds is started here, and
- *   cached trailers end a call here, where no Python is needed (see "a call's start and end
- *   without the sink" below): a unary call then crosses into Python not at all.
+ *   `tracker` (with `streams`): the sink's ConnectionTracker; with it a new request whose
+ *   block the request direction's `header_cache` holds is started here, and cached trailers
+ *   end a call here, where no Python is needed (see "a call's start and end without the sink"
+ *   below): a unary call then crosses into Python not at all. In hold mode (sampling on) only
+ *   a request the observer's `QuickDecisions` let the walk answer is started here.
  *   An exception raised by the sink (or by `_emit_injected`) propagates unchanged.
  *
  * configure(status_names, unknown_model, buckets)
@@ -443,12 +444,15 @@ static int inject(PyObject *hold, PyObject *data, Py_ssize_t at, PyObject *extra
 /* ---- a call's start and end without the sink ---------------------------------------------
  * `tracker` (walk's `fast`): the ConnectionTracker, given where its records are `Stream`s. A
  * new request whose header block the request direction's cache holds, on a connection with no
- * observer, gets its record here (_RequestSide.on_header_block); a response's trailers whose
- * block the response direction's cache holds end the call here (_ResponseSide.on_header_block,
- * ConnectionTracker.end_response and end) where the observer wants nothing at its end (none,
- * or a QuietEnd for it), counted in ProxyMetrics' plain counters as `record` does and in the
- * QuietEnd's. Where anything is not as these expect (a label set's first call, a status that
- * is not a plain code, an inference stream), nothing is changed and the sink is called. */
+ * observer or with one whose `quick` (streams.QuickDecisions) answers it, gets its record here
+ * (_RequestSide.on_header_block; with an observer also ConnectionTracker.ask_observer and the
+ * hook's own answer: its request count, a coin flip with its coin, a QuietEnd kept for the
+ * end); a response's trailers whose block the response direction's cache holds end the call
+ * here (_ResponseSide.on_header_block, ConnectionTracker.end_response and end) where the
+ * observer wants nothing at its end (none, or a QuietEnd for it), counted in ProxyMetrics'
+ * plain counters as `record` does and in the QuietEnd's. Where anything is not as these
+ * expect (a label set's first call, a status that is not a plain code, an inference stream, a
+ * request the hook must see), nothing is changed and the sink is called. */
 
 static PyObject *s_observer, *s_refuse_above, *s_last_stream_id, *s_metrics, *s_open_streams,
     *s_methods, *s_models, *s_codes, *s_stats, *s_quiet, *s_ended, *s_index, *s_per_model,

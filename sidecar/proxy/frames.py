@@ -214,7 +214,8 @@ class FrameScanner:
         # calling the sink; else None.
         self.header_cache: Mapping[bytes, object] | None = None
         # The sink's `streams.ConnectionTracker`, where the C walk may start and end a call
-        # itself in observe mode (see `_framewalk.c`); else None.
+        # itself (in hold mode only a request its observer lets it answer: `QuickDecisions`;
+        # see `_framewalk.c`); else None.
         self.tracker: object = None
         self.on_failure = on_failure
         self.failed = False
