@@ -21,8 +21,9 @@ sampling headers are unknown). Only a broken frame layer (not HTTP/2) stops obse
 The observer is the hook for request sampling. It is given each new request's headers and may
 return header fields to append to *that* request's header block (e.g. a W3C `traceparent`) and
 ask for the full request body; it is told when each stream ends, unless it answered the headers
-with a `QuietEnd` (then the relay only counts the end where the observer said). Its exceptions
-are logged and never reach the data path.
+with a `QuietEnd` (then the relay only counts the end where the observer said). Where it gives
+the relay its `QuickDecisions`, the C walk answers a request it would not pick itself. Its
+exceptions are logged and never reach the data path.
 """
 
 from __future__ import annotations

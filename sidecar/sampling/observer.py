@@ -4,9 +4,12 @@ For every request the relay calls `on_request_headers` (before forwarding the he
 `on_stream_end`, except where the hook answers the headers with a `QuietEnd` (a request not
 picked while `sample_slow` is off; a method never replayed): the relay then counts that end
 itself where the hook says (the pressure's end count, `skipped_rate`), with no call into the
-hook. Only for tentatively sampled requests does it collect the body and call
-`on_request_body`. A sampled request gets a W3C `traceparent` so the backend's own spans
-(Triton's OpenTelemetry trace) join the same trace, under the proxy's span. Each request's
+hook. With `sample_slow` off the relay's C frame walk also answers such a request itself once
+its header block is cached (`quick`, a `streams.QuickDecisions` of this hook's own counter, coin
+and `QuietEnd`s): most requests then never reach the hook at all. Only for tentatively sampled
+requests does it collect the body and call `on_request_body`. A sampled request gets a W3C
+`traceparent` so the backend's own spans (Triton's OpenTelemetry trace) join the same trace,
+under the proxy's span. Each request's
 start and end also bump the relay's request counters (`ServingPressure`), the profiling
 worker's view of how busy serving is.
 
