@@ -9,9 +9,8 @@ its header block is cached (`quick`, a `streams.QuickDecisions` of this hook's o
 and `QuietEnd`s): most requests then never reach the hook at all. Only for tentatively sampled
 requests does it collect the body and call `on_request_body`. A sampled request gets a W3C
 `traceparent` so the backend's own spans (Triton's OpenTelemetry trace) join the same trace,
-under the proxy's span. Each request's
-start and end also bump the relay's request counters (`ServingPressure`), the profiling
-worker's view of how busy serving is.
+under the proxy's span. Each request's start and end also bump the relay's request counters
+(`ServingPressure`), the profiling worker's view of how busy serving is.
 
 With `sample_slow` on, a request the header-time step did not pick is still asked for its body
 (up to the same capture limit), held until its stream ends: if its response was slower than the
