@@ -9,6 +9,11 @@ running its Python between system calls on a shared machine (caches, scheduling)
 hot loop does not show.
 
     python bench/relay_breakdown.py --duration 10 --concurrency 4
+
+With `--sampling` the relay samples at its default settings (the model repository and a trace
+store given): the client's direction is scanned in hold mode (`FrameScanner.process`), and the
+breakdown adds the request header blocks handed to Python and the hook's own time; the hot
+replay runs the same hook.
 """
 
 from __future__ import annotations
@@ -34,20 +39,24 @@ from tests.harness.process import free_port
 CLOCK_READ_US = 0.5  # one thread-CPU clock read, roughly; each timed section pays two
 
 
-def start_instrumented_relay(backend: str, out: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_instrumented_relay(
+    backend: str, out: Path, *extra: str
+) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     shim = Path(__file__).resolve().with_name("relay_shim.py")
     cmd = [
         sys.executable, str(shim), "--log-level", "WARNING", "serve", "--backend", backend,
         "--listen", f"127.0.0.1:{port}", "--metrics-port", str(free_port()),
-        "--grpc-port", str(free_port()), "--grace-period", "1",
+        "--grpc-port", str(free_port()), "--grace-period", "1", *extra,
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, env=dict(os.environ, XSP_BREAKDOWN_OUT=str(out)))
     return await_listening(proc, port, "the instrumented relay")
 
 
-def replay(chunks: list[tuple[str, bytes]], repeats: int = 5) -> tuple[float, int]:
-    """Best-of-`repeats` thread-CPU µs per call of observing `chunks`, and the calls counted."""
+def replay(chunks: list[tuple[str, bytes]], sampling: bool, repeats: int = 5) -> tuple[float, int]:
+    """Best-of-`repeats` thread-CPU µs per call of observing `chunks` (with `sampling`, the
+    default hook and the client's direction in hold mode), and the calls counted."""
+    from hold_replay import default_hook
     from prometheus_client import CollectorRegistry, generate_latest
 
     from sidecar.proxy.metrics import ProxyMetrics
@@ -58,11 +67,13 @@ def replay(chunks: list[tuple[str, bytes]], repeats: int = 5) -> tuple[float, in
     counted = 0
     for _ in range(repeats):
         registry = CollectorRegistry()
-        tracker = ConnectionTracker(ProxyMetrics(registry))
-        request, response = tracker.request_scanner, tracker.response_scanner
+        hook = default_hook() if sampling else None
+        tracker = ConnectionTracker(ProxyMetrics(registry), observer=hook)
+        request = tracker.request_scanner.process if sampling else tracker.request_scanner.observe
+        response = tracker.response_scanner.observe
         start = time.thread_time()
         for direction, data in chunks:
-            (request if direction == "request" else response).observe(data)
+            (request if direction == "request" else response)(data)
         best = min(best, time.thread_time() - start)
         scrape = generate_latest(registry).decode()
         counted = 0 if tracker.failed else round(sample_sum(scrape, "xsp_requests_total"))
@@ -74,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of load")
     parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds per client")
     parser.add_argument("--concurrency", type=int, default=4, help="client processes")
+    parser.add_argument("--sampling", action="store_true", help="sampling on, default settings")
     args = parser.parse_args(argv)
 
     from tests.harness.triton.model_repo import build_model_repository
@@ -85,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         server.start()
         out = Path(tmp) / "stats.json"
         try:
-            proc, address = start_instrumented_relay(server.grpc_address, out)
+            extra: tuple[str, ...] = ()
+            if args.sampling:
+                extra = ("--model-repository", str(repo), "--db", str(Path(tmp) / "traces.db"),
+                         "--otlp-port", "0")  # fmt: skip
+            proc, address = start_instrumented_relay(server.grpc_address, out, *extra)
             try:
                 result = run_load(
                     address, args.concurrency, args.duration, args.warmup, server.pid, proc.pid
@@ -102,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     ]
     calls = max(totals.get("calls", 0), 1)  # every call the relay saw, warm-up included
     # the connection whose replay counts the most calls (one per client process)
-    hot_us, counted = max((replay(chunks) for chunks in recorded), key=lambda r: r[1])
+    hot_us, counted = max(
+        (replay(chunks, args.sampling) for chunks in recorded), key=lambda r: r[1]
+    )
     if not counted:
         raise RuntimeError("no recorded connection replayed a call (observation failed?)")
 
@@ -117,11 +135,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  in data_received, both directions      "
           f"{per_call('request_ns') + per_call('response_ns'):8.1f} us/call "
           "(forward + observe, thread CPU)")  # fmt: skip
-    print(f"  of which observing (FrameScanner)      {per_call('observe_ns'):8.1f} us/call")
+    observing = per_call("observe_ns") + per_call("hold_ns")
+    print(f"  of which observing (FrameScanner)      {observing:8.1f} us/call")
+    request = per_call("observe_request_ns") + per_call("hold_ns")
+    print(f"    the client's direction               {request:8.1f} us/call")
+    if args.sampling:
+        print(f"    hold mode (FrameScanner.process)     {per_call('hold_ns'):8.1f} us/call")
+        blocks = totals.get("request_blocks", 0) / calls
+        print(f"    request header blocks to Python      {per_call('request_block_ns'):8.1f} "
+              f"us/call ({blocks:.2f} per call)")  # fmt: skip
+        print(f"    of which the hook                    {per_call('hook_ns'):8.1f} us/call")
     print(f"  garbage collector                      {per_call('gc_ns'):8.1f} us/call "
           f"({totals.get('gc2_collections', 0)} full collections)")  # fmt: skip
     print(f"  observing the same bytes replayed hot  {hot_us:8.1f} us/call ({counted} calls)")
-    print(f"  live / replayed observing              {per_call('observe_ns') / hot_us:8.1f}x")
+    print(f"  live / replayed observing              {observing / hot_us:8.1f}x")
     print(f"  (each timed section includes ~{2 * CLOCK_READ_US:.1f} us of clock reads)")
     return 0
 

@@ -1,6 +1,8 @@
 """Run `xsp-sidecar serve` with per-call CPU accounting (used by `relay_breakdown.py`).
 
-Wraps the relay's two `data_received` callbacks and `FrameScanner.observe` with thread-CPU
+Wraps the relay's two `data_received` callbacks, `FrameScanner.observe` and (sampling on)
+`FrameScanner.process`, the request direction's header blocks handed to Python
+(`_RequestSide.on_header_block`) and the sampling hook's `on_request_headers` with thread-CPU
 clocks, times the garbage collector, and keeps the first chunks of each client connection
 for replay. Everything is written as JSON to `$XSP_BREAKDOWN_OUT` when the process exits.
 Instrumentation costs ~0.5 µs per clock read; the breakdown says so beside its numbers.
@@ -23,7 +25,8 @@ from typing import Any
 
 from sidecar.proxy import relay
 from sidecar.proxy.frames import FrameScanner
-from sidecar.proxy.streams import ConnectionTracker
+from sidecar.proxy.streams import ConnectionTracker, _RequestSide
+from sidecar.sampling.observer import SamplingObserver
 
 RECORD_LIMIT = 10_000  # chunks kept per connection for replay
 
@@ -33,6 +36,9 @@ _clock = time.thread_time_ns
 _client_received = relay._ClientProtocol.data_received
 _backend_received = relay._BackendProtocol.data_received
 _observe = FrameScanner.observe
+_process = FrameScanner.process
+_request_block = _RequestSide.on_header_block
+_hook = SamplingObserver.on_request_headers
 _close = ConnectionTracker.close
 _gc_start = [0]
 closed: weakref.WeakSet[ConnectionTracker] = weakref.WeakSet()
@@ -64,7 +70,32 @@ def backend_received(self: Any, data: bytes) -> None:
 def observe(self: FrameScanner, data: bytes) -> None:
     t0 = _clock()
     _observe(self, data)
-    totals["observe_ns"] += _clock() - t0
+    spent = _clock() - t0
+    totals["observe_ns"] += spent
+    if self.client_side:
+        totals["observe_request_ns"] += spent
+
+
+def process(self: FrameScanner, data: bytes) -> list[bytes]:
+    t0 = _clock()
+    out = _process(self, data)
+    totals["hold_ns"] += _clock() - t0
+    return out
+
+
+def request_block(self: _RequestSide, *args: Any) -> bytes | None:
+    t0 = _clock()
+    out = _request_block(self, *args)
+    totals["request_blocks"] += 1
+    totals["request_block_ns"] += _clock() - t0
+    return out
+
+
+def hook(self: SamplingObserver, start: Any) -> Any:
+    t0 = _clock()
+    out = _hook(self, start)
+    totals["hook_ns"] += _clock() - t0
+    return out
 
 
 def close(self: ConnectionTracker, code: str) -> None:
@@ -99,6 +130,9 @@ def dump() -> None:
 relay._ClientProtocol.data_received = client_received  # type: ignore[method-assign]
 relay._BackendProtocol.data_received = backend_received  # type: ignore[method-assign]
 FrameScanner.observe = observe  # type: ignore[method-assign]
+FrameScanner.process = process  # type: ignore[method-assign]
+_RequestSide.on_header_block = request_block  # type: ignore[method-assign]
+SamplingObserver.on_request_headers = hook  # type: ignore[method-assign]
 ConnectionTracker.close = close  # type: ignore[method-assign]
 gc.callbacks.append(on_gc)
 atexit.register(dump)

@@ -29,10 +29,11 @@
  *   HeaderDecoder's cache of blocks that decode without changing the HPACK table; a HEADERS
  *   frame whose block it holds and that does not end the stream is _ResponseSide's
  *   on_header_block done here (the response's start and statuses on the stream's record).
- *   `tracker` (observe mode, with `streams`): the sink's ConnectionTracker; with it a new
- *   request whose block the request direction's `header_cache` holds is started here, and
- *   cached trailers end a call here, where no Python is needed (see "a call's start and end
- *   without the sink" below): a unary call then crosses into Python not at all.
+ *   `tracker` (with `streams`): the sink's ConnectionTracker; with it a new request whose
+ *   block the request direction's `header_cache` holds is started here, and cached trailers
+ *   end a call here, where no Python is needed (see "a call's start and end without the sink"
+ *   below): a unary call then crosses into Python not at all. In hold mode (sampling on) only
+ *   a request the observer's `QuickDecisions` let the walk answer is started here.
  *   An exception raised by the sink (or by `_emit_injected`) propagates unchanged.
  *
  * configure(status_names, unknown_model, buckets)
@@ -443,17 +444,22 @@ static int inject(PyObject *hold, PyObject *data, Py_ssize_t at, PyObject *extra
 /* ---- a call's start and end without the sink ---------------------------------------------
  * `tracker` (walk's `fast`): the ConnectionTracker, given where its records are `Stream`s. A
  * new request whose header block the request direction's cache holds, on a connection with no
- * observer, gets its record here (_RequestSide.on_header_block); a response's trailers whose
- * block the response direction's cache holds end the call here (_ResponseSide.on_header_block,
- * ConnectionTracker.end_response and end) where the observer wants nothing at its end (none,
- * or a QuietEnd for it), counted in ProxyMetrics' plain counters as `record` does and in the
- * QuietEnd's. Where anything is not as these expect (a label set's first call, a status that
- * is not a plain code, an inference stream), nothing is changed and the sink is called. */
+ * observer or with one whose `quick` (streams.QuickDecisions) answers it, gets its record here
+ * (_RequestSide.on_header_block; with an observer also ConnectionTracker.ask_observer and the
+ * hook's own answer: its request count, a coin flip with its coin, a QuietEnd kept for the
+ * end); a response's trailers whose block the response direction's cache holds end the call
+ * here (_ResponseSide.on_header_block, ConnectionTracker.end_response and end) where the
+ * observer wants nothing at its end (none, or a QuietEnd for it), counted in ProxyMetrics'
+ * plain counters as `record` does and in the QuietEnd's. Where anything is not as these
+ * expect (a label set's first call, a status that is not a plain code, an inference stream, a
+ * request the hook must see), nothing is changed and the sink is called. */
 
 static PyObject *s_observer, *s_refuse_above, *s_last_stream_id, *s_metrics, *s_open_streams,
     *s_methods, *s_models, *s_codes, *s_stats, *s_quiet, *s_ended, *s_index, *s_per_model,
     *s_buckets, *s_count, *s_sum, *s_request_bytes, *s_response_bytes, *s_name,
-    *s_model_field, *s_per_message, *one, *minus_one;
+    *s_model_field, *s_per_message, *one, *minus_one, *s_quick, *s_per_call, *s_replayable,
+    *s_coin, *s_hot, *s_force_header, *s_pick_rate, *s_rand, *s_unpicked, *s_not_replayable,
+    *s_started, *s_coin_picked;
 /* configure(): streams._STATUS_NAMES, model_name.UNKNOWN_MODEL, metrics.DURATION_BUCKETS */
 static PyObject *status_names, *unknown_model;
 #define MAX_BOUNDS 64
@@ -488,10 +494,148 @@ static int add_one(PyObject *seq, PyObject *key) {
     return failed;
 }
 
-/* A new request: 0 done, 1 not one this handles (the sink is called), -1 error. */
+/* seq[key] += 1, in place where `seq` is a writable buffer of native 64-bit integers (the
+ * sampling hook's shared-memory counters: a ctypes array, format "<q") and key an index in
+ * it: no Python int made or looked up. Anything else through add_one. */
+static int count_one(PyObject *seq, PyObject *key) {
+    if (PyObject_CheckBuffer(seq) && PyLong_CheckExact(key)) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(seq, &view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_ND) < 0) {
+            PyErr_Clear();
+            return add_one(seq, key);
+        }
+        Py_ssize_t i = PyLong_AsSsize_t(key);
+        const char *f = view.format;
+        int native = view.itemsize == 8 && view.ndim == 1 && f != NULL &&
+                     (strcmp(f, "q") == 0 || strcmp(f, "=q") == 0 ||
+                      (PY_LITTLE_ENDIAN && strcmp(f, "<q") == 0));
+        if (native && i >= 0 && i < view.shape[0]) {
+            ((long long *)view.buf)[i] += 1;
+            PyBuffer_Release(&view);
+            return 0;
+        }
+        PyBuffer_Release(&view);
+        if (i == -1 && PyErr_Occurred())
+            PyErr_Clear();
+    }
+    return add_one(seq, key);
+}
+
+/* time.time_ns(): CLOCK_REALTIME in ns. */
+static long long time_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (long long)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Whether the raw header list `headers` (as the HPACK cache holds it) has a field named
+ * `wanted` (bytes): 1 yes, 0 no, -1 error, 2 not a list of pairs this reads. */
+static int has_field(PyObject *headers, PyObject *wanted) {
+    if (!PyList_Check(headers) || !PyBytes_CheckExact(wanted))
+        return 2;
+    Py_ssize_t size = PyBytes_GET_SIZE(wanted);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(headers); i++) {
+        PyObject *field = PyList_GET_ITEM(headers, i);
+        if (!PyTuple_Check(field) || PyTuple_GET_SIZE(field) != 2)
+            return 2;
+        PyObject *name = PyTuple_GET_ITEM(field, 0);
+        if (!PyBytes_CheckExact(name))
+            return 2;
+        if (PyBytes_GET_SIZE(name) == size &&
+            memcmp(PyBytes_AS_STRING(name), PyBytes_AS_STRING(wanted), size) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* A float (or int) attribute as a double; -1 with an exception set on error. */
+static int double_of(PyObject *value, double *out) {
+    if (value == NULL)
+        return -1;
+    *out = PyFloat_AsDouble(value);
+    return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* The hook's answer to a request of bounded method label `method` whose raw header list is
+ * `headers`, as `quick` (streams.QuickDecisions) lets the relay give it: 0 answered (*quiet,
+ * the QuietEnd, and *started, the request counter: new references), 1 the hook's (the coin
+ * was flipped only where *picked is set: quick.coin_picked is then True), -1 error. Nothing
+ * but the coin's draw happens before an answer of 0. */
+static int quick_answer(PyObject *quick, PyObject *method, PyObject *headers, PyObject **quiet,
+                        PyObject **started, int *picked) {
+    PyObject *set_ = NULL, *coin = NULL, *hot = NULL, *value = NULL;
+    int r = 1;
+    if ((set_ = PyObject_GetAttr(quick, s_per_call)) == NULL)
+        goto error;
+    int per_call = PyAnySet_Check(set_) ? PySet_Contains(set_, method) : -2;
+    if (per_call == -1)
+        goto error;
+    if (per_call == -2)
+        goto out;
+    if (!per_call) {
+        Py_CLEAR(set_);
+        if ((set_ = PyObject_GetAttr(quick, s_replayable)) == NULL)
+            goto error;
+        int replayable = PyAnySet_Check(set_) ? PySet_Contains(set_, method) : -2;
+        if (replayable == -1)
+            goto error;
+        if (replayable != 0)
+            goto out; /* a replayable method not decided per call: the hook's */
+        if ((*quiet = PyObject_GetAttr(quick, s_not_replayable)) == NULL)
+            goto error;
+    } else {
+        double rate, draw;
+        if ((coin = PyObject_GetAttr(quick, s_coin)) == NULL ||
+            (hot = PyObject_GetAttr(coin, s_hot)) == NULL ||
+            (value = PyObject_GetAttr(hot, s_force_header)) == NULL)
+            goto error;
+        if (value != Py_None) {
+            int forced = has_field(headers, value);
+            if (forced < 0)
+                goto error;
+            if (forced)
+                goto out; /* the hook reads the force header's value */
+        }
+        Py_CLEAR(value);
+        if (double_of(value = PyObject_GetAttr(hot, s_pick_rate), &rate) < 0)
+            goto error;
+        Py_CLEAR(value);
+        if ((value = PyObject_GetAttr(coin, s_rand)) == NULL)
+            goto error;
+        PyObject *drawn = PyObject_CallNoArgs(value);
+        int failed = double_of(drawn, &draw);
+        Py_XDECREF(drawn);
+        if (failed < 0)
+            goto error;
+        if (draw < rate) { /* picked: the hook goes on from the coin */
+            if (PyObject_SetAttr(quick, s_coin_picked, Py_True) < 0)
+                goto error;
+            *picked = 1;
+            goto out;
+        }
+        if ((*quiet = PyObject_GetAttr(quick, s_unpicked)) == NULL)
+            goto error;
+    }
+    if ((*started = PyObject_GetAttr(quick, s_started)) == NULL)
+        goto error;
+    r = 0;
+out:
+    Py_XDECREF(set_);
+    Py_XDECREF(coin);
+    Py_XDECREF(hot);
+    Py_XDECREF(value);
+    return r;
+error:
+    Py_CLEAR(*quiet);
+    r = -1;
+    goto out;
+}
+
+/* A new request: 0 done, 1 not one this handles (the sink is called; `*picked` set where the
+ * hook's coin was flipped here), -1 error. */
 static int cached_request_start(PyObject *sid, unsigned long stream_id, PyObject *block,
                                 PyObject *cache, PyObject *streams, PyObject *tracker,
-                                int end_stream) {
+                                int end_stream, int *picked) {
     PyObject *hit = PyDict_GetItemWithError(cache, block);
     if (hit == NULL)
         return PyErr_Occurred() ? -1 : 1;
@@ -503,15 +647,24 @@ static int cached_request_start(PyObject *sid, unsigned long stream_id, PyObject
     PyObject *path = PyTuple_GET_ITEM(summary, 0), *timeout = PyTuple_GET_ITEM(summary, 1),
              *info = PyTuple_GET_ITEM(summary, 2);
     PyObject *observer = NULL, *refuse = NULL, *last = NULL, *per_message = NULL, *name = NULL,
-             *field = NULL, *metrics = NULL, *methods = NULL;
+             *field = NULL, *metrics = NULL, *methods = NULL, *quick = NULL, *quiet = NULL,
+             *started = NULL, *quiet_table = NULL, *text = NULL;
     Stream *st = NULL;
     int r = 1;
     if ((observer = PyObject_GetAttr(tracker, s_observer)) == NULL ||
         (refuse = PyObject_GetAttr(tracker, s_refuse_above)) == NULL ||
         (last = PyObject_GetAttr(tracker, s_last_stream_id)) == NULL)
         goto error;
-    if (observer != Py_None || refuse != Py_None || !PyLong_CheckExact(last))
-        goto out; /* the hook decides; a draining connection; not ours to read */
+    if (refuse != Py_None || !PyLong_CheckExact(last))
+        goto out; /* a draining connection; not ours to read */
+    if (observer != Py_None) { /* the hook decides, unless it lets the relay (QuickDecisions) */
+        if ((quick = PyObject_GetAttr(tracker, s_quick)) == NULL)
+            goto error;
+        if (quick == Py_None || !PyBytes_CheckExact(path) ||
+            (quiet_table = PyObject_GetAttr(tracker, s_quiet)) == NULL ||
+            !PyDict_CheckExact(quiet_table))
+            goto fail;
+    }
     long long last_id = PyLong_AsLongLong(last);
     if (last_id == -1 && PyErr_Occurred())
         goto error;
@@ -536,10 +689,27 @@ static int cached_request_start(PyObject *sid, unsigned long stream_id, PyObject
         goto error;
     if (!known)
         goto out;
+    if (quick != NULL) {
+        int answered = quick_answer(quick, name, PyTuple_GET_ITEM(hit, 0), &quiet, &started,
+                                    picked);
+        if (answered != 0) {
+            r = answered;
+            goto out;
+        }
+    }
     st = stream_make(&StreamType, (long long)stream_id, path, name, field, perf_counter(),
                      timeout);
     if (st == NULL)
         goto error;
+    if (quick != NULL) { /* ConnectionTracker.ask_observer, and the hook's own counts */
+        st->start_ns = time_ns();
+        if ((text = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(path), PyBytes_GET_SIZE(path),
+                                         "replace")) == NULL)
+            goto error;
+        replace(&st->path_text, Py_NewRef(text));
+        if (count_one(started, zero) < 0 || PyDict_SetItem(quiet_table, sid, quiet) < 0)
+            goto error;
+    }
     if (end_stream) {
         st->request_end = st->start; /* a request of headers only */
     } else if (field != Py_None) {
@@ -562,8 +732,16 @@ out:
     Py_XDECREF(field);
     Py_XDECREF(metrics);
     Py_XDECREF(methods);
+    Py_XDECREF(quick);
+    Py_XDECREF(quiet);
+    Py_XDECREF(started);
+    Py_XDECREF(quiet_table);
+    Py_XDECREF(text);
     Py_XDECREF(st);
     return r;
+fail:
+    if (!PyErr_Occurred())
+        goto out;
 error:
     r = -1;
     goto out;
@@ -698,11 +876,19 @@ static int end_call(Stream *st, PyObject *sid, PyObject *streams, Ending *e) {
         PyObject *quiet = Py_NewRef(e->quiet), *ended = NULL, *at = NULL, *per_model = NULL;
         int failed = PyDict_DelItem(e->quiet_table, sid) < 0 ||
                      (ended = PyObject_GetAttr(quiet, s_ended)) == NULL ||
-                     (at = PyObject_GetAttr(quiet, s_index)) == NULL || add_one(ended, at) < 0 ||
+                     (at = PyObject_GetAttr(quiet, s_index)) == NULL ||
+                     count_one(ended, at) < 0 ||
                      (per_model = PyObject_GetAttr(quiet, s_per_model)) == NULL;
-        if (!failed && per_model != Py_None) {
-            PyObject *had = PyObject_CallMethod(per_model, "get", "OO", e->label, zero);
-            PyObject *now = had == NULL ? NULL : PyNumber_Add(had, one);
+        if (!failed && per_model != Py_None) { /* per_model[label] = per_model.get(label, 0) + 1 */
+            PyObject *had = NULL, *now = NULL;
+            if (PyDict_CheckExact(per_model)) {
+                had = Py_XNewRef(PyDict_GetItemWithError(per_model, e->label));
+                if (had == NULL && !PyErr_Occurred())
+                    had = Py_NewRef(zero);
+            } else {
+                had = PyObject_CallMethod(per_model, "get", "OO", e->label, zero);
+            }
+            now = had == NULL ? NULL : PyNumber_Add(had, one);
             failed = now == NULL || PyObject_SetItem(per_model, e->label, now) < 0;
             Py_XDECREF(had);
             Py_XDECREF(now);
@@ -779,11 +965,12 @@ static int headers_frame(PyObject *sink, PyObject *sid, unsigned long stream_id,
     int end_stream = (flags & END_STREAM) != 0;
     PyObject *args[4] = {sid, end_stream ? Py_True : Py_False,
                          PyBytes_FromStringAndSize(payload, length), PyLong_FromLong(HEADERS)};
-    int failed = -1;
+    int failed = -1, picked = 0;
     if (args[2] != NULL && cache != NULL && streams != NULL) {
         failed = request ? (tracker == NULL ? 1
                                             : cached_request_start(sid, stream_id, args[2], cache,
-                                                                   streams, tracker, end_stream))
+                                                                   streams, tracker, end_stream,
+                                                                   &picked))
                          : cached_response_headers(sid, args[2], cache, streams, tracker,
                                                    end_stream);
         if (failed <= 0) {
@@ -798,6 +985,18 @@ static int headers_frame(PyObject *sink, PyObject *sid, unsigned long stream_id,
         if (extra != NULL) {
             failed = (hold != NULL && extra != Py_None) ? inject(hold, data, at, extra) : 0;
             Py_DECREF(extra);
+        }
+    }
+    if (picked) { /* the hook had this request's coin: no later request may */
+        PyObject *type, *value, *traceback; /* the sink's exception, kept */
+        PyErr_Fetch(&type, &value, &traceback);
+        PyObject *quick = PyObject_GetAttr(tracker, s_quick);
+        if (quick == NULL || PyObject_SetAttr(quick, s_coin_picked, Py_False) < 0)
+            failed = -1;
+        Py_XDECREF(quick);
+        if (type != NULL) {
+            PyErr_Clear();
+            PyErr_Restore(type, value, traceback);
         }
     }
     Py_XDECREF(args[2]);
@@ -849,13 +1048,12 @@ static PyObject *walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     int request = nargs > 5 ? PyObject_IsTrue(args[5]) : 0;
     if (request < 0)
         return NULL;
-    /* the tracker: only with a stream table, in observe mode */
-    PyObject *tracker = nargs > 7 && args[7] != Py_None && streams != NULL && hold == NULL
-                            ? args[7] : NULL;
-    /* the direction's header cache: only read with a stream table, in observe mode; the
-     * request direction's only with the tracker (a new request is all it is read for) */
-    PyObject *cache = nargs > 6 && args[6] != Py_None && hold == NULL &&
-                              (!request || tracker != NULL) ? args[6] : NULL;
+    /* the tracker: only with a stream table */
+    PyObject *tracker = nargs > 7 && args[7] != Py_None && streams != NULL ? args[7] : NULL;
+    /* the direction's header cache: only read with a stream table; the request direction's
+     * only with the tracker (a new request is all it is read for) */
+    PyObject *cache = nargs > 6 && args[6] != Py_None && (!request || tracker != NULL)
+                          ? args[6] : NULL;
     const char *buf = PyBytes_AS_STRING(args[1]);
     Py_ssize_t n = PyBytes_GET_SIZE(args[1]);
     Py_ssize_t pos = PyLong_AsSsize_t(args[2]);
@@ -972,6 +1170,18 @@ PyMODINIT_FUNC PyInit__framewalk(void) {
     INTERN(s_name, "name")
     INTERN(s_model_field, "model_field")
     INTERN(s_per_message, "per_message")
+    INTERN(s_quick, "quick")
+    INTERN(s_per_call, "per_call")
+    INTERN(s_replayable, "replayable")
+    INTERN(s_coin, "coin")
+    INTERN(s_hot, "hot")
+    INTERN(s_force_header, "force_header")
+    INTERN(s_pick_rate, "pick_rate")
+    INTERN(s_rand, "rand")
+    INTERN(s_unpicked, "unpicked")
+    INTERN(s_not_replayable, "not_replayable")
+    INTERN(s_started, "started")
+    INTERN(s_coin_picked, "coin_picked")
 #undef INTERN
     if ((one = PyLong_FromLong(1)) == NULL || (minus_one = PyLong_FromLong(-1)) == NULL)
         return NULL;

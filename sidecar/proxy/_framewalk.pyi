@@ -19,9 +19,11 @@ def walk(
     (a dict), whose `Stream` records the walk updates itself on DATA frames; `request`: the
     direction (client -> backend). `header_cache`: the direction's `HeaderDecoder.cache`,
     whose blocks' headers the walk may handle itself (a request's only with `tracker`).
-    `tracker`: the sink's `ConnectionTracker` (observe mode): the walk starts a new request
-    whose block is cached where there is no observer, and ends a call whose cached trailers
-    need nothing from Python (no observer, or a `QuietEnd`), counting it in its metrics."""
+    `tracker`: the sink's `ConnectionTracker`: the walk starts a new request whose block is
+    cached where there is no observer, or where the observer's `QuickDecisions` let the walk
+    answer it (an unpicked request, a method never replayed: a `QuietEnd`), and ends a call
+    whose cached trailers need nothing from Python (no observer, or a `QuietEnd`), counting
+    it in its metrics."""
 
 def configure(
     status_names: dict[bytes, str], unknown_model: str, buckets: tuple[float, ...]

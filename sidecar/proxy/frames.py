@@ -214,7 +214,8 @@ class FrameScanner:
         # calling the sink; else None.
         self.header_cache: Mapping[bytes, object] | None = None
         # The sink's `streams.ConnectionTracker`, where the C walk may start and end a call
-        # itself in observe mode (see `_framewalk.c`); else None.
+        # itself (in hold mode only a request its observer lets it answer: `QuickDecisions`;
+        # see `_framewalk.c`); else None.
         self.tracker: object = None
         self.on_failure = on_failure
         self.failed = False
@@ -296,9 +297,16 @@ class FrameScanner:
             ):
                 self._data = data  # what `_emit_injected` and a failure release read
                 self._emit_from = 0
-                pos = walk(
-                    self.sink, data, 0, self, self.streams, self.client_side, None, None
-                )  # C
+                pos = walk(  # C
+                    self.sink,
+                    data,
+                    0,
+                    self,
+                    self.streams,
+                    self.client_side,
+                    self.header_cache,
+                    self.tracker,
+                )
                 if pos < len(data):
                     self._scan(data, pos, self._emit_from)
                 elif self._emit_from < pos:

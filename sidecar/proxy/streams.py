@@ -21,8 +21,9 @@ sampling headers are unknown). Only a broken frame layer (not HTTP/2) stops obse
 The observer is the hook for request sampling. It is given each new request's headers and may
 return header fields to append to *that* request's header block (e.g. a W3C `traceparent`) and
 ask for the full request body; it is told when each stream ends, unless it answered the headers
-with a `QuietEnd` (then the relay only counts the end where the observer said). Its exceptions
-are logged and never reach the data path.
+with a `QuietEnd` (then the relay only counts the end where the observer said). Where it gives
+the relay its `QuickDecisions`, the C walk answers a request it would not pick itself. Its
+exceptions are logged and never reach the data path.
 """
 
 from __future__ import annotations
@@ -143,6 +144,31 @@ class QuietEnd:
     per_model: dict[str, int] | None = None
 
 
+@dataclass(slots=True)
+class QuickDecisions:
+    """What a hook lets the relay decide itself at a new request's headers: where the request
+    direction's HPACK cache holds the block (C walk only), an unpicked request is then never
+    handed to the hook (docs/benchmarks.md, issue 24). `ConnectionObserver.quick`, read for
+    each such request, so the settings behind it may change at any time.
+
+    The relay decides as the hook would: it adds 1 to `started[0]`; a method (its bounded
+    label) in `per_call` whose block lacks the `coin.hot.force_header` field (a name in bytes,
+    or None) flips the coin, `coin.rand()`, and `coin.rand() >= coin.hot.pick_rate` is
+    answered `unpicked`; a method not in `replayable` is answered `not_replayable`. Any other
+    request (a force header, a picked coin, a per-message method) goes to the hook as before,
+    with no count made; where the relay's coin came up picked, `coin_picked` is True during
+    that call and the hook must not flip again (one draw per request, as without the relay).
+    """
+
+    coin: Any  # `sampler.Sampler`: `.hot` (`.pick_rate`, `.force_header`) and `.rand()`
+    per_call: frozenset[str]  # methods decided by one coin flip at their headers
+    replayable: frozenset[str]  # methods the hook answers at all (others: `not_replayable`)
+    started: MutableSequence[int]  # index 0 counts every request the hook would have seen
+    unpicked: QuietEnd
+    not_replayable: QuietEnd
+    coin_picked: bool = False
+
+
 class StreamEnd(NamedTuple):
     """One ended gRPC call as the relay saw it."""
 
@@ -180,6 +206,8 @@ class ConnectionObserver(Protocol):
 
     def on_stream_end(self, end: StreamEnd) -> None: ...
 
+
+# An observer may also have an attribute `quick` (`QuickDecisions` or None): see there.
 
 ObserverFactory = Callable[[ConnectionInfo], "ConnectionObserver | None"]
 
@@ -528,6 +556,8 @@ class ConnectionTracker:
         self.on_ping_ack: Callable[[bytes], None] | None = None  # client PING ACK payloads
         self._refused: set[int] = set()
         self._quiet: dict[int, QuietEnd] = {}  # stream id -> its observer's `QuietEnd`
+        # what the C walk may decide itself for the observer (`QuickDecisions`), or None
+        self.quick: QuickDecisions | None = getattr(observer, "quick", None)
         self.request = _RequestSide(self)
         self.response = _ResponseSide(self)
         self.request.other = self.response

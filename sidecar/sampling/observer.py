@@ -4,11 +4,13 @@ For every request the relay calls `on_request_headers` (before forwarding the he
 `on_stream_end`, except where the hook answers the headers with a `QuietEnd` (a request not
 picked while `sample_slow` is off; a method never replayed): the relay then counts that end
 itself where the hook says (the pressure's end count, `skipped_rate`), with no call into the
-hook. Only for tentatively sampled requests does it collect the body and call
-`on_request_body`. A sampled request gets a W3C `traceparent` so the backend's own spans
-(Triton's OpenTelemetry trace) join the same trace, under the proxy's span. Each request's
-start and end also bump the relay's request counters (`ServingPressure`), the profiling
-worker's view of how busy serving is.
+hook. With `sample_slow` off the relay's C frame walk also answers such a request itself once
+its header block is cached (`quick`, a `streams.QuickDecisions` of this hook's own counter, coin
+and `QuietEnd`s): most requests then never reach the hook at all. Only for tentatively sampled
+requests does it collect the body and call `on_request_body`. A sampled request gets a W3C
+`traceparent` so the backend's own spans (Triton's OpenTelemetry trace) join the same trace,
+under the proxy's span. Each request's start and end also bump the relay's request counters
+(`ServingPressure`), the profiling worker's view of how busy serving is.
 
 With `sample_slow` on, a request the header-time step did not pick is still asked for its body
 (up to the same capture limit), held until its stream ends: if its response was slower than the
@@ -31,6 +33,7 @@ from sidecar.backends import METHODS, REPLAYABLE
 from sidecar.proxy.streams import (
     ConnectionInfo,
     HeaderDecision,
+    QuickDecisions,
     QuietEnd,
     RequestStart,
     StreamEnd,
@@ -131,6 +134,13 @@ class SamplingHub:
         # one of a method never replayed (the pressure's end only).
         self.quiet_unpicked = QuietEnd(self.pressure.counts, 1, metrics.decisions.skipped)
         self.quiet_not_replayable = QuietEnd(self.pressure.counts, 1)
+        # What the relay may decide itself (where it has the request's headers cached): the
+        # hook's own answers above, for an unpicked request or a method never replayed. Only
+        # with `sample_slow` off (else an unpicked request may be held for its duration).
+        self.quick = QuickDecisions(
+            sampler, self.per_call, frozenset(REPLAYABLE), self.pressure.counts,
+            self.quiet_unpicked, self.quiet_not_replayable,
+        )  # fmt: skip
 
     def observer_factory(self, info: ConnectionInfo) -> SamplingObserver:
         return SamplingObserver(self)
@@ -169,11 +179,13 @@ class SamplingHub:
 class SamplingObserver:
     """Per-connection hook (see module docstring)."""
 
-    __slots__ = ("_hub", "_pending")
+    __slots__ = ("_hub", "_pending", "quick")
 
     def __init__(self, hub: SamplingHub) -> None:
         self._hub = hub
         self._pending: dict[int, _Pending] = {}
+        # what the relay may answer for this hook (`streams.QuickDecisions`)
+        self.quick = hub.quick if hub.slow is None else None
 
     def on_request_headers(self, start: RequestStart) -> HeaderDecision | QuietEnd | None:
         hub = self._hub
@@ -193,8 +205,8 @@ class SamplingObserver:
         if method in hub.per_message:
             sampling = StreamSampling(hub, method, start.path, forced, MAX_SAMPLED_BODY)
             return HeaderDecision(messages=sampling)
-        # `sampler.at_headers(forced)`, its coin flip inline
-        if not forced and sampler.rand() >= sampler.hot.pick_rate:
+        # `sampler.at_headers(forced)`, its coin flip inline (unless the relay flipped it)
+        if not forced and not hub.quick.coin_picked and sampler.rand() >= sampler.hot.pick_rate:
             tentative = Tentative.NO
         else:
             tentative = sampler.after_coin(forced)

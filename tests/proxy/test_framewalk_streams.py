@@ -7,9 +7,12 @@ records. Whole random connections, both directions, chunked at random and at fra
 must leave every result the same: each open stream's record, the connection's last stream id
 and the in-flight count after every chunk, what the observer is given (requests, bodies, stream
 ends, an inference stream's messages) and its `QuietEnd` counts, the bytes
-forwarded in hold mode and the /metrics text. The connections mix unary calls (small, multi-
-frame, headers only, compressed, a model name spread over several tiny DATA frames, TF-Serving's
-nested `model_spec.name`, a name not valid UTF-8), inference streams, unknown methods, DATA on
+forwarded in hold mode and the /metrics text. With a hook that lets the relay decide unpicked
+requests itself (`QuickDecisions`, a seeded coin), the same draws must give the same picks,
+counts, forwarded bytes and /metrics text whether the walk or the hook flips the coin. The
+connections mix unary calls (small, multi-frame, headers only, compressed, a model name spread
+over several tiny DATA frames, TF-Serving's nested `model_spec.name`, a name not valid UTF-8,
+a force header set or not), inference streams, unknown methods, DATA on
 stream ids never opened or already ended, RST_STREAM from either side mid-stream, a GOAWAY, and
 bodies captured over and under the capture limit.
 """
@@ -18,7 +21,9 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import random
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -35,6 +40,7 @@ from sidecar.proxy.metrics import DURATION_BUCKETS, ProxyMetrics
 from sidecar.proxy.streams import (
     ConnectionTracker,
     HeaderDecision,
+    QuickDecisions,
     QuietEnd,
     RequestStart,
     StreamEnd,
@@ -66,7 +72,8 @@ STREAM = TRITON + "ModelStreamInfer"
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 OTHER = "/my.Service/DoThing"
 KINDS = ["infer", "infer", "headers-only", "predict", "raw", "compressed", "late", "short",
-         "stream", "other"]  # fmt: skip
+         "stream", "other", "forced", "unforced"]  # fmt: skip
+FORCE = "x-force"  # QuickHook's force header: "forced" requests carry it as 1, "unforced" as 0
 
 
 class Messages:
@@ -110,6 +117,52 @@ class Hook:
             extra_headers=[("traceparent", f"00-{start.stream_id:032x}-{1:016x}-01")],
             capture_body=True, capture_limit=self.limit,
             messages=Messages(self.seen, start.stream_id, self.limit),
+        )  # fmt: skip
+
+    def on_request_body(self, stream_id: int, model: str | None, body: bytes) -> None:
+        self.seen.append(("body", stream_id, model, body))
+
+    def on_stream_end(self, end: StreamEnd) -> None:
+        self.seen.append(("end", *untimed(end)))
+
+
+class QuickHook:
+    """A sampling hook that lets the relay decide what it would answer itself
+    (`QuickDecisions`): a seeded coin at `pick_rate`, the force header `FORCE`; picked or
+    forced requests get a traceparent and their body captured (up to `limit`), an inference
+    stream its messages; an unpicked one and a method never replayed a `QuietEnd`. Records
+    what only it can see (not the requests it answers with a `QuietEnd`: the relay may)."""
+
+    def __init__(self, limit: int, seed: int, pick_rate: float) -> None:
+        self.limit = limit
+        self.seen: list[Any] = []
+        self.counts = [0, 0]  # requests started, ended (the QuietEnds')
+        self.skipped: dict[str, int] = {}
+        coin = SimpleNamespace(
+            hot=SimpleNamespace(pick_rate=pick_rate, force_header=FORCE.encode()),
+            rand=random.Random(seed).random,
+        )
+        self.quick = QuickDecisions(
+            coin, frozenset({"ModelInfer", "Predict"}),
+            frozenset({"ModelInfer", "Predict", "ModelStreamInfer"}), self.counts,
+            QuietEnd(self.counts, 1, self.skipped), QuietEnd(self.counts, 1),
+        )  # fmt: skip
+
+    def on_request_headers(self, start: RequestStart) -> HeaderDecision | QuietEnd | None:
+        quick = self.quick
+        self.counts[0] += 1
+        if start.method not in quick.replayable:
+            return quick.not_replayable
+        forced = (FORCE.encode(), b"1") in start.raw_headers
+        messages = None
+        if start.method not in quick.per_call:
+            messages = Messages(self.seen, start.stream_id, self.limit)
+        elif not forced and not quick.coin_picked and quick.coin.rand() >= quick.coin.hot.pick_rate:
+            return quick.unpicked
+        self.seen.append(("asked", *start, forced))
+        return HeaderDecision(
+            extra_headers=[("traceparent", f"00-{start.stream_id:032x}-{1:016x}-01")],
+            capture_body=True, capture_limit=self.limit, messages=messages,
         )  # fmt: skip
 
     def on_request_body(self, stream_id: int, model: str | None, body: bytes) -> None:
@@ -192,7 +245,8 @@ def connections(draw: st.DrawFn) -> list[tuple[bool, bytes]]:
         if draw(st.integers(0, 4)) == 0:  # DATA on a stream id never opened
             conv.client += frame(DATA, FLAG_END_STREAM, sid + 1000, b"\0\0\0\0\1x")
         path = {"predict": PREDICT, "stream": STREAM, "other": OTHER}.get(kind, INFER)
-        block = conv.client_encoder.encode(request_headers(path))
+        force = {"forced": [(FORCE, "1")], "unforced": [(FORCE, "0")]}.get(kind)
+        block = conv.client_encoder.encode(request_headers(path, force))
         conv.client += headers_frames(block, sid, end_stream=kind == "headers-only")
         if kind != "headers-only":
             if kind == "stream":
@@ -240,15 +294,21 @@ def untimed_metrics(registry: CollectorRegistry) -> dict[SampleKey, float]:
 
 
 def run(
-    steps: list[tuple[bool, bytes, list[int]]], limit: int | None, walker: Any
+    steps: list[tuple[bool, bytes, list[int]]],
+    limit: int | None,
+    walker: Any,
+    quick: tuple[int, float] | None = None,
 ) -> tuple[Any, ...]:
     """Feed the steps (each cut at its own offsets) through a fresh tracker; sampling on when
-    `limit` is given. Every result the sinks leave."""
+    `limit` is given (with `quick`, (seed, pick rate), a `QuickHook`). Every result the sinks
+    leave."""
     saved = frames.native_walk
     frames.native_walk = walker
     try:
         registry = CollectorRegistry()
-        hook = Hook(limit) if limit is not None else None
+        hook: Hook | QuickHook | None = None
+        if limit is not None:
+            hook = Hook(limit) if quick is None else QuickHook(limit, *quick)
         tracker = ConnectionTracker(ProxyMetrics(registry), observer=hook)
         records, forwarded = [], bytearray()
         for client, data, cuts in steps:
@@ -266,7 +326,11 @@ def run(
                 )
         scanners_failed = (tracker.request_scanner.failed, tracker.response_scanner.failed)
         tracker.close("CANCELLED")
-        seen = (hook.seen, hook.ended, hook.per_model) if hook is not None else None
+        seen: Any = None
+        if isinstance(hook, Hook):
+            seen = (hook.seen, hook.ended, hook.per_model)
+        elif hook is not None:
+            seen = (hook.seen, hook.counts, hook.skipped, hook.quick.coin_picked)
         stream_type = tracker.stream_type
         return (
             records,
@@ -288,11 +352,10 @@ def frame_ends(data: bytes) -> list[int]:
     return out
 
 
-@settings(max_examples=250, deadline=None)
-@given(connections(), st.sampled_from([None, 60, 1 << 20]), st.data())
-def test_every_result_is_the_same_with_the_walker_on_and_off(
-    steps: list[tuple[bool, bytes]], limit: int | None, draw: st.DataObject
-) -> None:
+def cut_at_random(
+    steps: list[tuple[bool, bytes]], draw: st.DataObject
+) -> list[tuple[bool, bytes, list[int]]]:
+    """Each step with the offsets it is cut at: none, at frame ends, or anywhere."""
     cut_steps = []
     for client, data in steps:
         how = draw.draw(st.sampled_from(["whole", "frames", "anywhere"]))
@@ -302,6 +365,15 @@ def test_every_result_is_the_same_with_the_walker_on_and_off(
         elif how == "anywhere":
             cuts = draw.draw(st.lists(st.integers(0, len(data)), max_size=3))
         cut_steps.append((client, data, cuts))
+    return cut_steps
+
+
+@settings(max_examples=250, deadline=None)
+@given(connections(), st.sampled_from([None, 60, 1 << 20]), st.data())
+def test_every_result_is_the_same_with_the_walker_on_and_off(
+    steps: list[tuple[bool, bytes]], limit: int | None, draw: st.DataObject
+) -> None:
+    cut_steps = cut_at_random(steps, draw)
     with_c = run(cut_steps, limit, frames.native_walk)
     without = run(cut_steps, limit, None)
     assert with_c[5] is streams._NativeStream and without[5] is streams._PyStream
@@ -310,6 +382,30 @@ def test_every_result_is_the_same_with_the_walker_on_and_off(
     metrics = with_c[3]
     calls = sum(v for (name, _), v in metrics.items() if name == "xsp_requests_total")
     assert calls > 0  # the connection's calls were counted
+
+
+@settings(max_examples=250, deadline=None)
+@given(
+    connections(),
+    st.sampled_from([60, 1 << 20]),
+    st.integers(0, 2**32),
+    st.sampled_from([0.0, 0.3, 0.7, 1.0]),
+    st.data(),
+)
+def test_the_walks_coin_decides_as_the_hooks_given_the_same_draws(
+    steps: list[tuple[bool, bytes]], limit: int, seed: int, rate: float, draw: st.DataObject
+) -> None:
+    """Sampling on with a hook that lets the relay decide (`QuickHook`): with the C walk an
+    unpicked request whose block is cached is decided in C, without it by the hook; the same
+    seed must pick the same requests (and force the same ones), count the same, forward the
+    same bytes and leave the same records and /metrics text."""
+    cut_steps = cut_at_random(steps, draw)
+    with_c = run(cut_steps, limit, frames.native_walk, (seed, rate))
+    without = run(cut_steps, limit, None, (seed, rate))
+    assert with_c[:5] == without[:5]
+    assert with_c[4] == (False, False)
+    (_, counts, _, picked_flag) = with_c[1]
+    assert counts[0] >= counts[1] and not picked_flag
 
 
 def unary_connection() -> tuple[bytes, bytes, list[tuple[bytes, bytes]], int]:
