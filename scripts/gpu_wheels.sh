@@ -10,6 +10,7 @@ PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 man
 args=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp -d .whl -q)
 for p in "${PLATFORMS[@]}"; do args+=(--platform "$p"); done
 python3 -m pip download "${args[@]}" \
-  cupti-python==13.0.1 cxxfilt==0.3.0 sqlite-utils==4.2.1 sqlite-fts4==1.0.3 click-default-group==1.2.4
+  cupti-python==13.0.1 cxxfilt==0.3.0 sqlite-utils==4.2.1 sqlite-fts4==1.0.3 click-default-group==1.2.4 \
+  duckdb==2.0.1 adbc-driver-manager==1.13.0 adbc-driver-sqlite==1.13.0
 ls -1 .whl
 du -sh .whl
