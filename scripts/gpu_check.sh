@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The GPU suite and bench/gpu_profile.py, on a lent GPU machine (run there from the repo root,
 # with `.whl/` from scripts/gpu_wheels.sh carried along). Output and logs go to $OUT (or
-# ./gpu-check-out). Uses the machine's own PyTorch, numpy and pandas; conftest files above each
+# ./gpu-check-out). Uses the machine's own PyTorch and numpy, and the carried pandas 2 (the
+# project pins pandas<3; the image's pandas 3 fails the analyses); conftest files above each
 # test folder are cut off (they start Triton and TF-Serving, which are not there).
 #
 #   bash scripts/gpu_check.sh tests               the GPU tests (a few minutes)
 #   bash scripts/gpu_check.sh bench [ARGS...]     bench/gpu_profile.py ARGS (e.g. --no-ncu,
 #                                                 --cases resnet50:64,bert:8)
+#   bash scripts/gpu_check.sh overhead [ARGS...]  bench/gpu_kernel_overhead.py ARGS (K's
+#                                                 overhead split: hooks, CUPTI; ~1 minute)
 #   bash scripts/gpu_check.sh                     both (may not fit one 10-minute call)
 #
 # Each part appends to its own log, so a call stopped at its limit still returns what ran.
@@ -39,6 +42,10 @@ if [ "$part" = tests ] || [ "$part" = all ]; then
 fi
 if [ "$part" = bench ] || [ "$part" = all ]; then
   python3 bench/gpu_profile.py "$@" 2>&1 | tee -a "$OUT/gpu_profile.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [ "$part" = overhead ]; then
+  python3 bench/gpu_kernel_overhead.py "$@" 2>&1 | tee -a "$OUT/gpu_kernel_overhead.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 exit $status

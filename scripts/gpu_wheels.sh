@@ -11,6 +11,7 @@ args=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp -d
 for p in "${PLATFORMS[@]}"; do args+=(--platform "$p"); done
 python3 -m pip download "${args[@]}" \
   cupti-python==13.0.1 cxxfilt==0.3.0 sqlite-utils==4.2.1 sqlite-fts4==1.0.3 click-default-group==1.2.4 \
-  duckdb==2.0.1 adbc-driver-manager==1.13.0 adbc-driver-sqlite==1.13.0
+  duckdb==2.0.1 adbc-driver-manager==1.13.0 adbc-driver-sqlite==1.13.0 \
+  pandas==2.3.3 pytz==2025.2 tzdata==2025.2
 ls -1 .whl
 du -sh .whl

@@ -81,6 +81,10 @@ SMOKE: dict[str, Smoke] = {
         ("--cases", "resnet50:1", "--iterations", "2", "--warmup", "1", "--no-ncu"),
         ("",),  # "no GPU" here; the table where CUDA is
     ),
+    "gpu_kernel_overhead.py": Smoke(
+        ("--device", "cpu", "--cases", "resnet50:1", "--iterations", "2", "--warmup", "1"),
+        ("plain", "hooks", "resnet50:1", "150 modules"),  # CUPTI's columns need a GPU
+    ),
     "proxy_overhead.py": Smoke(
         ("--duration", "1", "--warmup", "0.3", "--concurrency", "1"),
         ("Triton", "relay", "perf_analyzer"),

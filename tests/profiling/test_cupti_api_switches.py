@@ -46,19 +46,17 @@ NOT_LAUNCHES = [
 
 
 def cbid(domain: str, name: str) -> int:
-    table = cupti.RuntimeApiTraceCbid if domain == "runtime" else cupti.DriverApiTraceCbid
-    for member in table:
+    for member in ct.cbid_table(cupti, domain):
         if re.sub(r"_v\d+$", "", member.name) == name:
             return int(member)
     raise KeyError(name)
 
 
-class FakeCuptiSwitches(types.ModuleType):
-    """FAKE `cupti.cupti`: the activity switches, with a context already created."""
+class FakeCuptiSwitchesNoTables(types.ModuleType):
+    """FAKE `cupti.cupti`: the activity switches, with a context already created (the
+    callback-id tables are added by the subclasses, under each version's names)."""
 
     ActivityKind = cupti.ActivityKind
-    RuntimeApiTraceCbid = cupti.RuntimeApiTraceCbid
-    DriverApiTraceCbid = cupti.DriverApiTraceCbid
 
     def __init__(self) -> None:
         super().__init__("cupti.cupti")
@@ -111,13 +109,33 @@ class FakeCuptiSwitches(types.ModuleType):
         return domain == "driver" and call in self.on[domain]
 
 
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeCuptiSwitches:
-    module = FakeCuptiSwitches()
+class FakeCuptiSwitches(FakeCuptiSwitchesNoTables):
+    """FAKE `cupti.cupti` of cupti-python 13.1 and later: CamelCase callback-id tables."""
+
+    RuntimeApiTraceCbid = ct.cbid_table(cupti, "runtime")
+    DriverApiTraceCbid = ct.cbid_table(cupti, "driver")
+
+
+class FakeCupti130Switches(FakeCuptiSwitchesNoTables):
+    """FAKE `cupti.cupti` of cupti-python 13.0.x (the one matching a CUDA 13.0 driver):
+    the same tables, named in snake_case."""
+
+    runtime_api_trace_cbid = ct.cbid_table(cupti, "runtime")
+    driver_api_trace_cbid = ct.cbid_table(cupti, "driver")
+
+
+def install(monkeypatch: pytest.MonkeyPatch, module: types.ModuleType) -> None:
     package = types.ModuleType("cupti")
     package.cupti = module  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "cupti", package)
     monkeypatch.setitem(sys.modules, "cupti.cupti", module)
+    ct.api_name.cache_clear()  # names cached from the real module
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeCuptiSwitches:
+    module = FakeCuptiSwitches()
+    install(monkeypatch, module)
     return module
 
 
@@ -157,7 +175,7 @@ def test_without_switches_every_call_is_recorded_and_filtered_at_stop(
     fake: FakeCuptiSwitches, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An older cupti-python without per-function switches: record all, drop at stop()."""
-    monkeypatch.delattr(FakeCuptiSwitches, "activity_enable_runtime_api")
+    monkeypatch.delattr(FakeCuptiSwitchesNoTables, "activity_enable_runtime_api")
     tracer = started()
     assert tracer.api_filter == "after-stop"
     assert fake.records("runtime", "cudaLaunchKernel") and fake.records("runtime", "cudaMalloc")
@@ -176,3 +194,30 @@ def test_a_cupti_python_that_cannot_record_runtime_calls_is_named(
     with pytest.raises(ct.GpuNotAvailableError, match="needs cupti-python 13 or newer"):
         ct.CuptiTracer(owner=owner).start()
     assert owner.owner is None
+
+
+def test_cupti_13_0_snake_case_tables_name_calls_and_switch_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On cupti-python 13.0.x (CamelCase tables absent) the launches still get their names
+    and every other call is still switched off: without the snake_case names the tracer
+    recorded every API call and named launches `runtime:cbid=211`."""
+    fake13 = FakeCupti130Switches()
+    assert not hasattr(fake13, "RuntimeApiTraceCbid")
+    install(monkeypatch, fake13)
+    try:
+        assert ct.api_name("runtime", cbid("runtime", "cudaLaunchKernel")) == "cudaLaunchKernel"
+        tracer = started()
+        assert tracer.api_filter == "cbid"
+        for domain, name in LAUNCHES:
+            assert fake13.records(domain, name), name
+        for domain, name in NOT_LAUNCHES:
+            assert not fake13.records(domain, name), name
+        tracer.stop()
+    finally:
+        ct.api_name.cache_clear()
+
+
+def test_a_cupti_without_callback_id_tables_is_said_so() -> None:
+    with pytest.raises(AttributeError, match="runtime callback-id table"):
+        ct.cbid_table(types.ModuleType("cupti.cupti"), "runtime")

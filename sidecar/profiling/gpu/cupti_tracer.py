@@ -87,6 +87,23 @@ def kind_name(kind: Any) -> str | None:
         return None
 
 
+# cupti-python's callback-id enums: CamelCase from 13.1 on, snake_case in 13.0.x
+CBID_TABLE_NAMES = {
+    "runtime": ("RuntimeApiTraceCbid", "runtime_api_trace_cbid"),
+    "driver": ("DriverApiTraceCbid", "driver_api_trace_cbid"),
+}
+
+
+def cbid_table(cupti: Any, kind: str) -> Any:
+    """The callback-id enum of `kind` (`runtime` or `driver`) in this cupti-python, under
+    whichever name its version gives it; AttributeError where it has none."""
+    for name in CBID_TABLE_NAMES[kind]:
+        table = getattr(cupti, name, None)
+        if table is not None:
+            return table
+    raise AttributeError(f"cupti-python has no {kind} callback-id table")
+
+
 @functools.lru_cache(maxsize=2048)
 def api_name(kind: str, cbid: int) -> str:
     """`cudaLaunchKernel` for (`runtime`, 211): cupti-python's callback-id tables need no
@@ -94,8 +111,7 @@ def api_name(kind: str, cbid: int) -> str:
     try:
         from cupti import cupti
 
-        table = cupti.RuntimeApiTraceCbid if kind == "runtime" else cupti.DriverApiTraceCbid
-        return re.sub(r"_v\d+$", "", str(table(cbid).name))
+        return re.sub(r"_v\d+$", "", str(cbid_table(cupti, kind)(cbid).name))
     except Exception:  # no cupti-python, or an id this version does not know
         return f"{kind}:cbid={cbid}"
 
@@ -175,8 +191,8 @@ def records_to_spans(records: Iterable[Any], offset_ns: int) -> list[RawSpan]:
 
 
 def non_launch_cbids(table: Any) -> list[int]:
-    """The callback ids in cupti-python's `RuntimeApiTraceCbid` / `DriverApiTraceCbid`
-    table of the calls that launch no GPU work (placeholders and reserved ids left out)."""
+    """The callback ids in a cupti-python callback-id table (`cbid_table`) of the calls
+    that launch no GPU work (placeholders and reserved ids left out)."""
     return [
         int(m)
         for m in table
@@ -254,8 +270,8 @@ class CuptiTracer:
         self.api_filter = "after-stop"
         try:
             switches = (
-                (cupti.activity_enable_runtime_api, cupti.RuntimeApiTraceCbid),
-                (cupti.activity_enable_driver_api, cupti.DriverApiTraceCbid),
+                (cupti.activity_enable_runtime_api, cbid_table(cupti, "runtime")),
+                (cupti.activity_enable_driver_api, cbid_table(cupti, "driver")),
             )
         except AttributeError:  # cupti-python without per-function switches
             return
