@@ -15,6 +15,12 @@ iterations while the serving path is busy, and drops iterations that were preemp
 time it waited is not busy time: the duty cycle is charged wall time minus waits (or CPU
 time, when runtime threads used more; `busy_seconds`).
 
+After a job in which a CUPTI client ran (a K level on a GPU: `gpu.owner`), the worker
+process exits and a fresh one takes the next job, a planned replacement (no restart counted,
+no back-off). Measured on an H100 (`bench/gpu_kernel_overhead.py`): once CUPTI has recorded
+in a process, its forwards stay 1.20-1.28x slower at launch-bound sizes after every activity
+kind is disabled again, so the next job's M level would time the profiler, not the model.
+
 On a GPU (`--replay-device`): there is one worker process at a time (a replacement is started
 only after the old one was joined or killed), it takes one job at a time from the pipe, and
 its replay runs on that process's one thread, so the worker holds one CUDA context per device
@@ -40,6 +46,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from sidecar.profiling import pacing
+from sidecar.profiling.gpu.owner import PROCESS_OWNER
 from sidecar.replay.context import ReplayContext
 from sidecar.replay.job_records import JobResult, ProfileJob, needs_fresh_process
 from sidecar.replay.options import ReplayOptions
@@ -146,10 +153,14 @@ def _worker_main(
         result.busy_s = busy_seconds(wall, waited, time.process_time() - cpu_started)
         if gate is not None:
             result.details.update(wall_s=wall, waited_s=waited, iterations_interrupted=interrupted)
+        if (client := PROCESS_OWNER.owner) is not None:
+            conn.send(("retiring", f"{client} used CUPTI in it"))
         conn.send(("result", result))
         if (why := needs_fresh_process(result)) is not None:
             log.warning("profiling worker exits after %r failed: %s", job.model, why)
             return  # the supervisor starts a fresh process for the next job
+        if client is not None:
+            return  # CUPTI stays attached: the next job's M would run slower (module doc)
 
 
 class ProfilingWorker:
@@ -180,6 +191,8 @@ class ProfilingWorker:
         self._conn: Connection | None = None
         self._thread: threading.Thread | None = None
         self.restarts = 0
+        self.replacements = 0  # planned: after a job that used CUPTI
+        self._retiring: str | None = None
         self.dropped = 0
         self.current: ProfileJob | None = None
         self._spawned_at = float("-inf")
@@ -272,9 +285,24 @@ class ProfilingWorker:
             self._queued_bytes -= len(job.request_message)
             return job
 
+    def _replace_retired(self) -> None:
+        """Join a worker that said it exits after its job (`retiring`) and start a fresh one
+        at once: a planned replacement, not a restart (none counted, no back-off)."""
+        reason, self._retiring = self._retiring, None
+        log.info("profiling worker replaced after its job: %s", reason)
+        self.replacements += 1
+        self._kill_process()
+        self._respawn_at = None
+        try:
+            self._spawn()
+        except Exception as exc:
+            log.warning("could not start the profiling worker: %s", exc)
+
     def _keep_alive(self) -> None:
         """Make sure a worker runs while no job waits: started now, not on the next sample,
         so its start-up (imports, runtimes) happens while nothing waits for it."""
+        if self._retiring is not None:
+            self._replace_retired()
         if self._process is not None and self._process.is_alive():
             self._respawn_at = None
             return
@@ -374,6 +402,8 @@ class ProfilingWorker:
                     return self._crashed(job, started) if began else None
                 if kind == "started":
                     began = True
+                elif kind == "retiring":  # it exits after this job: replaced before the next
+                    self._retiring = str(payload)
                 elif kind == "result":
                     result: JobResult = payload
                     return result

@@ -84,6 +84,27 @@ def test_after_a_sticky_cuda_error_the_next_job_gets_a_fresh_process() -> None:
         worker.stop()
 
 
+def test_after_a_job_that_used_cupti_the_next_job_gets_a_fresh_process() -> None:
+    """CUPTI left attached slows later forwards (1.20-1.28x at launch-bound sizes, measured
+    on an H100), so the next job's M level would be timed high: the worker that ran a K level
+    on a GPU is replaced after storing its result. A planned replacement: no restart counted
+    and no back-off, though the process lived far less than `min_uptime_s`."""
+    worker, results = start("cupti_client", min_uptime_s=3600.0)
+    try:
+        for n, model in enumerate(["m", "m", "kernels", "m", "kernels", "m"]):
+            assert worker.submit(job(model, n))
+        out = [results.get(timeout=90) for _ in range(6)]
+        pids = [r.details["pid"] for r in out]
+        assert [r.outcome for r in out] == ["ok"] * 6
+        assert pids[0] == pids[1] == pids[2]  # no CUPTI before the K job: one process
+        assert pids[3] != pids[2] and pids[3] == pids[4]  # replaced after the K job
+        assert pids[5] != pids[4]
+        assert worker.replacements == 2
+        assert worker.restarts == 0
+    finally:
+        worker.stop()
+
+
 def test_queue_is_bounded_in_request_bytes_too() -> None:
     worker = ProfilingWorker(worker_config("echo_pid", queue_bytes=100), lambda result: None)
     big = dataclasses.replace(job("m", 1), request_message=b"x" * 60)

@@ -69,6 +69,16 @@ def by_model(job: ProfileJob, context: ReplayContext) -> JobResult:
     return echo_pid(job, context)
 
 
+def cupti_client(job: ProfileJob, context: ReplayContext) -> JobResult:
+    """`kernels` claims CUPTI for this process as `CuptiTracer.start()` does on a GPU (FAKE:
+    no GPU here, so no CUPTI records; only the claim the worker reads); anything else is ok."""
+    if job.model == "kernels":
+        from sidecar.profiling.gpu.owner import CUPTI_TRACER, PROCESS_OWNER
+
+        PROCESS_OWNER.claim(CUPTI_TRACER)
+    return echo_pid(job, context)
+
+
 def gate_view(job: ProfileJob, context: ReplayContext) -> JobResult:
     """What the worker's pacer sees of the relay's counters (the `SliceGate` when the
     supervisor was given a `ServingPressure`)."""
