@@ -145,8 +145,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    request header blocks to Python      {per_call('request_block_ns'):8.1f} "
               f"us/call ({blocks:.2f} per call)")  # fmt: skip
         print(f"    of which the hook                    {per_call('hook_ns'):8.1f} us/call")
-    print(f"  garbage collector                      {per_call('gc_ns'):8.1f} us/call "
+    print(f"  garbage collector, under load          {per_call('gc_ns'):8.1f} us/call "
           f"({totals.get('gc2_collections', 0)} full collections)")  # fmt: skip
+    for gen in range(3):
+        n = totals.get(f"gc{gen}_collections", 0)
+        took_us = totals.get(f"gc{gen}_ns", 0) / 1e3
+        print(f"    generation {gen}: {n:6d} collections, {took_us / max(n, 1):8.1f} us each, "
+              f"{per_call(f'gc{gen}_ns'):5.1f} us/call")  # fmt: skip
     print(f"  observing the same bytes replayed hot  {hot_us:8.1f} us/call ({counted} calls)")
     print(f"  live / replayed observing              {observing / hot_us:8.1f}x")
     print(f"  (each timed section includes ~{2 * CLOCK_READ_US:.1f} us of clock reads)")
