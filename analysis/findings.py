@@ -19,6 +19,7 @@ from analysis.common import AnalysisResult
 from analysis.fidelity import SAME_KERNELS
 from analysis.roofline import peak_doubtful
 from analysis.tracedb import TraceData
+from sidecar.profiling.gpu.owner import MODEL_LEVEL_AFTER_CUPTI
 
 IDLE_SHARE = 0.5  # launch-bound: the device idles at least this share of the model's time
 MEMORY_BOUND_SHARE = 0.25  # memory-bound layers take at least this share of layer time
@@ -496,6 +497,36 @@ def failed_profiles(results: Results, data: TraceData) -> list[Finding]:
     ]
 
 
+def model_level_after_cupti(results: Results, data: TraceData) -> list[Finding]:
+    """Profiles whose M ran in a process where a CUPTI client had already recorded (a sweep
+    of `xsp-sidecar profile` with K on a GPU): CUPTI left attached slows later forwards."""
+    traces = data.traces
+    hit = traces["attributes"].map(
+        lambda a: isinstance(a, dict) and bool(a.get(MODEL_LEVEL_AFTER_CUPTI))
+    )
+    if not hit.any():
+        return []
+    out = []
+    for model, group in traces[hit.to_numpy(bool)].groupby("model", observed=True, sort=True):
+        client = group["attributes"].iloc[0][MODEL_LEVEL_AFTER_CUPTI]
+        out.append(
+            Finding(
+                "model_level_after_cupti",
+                str(model),
+                f"{len(group)} profile(s) timed M after {client} had recorded in the same "
+                "process, so their M may read high and every level's overhead ratio low",
+                f"trace attribute {MODEL_LEVEL_AFTER_CUPTI} on batch size(s) "
+                f"{', '.join(str(b) for b in sorted(set(group['batch_size'].dropna())))}; "
+                "forwards after CUPTI ran were 1.20-1.28x slower at launch-bound batch sizes "
+                "on an H100 (docs/benchmarks.md)",
+                "profile one batch size per `xsp-sidecar profile` run, or leave the kernel "
+                "level out of the sweep",
+                (),
+            )
+        )
+    return out
+
+
 def peak_below_achieved(results: Results, data: TraceData) -> list[Finding]:
     """A layer ran faster than the recorded peak: the peak was measured too low. A layer
     above the roof of the cache that holds its working set is no such evidence
@@ -536,6 +567,7 @@ RULES: tuple[Callable[[Results, TraceData], list[Finding]], ...] = (
     stream_gap_spread,
     slow_requests,
     profiler_overhead,
+    model_level_after_cupti,
     peak_below_achieved,
 )
 

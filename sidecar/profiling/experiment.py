@@ -31,6 +31,7 @@ from sidecar.profiling import flops, pacing
 from sidecar.profiling.containment import assign_parents, number_siblings
 from sidecar.profiling.gpu.attribution import attach_gpu_activity, retime_layers
 from sidecar.profiling.gpu.metrics_level import record_overhead
+from sidecar.profiling.gpu.owner import MODEL_LEVEL_AFTER_CUPTI, PROCESS_OWNER
 from sidecar.profiling.peak import Peak
 from sidecar.profiling.stats import median, representative_index, trimmed_mean
 from sidecar.profiling.vocabulary import Iteration, LevelRun, ProfilingError, Runner
@@ -132,6 +133,7 @@ def run_experiment(
 ) -> LeveledProfile:
     """Run the leveled experiment and assemble the trace."""
     plan, notes = plan_levels(runner, levels)
+    cupti_before = PROCESS_OWNER.owner  # a CUPTI client that already ran in this process
     info = runner.describe()
     trace_id = trace_id or new_trace_id()
     created = time.time_ns()
@@ -178,6 +180,8 @@ def run_experiment(
     if any(kept_interrupted.values()):
         attributes["interrupted_iterations_kept"] = kept_interrupted
     attributes["experiment_wall_s"] = round(time.perf_counter() - wall_started, 6)
+    if cupti_before is not None:  # CUPTI left attached slows later forwards (gpu.owner)
+        attributes[MODEL_LEVEL_AFTER_CUPTI] = cupti_before
     if peak is not None:  # the roofs, and when and under what load they were measured
         attributes.update(peak.trace_attributes())
     trace = Trace(

@@ -114,6 +114,25 @@ def test_optimal_batch_silent_without_batch_sizes(tmp_path: Path) -> None:
     assert "optimal_batch" not in _rules(db)
 
 
+def test_model_level_after_cupti_names_the_sweeps_exposed_profiles(
+    tmp_path: Path, checked_in: dict[str, dict[str, list[findings.Finding]]]
+) -> None:
+    """The attribute `run_experiment` sets where a CUPTI client ran before M (a GPU sweep of
+    `xsp-sidecar profile`): named per model with its batch sizes; silent on the stores."""
+    assert all("model_level_after_cupti" not in rules for rules in checked_in.values())
+    db = _changed(
+        GPU_DB,
+        tmp_path,
+        "UPDATE traces SET attributes = json_set(attributes, '$.model_level_after_cupti', "
+        "'CuptiTracer') WHERE batch_size > 1",
+    )
+    (f,) = _rules(db)["model_level_after_cupti"]
+    assert f.subject == "tiny_resnet"
+    assert "after CuptiTracer had recorded in the same process" in f.finding
+    assert "batch size(s) 2, 4, 8" in f.evidence
+    assert "one batch size per" in f.action
+
+
 def _live_store(db: Path, server: dict[str, tuple[float, float]], n: int = 3) -> Path:
     """`n` sampled add_sub requests (client 0..5 ms, response's first byte at 4 ms) with
     these backend spans (ms after the request reached the relay)."""

@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from sidecar.profiling import pacing
 from sidecar.profiling.experiment import run_experiment
+from sidecar.profiling.gpu.owner import CUPTI_TRACER, MODEL_LEVEL_AFTER_CUPTI, PROCESS_OWNER
 from sidecar.profiling.runners.onnxruntime import OnnxRuntimeRunner
 from sidecar.profiling.runners.timing import timed_loop
 from sidecar.trace.spans import Level
@@ -78,3 +80,20 @@ def test_without_a_pacer_nothing_is_discarded(
     profile = run_experiment(OnnxRuntimeRunner(cnn_onnx), cnn_inputs, model="cnn", iterations=3)
     assert profile.trace.attributes["iterations_discarded"] == {"model": 0, "layer": 0}
     assert profile.stats(Level.MODEL).iterations == 3
+
+
+def test_an_experiment_after_a_cupti_client_says_so(
+    cnn_onnx: Path, cnn_inputs: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CUPTI left attached slows later forwards (measured on an H100), so an M timed in a
+    process where a CUPTI client ran is marked. FAKE: no GPU here; the owner's claim is set
+    as `CuptiTracer.start()` sets it."""
+    assert (
+        MODEL_LEVEL_AFTER_CUPTI
+        not in run_experiment(
+            OnnxRuntimeRunner(cnn_onnx), cnn_inputs, model="cnn", iterations=2
+        ).trace.attributes
+    )
+    monkeypatch.setattr(PROCESS_OWNER, "owner", CUPTI_TRACER)
+    profile = run_experiment(OnnxRuntimeRunner(cnn_onnx), cnn_inputs, model="cnn", iterations=2)
+    assert profile.trace.attributes[MODEL_LEVEL_AFTER_CUPTI] == CUPTI_TRACER

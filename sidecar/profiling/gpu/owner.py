@@ -6,6 +6,12 @@ kernel window inside a 13.5 ms host wall) and nothing fails. So the first CUPTI 
 process uses owns CUPTI for the rest of its life; another one raises `CuptiOwnerError`.
 The profiling worker and `profile` therefore use one kind of K-level profiler per process,
 and anything that must compare with torch.profiler does so in a subprocess.
+
+Measured on an H100 too (`bench/gpu_kernel_overhead.py`): once CUPTI has recorded in a
+process, its forwards stay 1.20-1.28x slower at launch-bound batch sizes after every activity
+kind is disabled. The profiling worker replaces its process after such a job; an experiment
+whose M runs where a CUPTI client already ran (`profile` over several batch sizes with K on a
+GPU) says so in its trace attribute `MODEL_LEVEL_AFTER_CUPTI`.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from sidecar.profiling.vocabulary import LevelNotSupportedError
 TORCH_PROFILER = "torch.profiler"
 CUPTI_TRACER = "CuptiTracer"
 ORT_CUDA_PROFILER = "ONNX Runtime's CUDA profiler"  # builds with --enable_cuda_profiling
+# trace attribute: the CUPTI client that had run in the process before this experiment's M
+MODEL_LEVEL_AFTER_CUPTI = "model_level_after_cupti"
 
 
 class CuptiOwnerError(LevelNotSupportedError):
