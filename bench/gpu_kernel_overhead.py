@@ -3,7 +3,9 @@
 K times each forward with host-clock hooks on every module (for the layer each kernel
 belongs to) and `CuptiTracer` recording kernels and their launches. `bench/gpu_profile.py`
 prints K's latency over M's; this splits it. Each case runs in a fresh process (CUPTI's
-one owner), its variants in this order: plain, hooks, CUPTI, hooks + CUPTI, plain again (a
+one owner), its variants in this order: plain, hooks, CUPTI recording GPU work alone (no API
+records: what the kernel records cost without the launches K correlates), CUPTI as K runs it,
+hooks + CUPTI, plain again (a
 CUPTI that stays attached after `stop()` shows as "plain after" above "plain"), and plain
 once more after `cupti.finalize()` (CUPTI detached from the process, where it can be).
 
@@ -30,7 +32,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the children run this file directly
 sys.path.insert(0, str(REPO / "bench"))
 CASES = "resnet50:1,resnet50:8,resnet50:64,bert:8"
-VARIANTS = ("plain", "hooks", "cupti", "hooks+cupti", "plain after", "after finalize")
+VARIANTS = (
+    "plain",
+    "hooks",
+    "cupti kernels",
+    "cupti",
+    "hooks+cupti",
+    "plain after",
+    "after finalize",
+)
 
 
 def child(case: str, device: str, iterations: int, warmup: int) -> dict[str, float]:
@@ -40,6 +50,8 @@ def child(case: str, device: str, iterations: int, warmup: int) -> dict[str, flo
 
     from sidecar.profiling.gpu.cupti_tracer import CuptiTracer
     from sidecar.profiling.runners.pytorch_cuda import ModuleHooks
+
+    KernelsOnlyTracer = kernels_only_tracer()
     from sidecar.profiling.torch_modules import hookable_modules, transformer_fastpath_off
 
     model, inputs = build(case)
@@ -72,7 +84,9 @@ def child(case: str, device: str, iterations: int, warmup: int) -> dict[str, flo
                 continue
             if variant == "after finalize" and not finalize_cupti(out):
                 continue
-            tracer = CuptiTracer() if "cupti" in variant else None
+            tracer = None
+            if "cupti" in variant:
+                tracer = KernelsOnlyTracer() if variant == "cupti kernels" else CuptiTracer()
             hooks = ModuleHooks(model, events=False) if "hooks" in variant else None
             if hooks is not None:
                 hooks.__enter__()
@@ -88,6 +102,17 @@ def child(case: str, device: str, iterations: int, warmup: int) -> dict[str, flo
                     hooks.__exit__()
     out["modules hooked"] = float(sum(1 for name, _ in hookable_modules(model) if name))
     return out
+
+
+def kernels_only_tracer() -> type:
+    """`CuptiTracer` with the runtime and driver API records left off."""
+    from sidecar.profiling.gpu.cupti_tracer import CuptiTracer
+
+    class KernelsOnly(CuptiTracer):
+        def _enable_api(self, cupti: Any) -> None:
+            self.api_filter = "kernels only"
+
+    return KernelsOnly
 
 
 def finalize_cupti(out: dict[str, float]) -> bool:
@@ -124,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         if not gpu:
             print("no GPU: nothing measured (use --device cpu to check the script)")
             return 0
-    print(f"{'case':14s}" + "".join(f"{v:>14s}" for v in VARIANTS) + "   (ms, x plain)")
+    print(f"{'case':14s}" + "".join(f"{v:>15s}" for v in VARIANTS) + "   (ms, x plain)")
     status = 0
     for case in a.cases.split(","):
         child_argv = [sys.executable, __file__, "--child", case, "--device", a.device]
@@ -145,9 +170,13 @@ def main(argv: list[str] | None = None) -> int:
         cells = [
             f"{res[v]:7.2f} {res[v] / base:4.2f}x" if v in res else f"{'-':>13s}" for v in VARIANTS
         ]
-        notes = [k for k in res if "api_filter" in k or k.startswith("finalize failed")]
+        notes = [
+            k
+            for k in res
+            if ("api_filter" in k and "kernels only" not in k) or k.startswith("finalize failed")
+        ]
         hooked = int(res.get("modules hooked", 0))
-        print(f"{case:14s}" + "".join(f"{c:>14s}" for c in cells), f"  {hooked} modules", *notes)
+        print(f"{case:14s}" + "".join(f"{c:>15s}" for c in cells), f"  {hooked} modules", *notes)
     return status
 
 
