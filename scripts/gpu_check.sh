@@ -10,7 +10,9 @@
 #                                                 --cases resnet50:64,bert:8)
 #   bash scripts/gpu_check.sh overhead [ARGS...]  bench/gpu_kernel_overhead.py ARGS (K's
 #                                                 overhead split: hooks, CUPTI; ~1 minute)
-#   bash scripts/gpu_check.sh                     both (may not fit one 10-minute call)
+#   bash scripts/gpu_check.sh                     all three: overhead, tests, bench --no-ncu on
+#                                                 resnet50:8,resnet50:64,bert:8 (the goals'
+#                                                 cases), each under a timeout: one 10-min call
 #
 # Each part appends to its own log, so a call stopped at its limit still returns what ran.
 set -uo pipefail
@@ -24,10 +26,23 @@ export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, cupti; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 status=0
+if [ "$part" = all ]; then  # each part bounded, so one 10-minute call returns all three
+  limit_overhead=120 limit_test=100 limit_bench=300
+  overhead_args=() bench_args=(--no-ncu --cases resnet50:8,resnet50:64,bert:8)
+else
+  limit_overhead=600 limit_test=600 limit_bench=600
+  overhead_args=("$@") bench_args=("$@")
+fi
 run_pytest() {  # one pytest process per call: a process keeps the first CUPTI client it used
-  python3 -m pytest -q -p no:cacheprovider -rs "$@" 2>&1 | tee -a "$OUT/pytest.txt"
+  timeout "$limit_test" python3 -m pytest -q -p no:cacheprovider -rs "$@" 2>&1 \
+    | tee -a "$OUT/pytest.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 }
+if [ "$part" = overhead ] || [ "$part" = all ]; then  # first: the slowdown CUPTI leaves
+  timeout "$limit_overhead" python3 bench/gpu_kernel_overhead.py "${overhead_args[@]}" 2>&1 \
+    | tee -a "$OUT/gpu_kernel_overhead.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 if [ "$part" = tests ] || [ "$part" = all ]; then
   # The live CUDA runner test first and alone: the CPU kernel-level tests claim CUPTI for
   # torch.profiler on a CUDA build of PyTorch, after which it would skip itself.
@@ -41,11 +56,8 @@ if [ "$part" = tests ] || [ "$part" = all ]; then
   run_pytest --confcutdir=tests/analysis tests/analysis/test_analysis_gpu.py
 fi
 if [ "$part" = bench ] || [ "$part" = all ]; then
-  python3 bench/gpu_profile.py "$@" 2>&1 | tee -a "$OUT/gpu_profile.txt"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-fi
-if [ "$part" = overhead ]; then
-  python3 bench/gpu_kernel_overhead.py "$@" 2>&1 | tee -a "$OUT/gpu_kernel_overhead.txt"
+  timeout "$limit_bench" python3 bench/gpu_profile.py "${bench_args[@]}" 2>&1 \
+    | tee -a "$OUT/gpu_profile.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 exit $status
