@@ -226,11 +226,14 @@ class OtlpTraceExport:
         inner = getattr(processor, "_batch_processor", None)
         waiting = inner._queue if inner is not None else getattr(processor, "queue")  # noqa: B009
         for span in otel:
-            # the SDK's queue drops its oldest span when full: count it here, once
+            # A span that finds the queue full is dropped here, not handed on: the SDK would
+            # drop its oldest span silently, or none where its thread took a batch between this
+            # check and the append (then a drop counted here was exported too). One producer
+            # (the writer's thread) and a consumer that only takes: after this check, the
+            # append cannot overflow.
             if self._closed or len(waiting) >= self._max_queue_size:
                 self._count("dropped", 1, None)
-                if self._closed:
-                    continue
+                continue
             processor.on_end(span)
             queued += 1
         return queued
