@@ -20,12 +20,21 @@ from typing import ClassVar, Self
 
 from tests.harness import REPO_ROOT
 
+_HANDED_OUT: set[int] = set()
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port that was free a moment ago and that this process has not handed out
+    before: the kernel may give two calls in a row the same port (a relay's --listen and its
+    --metrics-port once collided so in CI)."""
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no TCP port that was not handed out before")
 
 
 def stop_child(process: subprocess.Popen[bytes] | None, timeout: float = 15.0) -> None:
