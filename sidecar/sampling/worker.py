@@ -285,24 +285,20 @@ class ProfilingWorker:
             self._queued_bytes -= len(job.request_message)
             return job
 
-    def _replace_retired(self) -> None:
-        """Join a worker that said it exits after its job (`retiring`) and start a fresh one
+    def _retire(self) -> None:
+        """Join a worker that said it exits after its job (`retiring`), its replacement due
         at once: a planned replacement, not a restart (none counted, no back-off)."""
         reason, self._retiring = self._retiring, None
         log.info("profiling worker replaced after its job: %s", reason)
         self.replacements += 1
         self._kill_process()
-        self._respawn_at = None
-        try:
-            self._spawn()
-        except Exception as exc:
-            log.warning("could not start the profiling worker: %s", exc)
+        self._respawn_at = time.monotonic()
 
     def _keep_alive(self) -> None:
         """Make sure a worker runs while no job waits: started now, not on the next sample,
         so its start-up (imports, runtimes) happens while nothing waits for it."""
         if self._retiring is not None:
-            self._replace_retired()
+            self._retire()
         if self._process is not None and self._process.is_alive():
             self._respawn_at = None
             return
