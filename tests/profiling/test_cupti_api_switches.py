@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -132,11 +133,16 @@ def install(monkeypatch: pytest.MonkeyPatch, module: types.ModuleType) -> None:
     ct.api_name.cache_clear()  # names cached from the real module
 
 
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeCuptiSwitches:
-    module = FakeCuptiSwitches()
+@pytest.fixture(params=[FakeCuptiSwitches, FakeCupti130Switches], ids=["13.1+", "13.0"])
+def fake(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[FakeCuptiSwitchesNoTables]:
+    """Each test under both namings of the callback-id tables: without the 13.0.x names the
+    tracer recorded every API call there and named launches `runtime:cbid=211`."""
+    module = request.param()
     install(monkeypatch, module)
-    return module
+    yield module
+    ct.api_name.cache_clear()  # names cached from the fake
 
 
 def started(all_api: bool = False) -> ct.CuptiTracer:
@@ -145,7 +151,7 @@ def started(all_api: bool = False) -> ct.CuptiTracer:
     return tracer
 
 
-def test_launches_are_recorded_and_nothing_else(fake: FakeCuptiSwitches) -> None:
+def test_launches_are_recorded_and_nothing_else(fake: FakeCuptiSwitchesNoTables) -> None:
     tracer = started()
     assert tracer.api_filter == "cbid"
     for domain, name in LAUNCHES:
@@ -156,7 +162,7 @@ def test_launches_are_recorded_and_nothing_else(fake: FakeCuptiSwitches) -> None
     assert not fake.kinds  # every kind it enabled is off again
 
 
-def test_a_second_start_switches_off_again(fake: FakeCuptiSwitches) -> None:
+def test_a_second_start_switches_off_again(fake: FakeCuptiSwitchesNoTables) -> None:
     """Enabling the kinds again forgets the switches; each start sets them anew."""
     started().stop()
     started()
@@ -164,7 +170,7 @@ def test_a_second_start_switches_off_again(fake: FakeCuptiSwitches) -> None:
     assert not fake.records("runtime", "cudaMalloc")
 
 
-def test_all_api_records_every_call(fake: FakeCuptiSwitches) -> None:
+def test_all_api_records_every_call(fake: FakeCuptiSwitchesNoTables) -> None:
     tracer = started(all_api=True)
     assert tracer.api_filter == "none"
     for domain, name in LAUNCHES + NOT_LAUNCHES:
@@ -172,7 +178,7 @@ def test_all_api_records_every_call(fake: FakeCuptiSwitches) -> None:
 
 
 def test_without_switches_every_call_is_recorded_and_filtered_at_stop(
-    fake: FakeCuptiSwitches, monkeypatch: pytest.MonkeyPatch
+    fake: FakeCuptiSwitchesNoTables, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An older cupti-python without per-function switches: record all, drop at stop()."""
     monkeypatch.delattr(FakeCuptiSwitchesNoTables, "activity_enable_runtime_api")
@@ -182,40 +188,24 @@ def test_without_switches_every_call_is_recorded_and_filtered_at_stop(
 
 
 def test_a_cupti_python_that_cannot_record_runtime_calls_is_named(
-    fake: FakeCuptiSwitches, monkeypatch: pytest.MonkeyPatch
+    fake: FakeCuptiSwitchesNoTables, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """cupti-python 12 has no ActivityKind.RUNTIME (13.0 added it): K says so, instead of
     "needs an NVIDIA GPU and driver"."""
     kinds = types.SimpleNamespace(
         **{k: getattr(cupti.ActivityKind, k) for k in ("CONCURRENT_KERNEL", "MEMCPY", "MEMSET")}
     )
-    monkeypatch.setattr(FakeCuptiSwitches, "ActivityKind", kinds)
+    monkeypatch.setattr(type(fake), "ActivityKind", kinds)
     owner = CuptiOwner()
     with pytest.raises(ct.GpuNotAvailableError, match="needs cupti-python 13 or newer"):
         ct.CuptiTracer(owner=owner).start()
     assert owner.owner is None
 
 
-def test_cupti_13_0_snake_case_tables_name_calls_and_switch_them(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """On cupti-python 13.0.x (CamelCase tables absent) the launches still get their names
-    and every other call is still switched off: without the snake_case names the tracer
-    recorded every API call and named launches `runtime:cbid=211`."""
-    fake13 = FakeCupti130Switches()
-    assert not hasattr(fake13, "RuntimeApiTraceCbid")
-    install(monkeypatch, fake13)
-    try:
-        assert ct.api_name("runtime", cbid("runtime", "cudaLaunchKernel")) == "cudaLaunchKernel"
-        tracer = started()
-        assert tracer.api_filter == "cbid"
-        for domain, name in LAUNCHES:
-            assert fake13.records(domain, name), name
-        for domain, name in NOT_LAUNCHES:
-            assert not fake13.records(domain, name), name
-        tracer.stop()
-    finally:
-        ct.api_name.cache_clear()
+def test_launches_are_named_from_either_table(fake: FakeCuptiSwitchesNoTables) -> None:
+    if isinstance(fake, FakeCupti130Switches):
+        assert not hasattr(fake, "RuntimeApiTraceCbid")
+    assert ct.api_name("runtime", cbid("runtime", "cudaLaunchKernel")) == "cudaLaunchKernel"
 
 
 def test_a_cupti_without_callback_id_tables_is_said_so() -> None:
