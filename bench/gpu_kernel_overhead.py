@@ -50,9 +50,9 @@ def child(case: str, device: str, iterations: int, warmup: int) -> dict[str, flo
 
     from sidecar.profiling.gpu.cupti_tracer import CuptiTracer
     from sidecar.profiling.runners.pytorch_cuda import ModuleHooks
+    from sidecar.profiling.torch_modules import hookable_modules, transformer_fastpath_off
 
     KernelsOnlyTracer = kernels_only_tracer()
-    from sidecar.profiling.torch_modules import hookable_modules, transformer_fastpath_off
 
     model, inputs = build(case)
     model = model.to(device)
