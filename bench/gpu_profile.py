@@ -129,8 +129,8 @@ EXPERIMENTS = 3  # leveled experiments per case, each in a fresh process
 
 def child_leveled(case: str, iterations: int, warmup: int) -> dict[str, Any]:
     """One leveled experiment of a case in this (fresh) process. One per process: CUPTI
-    left attached after a K run slows later forwards (1.20-1.28x at launch-bound sizes on an
-    H100, `bench/gpu_kernel_overhead.py`), so a second experiment's M would read high."""
+    left attached after a K run slows later forwards (1.2-2.1x at launch-bound sizes on an
+    H100, `bench/gpu_after_cupti.py`), so a second experiment's M would read high."""
     from sidecar.profiling.experiment import run_experiment
     from sidecar.profiling.runners.pytorch import PyTorchRunner
     from sidecar.trace.spans import Level

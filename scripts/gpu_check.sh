@@ -10,7 +10,11 @@
 #                                                 --cases resnet50:64,bert:8)
 #   bash scripts/gpu_check.sh overhead [ARGS...]  bench/gpu_kernel_overhead.py ARGS (K's
 #                                                 overhead split: hooks, CUPTI; ~1 minute)
-#   bash scripts/gpu_check.sh                     all three: overhead, tests, bench --no-ncu on
+#   bash scripts/gpu_check.sh after-cupti [ARGS...]  bench/gpu_after_cupti.py ARGS (does a
+#                                                 process that ran CUPTI stay slower, and
+#                                                 does cupti.finalize() clear it; ~3 minutes)
+#   bash scripts/gpu_check.sh                     all four: overhead, after-cupti on
+#                                                 resnet50:8, tests, bench --no-ncu on
 #                                                 resnet50:8,resnet50:64,bert:8 (the goals'
 #                                                 cases), each under a timeout: one 10-min call
 #
@@ -26,12 +30,13 @@ export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, cupti; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 status=0
-if [ "$part" = all ]; then  # each part bounded, so one 10-minute call returns all three
-  limit_overhead=120 limit_test=100 limit_bench=300
-  overhead_args=() bench_args=(--no-ncu --cases resnet50:8,resnet50:64,bert:8)
+if [ "$part" = all ]; then  # each part bounded, so one 10-minute call returns all four
+  limit_overhead=110 limit_after=130 limit_test=80 limit_bench=200
+  overhead_args=() after_args=(--cases resnet50:8 --rounds 3)
+  bench_args=(--no-ncu --cases resnet50:8,resnet50:64,bert:8)
 else
-  limit_overhead=600 limit_test=600 limit_bench=600
-  overhead_args=("$@") bench_args=("$@")
+  limit_overhead=600 limit_after=600 limit_test=600 limit_bench=600
+  overhead_args=("$@") after_args=("$@") bench_args=("$@")
 fi
 run_pytest() {  # one pytest process per call: a process keeps the first CUPTI client it used
   timeout "$limit_test" python3 -m pytest -q -p no:cacheprovider -rs "$@" 2>&1 \
@@ -41,6 +46,11 @@ run_pytest() {  # one pytest process per call: a process keeps the first CUPTI c
 if [ "$part" = overhead ] || [ "$part" = all ]; then  # first: the slowdown CUPTI leaves
   timeout "$limit_overhead" python3 bench/gpu_kernel_overhead.py "${overhead_args[@]}" 2>&1 \
     | tee -a "$OUT/gpu_kernel_overhead.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [ "$part" = after-cupti ] || [ "$part" = all ]; then
+  timeout "$limit_after" python3 bench/gpu_after_cupti.py "${after_args[@]}" 2>&1 \
+    | tee -a "$OUT/gpu_after_cupti.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if [ "$part" = tests ] || [ "$part" = all ]; then

@@ -17,8 +17,8 @@ time, when runtime threads used more; `busy_seconds`).
 
 After a job in which a CUPTI client ran (a K level on a GPU: `gpu.owner`), the worker
 process exits and a fresh one takes the next job, a planned replacement (no restart counted,
-no back-off). Measured on an H100 (`bench/gpu_kernel_overhead.py`): once CUPTI has recorded
-in a process, its forwards stay 1.20-1.28x slower at launch-bound sizes after every activity
+no back-off). Measured on an H100 (`bench/gpu_after_cupti.py`): once CUPTI has recorded
+in a process, its forwards stay 1.2-2.1x slower at launch-bound sizes after every activity
 kind is disabled again, so the next job's M level would time the profiler, not the model.
 
 On a GPU (`--replay-device`): there is one worker process at a time (a replacement is started

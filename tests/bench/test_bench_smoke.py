@@ -85,6 +85,21 @@ SMOKE: dict[str, Smoke] = {
         ("--device", "cpu", "--cases", "resnet50:1", "--iterations", "2", "--warmup", "1"),
         ("plain", "hooks", "resnet50:1", "150 modules"),  # CUPTI's columns need a GPU
     ),
+    "gpu_after_cupti.py": Smoke(
+        (
+            "--device",
+            "cpu",
+            "--cases",
+            "resnet50:1",
+            "--rounds",
+            "1",
+            "--iterations",
+            "2",
+            "--warmup",
+            "1",
+        ),
+        ("resnet50:1", "control", "median after/before"),  # the CUPTI arms need a GPU
+    ),
     "proxy_overhead.py": Smoke(
         ("--duration", "1", "--warmup", "0.3", "--concurrency", "1"),
         ("Triton", "relay", "perf_analyzer"),

@@ -85,7 +85,7 @@ def test_after_a_sticky_cuda_error_the_next_job_gets_a_fresh_process() -> None:
 
 
 def test_after_a_job_that_used_cupti_the_next_job_gets_a_fresh_process() -> None:
-    """CUPTI left attached slows later forwards (1.20-1.28x at launch-bound sizes, measured
+    """CUPTI left attached slows later forwards (1.2-2.1x at launch-bound sizes, measured
     on an H100), so the next job's M level would be timed high: the worker that ran a K level
     on a GPU is replaced after storing its result. A planned replacement: no restart counted
     and no back-off, though the process lived far less than `min_uptime_s`."""

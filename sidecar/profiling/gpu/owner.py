@@ -7,11 +7,11 @@ process uses owns CUPTI for the rest of its life; another one raises `CuptiOwner
 The profiling worker and `profile` therefore use one kind of K-level profiler per process,
 and anything that must compare with torch.profiler does so in a subprocess.
 
-Measured on an H100 too (`bench/gpu_kernel_overhead.py`): once CUPTI has recorded in a
-process, its forwards stay 1.20-1.28x slower at launch-bound batch sizes after every activity
-kind is disabled. The profiling worker replaces its process after such a job; an experiment
-whose M runs where a CUPTI client already ran (`profile` over several batch sizes with K on a
-GPU) says so in its trace attribute `MODEL_LEVEL_AFTER_CUPTI`.
+Measured on an H100 too (`bench/gpu_after_cupti.py`, fresh processes against a control):
+once CUPTI has recorded in a process, its forwards stay 1.2-2.1x slower at launch-bound batch
+sizes after every activity kind is disabled. The profiling worker replaces its process after
+such a job; an experiment whose M runs where a CUPTI client already ran (`profile` over
+several batch sizes with K on a GPU) says so in its trace attribute `MODEL_LEVEL_AFTER_CUPTI`.
 """
 
 from __future__ import annotations
