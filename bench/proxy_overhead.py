@@ -440,6 +440,10 @@ def perf_analyzer_report(
         try:
             d = pa.run(binary, direct, concurrency, seconds, libs)
             r = pa.run(binary, relay, concurrency, seconds, libs)
+        except subprocess.CalledProcessError as exc:  # its own words, not only the exit code
+            said = (exc.stderr or exc.stdout or "").strip().splitlines() or ["(no output)"]
+            print(f"  perf_analyzer failed (exit {exc.returncode}): {said[-1]}")
+            return
         except (OSError, subprocess.SubprocessError, StopIteration) as exc:
             print(f"  perf_analyzer failed: {exc}")
             return
