@@ -1,9 +1,9 @@
 """Does a process that ran CUPTI forward slower afterwards? A paired A/B over fresh processes.
 
-`bench/gpu_kernel_overhead.py` times its variants one after another in one process; between
-runs of it on one H100 the same variant's median moved by up to 2x, so its "plain after
-CUPTI" column cannot decide whether CUPTI leaves a process slower (the profiling worker
-replaces its process after a K job on that column's word). Here each process times plain
+`bench/gpu_kernel_overhead.py` once timed its variants one after another in one process,
+"plain after CUPTI" last; between runs of it on one H100 the same variant's median moved by up
+to 2x, so that column could not decide whether CUPTI leaves a process slower (the profiling
+worker replaces its process after a K job on its word). Here each process times plain
 forwards, then runs a middle block, then times plain forwards again: in the "cupti" arm the
 middle block records with `CuptiTracer` (as K does) and stops it, in the "control" arm it is
 plain forwards; in the "finalize" arm CUPTI records as in "cupti" and `cupti.finalize()`

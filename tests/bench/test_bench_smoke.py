@@ -82,8 +82,25 @@ SMOKE: dict[str, Smoke] = {
         ("",),  # "no GPU" here; the table where CUDA is
     ),
     "gpu_kernel_overhead.py": Smoke(
-        ("--device", "cpu", "--cases", "resnet50:1", "--iterations", "2", "--warmup", "1"),
-        ("plain", "hooks", "resnet50:1", "150 modules"),  # CUPTI's columns need a GPU
+        (
+            "--device",
+            "cpu",
+            "--cases",
+            "resnet50:1",
+            "--iterations",
+            "2",
+            "--warmup",
+            "1",
+            "--rounds",
+            "1",
+        ),
+        (
+            "plain",
+            "hooks",
+            "resnet50:1",
+            "150 modules",
+            "ms by process",
+        ),  # CUPTI's columns need a GPU
     ),
     "gpu_after_cupti.py": Smoke(
         (
