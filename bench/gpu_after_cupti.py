@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,13 +30,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the children run this file directly
 sys.path.insert(0, str(REPO / "bench"))
+from gpu_profile import build, cuda_available, run_script  # noqa: E402
+
 ARMS = ("control", "cupti", "finalize")
 
 
 def child(case: str, arm: str, device: str, iterations: int, warmup: int) -> dict[str, float]:
     """Median forward wall (ms) before and after the arm's middle block, in this process."""
     import torch
-    from gpu_profile import build
 
     from sidecar.profiling.gpu.cupti_tracer import CuptiTracer
     from sidecar.profiling.torch_modules import transformer_fastpath_off
@@ -105,16 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(case, arm, a.device, a.iterations, a.warmup)))
         return 0
     on_gpu = a.device.startswith("cuda")
-    if on_gpu:
-        try:
-            import torch
-
-            gpu = bool(torch.cuda.is_available())
-        except ImportError:
-            gpu = False
-        if not gpu:
-            print("no GPU: nothing measured (use --device cpu to check the script)")
-            return 0
+    if on_gpu and not cuda_available():
+        print("no GPU: nothing measured (use --device cpu to check the script)")
+        return 0
     arms = ARMS if on_gpu else ARMS[:1]
     print(
         f"{'case':14s} {'round':>5s} {'arm':>8s} {'before ms':>10s} {'middle ms':>10s}"
@@ -126,15 +119,13 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(a.rounds):
             shift = rnd % len(arms)
             for arm in arms[shift:] + arms[:shift]:
-                argv_child = [sys.executable, __file__, "--child", case, arm, "--device", a.device]
-                argv_child += ["--iterations", str(a.iterations), "--warmup", str(a.warmup)]
-                run = subprocess.run(argv_child, capture_output=True, text=True, cwd=REPO)
-                if run.returncode != 0:
-                    err = (run.stderr.strip().splitlines() or ["?"])[-1]
-                    print(f"{case:14s} {rnd:5d} {arm:>8s} failed: {err}")
+                argv = ["--child", case, arm, "--device", a.device]
+                argv += ["--iterations", str(a.iterations), "--warmup", str(a.warmup)]
+                r = run_script(__file__, *argv)
+                if "error" in r:
+                    print(f"{case:14s} {rnd:5d} {arm:>8s} failed: {r['error']}")
                     status = 1
                     continue
-                r = json.loads(run.stdout.strip().splitlines()[-1])
                 ratio = r["after"] / r["before"]
                 ratios[arm].append(ratio)
                 print(

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the children run this file directly
 sys.path.insert(0, str(REPO / "bench"))
+from gpu_profile import build, cuda_available, run_script  # noqa: E402
+
 CASES = "resnet50:1,resnet50:8,resnet50:64,bert:8"
 VARIANTS = ("plain", "hooks", "cupti kernels", "cupti", "hooks+cupti")
 
@@ -40,7 +41,6 @@ VARIANTS = ("plain", "hooks", "cupti kernels", "cupti", "hooks+cupti")
 def child(case: str, variant: str, device: str, iterations: int, warmup: int) -> dict[str, Any]:
     """Median forward wall (ms) of one variant, in this (fresh) process."""
     import torch
-    from gpu_profile import build
 
     from sidecar.profiling.gpu.cupti_tracer import CuptiTracer
     from sidecar.profiling.runners.pytorch_cuda import ModuleHooks
@@ -99,15 +99,10 @@ def kernels_only_tracer() -> type:
     return KernelsOnly
 
 
-def run_child(case: str, variant: str, a: argparse.Namespace) -> dict[str, Any] | str:
-    """One variant of a case in a fresh process: its result, or why it failed."""
-    argv = [sys.executable, __file__, "--child", case, variant, "--device", a.device]
-    argv += ["--iterations", str(a.iterations), "--warmup", str(a.warmup)]
-    run = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, check=False)
-    if run.returncode != 0:
-        return (run.stderr.strip().splitlines() or ["?"])[-1]
-    result: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
-    return result
+def run_child(case: str, variant: str, a: argparse.Namespace) -> dict[str, Any]:
+    """One variant of a case in a fresh process: its result, or {"error": why it failed}."""
+    argv = ["--child", case, variant, "--device", a.device]
+    return run_script(__file__, *argv, "--iterations", str(a.iterations), "--warmup", str(a.warmup))
 
 
 def cells(walls: dict[str, list[float]]) -> list[str]:
@@ -132,16 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.child:
         print(json.dumps(child(*a.child, a.device, a.iterations, a.warmup)))
         return 0
-    if a.device.startswith("cuda"):
-        try:
-            import torch
-
-            gpu = bool(torch.cuda.is_available())
-        except ImportError:
-            gpu = False
-        if not gpu:
-            print("no GPU: nothing measured (use --device cpu to check the script)")
-            return 0
+    if a.device.startswith("cuda") and not cuda_available():
+        print("no GPU: nothing measured (use --device cpu to check the script)")
+        return 0
     variants = [v for v in VARIANTS if "cupti" not in v or a.device.startswith("cuda")]
     print(f"{'case':14s}" + "".join(f"{v:>15s}" for v in variants) + "   (ms, x plain)")
     status = 0
@@ -153,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             shift = rnd % len(variants)
             for variant in variants[shift:] + variants[:shift]:
                 res = run_child(case, variant, a)
-                if isinstance(res, str):
-                    print(f"{case:14s} {variant} failed: {res}")
+                if "error" in res:
+                    print(f"{case:14s} {variant} failed: {res['error']}")
                     status = 1
                     continue
                 walls[variant].append(res["ms"])

@@ -207,13 +207,19 @@ def child_ncu_forward(case: str) -> None:
         torch.cuda.profiler.stop()
 
 
-def run_child(*argv: str) -> dict[str, Any]:
+def run_script(script: str, *argv: str) -> dict[str, Any]:
+    """`script ARGV` in a fresh Python process (one CUPTI owner each): the JSON object its
+    last line prints, or {"error": its last line of stderr}. The GPU benches' children."""
     out = subprocess.run(
-        [sys.executable, __file__, *argv], capture_output=True, text=True, cwd=REPO, check=False
+        [sys.executable, script, *argv], capture_output=True, text=True, cwd=REPO, check=False
     )
     if out.returncode != 0:
         return {"error": (out.stderr.strip().splitlines() or ["failed"])[-1]}
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def run_child(*argv: str) -> dict[str, Any]:
+    return run_script(__file__, *argv)
 
 
 def metrics(case: str) -> str:
