@@ -28,7 +28,7 @@ DEVICE_KINDS = ("kernel", "memcpy", "memset")  # work that runs on the accelerat
 KERNEL_TABLE_KINDS = (*DEVICE_KINDS, "cpu_op")  # rows of the kernel table (A8)
 # the columns of a kernel-level span that the analyses read (`Frames.kernels`)
 KERNEL_COLUMNS = ("tkey", "run_level", "layer", "idx", "name", "kind", "start_ns",
-                  "duration_ns", "flops", "dram_read_bytes", "dram_write_bytes",
+                  "end_ns", "duration_ns", "flops", "dram_read_bytes", "dram_write_bytes",
                   "achieved_occupancy", "metrics_estimated")  # fmt: skip
 
 

@@ -24,6 +24,7 @@ from analysis.common import (
     not_captured,
     rows_where,
 )
+from analysis.kernel_rows import kernel_rows
 from analysis.layer_level import layer_frame
 from analysis.roofline import classify
 
@@ -47,16 +48,22 @@ def _work(fr: Frames) -> pd.DataFrame:
     return fr.memo("work", build)
 
 
+WORK = f"kind IN ({', '.join(repr(k) for k in KERNEL_TABLE_KINDS)})"  # SQL: a span is work
+
+
 def _missing(key: str, fr: Frames) -> AnalysisResult | None:
     if fr.data.empty:
         return empty_result(key, TITLES[key])
-    if _work(fr).empty:
+    if not kernel_rows(fr).scalar(f"SELECT EXISTS (SELECT 1 FROM kernels WHERE {WORK})"):
         return not_captured(key, TITLES[key], fr.kernel_reason())
     return None
 
 
-def _metrics_missing(key: str, df: pd.DataFrame) -> AnalysisResult | None:
-    if df[[*METRICS, "achieved_occupancy"]].isna().all().all():
+def _metrics_missing(key: str, fr: Frames) -> AnalysisResult | None:
+    recorded = " OR ".join(f"{c} IS NOT NULL" for c in (*METRICS, "achieved_occupancy"))
+    if not kernel_rows(fr).scalar(
+        f"SELECT EXISTS (SELECT 1 FROM kernels WHERE {WORK} AND ({recorded}))"
+    ):
         return not_captured(
             key,
             TITLES[key],
@@ -202,7 +209,7 @@ def gpu_metrics_by_layer(fr: Frames) -> AnalysisResult:
     """A12: per layer: FLOPs, DRAM reads/writes, occupancy, intensity and throughput."""
     if (miss := _missing("A12", fr)) is not None:
         return miss
-    if (miss := _metrics_missing("A12", _work(fr))) is not None:
+    if (miss := _metrics_missing("A12", fr)) is not None:
         return miss
     agg = _by_layer(fr)
     agg["dram_bytes"] = agg["dram_read_bytes"] + agg["dram_write_bytes"]
