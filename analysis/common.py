@@ -18,6 +18,7 @@ import pandas as pd
 
 from analysis import sparse_columns
 from analysis.group_ids import group_ids
+from analysis.kernel_rows import kernel_rows
 from analysis.store_file import TRACE_IDENTITY
 from analysis.tracedb import TraceData
 from sidecar.profiling.stats import TRIM
@@ -435,7 +436,7 @@ class Frames:
         return {int(k): list(v) for k, v in zip(rows["tkey"], rows["samples_ns"], strict=True)}
 
     @cached_property
-    def _layer_calls(self) -> pd.DataFrame:
+    def layer_calls(self) -> pd.DataFrame:
         """Every layer span, each call its own row named as `call_names` says (`module`
         keeps the name it was stored under)."""
         ly = self.at("layer")
@@ -445,7 +446,7 @@ class Frames:
     def layers(self) -> pd.DataFrame:
         """Layer spans, one per call, from the L run where there is one (else the trace's
         one other run with layers): a module called three times is three rows."""
-        ly = keras_layers_only(self._layer_calls)
+        ly = keras_layers_only(self.layer_calls)
         runs = ly.assign(_pref=(ly["run_level"] != "layer").astype(int))
         runs = runs.sort_values(["tkey", "_pref", "run_level"]).drop_duplicates("tkey")
         ly = ly.merge(runs[["tkey", "run_level"]], on=["tkey", "run_level"], how="inner")
@@ -460,7 +461,7 @@ class Frames:
         a trace's run called that module more than once, the call is the last one of that
         name to start at or before the kernel."""
         kn = self.at("kernel")[list(KERNEL_COLUMNS)]  # (filtered rows copy only these)
-        calls = self._layer_calls
+        calls = self.layer_calls
         keys = ["tkey", "run_level", "module"]
         repeated = calls[calls.duplicated(keys, keep=False)]
         if not repeated.empty and kn["layer"].notna().any():
@@ -503,7 +504,11 @@ class Frames:
 
     def missing_level_note(self, level: str) -> str | None:
         """For a mixed selection: which models' traces lack `level` spans, and why."""
-        have = set(self.at(level)["tkey"].unique())
+        if level == "kernel":
+            tkeys = kernel_rows(self).query("SELECT DISTINCT tkey FROM kernels")["tkey"]
+            have = set(tkeys.tolist())
+        else:
+            have = set(self.at(level)["tkey"].unique())
         lacking = self.meta[~self.meta["tkey"].isin(have)]
         if lacking.empty or not have:
             return None

@@ -37,7 +37,7 @@ def _missing(key: str, fr: Frames) -> AnalysisResult | None:
     if fr.data.empty:
         return empty_result(key, TITLES[key])
     if fr.layers.empty:
-        levels = sorted(fr.data.spans["level"].unique())
+        levels = fr.data.levels()
         return AnalysisResult(
             key,
             TITLES[key],

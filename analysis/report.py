@@ -277,7 +277,7 @@ def _meta(ta: TraceAnalysis, args: argparse.Namespace) -> dict[str, Any]:
         "traces": len(t),
         "models": ", ".join(sorted(t["model"].astype(str).unique())),
         "batch_sizes": ", ".join(str(b) for b in sorted(t["batch_size"].dropna().unique())),
-        "spans": len(ta.data.spans),
+        "spans": ta.data.span_count(),
     }
     if ta.data.skipped_errors:
         meta["failed_profiles_skipped"] = ta.data.skipped_errors

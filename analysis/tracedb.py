@@ -23,6 +23,7 @@ import pandas as pd
 
 from analysis import columnar, damage, sparse_columns
 from analysis.damage import BadRow
+from analysis.kernel_rows import KernelSpans
 from analysis.level_rows import LevelRows
 from analysis.store_file import RELAY_OFFSET_COLUMNS, STREAM_RESPONSE_COLUMNS, TraceDatabaseError
 from analysis.store_file import connect_ro as _connect_ro
@@ -69,6 +70,26 @@ class TraceData:
     skipped_errors: int = 0  # traces left out because their profile failed
     bad_rows: list[BadRow] = field(default_factory=list)  # damaged rows left out (named)
     failed_reasons: dict[str, int] = field(default_factory=dict)  # error -> failed traces
+    kernels: KernelSpans | None = None  # the kernel-level spans (not in `spans`)
+
+    def kernel_spans(self) -> KernelSpans:
+        """The kernel-level spans: the loader's store, else those of `spans` (data made in
+        memory)."""
+        if self.kernels is None:
+            self.kernels = KernelSpans.from_frame(self.spans)
+        return self.kernels
+
+    def _others(self) -> pd.Series:
+        return self.spans["level"][self.spans["level"] != "kernel"]
+
+    def span_count(self) -> int:
+        """The selected spans, every level's."""
+        return len(self._others()) + self.kernel_spans().count()
+
+    def levels(self) -> list[str]:
+        """The levels the selected spans hold, sorted."""
+        kernel = ["kernel"] if self.kernel_spans().count() else []
+        return sorted({str(v) for v in self._others().dropna().unique()} | set(kernel))
 
     @property
     def empty(self) -> bool:
@@ -85,6 +106,7 @@ class TraceData:
             ),
             sources=list(self.sources),
             skipped_errors=0,
+            kernels=None if self.kernels is None else self.kernels.restricted(keys),
         )
 
 
@@ -352,6 +374,7 @@ def _store_spans(
     source: str,
     keys: pd.Series,
     into: LevelRows,
+    kernels: KernelSpans,
 ) -> tuple[list[BadRow], list[BadRow]]:
     """Take one store's spans batch by batch into `into`: of each batch, the sound rows of
     the traces in `keys` (trace id -> tkey), typed, with `source_db` and `tkey` and without
@@ -376,6 +399,10 @@ def _store_spans(
             0, "source_db", pd.Categorical.from_codes(np.zeros(len(spans), np.int8), [source])
         )
         spans.insert(1, "tkey", _tkeys(spans["trace_id"], keys))
+        kernel = (spans["level"] == "kernel").to_numpy()
+        if kernel.any():  # the kernel level goes to DuckDB, the rest is held here
+            kernels.add(spans[kernel])
+            spans = spans[~kernel]
         into.add(spans)
     return bad, bad_attrs
 
@@ -422,6 +449,7 @@ def load_traces(
         raise TraceDatabaseError("no trace database given")
     all_traces, all_stats = [], []
     spans = LevelRows(SPAN_CODED, sparse_columns.HELD_SPARSE)
+    kernels = KernelSpans()
     skipped = 0
     bad_rows: list[BadRow] = []
     failed_reasons: dict[str, int] = {}
@@ -438,7 +466,7 @@ def load_traces(
             traces, stats, n_skipped, failed = _load_one(path, flt)
             traces, stats, bad, bad_stats = _normalize(traces, stats, source)
             keys = pd.Series(range(next_key, next_key + len(traces)), index=traces["trace_id"])
-            bad_spans, bad_attrs = _store_spans(batches, source, keys, spans)
+            bad_spans, bad_attrs = _store_spans(batches, source, keys, spans, kernels)
         for reason, count in failed.items():
             failed_reasons[reason] = failed_reasons.get(reason, 0) + count
         skipped += n_skipped
@@ -452,7 +480,8 @@ def load_traces(
         all_traces.append(traces)
         all_stats.append(stats)
     traces, stats = (_concat(f) for f in (all_traces, all_stats))
-    return TraceData(traces, spans.frame(), stats, sources, skipped, bad_rows, failed_reasons)
+    frame = spans.frame()
+    return TraceData(traces, frame, stats, sources, skipped, bad_rows, failed_reasons, kernels)
 
 
 def model_counts(paths: Sequence[str | Path]) -> dict[str, int]:

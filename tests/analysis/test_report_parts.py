@@ -14,9 +14,11 @@ import pandas as pd
 import pytest
 
 from analysis import columnar
+from analysis.common import Frames
+from analysis.kernel_rows import kernel_rows
 from analysis.report import main
 from analysis.trace_analysis import TraceAnalysis
-from analysis.tracedb import TraceFilter, load_traces
+from analysis.tracedb import TraceData, TraceFilter, load_traces
 from tests.analysis.golden import damage_store
 from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB
 
@@ -44,6 +46,10 @@ def _batches(monkeypatch: pytest.MonkeyPatch, rows: int) -> list[int]:
     return counts
 
 
+def _kernels(data: TraceData) -> pd.DataFrame:
+    return kernel_rows(Frames(data)).query("SELECT * FROM kernels ORDER BY row")
+
+
 @pytest.mark.parametrize("name", ["cpu", "gpu", "live", "damaged"])
 def test_spans_read_in_batches_are_those_of_one_reader(
     name: str, damaged: Path, monkeypatch: pytest.MonkeyPatch
@@ -55,6 +61,7 @@ def test_spans_read_in_batches_are_those_of_one_reader(
     split = load_traces([db])
     assert counts and counts[0] > 3  # more batches than readers
     pd.testing.assert_frame_equal(split.spans, whole.spans)
+    pd.testing.assert_frame_equal(_kernels(split), _kernels(whole))
     assert split.bad_rows == whole.bad_rows
     one = TraceAnalysis(whole).run_all()
     for key, res in TraceAnalysis(split).run_all().items():
