@@ -504,8 +504,9 @@ class Frames:
 
     def missing_level_note(self, level: str) -> str | None:
         """For a mixed selection: which models' traces lack `level` spans, and why."""
-        if level == "kernel":
-            tkeys = kernel_rows(self).query("SELECT DISTINCT tkey FROM kernels")["tkey"]
+        if level in ("kernel", "layer"):  # (held in DuckDB: `kernel_rows`)
+            relation = "kernels" if level == "kernel" else "layer_calls"
+            tkeys = kernel_rows(self).query(f"SELECT DISTINCT tkey FROM {relation}")["tkey"]
             have = set(tkeys.tolist())
         else:
             have = set(self.at(level)["tkey"].unique())

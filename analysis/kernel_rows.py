@@ -1,11 +1,13 @@
-"""The selected traces' kernel-level spans in DuckDB, for the kernel analyses.
+"""The selected traces' kernel- and layer-level spans in DuckDB, for the analyses.
 
-The kernel level is most of a store's spans. The loader does not hold it as a pandas frame:
-it hands each batch's kernel-level rows to `KernelSpans`, a DuckDB database in a temporary
-folder whose memory is bounded (`MEMORY_LIMIT`; what does not fit is written to disk). The
-kernel analyses (A8-A15's kernel parts, `time_breakdown`) read it through SQL over the
-relation `kernels` of `kernel_rows(fr)`, one row per kernel-level span the loader kept
-(work and the API records kept), with these columns:
+The kernel and layer levels are nearly all of a store's spans. The loader does not hold them
+as a pandas frame: it hands each batch's rows of those levels to `SpanStore`, a DuckDB
+database in memory up to `MEMORY_LIMIT`, past which it writes to a temporary folder, so
+that the report's memory does not grow with the store. The analyses read them through SQL
+over the relations of `kernel_rows(fr)` (one per `Frames`), which come back as pandas
+DataFrames of what the SQL aggregated, not of the spans.
+
+`kernels`: one row per kernel-level span the loader kept (work and the API records kept):
 
     row                 BIGINT   position in the loader's order (for "the first row" rules)
     tkey                BIGINT   the trace (`TraceData.traces["tkey"]`)
@@ -14,15 +16,35 @@ relation `kernels` of `kernel_rows(fr)`, one row per kernel-level span the loade
     layer               VARCHAR  the layer call it ran under, or NULL: the stored layer (its
                                  parent's, or its launch's parent's, name); where the run
                                  called that module more than once, the last call of that
-                                 name to start at or before the kernel (`common.call_names`)
-    layer_type          VARCHAR  that layer's type (`common.layer_type`), or NULL
+                                 name to start at or before the kernel
+    layer_type          VARCHAR  that layer's type, or NULL
     idx                 BIGINT
     name, kind          VARCHAR
     start_ns, end_ns, duration_ns   BIGINT
     flops, dram_read_bytes, dram_write_bytes, achieved_occupancy   DOUBLE (NULL: not recorded)
     metrics_estimated   BOOLEAN
 
-Results come back as pandas DataFrames of what the SQL aggregated, not of the spans.
+`layer_calls`: every layer span, one row per call (`row`: the loader's order), with `module`
+(the name it was stored under), `name` (the call's name: `module`, plus `#n` for the n-th
+repeat of that name in its trace's run, by start), `type` (what it fused where it computes
+two or more graph nodes, `Conv+Relu` from `original_op_types`, else its `op_type`, else its
+kind) and `outside_layers` (a TensorFlow op outside every Keras layer).
+
+`layers`: the layer spans as the layer analyses take them: of `layer_calls`, one run per trace
+(the L run where there is one, else the first run by name), Keras ops outside layers left out,
+sorted by tkey, idx, start_ns:
+
+    row                 BIGINT   position in that order (for "the first row" rules)
+    tkey, model, batch_size, run_level   as above
+    module, name        VARCHAR  (as in `layer_calls`)
+    kind, op_type, type VARCHAR
+    idx                 BIGINT
+    container           BOOLEAN  a module call enclosing other layers (`leaf` recorded 0)
+    start_ns, end_ns, duration_ns   BIGINT
+    allocated_bytes, flops, dram_read_bytes, dram_write_bytes, leaf   DOUBLE (NULL: not recorded)
+    flops_estimated, bytes_estimated   BOOLEAN
+    original_nodes      VARCHAR  JSON text of the list (NULL where not recorded)
+    input_shapes, output_shapes   VARCHAR  JSON text as stored
 """
 
 from __future__ import annotations
@@ -42,81 +64,103 @@ import pandas as pd
 if TYPE_CHECKING:
     from analysis.common import Frames
 
-RELATION = "kernels"
-MEMORY_LIMIT = "128MB"  # DuckDB's buffer for the kernel spans; the rest goes to disk
-# the columns of a kernel-level span as the loader stores them (`layer`: the stored name)
-STORED = {"row": "BIGINT", "tkey": "BIGINT", "run_level": "VARCHAR", "layer": "VARCHAR",
-          "idx": "BIGINT", "name": "VARCHAR", "kind": "VARCHAR", "start_ns": "BIGINT",
-          "end_ns": "BIGINT", "duration_ns": "BIGINT", "flops": "DOUBLE",
-          "dram_read_bytes": "DOUBLE", "dram_write_bytes": "DOUBLE",
-          "achieved_occupancy": "DOUBLE", "metrics_estimated": "BOOLEAN"}  # fmt: skip
+MEMORY_LIMIT = "128MB"  # DuckDB's memory for the spans; past it, a temporary folder
+LEVELS = ("kernel", "layer")  # the levels held here, not in `TraceData.spans`
+# the columns of each level's spans as the loader stores them
+STORED = {
+    "kernel": {"row": "BIGINT", "tkey": "BIGINT", "run_level": "VARCHAR", "layer": "VARCHAR",
+               "idx": "BIGINT", "name": "VARCHAR", "kind": "VARCHAR", "start_ns": "BIGINT",
+               "end_ns": "BIGINT", "duration_ns": "BIGINT", "flops": "DOUBLE",
+               "dram_read_bytes": "DOUBLE", "dram_write_bytes": "DOUBLE",
+               "achieved_occupancy": "DOUBLE", "metrics_estimated": "BOOLEAN"},
+    "layer": {"row": "BIGINT", "tkey": "BIGINT", "run_level": "VARCHAR", "name": "VARCHAR",
+              "kind": "VARCHAR", "idx": "BIGINT", "start_ns": "BIGINT", "end_ns": "BIGINT",
+              "duration_ns": "BIGINT", "allocated_bytes": "DOUBLE", "leaf": "DOUBLE",
+              "flops": "DOUBLE", "dram_read_bytes": "DOUBLE", "dram_write_bytes": "DOUBLE",
+              "flops_estimated": "BOOLEAN", "bytes_estimated": "BOOLEAN",
+              "outside_layers": "BOOLEAN", "op_type": "VARCHAR", "original_nodes": "VARCHAR",
+              "original_op_types": "VARCHAR", "input_shapes": "VARCHAR",
+              "output_shapes": "VARCHAR"},
+}  # fmt: skip
+JSON_TEXT = ("op_type", "original_nodes", "original_op_types")  # layer attributes kept as JSON
 COLUMNS = ("row", "tkey", "model", "batch_size", "run_level", "layer", "layer_type", "idx",
            "name", "kind", "start_ns", "end_ns", "duration_ns", "flops", "dram_read_bytes",
            "dram_write_bytes", "achieved_occupancy", "metrics_estimated")  # fmt: skip
+LAYER_COLUMNS = ("row", "tkey", "model", "batch_size", "run_level", "module", "name", "kind",
+                 "op_type", "type", "idx", "container", "start_ns", "end_ns", "duration_ns",
+                 "allocated_bytes", "flops", "dram_read_bytes", "dram_write_bytes", "leaf",
+                 "flops_estimated", "bytes_estimated", "original_nodes", "input_shapes",
+                 "output_shapes")  # fmt: skip
 _names = itertools.count()
 
 
-class KernelSpans:
-    """The kernel-level spans the loader read (`add`, batch by batch), stored in DuckDB;
-    `restricted` to some traces for a subset of them (`TraceData.subset`)."""
+class SpanStore:
+    """The kernel- and layer-level spans the loader read (`add`, batch by batch), in
+    DuckDB; `restricted` to some traces for a subset of them (`TraceData.subset`)."""
 
     def __init__(self) -> None:
-        self._folder = Path(tempfile.mkdtemp(prefix="xsp-kernels-"))
+        self._folder = Path(tempfile.mkdtemp(prefix="xsp-spans-"))
         self._con = duckdb.connect()  # in memory, spilling to the folder past its limit
         for setting in (
             f"SET memory_limit = '{MEMORY_LIMIT}'",
-            f"SET temp_directory = '{self._folder / 'spill'}'",
+            f"SET temp_directory = '{self._folder}'",
             "SET enable_progress_bar = false",
-            "SET preserve_insertion_order = true",
         ):
             self._con.execute(setting)
-        cols = ", ".join(f'"{c}" {t}' for c, t in STORED.items())
-        self._con.execute(f"CREATE TABLE kernel_spans ({cols})")
-        self._rows = 0
-        self.table = "kernel_spans"
+        for level, columns in STORED.items():
+            cols = ", ".join(f'"{c}" {t}' for c, t in columns.items())
+            self._con.execute(f"CREATE TABLE {level}_spans ({cols})")
+        self._rows = dict.fromkeys(LEVELS, 0)
         self.tkeys: frozenset[int] | None = None  # None: every trace's
         self._closer = weakref.finalize(self, _remove, self._con, self._folder)
 
     @classmethod
-    def from_frame(cls, spans: pd.DataFrame) -> KernelSpans:
-        """The kernel-level rows of a frame of spans (a `TraceData` made in memory)."""
+    def from_frame(cls, spans: pd.DataFrame) -> SpanStore:
+        """The kernel- and layer-level rows of a frame of spans (data made in memory), their
+        list attributes written as JSON."""
         out = cls()
-        out.add(spans[spans["level"] == "kernel"])
+        for level in LEVELS:
+            rows = spans[spans["level"] == level]
+            if level == "layer":
+                rows = rows.assign(**{c: _json(rows[c]) for c in JSON_TEXT if c in rows})
+            out.add(level, rows)
         return out
 
-    def add(self, spans: pd.DataFrame) -> None:
-        """Kernel-level spans (the loader's typed columns, with `tkey`), in the loader's order."""
+    def add(self, level: str, spans: pd.DataFrame) -> None:
+        """Spans of `level` (the loader's typed columns, with `tkey`; a layer's `JSON_TEXT`
+        attributes as JSON text), in the loader's order."""
         if spans.empty:
             return
-        frame = pd.DataFrame(
-            {c: _column(spans, c) for c in STORED if c != "row"},
-        )
-        frame.insert(0, "row", np.arange(self._rows, self._rows + len(frame), dtype="int64"))
-        self._rows += len(frame)
+        columns = STORED[level]
+        frame = pd.DataFrame({c: _column(spans, c) for c in columns if c != "row"})
+        start = self._rows[level]
+        frame.insert(0, "row", np.arange(start, start + len(frame), dtype="int64"))
+        self._rows[level] += len(frame)
         self._con.register("_batch", frame)
         try:
-            cols = ", ".join(f'CAST("{c}" AS {t})' for c, t in STORED.items())
-            self._con.execute(f"INSERT INTO kernel_spans SELECT {cols} FROM _batch")
+            cols = ", ".join(f'CAST("{c}" AS {t})' for c, t in columns.items())
+            self._con.execute(f"INSERT INTO {level}_spans SELECT {cols} FROM _batch")
         finally:
             self._con.unregister("_batch")
 
-    def restricted(self, tkeys: Collection[int]) -> KernelSpans:
-        """The same spans, of the traces `tkeys` only (a view of this store's table)."""
-        out = object.__new__(KernelSpans)
+    def restricted(self, tkeys: Collection[int]) -> SpanStore:
+        """The same spans, of the traces `tkeys` only (views of this store's tables)."""
+        out = object.__new__(SpanStore)
         out.__dict__.update(self.__dict__)
-        out.tkeys = frozenset(int(k) for k in tkeys) & (self.tkeys or frozenset(tkeys))
+        keys = frozenset(int(k) for k in tkeys)
+        out.tkeys = keys if self.tkeys is None else keys & self.tkeys
         return out
 
-    def count(self) -> int:
-        where = self._where()
-        (n,) = self._con.execute(f"SELECT count(*) FROM kernel_spans{where}").fetchone() or (0,)
-        return int(n)
-
-    def _where(self) -> str:
+    def table(self, level: str) -> str:
+        """SQL for the stored spans of `level` (of the traces kept)."""
         if self.tkeys is None:
-            return ""
+            return f"{level}_spans"
         keys = ", ".join(str(k) for k in sorted(self.tkeys)) or "NULL"
-        return f" WHERE tkey IN ({keys})"
+        return f"(SELECT * FROM {level}_spans WHERE tkey IN ({keys}))"
+
+    def count(self, level: str) -> int:
+        (n,) = self._con.execute(f"SELECT count(*) FROM {self.table(level)}").fetchone() or (0,)
+        return int(n)
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A connection of its own to the spans' database (its own registered frames)."""
@@ -140,50 +184,110 @@ def _column(spans: pd.DataFrame, name: str) -> Any:
     return values.to_numpy()
 
 
-class KernelRows:
-    """A DuckDB connection holding the relation `kernels` (see the module's docstring)."""
+def _json(values: pd.Series) -> list[str | None]:
+    import json
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, table: str | None = None) -> None:
+    return [None if v is None or v is np.nan else json.dumps(v) for v in values]
+
+
+# A layer's type (`common.layer_type`): what it fused, else its op_type, else its kind.
+_LAYER_TYPE = """CASE WHEN json_type(original_op_types) = 'ARRAY'
+                     AND json_array_length(original_op_types) > 1
+                THEN array_to_string(json_extract_string(original_op_types, '$[*]'), '+')
+                ELSE coalesce(json_extract_string(op_type, '$'), kind) END"""
+
+
+class KernelRows:
+    """A DuckDB connection holding the relations `kernels`, `layer_calls` and `layers` of
+    one `Frames` (see the module's docstring)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, tables: Sequence[str] = ()) -> None:
         self._con = con
-        self._table = table
+        self._tables = list(tables)
 
     @classmethod
-    def of(cls, spans: KernelSpans, calls: pd.DataFrame, meta: pd.DataFrame) -> KernelRows:
-        """`kernels` over `spans`, each kernel's layer moved to its call and typed from
-        `calls` (tkey, run_level, module, name: the call's name, start_ns, layer_type; every
-        layer span), its group from `meta` (tkey, model, batch_size)."""
-        con = spans.cursor()
-        keys = ["tkey", "run_level", "module"]
-        repeated = calls[calls.duplicated(keys, keep=False)]
-        con.register("_repeated", repeated[[*keys, "start_ns", "name"]].astype(object))
-        types = calls[["tkey", "name", "layer_type"]].drop_duplicates(["tkey", "name"])
-        con.register("_types", types.astype({"name": object, "layer_type": object}))
+    def of(cls, store: SpanStore, meta: pd.DataFrame) -> KernelRows:
+        """The relations over `store`, each span's group from `meta` (tkey, model,
+        batch_size)."""
+        con = store.cursor()
         con.register("_meta", meta.astype({"model": object}))
-        table = f"kernels_{next(_names)}"
+        n = next(_names)
+        calls, layers, kernels = f"layer_calls_{n}", f"layers_{n}", f"kernels_{n}"
         con.execute(
             f"""
-            CREATE TABLE {table} AS
+            CREATE TABLE {calls} AS
+            SELECT row, tkey, run_level, name AS module,
+                   CASE WHEN _n > 0 THEN name || '#' || _n ELSE name END AS name,
+                   kind, json_extract_string(op_type, '$') AS op_type,
+                   {_LAYER_TYPE} AS type, idx, start_ns, end_ns, duration_ns,
+                   allocated_bytes, flops, dram_read_bytes, dram_write_bytes, leaf,
+                   flops_estimated, bytes_estimated, outside_layers,
+                   original_nodes, input_shapes, output_shapes
+            FROM (
+                SELECT *, row_number() OVER (PARTITION BY tkey, run_level, name
+                                             ORDER BY start_ns, idx, row) - 1 AS _n
+                FROM {store.table("layer")}
+            )
+            ORDER BY row
+            """
+        )
+        con.execute(
+            f"""
+            CREATE TABLE {layers} AS
+            WITH keras AS (
+                SELECT * FROM {calls} WHERE outside_layers IS DISTINCT FROM true
+            ), runs AS (
+                SELECT tkey, first(run_level ORDER BY run_level IS DISTINCT FROM 'layer',
+                                   run_level NULLS LAST) AS run_level
+                FROM keras GROUP BY tkey
+            )
+            SELECT (row_number() OVER (ORDER BY k.tkey, k.idx, k.start_ns, k.row) - 1)::BIGINT
+                     AS row,
+                   k.tkey, m.model::VARCHAR AS model, m.batch_size::BIGINT AS batch_size,
+                   k.run_level, k.module, k.name, k.kind, k.op_type, k.type, k.idx,
+                   coalesce(k.leaf = 0, false) AS container, k.start_ns, k.end_ns,
+                   k.duration_ns, k.allocated_bytes, k.flops, k.dram_read_bytes,
+                   k.dram_write_bytes, k.leaf, k.flops_estimated, k.bytes_estimated,
+                   k.original_nodes, k.input_shapes, k.output_shapes
+            FROM keras k
+            JOIN runs r ON r.tkey = k.tkey AND r.run_level IS NOT DISTINCT FROM k.run_level
+            LEFT JOIN _meta m ON m.tkey = k.tkey
+            ORDER BY row
+            """
+        )
+        con.execute(
+            f"""
+            CREATE TABLE {kernels} AS
+            WITH repeated AS (
+                SELECT tkey, run_level, module, start_ns, name FROM (
+                    SELECT *, count(*) OVER (PARTITION BY tkey, run_level, module) AS _calls
+                    FROM {calls}
+                ) WHERE _calls > 1
+            ), types AS (
+                SELECT tkey, name, arg_min(type, row) AS layer_type FROM {calls}
+                GROUP BY tkey, name
+            )
             SELECT k.row, k.tkey, m.model::VARCHAR AS model, m.batch_size::BIGINT AS batch_size,
-                   k.run_level, coalesce(c.name::VARCHAR, k.layer) AS layer,
-                   t.layer_type::VARCHAR AS layer_type, k.idx, k.name, k.kind, k.start_ns,
-                   k.end_ns, k.duration_ns, k.flops, k.dram_read_bytes, k.dram_write_bytes,
-                   k.achieved_occupancy, k.metrics_estimated
-            FROM (SELECT * FROM {spans.table}{spans._where()}) k
-            ASOF LEFT JOIN _repeated c
+                   k.run_level, coalesce(c.name, k.layer) AS layer, t.layer_type, k.idx,
+                   k.name, k.kind, k.start_ns, k.end_ns, k.duration_ns, k.flops,
+                   k.dram_read_bytes, k.dram_write_bytes, k.achieved_occupancy,
+                   k.metrics_estimated
+            FROM {store.table("kernel")} k
+            ASOF LEFT JOIN repeated c
               ON c.tkey = k.tkey AND c.run_level = k.run_level AND c.module = k.layer
              AND k.start_ns >= c.start_ns
-            LEFT JOIN _types t ON t.tkey = k.tkey AND t.name = coalesce(c.name::VARCHAR, k.layer)
+            LEFT JOIN types t ON t.tkey = k.tkey AND t.name = coalesce(c.name, k.layer)
             LEFT JOIN _meta m ON m.tkey = k.tkey
             ORDER BY k.row
             """
         )
-        for name in ("_repeated", "_types", "_meta"):
-            con.unregister(name)
-        con.execute(f"CREATE TEMP VIEW {RELATION} AS SELECT * FROM {table}")
-        return cls(con, table)
+        con.unregister("_meta")
+        for relation, table in (("layer_calls", calls), ("layers", layers), ("kernels", kernels)):
+            con.execute(f"CREATE TEMP VIEW {relation} AS SELECT * FROM {table}")
+        return cls(con, [calls, layers, kernels])
 
     def query(self, sql: str, params: Sequence[Any] | dict[str, Any] | None = None) -> pd.DataFrame:
-        """`sql` (over the relation `kernels`) run, its result as a DataFrame."""
+        """`sql` (over the relations) run, its result as a DataFrame."""
         return self._con.execute(sql, params).df()
 
     def scalar(self, sql: str, params: Sequence[Any] | dict[str, Any] | None = None) -> Any:
@@ -192,30 +296,24 @@ class KernelRows:
         return None if row is None else row[0]
 
     def register(self, name: str, frame: pd.DataFrame) -> None:
-        """A pandas frame as a relation `name` beside `kernels` (small frames: per trace or
-        per layer, to join with)."""
+        """A pandas frame as a relation `name` beside the others (small frames: per trace or
+        per group, to join with)."""
         self._con.register(name, frame)
 
     def unregister(self, name: str) -> None:
         self._con.unregister(name)
 
     def close(self) -> None:
-        if self._table is not None:
-            self._con.execute(f"DROP TABLE IF EXISTS {self._table}")
+        for table in self._tables:
+            self._con.execute(f"DROP TABLE IF EXISTS {table}")
         self._con.close()
 
 
 def kernel_rows(fr: Frames) -> KernelRows:
-    """`fr`'s kernels as a relation, made once per `Frames`."""
+    """`fr`'s spans as relations, made once per `Frames`."""
     return fr.memo("kernel_rows", lambda: _make(fr))
 
 
 def _make(fr: Frames) -> KernelRows:
-    from analysis.common import layer_type
-
-    calls = fr.layer_calls
-    calls = calls.assign(layer_type=layer_type(calls))[
-        ["tkey", "run_level", "module", "name", "start_ns", "layer_type"]
-    ]
     meta = fr.meta[["tkey", "model", "batch_size"]]
-    return KernelRows.of(fr.data.kernel_spans(), calls, meta)
+    return KernelRows.of(fr.data.span_store(), meta)

@@ -23,7 +23,8 @@ import pandas as pd
 
 from analysis import columnar, damage, sparse_columns
 from analysis.damage import BadRow
-from analysis.kernel_rows import KernelSpans
+from analysis.kernel_rows import JSON_TEXT, SpanStore
+from analysis.kernel_rows import LEVELS as STORE_LEVELS
 from analysis.level_rows import LevelRows
 from analysis.store_file import RELAY_OFFSET_COLUMNS, STREAM_RESPONSE_COLUMNS, TraceDatabaseError
 from analysis.store_file import connect_ro as _connect_ro
@@ -70,26 +71,27 @@ class TraceData:
     skipped_errors: int = 0  # traces left out because their profile failed
     bad_rows: list[BadRow] = field(default_factory=list)  # damaged rows left out (named)
     failed_reasons: dict[str, int] = field(default_factory=dict)  # error -> failed traces
-    kernels: KernelSpans | None = None  # the kernel-level spans (not in `spans`)
+    # the kernel- and layer-level spans (`kernel_rows.LEVELS`), not held in `spans`
+    store: SpanStore | None = None
 
-    def kernel_spans(self) -> KernelSpans:
-        """The kernel-level spans: the loader's store, else those of `spans` (data made in
-        memory)."""
-        if self.kernels is None:
-            self.kernels = KernelSpans.from_frame(self.spans)
-        return self.kernels
+    def span_store(self) -> SpanStore:
+        """The kernel- and layer-level spans: the loader's store, else those of `spans`
+        (data made in memory)."""
+        if self.store is None:
+            self.store = SpanStore.from_frame(self.spans)
+        return self.store
 
     def _others(self) -> pd.Series:
-        return self.spans["level"][self.spans["level"] != "kernel"]
+        return self.spans["level"][~self.spans["level"].isin(STORE_LEVELS)]
 
     def span_count(self) -> int:
         """The selected spans, every level's."""
-        return len(self._others()) + self.kernel_spans().count()
+        return len(self._others()) + sum(self.span_store().count(v) for v in STORE_LEVELS)
 
     def levels(self) -> list[str]:
         """The levels the selected spans hold, sorted."""
-        kernel = ["kernel"] if self.kernel_spans().count() else []
-        return sorted({str(v) for v in self._others().dropna().unique()} | set(kernel))
+        held = {v for v in STORE_LEVELS if self.span_store().count(v)}
+        return sorted({str(v) for v in self._others().dropna().unique()} | held)
 
     @property
     def empty(self) -> bool:
@@ -106,7 +108,7 @@ class TraceData:
             ),
             sources=list(self.sources),
             skipped_errors=0,
-            kernels=None if self.kernels is None else self.kernels.restricted(keys),
+            store=None if self.store is None else self.store.restricted(keys),
         )
 
 
@@ -374,7 +376,7 @@ def _store_spans(
     source: str,
     keys: pd.Series,
     into: LevelRows,
-    kernels: KernelSpans,
+    store: SpanStore,
 ) -> tuple[list[BadRow], list[BadRow]]:
     """Take one store's spans batch by batch into `into`: of each batch, the sound rows of
     the traces in `keys` (trace id -> tkey), typed, with `source_db` and `tkey` and without
@@ -388,6 +390,7 @@ def _store_spans(
     for batch in batches:
         spans, bad_rows = damage.from_frame(batch, source, "spans", "span_id")
         del batch
+        as_json = spans[list(JSON_TEXT)]  # the stored layers keep these as JSON text
         spans, ignored = _span_attributes(spans, source)
         bad += bad_rows
         bad_attrs += ignored
@@ -399,11 +402,16 @@ def _store_spans(
             0, "source_db", pd.Categorical.from_codes(np.zeros(len(spans), np.int8), [source])
         )
         spans.insert(1, "tkey", _tkeys(spans["trace_id"], keys))
-        kernel = (spans["level"] == "kernel").to_numpy()
-        if kernel.any():  # the kernel level goes to DuckDB, the rest is held here
-            kernels.add(spans[kernel])
-            spans = spans[~kernel]
-        into.add(spans)
+        level = spans["level"]
+        for name in STORE_LEVELS:  # these levels go to DuckDB, the rest is held here
+            rows = (level == name).to_numpy()
+            if rows.any():
+                taken = spans[rows]
+                if name == "layer":
+                    taken = taken.assign(**{c: as_json[c] for c in JSON_TEXT})
+                store.add(name, taken)
+        held = ~level.isin(STORE_LEVELS).to_numpy()
+        into.add(spans if held.all() else spans[held])
     return bad, bad_attrs
 
 
@@ -449,7 +457,7 @@ def load_traces(
         raise TraceDatabaseError("no trace database given")
     all_traces, all_stats = [], []
     spans = LevelRows(SPAN_CODED, sparse_columns.HELD_SPARSE)
-    kernels = KernelSpans()
+    store = SpanStore()
     skipped = 0
     bad_rows: list[BadRow] = []
     failed_reasons: dict[str, int] = {}
@@ -466,7 +474,7 @@ def load_traces(
             traces, stats, n_skipped, failed = _load_one(path, flt)
             traces, stats, bad, bad_stats = _normalize(traces, stats, source)
             keys = pd.Series(range(next_key, next_key + len(traces)), index=traces["trace_id"])
-            bad_spans, bad_attrs = _store_spans(batches, source, keys, spans, kernels)
+            bad_spans, bad_attrs = _store_spans(batches, source, keys, spans, store)
         for reason, count in failed.items():
             failed_reasons[reason] = failed_reasons.get(reason, 0) + count
         skipped += n_skipped
@@ -481,7 +489,7 @@ def load_traces(
         all_stats.append(stats)
     traces, stats = (_concat(f) for f in (all_traces, all_stats))
     frame = spans.frame()
-    return TraceData(traces, frame, stats, sources, skipped, bad_rows, failed_reasons, kernels)
+    return TraceData(traces, frame, stats, sources, skipped, bad_rows, failed_reasons, store)
 
 
 def model_counts(paths: Sequence[str | Path]) -> dict[str, int]:
