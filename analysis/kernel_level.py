@@ -114,21 +114,29 @@ def kernel_table(fr: Frames) -> AnalysisResult:
     return res
 
 
-def _sum_per(kn: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Per trace and `keys`: count, latency, summed counters, latency-weighted occupancy."""
-    lat = kn["duration_ns"].astype("float64")
-    occ = kn["achieved_occupancy"]
-    kn = kn.assign(
-        _lat=lat,
-        _occ_lat=occ * lat,
-        _lat_occ=lat.where(occ.notna()),
+def _sum_per(fr: Frames, keys: list[str], where: str = "TRUE") -> pd.DataFrame:
+    """Per trace and `keys` (missing keys a group of their own) of the work spans `where`
+    keeps, in SQL: count, latency, summed counters (missing where none is recorded),
+    latency-weighted occupancy and whether any counter was estimated (0.0/1.0). Rows in no
+    particular order (`across_traces` does not depend on it)."""
+    by = ", ".join(["tkey", *keys])
+    sums = ", ".join(f"SUM({m}) AS {m}" for m in METRICS)
+    g = kernel_rows(fr).query(
+        f"""
+        SELECT {by},
+               CAST(SUM(duration_ns) AS DOUBLE) AS duration_ns,
+               {sums},
+               COUNT(*) AS "count",
+               SUM(achieved_occupancy * CAST(duration_ns AS DOUBLE)) AS _occ_lat,
+               CAST(SUM(duration_ns) FILTER (WHERE achieved_occupancy IS NOT NULL) AS DOUBLE)
+                   AS _lat_occ,
+               CAST(MAX(CAST(metrics_estimated AS INTEGER)) AS DOUBLE) AS estimated
+        FROM kernels
+        WHERE {WORK} AND ({where})
+        GROUP BY {by}
+        """
     )
-    grouped = kn.groupby(["tkey", *keys], dropna=False, observed=True)
-    g = grouped[["_lat", *METRICS, "_occ_lat", "_lat_occ"]].sum(min_count=1)
-    g["count"] = grouped.size()
-    g = g.rename(columns={"_lat": "duration_ns"}).reset_index()
     g["achieved_occupancy"] = g["_occ_lat"] / g["_lat_occ"]
-    g["estimated"] = grouped["metrics_estimated"].max().astype(float).to_numpy()
     return g.drop(columns=["_occ_lat", "_lat_occ"])
 
 
@@ -136,7 +144,7 @@ def kernels_by_name(fr: Frames) -> AnalysisResult:
     """A10: kernels grouped by name: calls, total latency, counters, weighted occupancy."""
     if (miss := _missing("A10", fr)) is not None:
         return miss
-    per = fr.with_meta(_sum_per(_work(fr), ["name", "kind"]))
+    per = fr.with_meta(_sum_per(fr, ["name", "kind"]))
     agg = across_traces(
         per,
         [*GROUP, "name", "kind"],
@@ -165,10 +173,7 @@ def kernels_by_name(fr: Frames) -> AnalysisResult:
 
 def _by_layer(fr: Frames) -> pd.DataFrame:
     def build() -> pd.DataFrame:
-        kn = _work(fr)
-        read = ["tkey", "layer", "duration_ns", *METRICS, "achieved_occupancy", "metrics_estimated"]
-        kn = rows_where(kn[read], kn["layer"].notna())  # (a row filter copies every column)
-        per = fr.with_meta(_sum_per(kn, ["layer"]))
+        per = fr.with_meta(_sum_per(fr, ["layer"], "layer IS NOT NULL"))
         agg = across_traces(
             per,
             [*GROUP, "layer"],
@@ -199,7 +204,9 @@ def kernels_by_layer(fr: Frames) -> AnalysisResult:
         "n_traces",
     ]
     res = AnalysisResult("A11", TITLES["A11"], agg[cols])
-    n_orphans = int(_work(fr)["layer"].isna().sum())
+    n_orphans = int(
+        kernel_rows(fr).scalar(f"SELECT COUNT(*) FROM kernels WHERE {WORK} AND layer IS NULL")
+    )
     if n_orphans:
         res.notes.append(f"{n_orphans} kernel spans ran outside any layer and are not listed")
     return res
