@@ -19,6 +19,7 @@ import pandas as pd
 from analysis import sparse_columns
 from analysis.group_ids import group_ids
 from analysis.kernel_rows import kernel_rows
+from analysis.layer_type import layer_type as layer_type  # (re-exported)
 from analysis.store_file import TRACE_IDENTITY
 from analysis.tracedb import TraceData
 from sidecar.profiling.stats import TRIM
@@ -204,26 +205,6 @@ def weighted(values: pd.Series, weights: pd.Series) -> float:
 
 def ns_to_ms(col: pd.Series) -> pd.Series:
     return col.astype("float64") / 1e6
-
-
-def layer_type(layers: pd.DataFrame) -> pd.Series:
-    """A layer's type as it is: what it fused where it computes two or more graph nodes
-    (`Conv+Relu` from `original_op_types`, as the runner records for new traces and older
-    stores lack), else its `op_type`, else the span's kind."""
-    runtime = layers["op_type"].fillna(layers["kind"]).astype(str)
-    if "original_op_types" not in layers.columns:
-        return runtime
-    # once per distinct object: the loader's rows share one list per distinct JSON text
-    values = layers["original_op_types"].to_numpy(object)
-    ids = np.fromiter(map(id, values), dtype=np.uint64, count=len(values))
-    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    fused = np.empty(len(first), dtype=object)
-    fused[:] = [_fused(values[i]) for i in first.tolist()]
-    return pd.Series(fused[inverse], index=layers.index, dtype=object).fillna(runtime).astype(str)
-
-
-def _fused(types: Any) -> str | None:
-    return "+".join(str(t) for t in types) if isinstance(types, list) and len(types) > 1 else None
 
 
 def keras_layers_only(layers: pd.DataFrame) -> pd.DataFrame:

@@ -61,6 +61,8 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from analysis.layer_type import layer_type
+
 if TYPE_CHECKING:
     from analysis.common import Frames
 
@@ -78,11 +80,11 @@ STORED = {
               "duration_ns": "BIGINT", "allocated_bytes": "DOUBLE", "leaf": "DOUBLE",
               "flops": "DOUBLE", "dram_read_bytes": "DOUBLE", "dram_write_bytes": "DOUBLE",
               "flops_estimated": "BOOLEAN", "bytes_estimated": "BOOLEAN",
-              "outside_layers": "BOOLEAN", "op_type": "VARCHAR", "original_nodes": "VARCHAR",
-              "original_op_types": "VARCHAR", "input_shapes": "VARCHAR",
+              "outside_layers": "BOOLEAN", "op_type": "VARCHAR", "type": "VARCHAR",
+              "original_nodes": "VARCHAR", "input_shapes": "VARCHAR",
               "output_shapes": "VARCHAR"},
 }  # fmt: skip
-JSON_TEXT = ("op_type", "original_nodes", "original_op_types")  # layer attributes kept as JSON
+JSON_TEXT = ("original_nodes",)  # layer attributes kept as the stored JSON text
 COLUMNS = ("row", "tkey", "model", "batch_size", "run_level", "layer", "layer_type", "idx",
            "name", "kind", "start_ns", "end_ns", "duration_ns", "flops", "dram_read_bytes",
            "dram_write_bytes", "achieved_occupancy", "metrics_estimated")  # fmt: skip
@@ -122,13 +124,14 @@ class SpanStore:
         for level in LEVELS:
             rows = spans[spans["level"] == level]
             if level == "layer":
-                rows = rows.assign(**{c: _json(rows[c]) for c in JSON_TEXT if c in rows})
+                json_text = {c: _json(rows[c]) for c in JSON_TEXT if c in rows}
+                rows = rows.assign(type=layer_type(rows), **json_text)
             out.add(level, rows)
         return out
 
     def add(self, level: str, spans: pd.DataFrame) -> None:
-        """Spans of `level` (the loader's typed columns, with `tkey`; a layer's `JSON_TEXT`
-        attributes as JSON text), in the loader's order."""
+        """Spans of `level` (the loader's typed columns, with `tkey`; a layer's `type`
+        (`layer_type`) and its `JSON_TEXT` attributes as JSON text), in the loader's order."""
         if spans.empty:
             return
         columns = STORED[level]
@@ -190,13 +193,6 @@ def _json(values: pd.Series) -> list[str | None]:
     return [None if v is None or v is np.nan else json.dumps(v) for v in values]
 
 
-# A layer's type (`common.layer_type`): what it fused, else its op_type, else its kind.
-_LAYER_TYPE = """CASE WHEN json_type(original_op_types) = 'ARRAY'
-                     AND json_array_length(original_op_types) > 1
-                THEN array_to_string(json_extract_string(original_op_types, '$[*]'), '+')
-                ELSE coalesce(json_extract_string(op_type, '$'), kind) END"""
-
-
 class KernelRows:
     """A DuckDB connection holding the relations `kernels`, `layer_calls` and `layers` of
     one `Frames` (see the module's docstring)."""
@@ -218,8 +214,7 @@ class KernelRows:
             CREATE TABLE {calls} AS
             SELECT row, tkey, run_level, name AS module,
                    CASE WHEN _n > 0 THEN name || '#' || _n ELSE name END AS name,
-                   kind, json_extract_string(op_type, '$') AS op_type,
-                   {_LAYER_TYPE} AS type, idx, start_ns, end_ns, duration_ns,
+                   kind, op_type, type, idx, start_ns, end_ns, duration_ns,
                    allocated_bytes, flops, dram_read_bytes, dram_write_bytes, leaf,
                    flops_estimated, bytes_estimated, outside_layers,
                    original_nodes, input_shapes, output_shapes

@@ -25,6 +25,7 @@ from analysis import columnar, damage, sparse_columns
 from analysis.damage import BadRow
 from analysis.kernel_rows import JSON_TEXT, SpanStore
 from analysis.kernel_rows import LEVELS as STORE_LEVELS
+from analysis.layer_type import layer_type
 from analysis.level_rows import LevelRows
 from analysis.store_file import RELAY_OFFSET_COLUMNS, STREAM_RESPONSE_COLUMNS, TraceDatabaseError
 from analysis.store_file import connect_ro as _connect_ro
@@ -408,7 +409,8 @@ def _store_spans(
             if rows.any():
                 taken = spans[rows]
                 if name == "layer":
-                    taken = taken.assign(**{c: as_json[c] for c in JSON_TEXT})
+                    json_text = {c: as_json[c] for c in JSON_TEXT}
+                    taken = taken.assign(type=layer_type(taken), **json_text)
                 store.add(name, taken)
         held = ~level.isin(STORE_LEVELS).to_numpy()
         into.add(spans if held.all() else spans[held])
