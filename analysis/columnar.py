@@ -495,7 +495,7 @@ REPORT_DUCKDB = _report_duckdb()
 
 
 class SpanBatches:
-    """The report's spans of one store as pandas DataFrames, one per batch of about
+    """The report's spans of one store as Arrow tables, one per batch of about
     `REPORT_BATCH_ROWS` rowids, in rowid order: SQLite's columns, `_bad`, the attribute
     columns (numbers as float64, flags as float64 to be compared with 0, objects and shapes
     as JSON text; the `REPORT_DICTIONARY` columns as categoricals) and `_wrong` (the members
@@ -553,7 +553,7 @@ class SpanBatches:
                 table = self._reading.popleft().result()
                 if self._waiting:
                     self._reading.append(self._submit())
-                yield _pandas(table)
+                yield table
                 del table
         finally:
             self.close()
@@ -570,7 +570,8 @@ class SpanBatches:
         self.close()
 
 
-def _pandas(table: Any) -> Any:
+def pandas(table: Any) -> Any:
+    """A batch's Arrow table as a pandas frame (its dictionary columns categoricals)."""
     return table.to_pandas(self_destruct=True, split_blocks=True)
 
 

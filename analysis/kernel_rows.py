@@ -112,7 +112,6 @@ class SpanStore:
         for level, columns in STORED.items():
             cols = ", ".join(f'"{c}" {t}' for c, t in columns.items())
             self._con.execute(f"CREATE TABLE {level}_spans ({cols})")
-        self._rows = dict.fromkeys(LEVELS, 0)
         self.tkeys: frozenset[int] | None = None  # None: every trace's
         self._closer = weakref.finalize(self, _remove, self._con, self._folder)
 
@@ -126,22 +125,32 @@ class SpanStore:
             if level == "layer":
                 json_text = {c: _json(rows[c]) for c in JSON_TEXT if c in rows}
                 rows = rows.assign(type=layer_type(rows), **json_text)
-            out.add(level, rows)
+            out.add(level, rows.assign(row=np.arange(len(rows), dtype="int64")))
         return out
 
     def add(self, level: str, spans: pd.DataFrame) -> None:
-        """Spans of `level` (the loader's typed columns, with `tkey`; a layer's `type`
-        (`layer_type`) and its `JSON_TEXT` attributes as JSON text), in the loader's order."""
+        """Spans of `level` (the loader's typed columns, with `tkey` and `row`, their
+        position in the loader's order; a layer's `type` (`layer_type`) and its `JSON_TEXT`
+        attributes as JSON text)."""
         if spans.empty:
             return
-        columns = STORED[level]
-        frame = pd.DataFrame({c: _column(spans, c) for c in columns if c != "row"})
-        start = self._rows[level]
-        frame.insert(0, "row", np.arange(start, start + len(frame), dtype="int64"))
-        self._rows[level] += len(frame)
-        self._con.register("_batch", frame)
+        frame = pd.DataFrame({c: _column(spans, c) for c in STORED[level]})
+        self._insert(level, frame, {})
+
+    def add_arrow(self, level: str, table: Any) -> None:
+        """Spans of `level` as the reader hands them over (`arrow_spans`: its columns, with
+        `tkey`, `_pos` for `row`, a layer's decoded `op_type` and its `type`)."""
+        flags = [c for c, t in STORED[level].items() if t == "BOOLEAN"]
+        self._insert(
+            level, table, {"row": '"_pos"'} | {f: f'coalesce("{f}" > 0, false)' for f in flags}
+        )
+
+    def _insert(self, level: str, batch: Any, exprs: dict[str, str]) -> None:
+        self._con.register("_batch", batch)
         try:
-            cols = ", ".join(f'CAST("{c}" AS {t})' for c, t in columns.items())
+            cols = ", ".join(
+                "CAST(" + exprs.get(c, f'"{c}"') + f" AS {t})" for c, t in STORED[level].items()
+            )
             self._con.execute(f"INSERT INTO {level}_spans SELECT {cols} FROM _batch")
         finally:
             self._con.unregister("_batch")

@@ -19,10 +19,12 @@ def layer_type(layers: pd.DataFrame) -> pd.Series:
     values = layers["original_op_types"].to_numpy(object)
     ids = np.fromiter(map(id, values), dtype=np.uint64, count=len(values))
     _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    fused = np.empty(len(first), dtype=object)
-    fused[:] = [_fused(values[i]) for i in first.tolist()]
-    return pd.Series(fused[inverse], index=layers.index, dtype=object).fillna(runtime).astype(str)
+    types = np.empty(len(first), dtype=object)
+    types[:] = [fused(values[i]) for i in first.tolist()]
+    return pd.Series(types[inverse], index=layers.index, dtype=object).fillna(runtime).astype(str)
 
 
-def _fused(types: Any) -> str | None:
+def fused(types: Any) -> str | None:
+    """What a layer computing the graph nodes of `types` fused (`Conv+Relu`), where it is
+    two or more."""
     return "+".join(str(t) for t in types) if isinstance(types, list) and len(types) > 1 else None

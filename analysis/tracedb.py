@@ -20,8 +20,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from analysis import columnar, damage, sparse_columns
+from analysis.arrow_spans import POSITION, store_plain
 from analysis.damage import BadRow
 from analysis.kernel_rows import JSON_TEXT, SpanStore
 from analysis.kernel_rows import LEVELS as STORE_LEVELS
@@ -388,11 +390,18 @@ def _store_spans(
     reads its trace in full), so the bulk load leaves them out."""
     bad: list[BadRow] = []
     bad_attrs: list[BadRow] = []
-    for batch in batches:
-        spans, bad_rows = damage.from_frame(batch, source, "spans", "span_id")
-        del batch
-        as_json = spans[list(JSON_TEXT)]  # the stored layers keep these as JSON text
+    read = 0
+    for table in batches:
+        positions = pa.array(np.arange(read, read + table.num_rows, dtype="int64"))
+        read += table.num_rows
+        table = store_plain(table.append_column(POSITION, positions), keys, store)
+        if not table.num_rows:
+            continue
+        spans, bad_rows = damage.from_frame(columnar.pandas(table), source, "spans", "span_id")
+        del table
+        kept = spans[[POSITION, *JSON_TEXT]]  # (the stored layers keep these as JSON text)
         spans, ignored = _span_attributes(spans, source)
+        spans[POSITION] = kept[POSITION]
         bad += bad_rows
         bad_attrs += ignored
         mask = spans["trace_id"].isin(keys.index)
@@ -409,11 +418,11 @@ def _store_spans(
             if rows.any():
                 taken = spans[rows]
                 if name == "layer":
-                    json_text = {c: as_json[c] for c in JSON_TEXT}
+                    json_text = {c: kept[c] for c in JSON_TEXT}
                     taken = taken.assign(type=layer_type(taken), **json_text)
-                store.add(name, taken)
+                store.add(name, taken.rename(columns={POSITION: "row"}))
         held = ~level.isin(STORE_LEVELS).to_numpy()
-        into.add(spans if held.all() else spans[held])
+        into.add((spans if held.all() else spans[held]).drop(columns=POSITION))
     return bad, bad_attrs
 
 
