@@ -49,6 +49,8 @@ def _work(fr: Frames) -> pd.DataFrame:
 
 
 WORK = f"kind IN ({', '.join(repr(k) for k in KERNEL_TABLE_KINDS)})"  # SQL: a span is work
+_DEVICE = f"kind IN ({', '.join(repr(k) for k in DEVICE_KINDS)})"  # SQL: work on the device
+_A13_TRACES = "a13_traces"  # the traces A13 compares, beside `kernels`
 
 
 def _missing(key: str, fr: Frames) -> AnalysisResult | None:
@@ -260,16 +262,17 @@ def gpu_vs_non_gpu(fr: Frames) -> AnalysisResult:
     with a note instead of printing negative non-GPU times."""
     if (miss := _missing("A13", fr)) is not None:
         return miss
-    kn = fr.kernels
-    dev = kn[kn["kind"].isin(DEVICE_KINDS) & kn["layer"].notna()]
-    if dev.empty and kn["kind"].isin(DEVICE_KINDS).any():
+    kr = kernel_rows(fr)
+    layered = f"{_DEVICE} AND layer IS NOT NULL"  # GPU work in a layer
+    gpu_traces = set(kr.query(f"SELECT DISTINCT tkey FROM kernels WHERE {layered}")["tkey"])
+    if not gpu_traces and kr.scalar(f"SELECT EXISTS (SELECT 1 FROM kernels WHERE {_DEVICE})"):
         return not_captured(
             "A13",
             TITLES["A13"],
             "GPU work was recorded, but no kernel belongs to a layer: the traces have no layer "
             "spans (a TorchScript model on CUDA is profiled at M and K only)",
         )
-    if dev.empty:
+    if not gpu_traces:
         return not_captured(
             "A13",
             TITLES["A13"],
@@ -277,7 +280,6 @@ def gpu_vs_non_gpu(fr: Frames) -> AnalysisResult:
             "be split into GPU and non-GPU time",
         )
     base = _layer_time_base(fr)
-    gpu_traces = set(dev["tkey"])
     comparable = {t for t in gpu_traces if base.get(t) == "gpu_events"}
     skipped = fr.meta[fr.meta["tkey"].isin(gpu_traces - comparable)]
     if not comparable:
@@ -295,8 +297,13 @@ def gpu_vs_non_gpu(fr: Frames) -> AnalysisResult:
             )
         return not_captured("A13", TITLES["A13"], reason)
     ly = fr.layers[fr.layers["tkey"].isin(comparable)]
-    own = dev[dev["tkey"].isin(comparable)][["tkey", "layer", "duration_ns"]]
-    gpu = inclusive_sums(own.rename(columns={"duration_ns": "gpu_ns"}), ly, ["gpu_ns"])
+    # own GPU time per (trace, layer): the layer's own kernels/memcpys/memsets
+    kr.register(_A13_TRACES, pd.DataFrame({"tkey": sorted(comparable)}, dtype="int64"))
+    own = kr.query(
+        f"SELECT tkey, layer, SUM(duration_ns) AS gpu_ns FROM kernels WHERE {layered} "
+        f"AND tkey IN (SELECT tkey FROM {_A13_TRACES}) GROUP BY tkey, layer"
+    )
+    gpu = inclusive_sums(own, ly, ["gpu_ns"])
     ly = ly[["tkey", *GROUP, "idx", "name", "type", "container", "duration_ns"]].merge(
         gpu, on=["tkey", "name"], how="left"
     )

@@ -27,8 +27,8 @@ from analysis.common import (
     container_note,
     empty_result,
     not_captured,
-    rows_where,
 )
+from analysis.kernel_rows import kernel_rows
 from analysis.memory_roof import DRAM, cache_roofs, with_memory_roofs, working_sets
 
 A9_TITLE = "Kernel roofline"
@@ -198,9 +198,6 @@ def _on_roofline(
     return agg, table.sort_values([*GROUP, *sort_columns]).reset_index(drop=True)
 
 
-_COUNTERS = ("flops", "dram_read_bytes", "dram_write_bytes")
-
-
 def kernel_roofline(fr: Frames) -> AnalysisResult:
     """A9: every kernel with FLOPs or DRAM bytes placed on the roofline."""
     if fr.data.empty:
@@ -244,17 +241,23 @@ def layer_metrics(fr: Frames) -> tuple[pd.DataFrame, str]:
     return fr.memo("layer_metrics", lambda: _layer_metrics(fr))
 
 
+# SQL: per group of kernel spans with counters, as pandas' groupby-agg sums them: a sum
+# over no recorded value is 0, not NULL; a span's missing DRAM read or write counts 0;
+# compensated sums (FSUM), as pandas' are, so the totals do not hang on the rows' order
+_COUNTER_SUMS = (
+    "COALESCE(FSUM(flops), 0.0) AS flops, "
+    "FSUM(COALESCE(dram_read_bytes, 0.0) + COALESCE(dram_write_bytes, 0.0)) AS dram_bytes, "
+    "BOOL_OR(metrics_estimated) AS estimated"
+)
+_HAS_COUNTERS = "(flops IS NOT NULL OR dram_read_bytes IS NOT NULL)"
+
+
 def _layer_metrics(fr: Frames) -> tuple[pd.DataFrame, str]:
-    kn = fr.kernels[["tkey", "layer", "kind", *_COUNTERS, "metrics_estimated"]]  # (see A9)
-    kn = rows_where(kn, kn["kind"].isin(("kernel", "cpu_op")) & kn["layer"].notna())
-    kn = rows_where(kn, kn["flops"].notna() | kn["dram_read_bytes"].notna())
-    kn = kn.assign(dram_bytes=kn["dram_read_bytes"].fillna(0) + kn["dram_write_bytes"].fillna(0))
-    from_kernels = kn.groupby(["tkey", "layer"], as_index=False, observed=True).agg(
-        flops=("flops", "sum"),
-        dram_bytes=("dram_bytes", "sum"),
-        estimated=("metrics_estimated", "max"),
+    from_kernels = kernel_rows(fr).query(
+        f"SELECT tkey, layer AS name, {_COUNTER_SUMS} FROM kernels "
+        f"WHERE kind IN ('kernel', 'cpu_op') AND layer IS NOT NULL AND {_HAS_COUNTERS} "
+        "GROUP BY tkey, layer ORDER BY tkey, layer"
     )
-    from_kernels = from_kernels.rename(columns={"layer": "name"})
     ly = fr.layers
     ly = ly[ly["flops"].notna() & ~ly["tkey"].isin(set(from_kernels["tkey"]))]
     from_layers = pd.DataFrame(
@@ -284,13 +287,9 @@ def gpu_run_metrics(fr: Frames) -> pd.DataFrame:
 
 
 def _gpu_run_metrics(fr: Frames) -> pd.DataFrame:
-    kn = fr.kernels[["tkey", "kind", *_COUNTERS, "metrics_estimated"]]  # (see A9)
-    kn = kn[(kn["kind"] == "kernel") & (kn["flops"].notna() | kn["dram_read_bytes"].notna())]
-    kn = kn.assign(dram_bytes=kn["dram_read_bytes"].fillna(0) + kn["dram_write_bytes"].fillna(0))
-    return kn.groupby("tkey", as_index=False, observed=True).agg(
-        flops=("flops", "sum"),
-        dram_bytes=("dram_bytes", "sum"),
-        estimated=("metrics_estimated", "max"),
+    return kernel_rows(fr).query(
+        f"SELECT tkey, {_COUNTER_SUMS} FROM kernels WHERE kind = 'kernel' AND {_HAS_COUNTERS} "
+        "GROUP BY tkey ORDER BY tkey"
     )
 
 

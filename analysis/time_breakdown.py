@@ -21,6 +21,7 @@ from analysis.common import (
     not_captured,
     sort_rows,
 )
+from analysis.kernel_rows import KernelRows, kernel_rows
 
 TITLE = "Model time breakdown (kernel busy / non-kernel / idle)"
 
@@ -39,30 +40,71 @@ def union_ns(df: pd.DataFrame) -> pd.Series:
     return pd.Series(contrib, index=d.index).groupby(d["tkey"], observed=True).sum()
 
 
+_DEVICE_LIST = ", ".join(repr(k) for k in DEVICE_KINDS)  # SQL
+_WINDOWS = "time_breakdown_windows"  # per trace: its window, beside `kernels`
+# SQL over `kernels` and the windows (tkey, start_ns, end_ns, place: one per trace): per
+# trace, the length of the union of its device intervals clipped to its window, over all of
+# them (`busy_all`) and over compute kernels only (`busy_kernel`). Sorted by start, an
+# interval adds what reaches past the latest end before it. The traces' windows are laid end
+# to end on one axis (a window from `place` on), so one sweep without partitions covers every
+# trace and no interval reaches into the next trace's. BIGINT throughout: epoch nanoseconds
+# do not fit a double exactly.
+_BUSY = f"""
+WITH clipped AS (
+    SELECT k.tkey, k.kind = 'kernel' AS is_kernel,
+           GREATEST(k.start_ns, w.start_ns) - w.start_ns + w.place AS s,
+           LEAST(k.end_ns, w.end_ns) - w.start_ns + w.place AS e
+    FROM kernels AS k JOIN {_WINDOWS} AS w ON k.tkey = w.tkey
+    WHERE k.kind IN ({_DEVICE_LIST})
+), swept AS (
+    SELECT tkey, is_kernel, s, e,
+           MAX(e) OVER before AS end_all,
+           MAX(CASE WHEN is_kernel THEN e END) OVER before AS end_kernel
+    FROM clipped
+    WHERE e > s
+    WINDOW before AS (ORDER BY s ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+)
+SELECT tkey,
+       CAST(SUM(GREATEST(e - GREATEST(s, COALESCE(end_all, s)), 0)) AS BIGINT) AS busy_all,
+       CAST(COALESCE(SUM(GREATEST(e - GREATEST(s, COALESCE(end_kernel, s)), 0))
+                     FILTER (WHERE is_kernel), 0) AS BIGINT) AS busy_kernel
+FROM swept GROUP BY tkey ORDER BY tkey
+"""
+
+
+def busy_ns(kr: KernelRows, win: pd.DataFrame) -> pd.DataFrame:
+    """Per trace with device work in its window (`win`: index tkey, columns start_ns and
+    end_ns): `busy_all` and `busy_kernel` (int64 ns), the union of its device intervals and of
+    its compute kernels', clipped to the window (SQL over `kr`)."""
+    start = win["start_ns"].to_numpy("int64")
+    end = win["end_ns"].to_numpy("int64")
+    span = np.maximum(end - start, 0) + 1  # what a window takes on the axis, and a gap
+    place = np.concatenate([[0], np.cumsum(span)[:-1]]).astype("int64")
+    windows = pd.DataFrame(
+        {"tkey": win.index.to_numpy("int64"), "start_ns": start, "end_ns": end, "place": place}
+    )
+    kr.register(_WINDOWS, windows)
+    return kr.query(_BUSY).set_index("tkey")
+
+
 def time_breakdown(fr: Frames) -> AnalysisResult:
     if fr.data.empty:
         return empty_result("time_breakdown", TITLE)
-    dev = fr.at("kernel")[["tkey", "kind", "start_ns", "end_ns"]]  # (rows filtered are copied)
-    dev = dev[dev["kind"].isin(DEVICE_KINDS)]
-    if dev.empty:
+    kr = kernel_rows(fr)
+    dev_traces = kr.query(f"SELECT DISTINCT tkey FROM kernels WHERE kind IN ({_DEVICE_LIST})")
+    if dev_traces.empty:
         return not_captured("time_breakdown", TITLE, fr.kernel_reason())
     models = fr.at("model")
-    models = models[models["tkey"].isin(set(dev["tkey"]))]
+    models = models[models["tkey"].isin(dev_traces["tkey"])]
     # The window is the model span of the run the kernels came from (the K run if recorded).
     models = models.assign(_pref=(models["run_level"] != "kernel").astype(int))
     win = models.sort_values(["tkey", "_pref", "start_ns"]).drop_duplicates("tkey")
     win = win.set_index("tkey")[["start_ns", "end_ns"]]
     if win.empty:
         return not_captured("time_breakdown", TITLE, "kernel traces hold no model span")
-    dev = dev[dev["tkey"].isin(win.index)]
-    w_start = dev["tkey"].map(win["start_ns"])
-    w_end = dev["tkey"].map(win["end_ns"])
-    clipped = dev.assign(
-        start_ns=np.maximum(dev["start_ns"], w_start), end_ns=np.minimum(dev["end_ns"], w_end)
-    )
-    clipped = clipped[clipped["end_ns"] > clipped["start_ns"]]
-    busy_all = union_ns(clipped)
-    busy_kernel = union_ns(clipped[clipped["kind"] == "kernel"])
+    busy = busy_ns(kr, win)
+    busy_all = busy["busy_all"]
+    busy_kernel = busy["busy_kernel"]
     out = pd.DataFrame(index=win.index)
     out["window_ns"] = (win["end_ns"] - win["start_ns"]).astype("float64")
     out["kernel_ns"] = busy_kernel.reindex(out.index).fillna(0.0)
