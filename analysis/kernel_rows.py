@@ -113,6 +113,7 @@ class SpanStore:
             cols = ", ".join(f'"{c}" {t}' for c, t in columns.items())
             self._con.execute(f"CREATE TABLE {level}_spans ({cols})")
         self.tkeys: frozenset[int] | None = None  # None: every trace's
+        self._read = 0  # rows read so far (`positions`)
         self._closer = weakref.finalize(self, _remove, self._con, self._folder)
 
     @classmethod
@@ -126,6 +127,12 @@ class SpanStore:
                 json_text = {c: _json(rows[c]) for c in JSON_TEXT if c in rows}
                 rows = rows.assign(type=layer_type(rows), **json_text)
             out.add(level, rows.assign(row=np.arange(len(rows), dtype="int64")))
+        return out
+
+    def positions(self, n: int) -> np.ndarray:
+        """The next `n` positions in the loader's order (over every store loaded)."""
+        out = np.arange(self._read, self._read + n, dtype="int64")
+        self._read += n
         return out
 
     def add(self, level: str, spans: pd.DataFrame) -> None:

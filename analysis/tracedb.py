@@ -1,11 +1,14 @@
-"""Load one or more SQLite trace stores into pandas DataFrames, read-only.
+"""Load one or more SQLite trace stores, read-only: traces, level statistics and the few
+spans of the other levels as pandas DataFrames, the kernel and layer levels (nearly all of a
+store's spans) in DuckDB (`analysis.kernel_rows.SpanStore`).
 
 Each database is one source (e.g. one pod of a fleet). Every row keeps its `source_db`, and
 `tkey` (an integer unique across all loaded databases) identifies a trace even when two
 databases hold the same trace id. A store's spans are read in batches (SQLite checks the rows,
-DuckDB reads the attributes the analyses use: `analysis.columnar`), each cut to its sound rows
-before the next, and gathered with each level's rows together (`analysis.level_rows`), so
-that the load holds the spans once plus a few batches, not copies of every span.
+DuckDB reads the attributes the analyses use: `analysis.columnar`); of each batch the sound
+kernel and layer rows go to DuckDB as they come (`analysis.arrow_spans`), the rest is cut to
+its sound rows and gathered with each level's rows together (`analysis.level_rows`), so that
+memory does not grow with the kernel and layer levels.
 """
 
 from __future__ import annotations
@@ -381,19 +384,18 @@ def _store_spans(
     into: LevelRows,
     store: SpanStore,
 ) -> tuple[list[BadRow], list[BadRow]]:
-    """Take one store's spans batch by batch into `into`: of each batch, the sound rows of
-    the traces in `keys` (trace id -> tkey), typed, with `source_db` and `tkey` and without
-    `span_id` (which only names damaged rows). Returns the damaged rows and the ignored
+    """Take one store's spans batch by batch: of each batch, the sound rows of the traces in
+    `keys` (trace id -> tkey), the kernel and layer levels into `store`, the others into
+    `into`, typed, with `source_db` and `tkey` and without `span_id` (which only names
+    damaged rows). Returns the damaged rows and the ignored
     attribute values. SQLite checks each row and joins a kernel's layer (its parent, or its
     launch's parent); DuckDB reads the attributes (analysis/columnar.py). The CUDA API
     records themselves (runtime/driver) serve only that join and the timeline export (which
     reads its trace in full), so the bulk load leaves them out."""
     bad: list[BadRow] = []
     bad_attrs: list[BadRow] = []
-    read = 0
     for table in batches:
-        positions = pa.array(np.arange(read, read + table.num_rows, dtype="int64"))
-        read += table.num_rows
+        positions = pa.array(store.positions(table.num_rows))
         table = store_plain(table.append_column(POSITION, positions), keys, store)
         if not table.num_rows:
             continue
@@ -459,9 +461,10 @@ def load_traces(
     first: columnar.SpanBatches | None = None,
 ) -> TraceData:
     """Read the selected traces of every database in `paths` (opened read-only). The spans
-    come batch by batch; the frame they make holds each level's rows together (`LevelRows`),
-    so that the analyses take a level as a slice of it (`Frames.at`), not as a second copy
-    of every span. `first`: the first store's span reads, already started under `flt`
+    come batch by batch; the kernel and layer levels go to `TraceData.store` (the analyses
+    read them through SQL: `kernel_rows`), the frame the others make holds each level's rows
+    together (`LevelRows`), so that the analyses take a level as a slice of it (`Frames.at`),
+    not as a second copy. `first`: the first store's span reads, already started under `flt`
     (`SpanBatches.started`)."""
     flt = flt or TraceFilter()
     if not paths:
