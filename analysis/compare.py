@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.common import AnalysisResult, Frames, across_traces
+from analysis.kernel_rows import kernel_rows
+from analysis.layer_level import across_layers
 from analysis.tracedb import TraceData
 
 TITLE = "Comparison of two trace sets"
@@ -71,12 +73,22 @@ def split(data: TraceData, base: Selector, new: Selector) -> tuple[TraceData, Tr
 
 
 def _side(fr: Frames) -> tuple[pd.DataFrame, float]:
-    ly = fr.layers.assign(_all=0)
-    layers = across_traces(ly, ["_all", "name"], ["duration_ns"], ["type", "idx"])
+    """Per layer call over the side's traces: type, idx and trimmed-mean duration; and the
+    side's model latency."""
+    layers = across_layers(kernel_rows(fr), ["name"], ["duration_ns"], ["type", "idx"])
     ml = fr.model_latency.assign(_all=0)
     model = across_traces(ml, ["_all"], ["latency_ns"])
     latency = float(model["latency_ns"].iloc[0]) if not model.empty else float("nan")
-    return layers.drop(columns=["_all"]), latency
+    return layers, latency
+
+
+def _same_categories(a: pd.DataFrame, b: pd.DataFrame, col: str) -> None:
+    """`col` of both sides as categoricals of one set of categories (sorted) where both are
+    categoricals, so that a merge on it keeps it one (as the loader's codes did)."""
+    if all(isinstance(d[col].dtype, pd.CategoricalDtype) for d in (a, b)):
+        cats = sorted(set(a[col].cat.categories) | set(b[col].cat.categories))
+        a[col] = a[col].cat.set_categories(cats)
+        b[col] = b[col].cat.set_categories(cats)
 
 
 def _describe(label: str, fr: Frames, latency_ns: float) -> dict[str, object]:
@@ -107,6 +119,7 @@ def compare(
     fb, fn = Frames(base), Frames(new)
     lb, mb = _side(fb)
     ln, mn = _side(fn)
+    _same_categories(lb, ln, "name")
     a, b = labels
     summary = pd.DataFrame([_describe(a, fb, mb), _describe(b, fn, mn)])
     by_type = (

@@ -8,20 +8,20 @@ Where layers nest (PyTorch module calls: `layer1` > `layer1.0` > `layer1.0.conv1
 container's time spans its children's. A2 lists every call with `container` set on the
 enclosing ones; shares, A3-A7 and every sum over layers use the leaves only, so no time is
 counted twice; each result says how many containers it left out.
+
+The layer spans are read in SQL (the relation `layers` of `analysis.kernel_rows`); only the
+per-layer table (one row per model, batch size and call) comes back to pandas.
 """
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
-from analysis.common import (
-    GROUP,
-    AnalysisResult,
-    Frames,
-    across_traces,
-    container_note,
-    empty_result,
-)
+from analysis.common import GROUP, AnalysisResult, Frames, container_note, empty_result
+from analysis.kernel_rows import KernelRows, kernel_rows
+from analysis.trimmed_sql import across_traces_sql
 
 TITLES = {
     "A2": "Layer table",
@@ -33,10 +33,13 @@ TITLES = {
 }
 
 
+_ANY_LAYER = "SELECT EXISTS (SELECT 1 FROM layers)"
+
+
 def _missing(key: str, fr: Frames) -> AnalysisResult | None:
     if fr.data.empty:
         return empty_result(key, TITLES[key])
-    if fr.layers.empty:
+    if not fr.memo("has_layers", lambda: bool(kernel_rows(fr).scalar(_ANY_LAYER))):
         levels = fr.data.levels()
         return AnalysisResult(
             key,
@@ -61,16 +64,37 @@ def original_nodes(name: str, nodes: object) -> str:
     return ", ".join(str(n) for n in nodes)
 
 
+def across_layers(
+    kr: KernelRows, keys: list[str], values: list[str], first: list[str]
+) -> pd.DataFrame:
+    """`across_traces` over `Frames.layers` (`keys` among them `name`), by SQL over the
+    relation `layers`, with the columns typed as `across_traces` gives them over the frame:
+    `model` and `type` as strings (objects), `name` a categorical unless some call is a
+    repeat (`common.call_names`' `#n`, an object column then), and without a row the frame
+    `across_traces` makes of no rows."""
+    out = across_traces_sql(kr, "layers", keys, values, [*first, "module"])
+    if out.empty:
+        return pd.DataFrame(columns=[*keys, *first, *values, "n_traces"])
+    # a repeat's name is its module's and `#n`: a group of repeats is named so, and carries
+    # that module from its first row
+    names = out["name"].astype(object)
+    repeats = names.isna().any() or names.ne(out["module"].astype(object)).any()
+    for col in ("model", "type", *(["name"] if repeats else [])):
+        if col in out.columns:
+            out[col] = out[col].astype(object)
+    return out.drop(columns=["module"])
+
+
 def _layer_frame(fr: Frames) -> pd.DataFrame:
-    agg = across_traces(
-        fr.layers,
-        [*GROUP, "name"],
-        ["duration_ns", "allocated_bytes"],
-        ["idx", "type", "container", "original_nodes", "input_shapes", "output_shapes"],
+    first = ["idx", "type", "container", "original_nodes", "input_shapes", "output_shapes"]
+    agg = across_layers(
+        kernel_rows(fr), [*GROUP, "name"], ["duration_ns", "allocated_bytes"], first
     )
     # of each group's first row, as carried: once per row of the table, not per layer span
+    # (the relation holds the list as JSON text)
     agg["original_nodes"] = [
-        original_nodes(n, o) for n, o in zip(agg["name"], agg["original_nodes"], strict=True)
+        original_nodes(n, json.loads(o) if isinstance(o, str) else o)
+        for n, o in zip(agg["name"], agg["original_nodes"], strict=True)
     ]
     agg["container"] = agg["container"].astype(bool)
     agg["latency_ms"] = agg["duration_ns"] / 1e6
