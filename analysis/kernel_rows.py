@@ -24,11 +24,12 @@ DataFrames of what the SQL aggregated, not of the spans.
     flops, dram_read_bytes, dram_write_bytes, achieved_occupancy   DOUBLE (NULL: not recorded)
     metrics_estimated   BOOLEAN
 
-`layer_calls`: every layer span, one row per call (`row`: the loader's order), with `module`
-(the name it was stored under), `name` (the call's name: `module`, plus `#n` for the n-th
-repeat of that name in its trace's run, by start), `type` (what it fused where it computes
-two or more graph nodes, `Conv+Relu` from `original_op_types`, else its `op_type`, else its
-kind) and `outside_layers` (a TensorFlow op outside every Keras layer).
+`layer_calls`: every layer span, one row per call: `row` (the loader's order), tkey,
+run_level, `module` (the name it was stored under), `name` (the call's name: `module`, plus
+`#n` for the n-th repeat of that name in its trace's run, by start), `type` (what it fused
+where it computes two or more graph nodes, `Conv+Relu` from `original_op_types`, else its
+`op_type`, else its kind), idx, start_ns and `outside_layers` (a TensorFlow op outside every
+Keras layer).
 
 `layers`: the layer spans as the layer analyses take them: of `layer_calls`, one run per trace
 (the L run where there is one, else the first run by name), Keras ops outside layers left out,
@@ -230,16 +231,12 @@ class KernelRows:
             CREATE TABLE {calls} AS
             SELECT row, tkey, run_level, name AS module,
                    CASE WHEN _n > 0 THEN name || '#' || _n ELSE name END AS name,
-                   kind, op_type, type, idx, start_ns, end_ns, duration_ns,
-                   allocated_bytes, flops, dram_read_bytes, dram_write_bytes, leaf,
-                   flops_estimated, bytes_estimated, outside_layers,
-                   original_nodes, input_shapes, output_shapes
+                   type, idx, start_ns, outside_layers
             FROM (
                 SELECT *, row_number() OVER (PARTITION BY tkey, run_level, name
                                              ORDER BY start_ns, idx, row) - 1 AS _n
                 FROM {store.table("layer")}
             )
-            ORDER BY row
             """
         )
         con.execute(
@@ -255,13 +252,14 @@ class KernelRows:
             SELECT (row_number() OVER (ORDER BY k.tkey, k.idx, k.start_ns, k.row) - 1)::BIGINT
                      AS row,
                    k.tkey, m.model::VARCHAR AS model, m.batch_size::BIGINT AS batch_size,
-                   k.run_level, k.module, k.name, k.kind, k.op_type, k.type, k.idx,
-                   coalesce(k.leaf = 0, false) AS container, k.start_ns, k.end_ns,
-                   k.duration_ns, k.allocated_bytes, k.flops, k.dram_read_bytes,
-                   k.dram_write_bytes, k.leaf, k.flops_estimated, k.bytes_estimated,
-                   k.original_nodes, k.input_shapes, k.output_shapes
+                   k.run_level, k.module, k.name, s.kind, s.op_type, k.type, k.idx,
+                   coalesce(s.leaf = 0, false) AS container, k.start_ns, s.end_ns,
+                   s.duration_ns, s.allocated_bytes, s.flops, s.dram_read_bytes,
+                   s.dram_write_bytes, s.leaf, s.flops_estimated, s.bytes_estimated,
+                   s.original_nodes, s.input_shapes, s.output_shapes
             FROM keras k
             JOIN runs r ON r.tkey = k.tkey AND r.run_level IS NOT DISTINCT FROM k.run_level
+            JOIN {store.table("layer")} s ON s.row = k.row
             LEFT JOIN _meta m ON m.tkey = k.tkey
             ORDER BY row
             """
@@ -289,7 +287,6 @@ class KernelRows:
              AND k.start_ns >= c.start_ns
             LEFT JOIN types t ON t.tkey = k.tkey AND t.name = coalesce(c.name, k.layer)
             LEFT JOIN _meta m ON m.tkey = k.tkey
-            ORDER BY k.row
             """
         )
         con.unregister("_meta")
