@@ -27,6 +27,7 @@ from analysis.common import (
 from analysis.kernel_rows import kernel_rows
 from analysis.layer_level import layer_frame
 from analysis.roofline import classify
+from analysis.trimmed_sql import across_traces_sql
 
 TITLES = {
     "A8": "Kernel table",
@@ -79,13 +80,13 @@ def kernel_table(fr: Frames) -> AnalysisResult:
     """A8: every kernel with its layer, latency, counters, intensity and bound."""
     if (miss := _missing("A8", fr)) is not None:
         return miss
-    kn = _work(fr)
-    kn = kn.assign(estimated=kn["metrics_estimated"].astype(float))
-    agg = across_traces(
-        kn,
+    agg = across_traces_sql(
+        kernel_rows(fr),
+        "SELECT *, CAST(metrics_estimated AS DOUBLE) AS estimated FROM kernels",
         [*GROUP, "layer", "idx", "name", "kind"],
         ["duration_ns", *METRICS, "achieved_occupancy", "estimated"],
         ["layer_type"],
+        where=WORK,
     )
     agg["dram_bytes"] = agg["dram_read_bytes"] + agg["dram_write_bytes"]
     agg = agg.merge(fr.peaks(), on=GROUP, how="left")

@@ -30,6 +30,7 @@ from analysis.common import (
 )
 from analysis.kernel_rows import kernel_rows
 from analysis.memory_roof import DRAM, cache_roofs, with_memory_roofs, working_sets
+from analysis.trimmed_sql import across_traces_sql
 
 A9_TITLE = "Kernel roofline"
 A14_TITLE = "Layer roofline"
@@ -198,34 +199,35 @@ def _on_roofline(
     return agg, table.sort_values([*GROUP, *sort_columns]).reset_index(drop=True)
 
 
+_ROOFLINE_KINDS = "('kernel', 'cpu_op')"  # SQL: the spans A9 places (work with counters)
+
+
 def kernel_roofline(fr: Frames) -> AnalysisResult:
     """A9: every kernel with FLOPs or DRAM bytes placed on the roofline."""
     if fr.data.empty:
         return empty_result("A9", A9_TITLE)
-    kn = fr.kernels
-    work = kn["kind"].isin(("kernel", "cpu_op")).to_numpy()
-    if not work.any():
+    kr = kernel_rows(fr)
+    work = f"kind IN {_ROOFLINE_KINDS}"
+    if not kr.scalar(f"SELECT EXISTS (SELECT 1 FROM kernels WHERE {work})"):
         return not_captured(
             "A9", A9_TITLE, fr.kernel_reason() + " (A14 places layers on the roofline instead)"
         )
-    dram_bytes = (kn["dram_read_bytes"] + kn["dram_write_bytes"]).to_numpy("float64")
-    keep = work & kn["flops"].notna().to_numpy() & ~np.isnan(dram_bytes)
-    if not keep.any():
+    # spans with flops and DRAM bytes (NULL, or NaN, where not recorded)
+    keep = f"{work} AND NOT isnan(flops) AND NOT isnan(dram_read_bytes + dram_write_bytes)"
+    if not kr.scalar(f"SELECT EXISTS (SELECT 1 FROM kernels WHERE {keep})"):
         return not_captured(
             "A9",
             A9_TITLE,
             "kernel hardware metrics were not captured: no kernel span carries flops and "
             "dram_read_bytes/dram_write_bytes (profile with metric collection enabled)",
         )
-    # the columns read; the rows kept taken by across_traces (a row filter copies every column)
-    estimated = kn["metrics_estimated"].to_numpy().astype("float64")
-    kn = kn[["tkey", *GROUP, "layer", "idx", "name", "duration_ns", "flops"]]
-    kn = kn.assign(dram_bytes=dram_bytes, estimated=estimated)
-    agg = across_traces(
-        kn,
+    agg = across_traces_sql(
+        kr,
+        "SELECT *, dram_read_bytes + dram_write_bytes AS dram_bytes, "
+        "CAST(metrics_estimated AS DOUBLE) AS estimated FROM kernels",
         [*GROUP, "layer", "idx", "name"],
         ["duration_ns", "flops", "dram_bytes", "estimated"],
-        rows=keep,
+        where=keep,
     )
     agg, table = _on_roofline(fr, agg, ["layer", "idx", "name"], ["layer", "idx"])
     res = AnalysisResult("A9", A9_TITLE, table, estimated=bool(table["estimated"].any()))
