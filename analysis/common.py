@@ -28,10 +28,6 @@ T = TypeVar("T")
 GROUP = ["model", "batch_size"]
 DEVICE_KINDS = ("kernel", "memcpy", "memset")  # work that runs on the accelerator
 KERNEL_TABLE_KINDS = (*DEVICE_KINDS, "cpu_op")  # rows of the kernel table (A8)
-# the columns of a kernel-level span that the analyses read (`Frames.kernels`)
-KERNEL_COLUMNS = ("tkey", "run_level", "layer", "idx", "name", "kind", "start_ns",
-                  "end_ns", "duration_ns", "flops", "dram_read_bytes", "dram_write_bytes",
-                  "achieved_occupancy", "metrics_estimated")  # fmt: skip
 
 
 class NotCapturedError(LookupError):
@@ -207,25 +203,6 @@ def ns_to_ms(col: pd.Series) -> pd.Series:
     return col.astype("float64") / 1e6
 
 
-def keras_layers_only(layers: pd.DataFrame) -> pd.DataFrame:
-    """Layer rows without the ops a TensorFlow profile found outside every Keras layer
-    (arguments, variable reads, the return value: `outside_layers`). They stay in the trace,
-    under the model span, but they are not layers, so the layer analyses leave them out."""
-    if "outside_layers" not in layers.columns:
-        return layers
-    return layers[layers["outside_layers"].ne(True)]
-
-
-def is_container(layers: pd.DataFrame) -> pd.Series:
-    """Layer rows that are module calls enclosing other layers (`leaf` recorded false:
-    PyTorch's `layer1`, `layer1.0`). Their time spans their children's, so analyses that sum
-    or rank layers leave them out; rows without the attribute (ONNX Runtime nodes, Keras
-    layers, older traces) are leaves."""
-    if "leaf" not in layers.columns:
-        return pd.Series(False, index=layers.index)
-    return pd.to_numeric(layers["leaf"]).eq(0)
-
-
 def container_note(n: int, what: str) -> str:
     return (
         f"{n} container layers (module calls that enclose other layers, e.g. layer1 > layer1.0) "
@@ -255,43 +232,6 @@ def inclusive_sums(own: pd.DataFrame, layers: pd.DataFrame, values: Sequence[str
     return pd.DataFrame(rows, columns=["tkey", "name", *values])
 
 
-def call_names(layers: pd.DataFrame) -> pd.Series:
-    """Each layer span's call name: its name, plus `#n` for the n-th repeat of that name in
-    its trace's run (execution order), as the runners key calls (`vocabulary.keyed`). GPU
-    traces store calls named so already; CPU traces store every call under the module's
-    name, which would otherwise fold a module called three times into one row."""
-    if layers.empty:
-        return layers["name"]
-    keys = ["tkey", "run_level", "name"]
-    order = sort_rows(layers[[*keys, "start_ns", "idx"]], ["start_ns", "idx"])
-    n = order.groupby(keys, dropna=False, sort=False, observed=True).cumcount()
-    repeat = (n > 0).to_numpy()
-    names = layers["name"]
-    if isinstance(names.dtype, pd.CategoricalDtype) and not repeat.any() and names.notna().all():
-        return names.copy(deep=False)  # the loader's codes: no string object per row
-    named = order["name"].astype(str)
-    if repeat.any():  # only the repeats get a suffix
-        named[repeat] = named[repeat] + "#" + n[repeat].astype(str)
-    return named.reindex(layers.index)
-
-
-def sort_rows(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
-    """`df.sort_values(keys, kind="stable")`; by numpy's `lexsort` (stable) where every key
-    is an integer column, which takes a fraction of the time (pandas factorizes each key)."""
-    columns = [df[k] for k in keys]
-    if columns and all(isinstance(c.dtype, np.dtype) and c.dtype.kind in "iub" for c in columns):
-        return df.iloc[np.lexsort([c.to_numpy() for c in reversed(columns)])]
-    return df.sort_values(list(keys), kind="stable")
-
-
-def rows_where(df: pd.DataFrame, mask: pd.Series | np.ndarray) -> pd.DataFrame:
-    """`df[mask]`, without copying `df`'s columns where the mask keeps every row (a boolean
-    row filter copies every column even then; the kernels of a large store are most of its
-    spans): a new frame either way (copy-on-write)."""
-    keep = np.asarray(mask, dtype=bool)
-    return df.copy(deep=False) if keep.all() else df[keep]
-
-
 def left_join(df: pd.DataFrame, right: pd.DataFrame, on: Sequence[str]) -> pd.DataFrame:
     """`df.merge(right, on=on, how="left")` where `right`'s keys are unique, without copying
     `df`'s columns (copy-on-write): only the key columns are merged, to find each row's match,
@@ -309,28 +249,6 @@ def left_join(df: pd.DataFrame, right: pd.DataFrame, on: Sequence[str]) -> pd.Da
         data = values.to_numpy() if isinstance(values.dtype, np.dtype) else values.array
         out[col] = pd.api.extensions.take(data, at, allow_fill=missing)
     return out
-
-
-def _to_calls(kernels: pd.DataFrame, repeated: pd.DataFrame) -> pd.DataFrame:
-    """`kernels` with `layer` moved from a repeated module's name to the call it ran in:
-    the last call of that module in the same trace and run to start at or before it."""
-    keys = ["tkey", "run_level", "module"]
-    calls = repeated[[*keys, "start_ns", "name"]].rename(
-        columns={"start_ns": "_call_start", "name": "_call"}
-    )
-    kn = kernels.assign(module=kernels["layer"], _row=np.arange(len(kernels)))
-    hit = kn[kn["module"].notna()].sort_values("start_ns")
-    hit = pd.merge_asof(
-        hit[["_row", "start_ns", *keys]],
-        calls.sort_values("_call_start"),
-        left_on="start_ns",
-        right_on="_call_start",
-        by=keys,
-    )
-    moved = pd.Series(hit["_call"].to_numpy(object), index=hit["_row"].to_numpy())
-    call = moved.reindex(np.arange(len(kn))).to_numpy(object)
-    layer = np.where(pd.notna(call), call, kn["layer"].to_numpy(object))
-    return kernels.assign(layer=layer)
 
 
 def _level_slices(spans: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -415,46 +333,6 @@ class Frames:
             return {}
         rows = ls[(ls["level"] == "model") & ls["samples_ns"].notna()]
         return {int(k): list(v) for k, v in zip(rows["tkey"], rows["samples_ns"], strict=True)}
-
-    @cached_property
-    def layer_calls(self) -> pd.DataFrame:
-        """Every layer span, each call its own row named as `call_names` says (`module`
-        keeps the name it was stored under)."""
-        ly = self.at("layer")
-        return ly.assign(module=ly["name"], name=call_names(ly))
-
-    @cached_property
-    def layers(self) -> pd.DataFrame:
-        """Layer spans, one per call, from the L run where there is one (else the trace's
-        one other run with layers): a module called three times is three rows."""
-        ly = keras_layers_only(self.layer_calls)
-        runs = ly.assign(_pref=(ly["run_level"] != "layer").astype(int))
-        runs = runs.sort_values(["tkey", "_pref", "run_level"]).drop_duplicates("tkey")
-        ly = ly.merge(runs[["tkey", "run_level"]], on=["tkey", "run_level"], how="inner")
-        ly = sort_rows(ly, ["tkey", "idx", "start_ns"])
-        ly = ly.assign(type=layer_type(ly), container=is_container(ly))
-        return self.with_meta(ly.reset_index(drop=True))
-
-    @cached_property
-    def kernels(self) -> pd.DataFrame:
-        """Kernel-level spans with the call name and type of the layer they ran under. The
-        loader resolves `layer` to the parent's (or the launch's parent's) stored name; where
-        a trace's run called that module more than once, the call is the last one of that
-        name to start at or before the kernel."""
-        kn = self.at("kernel")[list(KERNEL_COLUMNS)]  # (filtered rows copy only these)
-        calls = self.layer_calls
-        keys = ["tkey", "run_level", "module"]
-        repeated = calls[calls.duplicated(keys, keep=False)]
-        if not repeated.empty and kn["layer"].notna().any():
-            kn = _to_calls(kn, repeated)
-        types = pd.DataFrame(
-            {"tkey": calls["tkey"], "layer": calls["name"], "layer_type": layer_type(calls)}
-        ).drop_duplicates(["tkey", "layer"])
-        # a kernel's layer type and model as codes of a categorical (sorted categories), not
-        # a pointer per kernel: the kernels are most of a store's spans
-        kn = left_join(kn, types.astype({"layer_type": "category"}), ["tkey", "layer"])
-        meta = self.meta[["tkey", *GROUP]]
-        return left_join(kn, meta.astype({"model": "category"}), ["tkey"])
 
     def kernel_reason(self) -> str:
         """Why the kernel level is missing from the selected traces."""

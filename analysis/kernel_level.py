@@ -22,7 +22,6 @@ from analysis.common import (
     empty_result,
     inclusive_sums,
     not_captured,
-    rows_where,
 )
 from analysis.kernel_rows import kernel_rows
 from analysis.layer_level import layer_frame
@@ -37,16 +36,6 @@ TITLES = {
     "A13": "GPU vs non-GPU latency per layer",
 }
 METRICS = ("flops", "dram_read_bytes", "dram_write_bytes")
-
-
-def _work(fr: Frames) -> pd.DataFrame:
-    """Kernel-level spans that are work (not API calls); shared, do not modify."""
-
-    def build() -> pd.DataFrame:
-        kn = fr.kernels
-        return rows_where(kn, kn["kind"].isin(KERNEL_TABLE_KINDS)).reset_index(drop=True)
-
-    return fr.memo("work", build)
 
 
 WORK = f"kind IN ({', '.join(repr(k) for k in KERNEL_TABLE_KINDS)})"  # SQL: a span is work

@@ -219,6 +219,21 @@ class KernelRows:
         self._tables = list(tables)
 
     @classmethod
+    def from_frame(cls, kernels: pd.DataFrame) -> KernelRows:
+        """The relation `kernels` alone, over a frame with its columns (`COLUMNS`; `row`
+        where missing: the frame's order), in a connection of its own."""
+        con = duckdb.connect()
+        con.execute("SET enable_progress_bar = false")
+        if "row" not in kernels.columns:
+            kernels = kernels.assign(row=np.arange(len(kernels), dtype="int64"))
+        con.register("_kernel_frame", kernels)
+        types = {**STORED["kernel"], "model": "VARCHAR", "batch_size": "BIGINT",
+                 "layer_type": "VARCHAR"}  # fmt: skip
+        cols = ", ".join(f'CAST("{c}" AS {types[c]}) AS "{c}"' for c in COLUMNS)
+        con.execute(f"CREATE VIEW kernels AS SELECT {cols} FROM _kernel_frame")
+        return cls(con)
+
+    @classmethod
     def of(cls, store: SpanStore, meta: pd.DataFrame) -> KernelRows:
         """The relations over `store`, each span's group from `meta` (tkey, model,
         batch_size)."""

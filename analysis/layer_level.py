@@ -70,7 +70,7 @@ def across_layers(
     """`across_traces` over `Frames.layers` (`keys` among them `name`), by SQL over the
     relation `layers`, with the columns typed as `across_traces` gives them over the frame:
     `model` and `type` as strings (objects), `name` a categorical unless some call is a
-    repeat (`common.call_names`' `#n`, an object column then), and without a row the frame
+    repeat (`kernel_rows`' `#n`, an object column then), and without a row the frame
     `across_traces` makes of no rows."""
     out = across_traces_sql(kr, "layers", keys, values, [*first, "module"])
     if out.empty:

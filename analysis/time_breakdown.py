@@ -19,25 +19,10 @@ from analysis.common import (
     across_traces,
     empty_result,
     not_captured,
-    sort_rows,
 )
 from analysis.kernel_rows import KernelRows, kernel_rows
 
 TITLE = "Model time breakdown (kernel busy / non-kernel / idle)"
-
-
-def union_ns(df: pd.DataFrame) -> pd.Series:
-    """Per tkey: total length of the union of [start_ns, end_ns) intervals."""
-    if df.empty:
-        return pd.Series(dtype="float64")
-    d = sort_rows(df[["tkey", "start_ns", "end_ns"]], ["tkey", "start_ns"])
-    # int64 throughout: epoch nanoseconds do not fit a float64 exactly
-    lowest = np.iinfo(np.int64).min
-    cummax = d.groupby("tkey", observed=True)["end_ns"].cummax().astype("int64")
-    prev = cummax.groupby(d["tkey"], observed=True).shift(1, fill_value=lowest).to_numpy("int64")
-    start = np.maximum(d["start_ns"].to_numpy("int64"), prev)
-    contrib = np.clip(d["end_ns"].to_numpy("int64") - start, 0, None)
-    return pd.Series(contrib, index=d.index).groupby(d["tkey"], observed=True).sum()
 
 
 _DEVICE_LIST = ", ".join(repr(k) for k in DEVICE_KINDS)  # SQL

@@ -12,7 +12,6 @@ import pandas as pd
 import pytest
 
 from analysis.common import across_traces
-from analysis.time_breakdown import union_ns
 from analysis.trace_analysis import TraceAnalysis
 from analysis.tracedb import parse_since
 from sidecar.profiling.stats import trimmed_mean
@@ -183,21 +182,6 @@ def test_live_batch_one_only_asks_for_batch_two(ta: TraceAnalysis) -> None:
     for d in decisions.values():
         assert d["status"] == "not_yet_known" and d["measure_next"] == [2]
     assert ta.get_optimal_batch() == {"big_cnn": None, "small_cnn": None}
-
-
-def test_union_of_intervals() -> None:
-    import pandas as pd
-
-    base = 1_790_000_000_000_000_001  # epoch ns: must not lose precision
-    df = pd.DataFrame(
-        {
-            "tkey": [0, 0, 0, 1],
-            "start_ns": [base, base + 5, base + 20, base],
-            "end_ns": [base + 10, base + 12, base + 21, base + 3],
-        }
-    )
-    got = union_ns(df)
-    assert got[0] == 13 and got[1] == 3
 
 
 def test_parse_since() -> None:

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from analysis.kernel_rows import COLUMNS, KernelRows
-from analysis.time_breakdown import busy_ns, union_ns
+from analysis.time_breakdown import busy_ns
 
 BASE = 1_790_000_000_000_000_001  # epoch ns: must not lose precision
 
@@ -26,6 +26,38 @@ def _rows(rng: np.random.Generator, n_traces: int, n: int) -> pd.DataFrame:
         duration_ns=0,
         metrics_estimated=False,
     )
+
+
+def union_ns(df: pd.DataFrame) -> pd.Series:
+    """Per tkey: the length of the union of its [start_ns, end_ns) intervals (pandas, int64:
+    the reference the SQL is checked against)."""
+    d = df[["tkey", "start_ns", "end_ns"]].sort_values(["tkey", "start_ns"], kind="stable")
+    lowest = np.iinfo(np.int64).min
+    cummax = d.groupby("tkey")["end_ns"].cummax().astype("int64")
+    prev = cummax.groupby(d["tkey"]).shift(1, fill_value=lowest).to_numpy("int64")
+    start = np.maximum(d["start_ns"].to_numpy("int64"), prev)
+    contrib = np.clip(d["end_ns"].to_numpy("int64") - start, 0, None)
+    return pd.Series(contrib, index=d.index).groupby(d["tkey"]).sum()
+
+
+def test_the_union_of_known_intervals_at_epoch_nanoseconds() -> None:
+    rows = pd.DataFrame(
+        {
+            "tkey": [0, 0, 0, 1],
+            "kind": ["kernel", "memcpy", "kernel", "kernel"],
+            "start_ns": [BASE, BASE + 5, BASE + 20, BASE],
+            "end_ns": [BASE + 10, BASE + 12, BASE + 21, BASE + 3],
+        }
+    )
+    win = pd.DataFrame(
+        {"start_ns": [BASE, BASE], "end_ns": [BASE + 100, BASE + 100]},
+        index=pd.Index([0, 1], name="tkey"),
+    )
+    full = pd.DataFrame({c: pd.Series([None] * 4, dtype=object) for c in COLUMNS})
+    full = full.assign(**{c: rows[c] for c in rows}, duration_ns=0, metrics_estimated=False)
+    got = busy_ns(KernelRows.from_frame(full.drop(columns="row")), win)
+    assert got["busy_all"].tolist() == [13, 3]
+    assert got["busy_kernel"].tolist() == [11, 3]
 
 
 def _expected(rows: pd.DataFrame, win: pd.DataFrame) -> pd.DataFrame:
