@@ -24,6 +24,7 @@ import pandas as pd
 from analysis.kernel_rows import KernelRows
 from sidecar.profiling.stats import TRIM
 
+PART_ROWS = 200_000  # rows of the source whose groups' values are held at once (a part's)
 # key columns whose pandas dtype is fixed whatever their values (`Frames.meta`'s batch size)
 _DTYPES = {"batch_size": "Int64"}
 
@@ -91,19 +92,37 @@ def across_traces_sql(
         for i, v in enumerate(values)
     ]
     order = ", ".join(f"{_q(k)} ASC NULLS LAST" for k in keys)
-    sql = f"""
-        WITH src AS (
-            SELECT {", ".join(taken)} FROM {source} AS _source {f"WHERE {where}" if where else ""}
-        ), groups AS (
-            SELECT {", ".join(per_group)} FROM src
-            {f"GROUP BY {', '.join(map(_q, keys))}" if keys else "HAVING count(*) > 0"}
-        ), sorted AS (
-            SELECT *{"".join(f", {e} AS _s{i}" for i, e in enumerate(sort))} FROM groups
-        )
-        SELECT {", ".join([*map(_q, keys), *map(_q, first), "n_traces", *means])}
-        FROM sorted {f"ORDER BY {order}" if keys else ""}
-    """
-    return _typed(kr.query(sql, params), [*keys, *first], values)
+    src = f"SELECT {', '.join(taken)} FROM {source} AS _source {f'WHERE {where}' if where else ''}"
+    # the groups' value lists are held in memory, all at once: a large source is taken in
+    # parts, each a share of the groups (by the hash of their keys), so that what is held
+    # stays a part's, whatever the store's size
+    rows = int(kr.scalar(f"SELECT count(*) FROM ({src})", params) or 0) if keys else 0
+    parts = max(1, -(-rows // PART_ROWS))
+    outs = []
+    for part in range(parts):
+        mine = f"WHERE hash({', '.join(map(_q, keys))}) % {parts} = {part}" if parts > 1 else ""
+        sql = f"""
+            WITH src AS ({src}), groups AS (
+                SELECT {", ".join(per_group)} FROM src {mine}
+                {f"GROUP BY {', '.join(map(_q, keys))}" if keys else "HAVING count(*) > 0"}
+            ), sorted AS (
+                SELECT *{"".join(f", {e} AS _s{i}" for i, e in enumerate(sort))} FROM groups
+            )
+            SELECT {", ".join([*map(_q, keys), *map(_q, first), "n_traces", *means])}
+            FROM sorted {f"ORDER BY {order}" if keys and parts == 1 else ""}
+        """
+        outs.append(kr.query(sql, params))
+    out = outs[0] if parts == 1 else _in_key_order(kr, pd.concat(outs, ignore_index=True), order)
+    return _typed(out, [*keys, *first], values)
+
+
+def _in_key_order(kr: KernelRows, out: pd.DataFrame, order: str) -> pd.DataFrame:
+    """The parts' groups put in key order as one query would order them (DuckDB's)."""
+    kr.register("_trimmed_parts", out)
+    try:
+        return kr.query(f"SELECT * FROM _trimmed_parts ORDER BY {order}")
+    finally:
+        kr.unregister("_trimmed_parts")
 
 
 def _typed(out: pd.DataFrame, labels: list[str], values: list[str]) -> pd.DataFrame:

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis import trimmed_sql
 from analysis.common import across_traces
 from analysis.kernel_rows import KernelRows
 from analysis.trimmed_sql import across_traces_sql
@@ -107,6 +108,21 @@ def test_rows_taken_by_a_condition_are_the_filtered_frames(seed: int) -> None:
         where="kind IN ('kernel', 'cpu_op') AND NOT isnan(flops)",
     )
     _same(got, want, [*keys, "layer_type", "kind"], ["duration_ns", "flops"])
+
+
+@pytest.mark.parametrize("part_rows", [1, 37, 500])
+def test_a_source_taken_in_parts_gives_the_groups_of_one_part(
+    part_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large source is aggregated a share of its groups at a time: the same groups, in
+    the same key order, as in one go (and as `across_traces`)."""
+    kn = _kernels(3)
+    kr = KernelRows.from_frame(kn)
+    whole = across_traces_sql(kr, "kernels", KEYS, VALUES, ["layer_type"])
+    monkeypatch.setattr(trimmed_sql, "PART_ROWS", part_rows)
+    parts = across_traces_sql(kr, "kernels", KEYS, VALUES, ["layer_type"])
+    pd.testing.assert_frame_equal(parts, whole)
+    _same(parts, across_traces(kn, KEYS, VALUES, ["layer_type"]), [*KEYS, "layer_type"], VALUES)
 
 
 def test_no_row_taken_gives_no_group() -> None:
