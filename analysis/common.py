@@ -210,28 +210,6 @@ def container_note(n: int, what: str) -> str:
     )
 
 
-def inclusive_sums(own: pd.DataFrame, layers: pd.DataFrame, values: Sequence[str]) -> pd.DataFrame:
-    """Per (tkey, name) of `layers`: `values` summed over the layer's own rows in `own`
-    (columns tkey, layer, *values) and those of the modules inside it. `layer1.0` holds
-    `layer1.0.conv1` (dotted module paths; a call suffix `#n` is not a path part)."""
-    values = list(values)
-    summed = own.groupby(["tkey", "layer"], as_index=False, observed=True)[values].sum(min_count=1)
-    rows: list[list[Any]] = []
-    for tkey, group in layers.groupby("tkey", observed=True):
-        have = summed[summed["tkey"] == tkey]
-        names = have["layer"].astype(str).to_numpy()
-        data = have[values].to_numpy("float64")
-        paths = np.array([n.split("#", 1)[0] for n in names], dtype=object)
-        for name in group["name"].astype(str).unique():
-            base = name.split("#", 1)[0]
-            mask = (names == name) | np.array([p.startswith(base + ".") for p in paths], dtype=bool)
-            sums = np.nansum(data[mask], axis=0) if mask.any() else np.zeros(len(values))
-            if mask.any():
-                sums = np.where(np.isnan(data[mask]).all(axis=0), np.nan, sums)
-            rows.append([int(tkey), name, *sums.tolist()])
-    return pd.DataFrame(rows, columns=["tkey", "name", *values])
-
-
 def left_join(df: pd.DataFrame, right: pd.DataFrame, on: Sequence[str]) -> pd.DataFrame:
     """`df.merge(right, on=on, how="left")` where `right`'s keys are unique, without copying
     `df`'s columns (copy-on-write): only the key columns are merged, to find each row's match,

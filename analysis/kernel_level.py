@@ -20,7 +20,6 @@ from analysis.common import (
     Frames,
     across_traces,
     empty_result,
-    inclusive_sums,
     not_captured,
 )
 from analysis.kernel_rows import kernel_rows
@@ -40,7 +39,40 @@ METRICS = ("flops", "dram_read_bytes", "dram_write_bytes")
 
 WORK = f"kind IN ({', '.join(repr(k) for k in KERNEL_TABLE_KINDS)})"  # SQL: a span is work
 _DEVICE = f"kind IN ({', '.join(repr(k) for k in DEVICE_KINDS)})"  # SQL: work on the device
+_LAYERED = f"{_DEVICE} AND layer IS NOT NULL"  # SQL: GPU work in a layer
 _A13_TRACES = "a13_traces"  # the traces A13 compares, beside `kernels`
+_GPU_PER_CALL = """
+    WITH own AS (
+        SELECT tkey, layer, SUM(duration_ns) AS ns FROM kernels
+        WHERE {layered} AND tkey IN (SELECT tkey FROM {traces}) GROUP BY tkey, layer
+    ), paths AS (
+        SELECT tkey, ns, string_split(split_part(layer, '#', 1), '.') AS parts FROM own
+    ), cut AS (
+        SELECT tkey, ns, parts, unnest(range(1, len(parts))) AS k FROM paths
+    ), inside AS (
+        SELECT tkey, array_to_string(parts[1:k], '.') AS path, SUM(ns) AS ns FROM cut
+        GROUP BY ALL
+    ), calls AS (
+        SELECT l.row, l.tkey, l.model, l.batch_size, l.idx, l.name, l.type, l.container,
+            l.duration_ns, CAST(COALESCE(o.ns, 0) + COALESCE(i.ns, 0) AS DOUBLE) AS gpu_ns
+        FROM layers AS l
+        LEFT JOIN own AS o ON o.tkey = l.tkey AND o.layer = l.name
+        LEFT JOIN inside AS i ON i.tkey = l.tkey AND i.path = split_part(l.name, '#', 1)
+        WHERE l.tkey IN (SELECT tkey FROM {traces})
+    )
+    SELECT *, CAST(duration_ns AS DOUBLE) - gpu_ns AS non_gpu_ns FROM calls
+"""
+
+
+def gpu_per_call(traces: str) -> str:
+    """SQL: the layer calls (`layers`) of the traces in the relation `traces` (a column
+    tkey), each with its GPU time `gpu_ns`: the ns of the device work (`kernels`) run in the
+    call itself and in the modules inside it, 0 where none, and `non_gpu_ns`, the rest of its
+    `duration_ns`. `layer1.0` holds `layer1.0.conv1` (dotted module paths; a call suffix `#n`
+    is not a path part): each layer call's own GPU ns are added to every proper prefix of its
+    module path (`layer1`, `layer1.0`), and a call takes those of its own path. The ns are
+    summed as whole numbers (exact) and made floats once."""
+    return _GPU_PER_CALL.format(layered=_LAYERED, traces=traces)
 
 
 def _missing(key: str, fr: Frames) -> AnalysisResult | None:
@@ -253,8 +285,7 @@ def gpu_vs_non_gpu(fr: Frames) -> AnalysisResult:
     if (miss := _missing("A13", fr)) is not None:
         return miss
     kr = kernel_rows(fr)
-    layered = f"{_DEVICE} AND layer IS NOT NULL"  # GPU work in a layer
-    gpu_traces = set(kr.query(f"SELECT DISTINCT tkey FROM kernels WHERE {layered}")["tkey"])
+    gpu_traces = set(kr.query(f"SELECT DISTINCT tkey FROM kernels WHERE {_LAYERED}")["tkey"])
     if not gpu_traces and kr.scalar(f"SELECT EXISTS (SELECT 1 FROM kernels WHERE {_DEVICE})"):
         return not_captured(
             "A13",
@@ -286,21 +317,11 @@ def gpu_vs_non_gpu(fr: Frames) -> AnalysisResult:
                 "was recorded), so there is no layer time to compare with kernel times"
             )
         return not_captured("A13", TITLES["A13"], reason)
-    ly = fr.layers[fr.layers["tkey"].isin(comparable)]
-    # own GPU time per (trace, layer): the layer's own kernels/memcpys/memsets
+    # GPU time per layer call: its own kernels/memcpys/memsets and those of the modules in it
     kr.register(_A13_TRACES, pd.DataFrame({"tkey": sorted(comparable)}, dtype="int64"))
-    own = kr.query(
-        f"SELECT tkey, layer, SUM(duration_ns) AS gpu_ns FROM kernels WHERE {layered} "
-        f"AND tkey IN (SELECT tkey FROM {_A13_TRACES}) GROUP BY tkey, layer"
-    )
-    gpu = inclusive_sums(own, ly, ["gpu_ns"])
-    ly = ly[["tkey", *GROUP, "idx", "name", "type", "container", "duration_ns"]].merge(
-        gpu, on=["tkey", "name"], how="left"
-    )
-    ly["gpu_ns"] = ly["gpu_ns"].fillna(0.0)
-    ly["non_gpu_ns"] = ly["duration_ns"] - ly["gpu_ns"]
-    agg = across_traces(
-        ly,
+    agg = across_traces_sql(
+        kr,
+        gpu_per_call(_A13_TRACES),
         [*GROUP, "name"],
         ["duration_ns", "gpu_ns", "non_gpu_ns"],
         ["idx", "type", "container"],

@@ -73,11 +73,13 @@ def memory_roof(
     return DRAM, dram_bytes_per_s
 
 
-def working_sets(layers: pd.DataFrame) -> pd.Series:
-    """Per layer row: inputs + weights + outputs in bytes, from the estimated bytes of its
-    shapes (NaN where the bytes were measured or not recorded)."""
-    ws = layers["dram_read_bytes"].astype("float64") + layers["dram_write_bytes"].astype("float64")
-    return ws.where(layers["bytes_estimated"].fillna(False).astype(bool))
+# SQL over the relation `layers` (`analysis.kernel_rows`): per layer call, inputs + weights +
+# outputs in bytes, from the estimated bytes of its shapes (NULL where the bytes were measured
+# or not recorded)
+WORKING_SET = (
+    "CASE WHEN COALESCE(bytes_estimated, FALSE) "
+    "THEN CAST(dram_read_bytes AS DOUBLE) + CAST(dram_write_bytes AS DOUBLE) END"
+)
 
 
 def cache_roofs(fr: Frames) -> pd.DataFrame:

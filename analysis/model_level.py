@@ -7,6 +7,7 @@ import math
 import pandas as pd
 
 from analysis.common import GROUP, AnalysisResult, Frames, across_traces, empty_result
+from analysis.kernel_rows import kernel_rows
 from analysis.memory_roof import ROOFS
 from analysis.roofline import (
     ROOFLINE_MEASURES,
@@ -19,6 +20,7 @@ from sidecar.profiling.stats import decide_batch, trimmed_mean_rse
 
 A1_TITLE = "Model throughput and latency per batch size"
 A15_TITLE = "Model aggregate and compute/memory-bound verdict"
+_GPU_RUNS = "a15_gpu_runs"  # the traces with GPU kernel counters, beside `kernels`
 
 
 def _with_cache_roofs(fr: Frames, agg: pd.DataFrame) -> pd.Series:
@@ -101,13 +103,21 @@ def model_aggregate(fr: Frames) -> AnalysisResult:
         return empty_result("A15", A15_TITLE)
     metrics, source = layer_metrics(fr)
     per_gpu_run = gpu_run_metrics(fr)
+    # per trace without GPU counters: its layers' FLOPs and bytes summed (as pandas' groupby
+    # sums: compensated, 0 over no recorded value)
+    kr = kernel_rows(fr)
+    kr.register(_GPU_RUNS, per_gpu_run[["tkey"]])
+    per_trace = kr.query(
+        "SELECT tkey, COALESCE(FSUM(flops), 0.0) AS flops, "
+        "COALESCE(FSUM(dram_bytes), 0.0) AS dram_bytes, BOOL_OR(estimated) AS estimated "
+        f"FROM {metrics} WHERE tkey NOT IN (SELECT tkey FROM {_GPU_RUNS}) "
+        "GROUP BY tkey ORDER BY tkey"
+    )
     if not per_gpu_run.empty:
         source = "kernel counters (every kernel of the run)" + (
-            f" and {source}"
-            if not metrics[~metrics["tkey"].isin(per_gpu_run["tkey"])].empty
-            else ""
+            f" and {source}" if not per_trace.empty else ""
         )
-    if metrics.empty and per_gpu_run.empty:
+    if per_trace.empty and per_gpu_run.empty:
         return AnalysisResult(
             "A15",
             A15_TITLE,
@@ -115,12 +125,8 @@ def model_aggregate(fr: Frames) -> AnalysisResult:
             reason="no FLOPs/bytes recorded: kernel counters were not captured and layer spans "
             "carry no flops/dram_*_bytes estimates",
         )
-    per_trace = metrics.groupby("tkey", as_index=False, observed=True).agg(
-        flops=("flops", "sum"), dram_bytes=("dram_bytes", "sum"), estimated=("estimated", "max")
-    )
     per_trace = pd.concat(  # GPU runs with counters: all their kernels, layered or not
-        [per_gpu_run, per_trace[~per_trace["tkey"].isin(per_gpu_run["tkey"])]],
-        ignore_index=True,
+        [per_gpu_run, per_trace], ignore_index=True
     )
     df = fr.model_latency.merge(per_trace, on="tkey", how="inner")
     df["estimated"] = df["estimated"].astype(float)

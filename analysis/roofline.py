@@ -23,13 +23,12 @@ from analysis.common import (
     GROUP,
     AnalysisResult,
     Frames,
-    across_traces,
     container_note,
     empty_result,
     not_captured,
 )
 from analysis.kernel_rows import kernel_rows
-from analysis.memory_roof import DRAM, cache_roofs, with_memory_roofs, working_sets
+from analysis.memory_roof import DRAM, WORKING_SET, cache_roofs, with_memory_roofs
 from analysis.trimmed_sql import across_traces_sql
 
 A9_TITLE = "Kernel roofline"
@@ -236,13 +235,6 @@ def kernel_roofline(fr: Frames) -> AnalysisResult:
     return res
 
 
-def layer_metrics(fr: Frames) -> tuple[pd.DataFrame, str]:
-    """Per trace and layer: flops and DRAM bytes, from kernel counters in traces that have
-    them, else from the layer's own (possibly estimated) attributes. Returns (frame, source);
-    computed once per `Frames` (A14 and A15 read it): do not modify the frame."""
-    return fr.memo("layer_metrics", lambda: _layer_metrics(fr))
-
-
 # SQL: per group of kernel spans with counters, as pandas' groupby-agg sums them: a sum
 # over no recorded value is 0, not NULL; a span's missing DRAM read or write counts 0;
 # compensated sums (FSUM), as pandas' are, so the totals do not hang on the rows' order
@@ -254,31 +246,56 @@ _COUNTER_SUMS = (
 _HAS_COUNTERS = "(flops IS NOT NULL OR dram_read_bytes IS NOT NULL)"
 
 
-def _layer_metrics(fr: Frames) -> tuple[pd.DataFrame, str]:
-    from_kernels = kernel_rows(fr).query(
-        f"SELECT tkey, layer AS name, {_COUNTER_SUMS} FROM kernels "
-        f"WHERE kind IN ('kernel', 'cpu_op') AND layer IS NOT NULL AND {_HAS_COUNTERS} "
-        "GROUP BY tkey, layer ORDER BY tkey, layer"
-    )
-    ly = fr.layers
-    ly = ly[ly["flops"].notna() & ~ly["tkey"].isin(set(from_kernels["tkey"]))]
-    from_layers = pd.DataFrame(
-        {
-            "tkey": ly["tkey"],
-            "name": ly["name"],
-            "flops": ly["flops"],
-            "dram_bytes": ly["dram_read_bytes"] + ly["dram_write_bytes"],
-            "estimated": ly["flops_estimated"] | ly["bytes_estimated"],
-        }
-    )
+LAYER_METRICS = "layer_metrics"  # the relation `layer_metrics` gives, beside `kernels`
+_NOWHERE = "nowhere"  # `layer_metrics`' source where no layer has FLOPs or bytes
+# SQL: the leaf layer calls (not containers) that have FLOPs or bytes in `{metrics}`, with
+# them and their working sets
+_LEAF_METRICS = f"""
+    SELECT l.row, l.tkey, l.model, l.batch_size, l.idx, l.name, l.type, l.duration_ns,
+        m.flops, m.dram_bytes, CAST(m.estimated AS DOUBLE) AS estimated,
+        {WORKING_SET} AS working_set_bytes
+    FROM layers AS l JOIN {{metrics}} AS m
+        ON m.tkey = l.tkey AND m.name IS NOT DISTINCT FROM l.name
+    WHERE l.container IS NOT TRUE
+"""
+
+
+def layer_metrics(fr: Frames) -> tuple[str, str]:
+    """Per trace and layer: flops and DRAM bytes, from kernel counters in traces that have
+    them, else from the layer's own (possibly estimated) attributes. Returns the name of a
+    temporary table on `kernel_rows(fr)` and where the numbers come from (`source`); made once
+    per `Frames` (A14 and A15 read it). The table's columns: tkey, name (the layer call),
+    flops, dram_bytes (DOUBLE; NULL: not recorded), estimated (BOOLEAN) and counters (BOOLEAN:
+    from kernel counters)."""
+    return fr.memo("layer_metrics", lambda: _layer_metrics(fr))
+
+
+def _layer_metrics(fr: Frames) -> tuple[str, str]:
+    kr = kernel_rows(fr)
+    # a layer's own attributes where its trace has no kernel counters (NaN: not recorded)
+    kr.scalar(f"""
+        CREATE TEMP TABLE {LAYER_METRICS} AS
+        WITH from_kernels AS MATERIALIZED (
+            SELECT tkey, layer AS name, {_COUNTER_SUMS} FROM kernels
+            WHERE kind IN ('kernel', 'cpu_op') AND layer IS NOT NULL AND {_HAS_COUNTERS}
+            GROUP BY tkey, layer
+        ), from_layers AS (
+            SELECT tkey, name, NULLIF(flops, 'NaN'::DOUBLE) AS flops,
+                NULLIF(dram_read_bytes + dram_write_bytes, 'NaN'::DOUBLE) AS dram_bytes,
+                COALESCE(flops_estimated, FALSE) OR COALESCE(bytes_estimated, FALSE)
+                    AS estimated
+            FROM layers
+            WHERE NULLIF(flops, 'NaN'::DOUBLE) IS NOT NULL
+                AND tkey NOT IN (SELECT tkey FROM from_kernels)
+        )
+        SELECT *, TRUE AS counters FROM from_kernels
+        UNION ALL SELECT tkey, name, flops, dram_bytes, estimated, FALSE FROM from_layers
+    """)
+    have = set(kr.query(f"SELECT DISTINCT counters FROM {LAYER_METRICS}")["counters"])
     sources = [
-        name
-        for name, df in (("kernel counters", from_kernels), ("layer attributes", from_layers))
-        if not df.empty
+        name for name, c in (("kernel counters", True), ("layer attributes", False)) if c in have
     ]
-    frames = [df for df in (from_kernels, from_layers) if not df.empty]
-    out = pd.concat(frames, ignore_index=True) if frames else from_layers
-    return out, " and ".join(sources) or "nowhere"
+    return LAYER_METRICS, " and ".join(sources) or _NOWHERE
 
 
 def gpu_run_metrics(fr: Frames) -> pd.DataFrame:
@@ -299,29 +316,26 @@ def layer_roofline(fr: Frames) -> AnalysisResult:
     """A14: each layer on the roofline (FLOPs and bytes over the layer's latency)."""
     if fr.data.empty:
         return empty_result("A14", A14_TITLE)
+    kr = kernel_rows(fr)
     metrics, source = layer_metrics(fr)
-    if metrics.empty and not gpu_run_metrics(fr).empty:
+    if source == _NOWHERE and not gpu_run_metrics(fr).empty:
         return not_captured(
             "A14",
             A14_TITLE,
             "kernel counters were captured, but no kernel belongs to a layer: the traces have "
             "no layer spans (a TorchScript model on CUDA is profiled at M and K only)",
         )
-    if metrics.empty:
+    if source == _NOWHERE:
         return not_captured(
             "A14",
             A14_TITLE,
             "no FLOPs/bytes recorded: kernel counters were not captured and layer spans carry "
             "no flops/dram_*_bytes estimates",
         )
-    ly = fr.layers
-    containers = ly[ly["container"]]
-    ly = ly[~ly["container"]].assign(working_set_bytes=working_sets(ly[~ly["container"]]))
-    ly = ly[["tkey", *GROUP, "idx", "name", "type", "duration_ns", "working_set_bytes"]]
-    df = ly.merge(metrics, on=["tkey", "name"], how="inner")
-    df["estimated"] = df["estimated"].astype(float)
     values = ["duration_ns", "flops", "dram_bytes", "estimated", "working_set_bytes"]
-    agg = across_traces(df, [*GROUP, "name"], values, ["idx", "type"])
+    agg = across_traces_sql(
+        kr, _LEAF_METRICS.format(metrics=metrics), [*GROUP, "name"], values, ["idx", "type"]
+    )
     roofs = cache_roofs(fr)
     extra: list[str] = []
     if not roofs.empty:  # traces without cache roofs keep today's table
@@ -340,7 +354,9 @@ def layer_roofline(fr: Frames) -> AnalysisResult:
     ]
     if res.estimated:
         res.notes.append("estimated: FLOPs/bytes are estimates from layer shapes, not counters")
-    if n := containers.drop_duplicates(["model", "name"]).shape[0]:
+    if n := kr.scalar(
+        "SELECT count(*) FROM (SELECT DISTINCT model, name FROM layers WHERE container)"
+    ):
         res.notes.append(
             container_note(n, "left out")
             + "; the kernels they launch themselves (e.g. residual adds) are in A11/A12"
