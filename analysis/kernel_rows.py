@@ -239,6 +239,23 @@ class KernelRows:
         con.execute(f"CREATE VIEW kernels AS SELECT {cols} FROM _kernel_frame")
         return cls(con)
 
+    def add_layers(self, layers: pd.DataFrame) -> None:
+        """The relation `layers` beside `kernels` of `from_frame`, over a frame with (some
+        of) its columns (`LAYER_COLUMNS`; the others NULL; `row` where missing: the frame's
+        order)."""
+        if "row" not in layers.columns:
+            layers = layers.assign(row=np.arange(len(layers), dtype="int64"))
+        self._con.register("_layer_frame", layers)
+        types = {**STORED["layer"], "model": "VARCHAR", "batch_size": "BIGINT",
+                 "module": "VARCHAR", "container": "BOOLEAN"}  # fmt: skip
+        cols = ", ".join(
+            f'CAST("{c}" AS {types[c]}) AS "{c}"'
+            if c in layers.columns
+            else f'NULL::{types[c]} AS "{c}"'
+            for c in LAYER_COLUMNS
+        )
+        self._con.execute(f"CREATE VIEW layers AS SELECT {cols} FROM _layer_frame")
+
     @classmethod
     def of(cls, store: SpanStore, meta: pd.DataFrame) -> KernelRows:
         """The relations over `store`, each span's group from `meta` (tkey, model,

@@ -92,9 +92,15 @@ def test_values_of_another_type_than_the_first_rows_are_read(tmp_path: Path) -> 
     assert text_idx not in rows
     assert sum(r[1] is None for r in rows.values()) == 40
     data = load_traces([db])  # (the loaded spans name no span id: a span by its trace, start)
-    sp = data.spans
-    at = (sp["trace_id"] == trace_id) & (sp["start_ns"] == start_ns) & (sp["level"] == "layer")
-    assert sp.loc[at, "duration_ns"].tolist() == [1234]
+    tkey = int(data.traces.loc[data.traces["trace_id"] == trace_id, "tkey"].iloc[0])
+    found = (
+        data.span_store()
+        .cursor()
+        .execute(  # (the layer level is held in DuckDB)
+            "SELECT duration_ns FROM layer_spans WHERE tkey = ? AND start_ns = ?", [tkey, start_ns]
+        )
+    )
+    assert [r[0] for r in found.fetchall()] == [1234]
     assert [r.row for r in data.bad_rows] == [text_idx]  # skipped, and named
     assert [r.reason for r in data.bad_rows] == ["not an integer ('x')"]
 

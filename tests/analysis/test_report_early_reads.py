@@ -10,6 +10,8 @@ import pandas as pd
 import pytest
 
 from analysis import columnar
+from analysis.common import Frames
+from analysis.kernel_rows import kernel_rows
 from analysis.keys import ANALYSIS_KEYS
 from analysis.trace_analysis import ANALYSES
 from analysis.tracedb import TraceDatabaseError, TraceFilter, load_traces
@@ -35,8 +37,12 @@ def test_spans_read_before_the_load_are_the_loaders_own(
         assert first is not None
         early = load_traces([db, CPU_DB], flt, first)
         late = load_traces([db, CPU_DB], flt)
-        assert len(late.spans) > 100
+        assert late.span_count() > 100
         pd.testing.assert_frame_equal(early.spans, late.spans)
+        a, b = kernel_rows(Frames(early)), kernel_rows(Frames(late))
+        for relation in ("kernels", "layers"):  # the levels held in DuckDB
+            sql = f"SELECT * FROM {relation} ORDER BY row"
+            pd.testing.assert_frame_equal(a.query(sql), b.query(sql), obj=relation)
         pd.testing.assert_frame_equal(early.traces, late.traces)
         assert early.bad_rows == late.bad_rows
 
