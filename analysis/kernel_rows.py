@@ -68,6 +68,8 @@ if TYPE_CHECKING:
     from analysis.common import Frames
 
 MEMORY_LIMIT = "128MB"  # DuckDB's memory for the spans; past it, a temporary folder
+# one thread: its sorts and joins then fit the limit (two ran out of it at 8 M spans)
+THREADS = 1
 LEVELS = ("kernel", "layer")  # the levels held here, not in `TraceData.spans`
 # the columns of each level's spans as the loader stores them
 STORED = {
@@ -108,6 +110,8 @@ class SpanStore:
             f"SET memory_limit = '{MEMORY_LIMIT}'",
             f"SET temp_directory = '{self._folder}'",  # where it spills past its limit
             "SET enable_progress_bar = false",
+            "SET preserve_insertion_order = false",  # (`row` holds the order; less to hold)
+            f"SET threads = {THREADS}",
             # in memory, compressed as on disk (a third of the size for spans, and less to
             # spill): the spans' strings repeat (names, kinds, shapes)
             "ATTACH ':memory:' AS spans (COMPRESS)",
@@ -264,22 +268,40 @@ class KernelRows:
         con.register("_meta", meta.astype({"model": object}))
         n = next(_names)
         calls, layers, kernels = f"layer_calls_{n}", f"layers_{n}", f"kernels_{n}"
+        # the (trace, run, name)s stored more than once: only their calls are numbered
         con.execute(
-            f"""
-            CREATE TABLE {calls} AS
-            SELECT row, tkey, run_level, name AS module,
-                   CASE WHEN _n > 0 THEN name || '#' || _n ELSE name END AS name,
-                   type, idx, start_ns, outside_layers
-            FROM (
-                SELECT *, row_number() OVER (PARTITION BY tkey, run_level, name
-                                             ORDER BY start_ns, idx, row) - 1 AS _n
-                FROM {store.table("layer")}
-            )
-            """
+            f"CREATE TEMP TABLE _repeats AS SELECT tkey, run_level, name "
+            f"FROM {store.table('layer')} GROUP BY ALL HAVING count(*) > 1"
+        )
+        same = " AND ".join(
+            f"r.{c} IS NOT DISTINCT FROM s.{c}" for c in ("tkey", "run_level", "name")
         )
         con.execute(
             f"""
-            CREATE TABLE {layers} AS
+            CREATE TEMP TABLE {calls} AS
+            WITH flagged AS (
+                SELECT s.row, s.tkey, s.run_level, s.name, s.type, s.idx, s.start_ns,
+                       s.outside_layers, r.tkey IS NOT NULL AS repeated
+                FROM {store.table("layer")} s LEFT JOIN _repeats r ON {same}
+            )
+            SELECT row, tkey, run_level, name AS module, name, type, idx, start_ns,
+                   outside_layers, repeated
+            FROM flagged WHERE NOT repeated
+            UNION ALL
+            SELECT row, tkey, run_level, name AS module,
+                   CASE WHEN _n > 0 THEN name || '#' || _n ELSE name END AS name,
+                   type, idx, start_ns, outside_layers, repeated
+            FROM (
+                SELECT *, row_number() OVER (PARTITION BY tkey, run_level, name
+                                             ORDER BY start_ns, idx, row) - 1 AS _n
+                FROM flagged WHERE repeated
+            )
+            """
+        )
+        con.execute("DROP TABLE _repeats")
+        con.execute(
+            f"""
+            CREATE TEMP TABLE {layers} AS
             WITH keras AS (
                 SELECT * FROM {calls} WHERE outside_layers IS DISTINCT FROM true
             ), runs AS (
@@ -304,26 +326,32 @@ class KernelRows:
         )
         con.execute(
             f"""
-            CREATE TABLE {kernels} AS
+            CREATE TEMP TABLE {kernels} AS
             WITH repeated AS (
-                SELECT tkey, run_level, module, start_ns, name FROM (
-                    SELECT *, count(*) OVER (PARTITION BY tkey, run_level, module) AS _calls
-                    FROM {calls}
-                ) WHERE _calls > 1
+                SELECT tkey, run_level, module, start_ns, name FROM {calls} WHERE repeated
+            ), modules AS (
+                SELECT DISTINCT tkey, run_level, module FROM repeated
+            ), moved AS (  -- the kernels of a module called more than once: their call
+                SELECT k.row, c.name AS call
+                FROM (
+                    SELECT k.* FROM {store.table("kernel")} k SEMI JOIN modules m
+                    ON m.tkey = k.tkey AND m.run_level = k.run_level AND m.module = k.layer
+                ) k
+                ASOF JOIN repeated c
+                  ON c.tkey = k.tkey AND c.run_level = k.run_level AND c.module = k.layer
+                 AND k.start_ns >= c.start_ns
             ), types AS (
                 SELECT tkey, name, arg_min(type, row) AS layer_type FROM {calls}
                 GROUP BY tkey, name
             )
             SELECT k.row, k.tkey, m.model::VARCHAR AS model, m.batch_size::BIGINT AS batch_size,
-                   k.run_level, coalesce(c.name, k.layer) AS layer, t.layer_type, k.idx,
+                   k.run_level, coalesce(mv.call, k.layer) AS layer, t.layer_type, k.idx,
                    k.name, k.kind, k.start_ns, k.end_ns, k.duration_ns, k.flops,
                    k.dram_read_bytes, k.dram_write_bytes, k.achieved_occupancy,
                    k.metrics_estimated
             FROM {store.table("kernel")} k
-            ASOF LEFT JOIN repeated c
-              ON c.tkey = k.tkey AND c.run_level = k.run_level AND c.module = k.layer
-             AND k.start_ns >= c.start_ns
-            LEFT JOIN types t ON t.tkey = k.tkey AND t.name = coalesce(c.name, k.layer)
+            LEFT JOIN moved mv ON mv.row = k.row
+            LEFT JOIN types t ON t.tkey = k.tkey AND t.name = coalesce(mv.call, k.layer)
             LEFT JOIN _meta m ON m.tkey = k.tkey
             """
         )
