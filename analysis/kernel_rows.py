@@ -35,7 +35,8 @@ Keras layer).
 (the L run where there is one, else the first run by name), Keras ops outside layers left out,
 sorted by tkey, idx, start_ns:
 
-    row                 BIGINT   position in that order (for "the first row" rules)
+    row                 STRUCT   the span's key in that order (tkey, idx, start_ns and its
+                                 position in the loader's order: for "the first row" rules)
     tkey, model, batch_size, run_level   as above
     module, name        VARCHAR  (as in `layer_calls`)
     kind, op_type, type VARCHAR
@@ -309,8 +310,7 @@ class KernelRows:
                                    run_level NULLS LAST) AS run_level
                 FROM keras GROUP BY tkey
             )
-            SELECT (row_number() OVER (ORDER BY k.tkey, k.idx, k.start_ns, k.row) - 1)::BIGINT
-                     AS row,
+            SELECT struct_pack(t := k.tkey, i := k.idx, s := k.start_ns, r := k.row) AS row,
                    k.tkey, m.model::VARCHAR AS model, m.batch_size::BIGINT AS batch_size,
                    k.run_level, k.module, k.name, s.kind, s.op_type, k.type, k.idx,
                    coalesce(s.leaf = 0, false) AS container, k.start_ns, s.end_ns,
@@ -321,7 +321,6 @@ class KernelRows:
             JOIN runs r ON r.tkey = k.tkey AND r.run_level IS NOT DISTINCT FROM k.run_level
             JOIN {store.table("layer")} s ON s.row = k.row
             LEFT JOIN _meta m ON m.tkey = k.tkey
-            ORDER BY row
             """
         )
         con.execute(

@@ -42,9 +42,12 @@ def test_the_loader_keeps_the_kernel_level_out_of_the_pandas_spans() -> None:
     assert data.span_store().count("layer") == layers
     assert data.span_count() == len(data.spans) + stored + layers
     assert {"kernel", "layer", "model"} <= set(data.levels())
-    relation = kernel_rows(Frames(data)).query("SELECT * FROM layers ORDER BY row")
+    kr = kernel_rows(Frames(data))
+    relation = kr.query("SELECT * FROM layers ORDER BY row")
     assert tuple(relation.columns) == LAYER_COLUMNS
-    assert relation["row"].tolist() == list(range(len(relation)))
+    assert len(relation) == layers
+    by_keys = kr.query("SELECT * FROM layers ORDER BY tkey, idx, start_ns")
+    pd.testing.assert_frame_equal(relation, by_keys)  # `row` orders them so
 
 
 def test_each_kernel_has_its_layer_type_and_group() -> None:
