@@ -18,7 +18,6 @@ from analysis.common import (
     KERNEL_TABLE_KINDS,
     AnalysisResult,
     Frames,
-    across_traces,
     empty_result,
     not_captured,
 )
@@ -138,39 +137,35 @@ def kernel_table(fr: Frames) -> AnalysisResult:
     return res
 
 
-def _sum_per(fr: Frames, keys: list[str], where: str = "TRUE") -> pd.DataFrame:
-    """Per trace and `keys` (missing keys a group of their own) of the work spans `where`
-    keeps, in SQL: count, latency, summed counters (missing where none is recorded),
-    latency-weighted occupancy and whether any counter was estimated (0.0/1.0). Rows in no
-    particular order (`across_traces` does not depend on it)."""
-    by = ", ".join(["tkey", *keys])
+def _per_trace(keys: list[str], where: str = "TRUE") -> str:
+    """SQL: per trace and `keys` (missing keys a group of their own) of the work spans
+    `where` keeps: count, latency, summed counters (missing where none is recorded),
+    latency-weighted occupancy and whether any counter was estimated (0.0/1.0), with the
+    trace's group and `row` (for `across_traces_sql`)."""
+    by = ", ".join(["tkey", *GROUP, *keys])
     sums = ", ".join(f"SUM({m}) AS {m}" for m in METRICS)
-    g = kernel_rows(fr).query(
-        f"""
-        SELECT {by},
+    return f"""
+        SELECT {by}, min(row) AS row,
                CAST(SUM(duration_ns) AS DOUBLE) AS duration_ns,
                {sums},
                COUNT(*) AS "count",
-               SUM(achieved_occupancy * CAST(duration_ns AS DOUBLE)) AS _occ_lat,
-               CAST(SUM(duration_ns) FILTER (WHERE achieved_occupancy IS NOT NULL) AS DOUBLE)
-                   AS _lat_occ,
+               SUM(achieved_occupancy * CAST(duration_ns AS DOUBLE))
+                 / NULLIF(CAST(SUM(duration_ns) FILTER (WHERE achieved_occupancy IS NOT NULL)
+                               AS DOUBLE), 0) AS achieved_occupancy,
                CAST(MAX(CAST(metrics_estimated AS INTEGER)) AS DOUBLE) AS estimated
         FROM kernels
         WHERE {WORK} AND ({where})
         GROUP BY {by}
         """
-    )
-    g["achieved_occupancy"] = g["_occ_lat"] / g["_lat_occ"]
-    return g.drop(columns=["_occ_lat", "_lat_occ"])
 
 
 def kernels_by_name(fr: Frames) -> AnalysisResult:
     """A10: kernels grouped by name: calls, total latency, counters, weighted occupancy."""
     if (miss := _missing("A10", fr)) is not None:
         return miss
-    per = fr.with_meta(_sum_per(fr, ["name", "kind"]))
-    agg = across_traces(
-        per,
+    agg = across_traces_sql(
+        kernel_rows(fr),
+        _per_trace(["name", "kind"]),
         [*GROUP, "name", "kind"],
         ["count", "duration_ns", *METRICS, "achieved_occupancy"],
     )
@@ -197,9 +192,9 @@ def kernels_by_name(fr: Frames) -> AnalysisResult:
 
 def _by_layer(fr: Frames) -> pd.DataFrame:
     def build() -> pd.DataFrame:
-        per = fr.with_meta(_sum_per(fr, ["layer"], "layer IS NOT NULL"))
-        agg = across_traces(
-            per,
+        agg = across_traces_sql(
+            kernel_rows(fr),
+            _per_trace(["layer"], "layer IS NOT NULL"),
             [*GROUP, "layer"],
             ["count", "duration_ns", *METRICS, "achieved_occupancy", "estimated"],
         )
