@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # (the export, which imports this module, needs no filter)
 BATCH_ROWS = 16_384  # rows per Arrow record batch: a few MB of spans
 PART_ROWS = 200_000  # the export reads a store's spans in parallel parts of at least this many rows
 BUSY_TIMEOUT_MS = 10_000  # how long a batch reader waits for a lock on the store
-REPORT_BATCH_ROWS = 100_000  # the report reads a store's spans in batches of this many rowids
+REPORT_BATCH_ROWS = 50_000  # the report reads a store's spans in batches of this many rowids
 
 TRACE_COLUMNS = (*TRACE_IDENTITY, "status", "created_ns", "sample_reason")
 # the traces' columns as SQLite hands them over (attributes as JSON text)

@@ -363,6 +363,10 @@ class KernelRows:
         """`sql` (over the relations) run, its result as a DataFrame."""
         return self._con.execute(sql, params).df()
 
+    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] | None = None) -> None:
+        """`sql` run for its effect (a temporary table of intermediate rows, say)."""
+        self._con.execute(sql, params)
+
     def scalar(self, sql: str, params: Sequence[Any] | dict[str, Any] | None = None) -> Any:
         """The first value of the first row of `sql`'s result."""
         row = self._con.execute(sql, params).fetchone()

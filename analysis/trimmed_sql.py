@@ -98,6 +98,9 @@ def across_traces_sql(
     # stays a part's, whatever the store's size
     rows = int(kr.scalar(f"SELECT count(*) FROM ({src})", params) or 0) if keys else 0
     parts = max(1, -(-rows // PART_ROWS))
+    if parts > 1:  # its rows made once, not once per part
+        kr.execute(f"CREATE OR REPLACE TEMP TABLE _trimmed_source AS {src}", params)
+        src, params = "SELECT * FROM _trimmed_source", None
     outs = []
     for part in range(parts):
         mine = f"WHERE hash({', '.join(map(_q, keys))}) % {parts} = {part}" if parts > 1 else ""
@@ -112,6 +115,8 @@ def across_traces_sql(
             FROM sorted {f"ORDER BY {order}" if keys and parts == 1 else ""}
         """
         outs.append(kr.query(sql, params))
+    if parts > 1:
+        kr.execute("DROP TABLE _trimmed_source")
     out = outs[0] if parts == 1 else _in_key_order(kr, pd.concat(outs, ignore_index=True), order)
     return _typed(out, [*keys, *first], values)
 
