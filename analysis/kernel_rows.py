@@ -68,6 +68,7 @@ from analysis.layer_type import layer_type
 if TYPE_CHECKING:
     from analysis.common import Frames
 
+ROW_GROUP_ROWS = 122_880  # a DuckDB row group: what `SpanStore.add_arrow` inserts at once
 MEMORY_LIMIT = "128MB"  # DuckDB's memory for the spans; past it, a temporary folder
 # one thread: its sorts and joins then fit the limit (two ran out of it at 8 M spans)
 THREADS = 1
@@ -124,6 +125,7 @@ class SpanStore:
             self._con.execute(f"CREATE TABLE {level}_spans ({cols})")
         self.tkeys: frozenset[int] | None = None  # None: every trace's
         self._read = 0  # rows read so far (`positions`)
+        self._pending: dict[str, list[Any]] = {}  # level -> Arrow tables not yet inserted
         self._closer = weakref.finalize(self, _remove, self._con, self._folder)
 
     @classmethod
@@ -156,7 +158,26 @@ class SpanStore:
 
     def add_arrow(self, level: str, table: Any) -> None:
         """Spans of `level` as the reader hands them over (`arrow_spans`: its columns, with
-        `tkey`, `_pos` for `row`, a layer's decoded `op_type` and its `type`)."""
+        `tkey`, `_pos` for `row`, a layer's decoded `op_type` and its `type`). Inserted a
+        row group at a time (`flush` inserts the rest): DuckDB compresses each insert's
+        row group anew, so smaller inserts cost more."""
+        pending = self._pending.setdefault(level, [])
+        pending.append(table)
+        if sum(t.num_rows for t in pending) >= ROW_GROUP_ROWS:
+            self._flush(level)
+
+    def flush(self) -> None:
+        """Insert the spans `add_arrow` still holds."""
+        for level in list(self._pending):
+            self._flush(level)
+
+    def _flush(self, level: str) -> None:
+        import pyarrow as pa
+
+        tables = self._pending.pop(level, [])
+        if not tables:
+            return
+        table = pa.concat_tables(tables, promote_options="permissive")
         flags = [c for c, t in STORED[level].items() if t == "BOOLEAN"]
         self._insert(
             level, table, {"row": '"_pos"'} | {f: f'coalesce("{f}" > 0, false)' for f in flags}
@@ -174,6 +195,7 @@ class SpanStore:
 
     def restricted(self, tkeys: Collection[int]) -> SpanStore:
         """The same spans, of the traces `tkeys` only (views of this store's tables)."""
+        self.flush()
         out = object.__new__(SpanStore)
         out.__dict__.update(self.__dict__)
         keys = frozenset(int(k) for k in tkeys)
@@ -188,11 +210,13 @@ class SpanStore:
         return f"(SELECT * FROM {level}_spans WHERE tkey IN ({keys}))"
 
     def count(self, level: str) -> int:
+        self.flush()
         (n,) = self._con.execute(f"SELECT count(*) FROM {self.table(level)}").fetchone() or (0,)
         return int(n)
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A connection of its own to the spans' database (its own registered frames)."""
+        self.flush()
         con = self._con.cursor()
         con.execute("USE spans")
         return con

@@ -502,6 +502,7 @@ def load_traces(
         all_traces.append(traces)
         all_stats.append(stats)
     traces, stats = (_concat(f) for f in (all_traces, all_stats))
+    store.flush()
     frame = spans.frame()
     return TraceData(traces, frame, stats, sources, skipped, bad_rows, failed_reasons, store)
 
