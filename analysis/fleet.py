@@ -130,7 +130,7 @@ SELECT model, batch_size, avg(latency_ns) FILTER (WHERE {_KEEP}) / 1e6 AS latenc
 FROM ranked GROUP BY model, batch_size ORDER BY model, batch_size
 """
 
-# Layer spans as the report takes them (`common.Frames.layers`): one run per trace, the L
+# Layer spans as the report takes them (`kernel_rows`, relation `layers`): one run per trace, the L
 # run's where it has one, and every call its own row: the n-th repeat of a name in the run is
 # `name#n` (CPU traces store each call under the module's name).
 _LAYERS = """

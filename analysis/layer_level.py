@@ -67,7 +67,7 @@ def original_nodes(name: str, nodes: object) -> str:
 def across_layers(
     kr: KernelRows, keys: list[str], values: list[str], first: list[str]
 ) -> pd.DataFrame:
-    """`across_traces` over `Frames.layers` (`keys` among them `name`), by SQL over the
+    """`across_traces` over the relation `layers` (`keys` among them `name`), by SQL over the
     relation `layers`, with the columns typed as `across_traces` gives them over the frame:
     `model` and `type` as strings (objects), `name` a categorical unless some call is a
     repeat (`kernel_rows`' `#n`, an object column then), and without a row the frame

@@ -25,7 +25,7 @@ POOL = [0.1, 0.2, 0.3, 0.7, 1e-9, 1e9, 3.0, -0.0, 0.0, 2.5e-3]
 
 
 def _kernels(seed: int, n_groups: int = 120) -> pd.DataFrame:
-    """Kernel spans as `Frames.kernels` has them: per group (model, batch size, layer, idx,
+    """Kernel spans as the relation `kernels` has them: per group (model, batch size, layer, idx,
     name, kind) a value per trace of 1 to 20 traces, some traces with two rows, the rows
     shuffled; values drawn from a small pool (ties), NaN, now and then infinite."""
     rng = random.Random(seed)
