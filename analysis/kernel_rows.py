@@ -55,9 +55,9 @@ import itertools
 import shutil
 import tempfile
 import weakref
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import duckdb
 import numpy as np
@@ -65,8 +65,21 @@ import pandas as pd
 
 from analysis.layer_type import layer_type
 
-if TYPE_CHECKING:
-    from analysis.common import Frames
+T = TypeVar("T")
+
+
+class SpanFrames(Protocol):
+    """What `kernel_rows` needs of an `analysis.common.Frames` (not imported: common
+    imports this module)."""
+
+    @property
+    def data(self) -> Any: ...  # a `TraceData`
+
+    @property
+    def meta(self) -> pd.DataFrame: ...
+
+    def memo(self, key: str, build: Callable[[], T]) -> T: ...
+
 
 # what `SpanStore.add_arrow` inserts at once: a DuckDB row group of kernels (their strings
 # short, their numbers many: a fifth of the insert's time then); layers as they come (their
@@ -214,8 +227,8 @@ class SpanStore:
 
     def count(self, level: str) -> int:
         self.flush()
-        (n,) = self._con.execute(f"SELECT count(*) FROM {self.table(level)}").fetchone() or (0,)
-        return int(n)
+        rows = self._con.execute(f"SELECT count(*) FROM {self.table(level)}").fetchall()
+        return int(rows[0][0])
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A connection of its own to the spans' database (its own registered frames)."""
@@ -396,8 +409,9 @@ class KernelRows:
 
     def scalar(self, sql: str, params: Sequence[Any] | dict[str, Any] | None = None) -> Any:
         """The first value of the first row of `sql`'s result."""
-        row = self._con.execute(sql, params).fetchone()
-        return None if row is None else row[0]
+        # (every row fetched: a result left open blocks the connection's next `register`)
+        rows = self._con.execute(sql, params).fetchall()
+        return rows[0][0] if rows else None
 
     def register(self, name: str, frame: pd.DataFrame) -> None:
         """A pandas frame as a relation `name` beside the others (small frames: per trace or
@@ -413,11 +427,11 @@ class KernelRows:
         self._con.close()
 
 
-def kernel_rows(fr: Frames) -> KernelRows:
+def kernel_rows(fr: SpanFrames) -> KernelRows:
     """`fr`'s spans as relations, made once per `Frames`."""
     return fr.memo("kernel_rows", lambda: _make(fr))
 
 
-def _make(fr: Frames) -> KernelRows:
+def _make(fr: SpanFrames) -> KernelRows:
     meta = fr.meta[["tkey", "model", "batch_size"]]
     return KernelRows.of(fr.data.span_store(), meta)

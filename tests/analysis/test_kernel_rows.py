@@ -166,3 +166,14 @@ def test_layers_take_one_run_per_trace_and_name_each_call() -> None:
         [350, "blk#1", "Conv", "net", 1],
         [400, None, None, "net", 1],
     ]
+
+
+def test_a_scalar_leaves_the_connection_free_for_a_frame() -> None:
+    """A scalar of a many-row result (an A15-like check, then its per-trace frame) must not
+    leave the result open: DuckDB refuses to register a frame on a connection that has one."""
+    data = load_traces([GPU_DB])
+    kr = kernel_rows(Frames(data))
+    assert kr.scalar("SELECT tkey FROM kernels ORDER BY tkey") == 0
+    assert data.span_store().count("kernel") > 1
+    kr.register("some_traces", pd.DataFrame({"tkey": [0]}))
+    assert kr.scalar("SELECT count(*) FROM some_traces") == 1
