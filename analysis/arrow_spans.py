@@ -32,15 +32,15 @@ def store_plain(table: pa.Table, keys: pd.Series, store: SpanStore) -> pa.Table:
     plain = pc.and_(pc.is_null(table.column("_bad")), pc.is_null(table.column("_wrong")))
     tkeys = _tkeys(table.column("trace_id"), keys)
     taken = pc.and_(plain, pc.is_valid(tkeys))
-    table = table.append_column("tkey", tkeys)
+    with_tkeys = table.append_column("tkey", tkeys)
     kept = np.zeros(table.num_rows, dtype=bool)
     for name, mask in zip(LEVELS, level, strict=True):
         rows = pc.and_(taken, pa.array(mask)).to_numpy(zero_copy_only=False)
         if rows.any():
             kept |= rows
-            part = table.filter(pa.array(rows))
+            part = with_tkeys.filter(pa.array(rows))
             store.add_arrow(name, _layer_columns(part) if name == "layer" else part)
-    return table.filter(pa.array(~kept)).drop_columns(["tkey"]) if kept.any() else table
+    return table.filter(pa.array(~kept)) if kept.any() else table
 
 
 def _codes_of(table: pa.Table, column: str, values: tuple[str, ...]) -> list[np.ndarray]:

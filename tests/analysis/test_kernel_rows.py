@@ -9,7 +9,9 @@ import sqlite3
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
+from analysis.arrow_spans import POSITION, store_plain
 from analysis.common import Frames
 from analysis.kernel_rows import COLUMNS, LAYER_COLUMNS, SpanStore, kernel_rows
 from analysis.tracedb import TraceData, load_traces
@@ -177,3 +179,16 @@ def test_a_scalar_leaves_the_connection_free_for_a_frame() -> None:
     assert data.span_store().count("kernel") > 1
     kr.register("some_traces", pd.DataFrame({"tkey": [0]}))
     assert kr.scalar("SELECT count(*) FROM some_traces") == 1
+
+
+def test_the_rows_left_to_pandas_keep_the_batchs_columns() -> None:
+    """`arrow_spans.store_plain` hands back the rows it did not store with the batch's own
+    columns, whether it stored some rows of the batch or none."""
+    keys = pd.Series([0], index=["t0"])
+    model = {"level": "model", "trace_id": "t0", "_bad": None, "_wrong": None}
+    store = SpanStore()
+    for rows in ([model], [model, {**model, "level": "other", "_bad": "duration_ns: NULL"}]):
+        table = pa.Table.from_pylist(rows).append_column(POSITION, pa.array(range(len(rows))))
+        left = store_plain(table, keys, store)
+        assert left.column_names == table.column_names and left.num_rows == len(rows)
+    store.close()
