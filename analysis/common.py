@@ -19,7 +19,6 @@ import pandas as pd
 from analysis import sparse_columns
 from analysis.group_ids import group_ids
 from analysis.kernel_rows import kernel_rows
-from analysis.layer_type import layer_type as layer_type  # (re-exported)
 from analysis.store_file import TRACE_IDENTITY
 from analysis.tracedb import TraceData
 from sidecar.profiling.stats import TRIM
@@ -28,6 +27,11 @@ T = TypeVar("T")
 GROUP = ["model", "batch_size"]
 DEVICE_KINDS = ("kernel", "memcpy", "memset")  # work that runs on the accelerator
 KERNEL_TABLE_KINDS = (*DEVICE_KINDS, "cpu_op")  # rows of the kernel table (A8)
+
+
+def kind_in(kinds: Sequence[str], column: str = "kind") -> str:
+    """SQL: `column` (a span's kind) is one of `kinds`."""
+    return f"{column} IN ({', '.join(repr(k) for k in kinds)})"
 
 
 class NotCapturedError(LookupError):

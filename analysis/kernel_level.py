@@ -19,6 +19,7 @@ from analysis.common import (
     AnalysisResult,
     Frames,
     empty_result,
+    kind_in,
     not_captured,
 )
 from analysis.kernel_rows import kernel_rows
@@ -36,8 +37,8 @@ TITLES = {
 METRICS = ("flops", "dram_read_bytes", "dram_write_bytes")
 
 
-WORK = f"kind IN ({', '.join(repr(k) for k in KERNEL_TABLE_KINDS)})"  # SQL: a span is work
-_DEVICE = f"kind IN ({', '.join(repr(k) for k in DEVICE_KINDS)})"  # SQL: work on the device
+WORK = kind_in(KERNEL_TABLE_KINDS)  # SQL: a span is work
+_DEVICE = kind_in(DEVICE_KINDS)  # SQL: work on the device
 _LAYERED = f"{_DEVICE} AND layer IS NOT NULL"  # SQL: GPU work in a layer
 _A13_TRACES = "a13_traces"  # the traces A13 compares, beside `kernels`
 _GPU_PER_CALL = """

@@ -51,7 +51,6 @@ sorted by tkey, idx, start_ns:
 
 from __future__ import annotations
 
-import itertools
 import shutil
 import tempfile
 import weakref
@@ -114,7 +113,6 @@ LAYER_COLUMNS = ("row", "tkey", "model", "batch_size", "run_level", "module", "n
                  "allocated_bytes", "flops", "dram_read_bytes", "dram_write_bytes", "leaf",
                  "flops_estimated", "bytes_estimated", "original_nodes", "input_shapes",
                  "output_shapes")  # fmt: skip
-_names = itertools.count()
 
 
 class SpanStore:
@@ -265,9 +263,8 @@ class KernelRows:
     """A DuckDB connection holding the relations `kernels`, `layer_calls` and `layers` of
     one `Frames` (see the module's docstring)."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, tables: Sequence[str] = ()) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
         self._con = con
-        self._tables = list(tables)
 
     @classmethod
     def from_frame(cls, kernels: pd.DataFrame) -> KernelRows:
@@ -305,10 +302,9 @@ class KernelRows:
     def of(cls, store: SpanStore, meta: pd.DataFrame) -> KernelRows:
         """The relations over `store`, each span's group from `meta` (tkey, model,
         batch_size)."""
-        con = store.cursor()
+        con = store.cursor()  # (its temporary tables are its own: one set per `Frames`)
         con.register("_meta", meta.astype({"model": object}))
-        n = next(_names)
-        calls, layers, kernels = f"layer_calls_{n}", f"layers_{n}", f"kernels_{n}"
+        calls, layers, kernels = "layer_calls", "layers", "kernels"
         # the (trace, run, name)s stored more than once: only their calls are numbered
         con.execute(
             f"CREATE TEMP TABLE _repeats AS SELECT tkey, run_level, name "
@@ -395,9 +391,7 @@ class KernelRows:
             """
         )
         con.unregister("_meta")
-        for relation, table in (("layer_calls", calls), ("layers", layers), ("kernels", kernels)):
-            con.execute(f"CREATE TEMP VIEW {relation} AS SELECT * FROM {table}")
-        return cls(con, [calls, layers, kernels])
+        return cls(con)
 
     def query(self, sql: str, params: Sequence[Any] | dict[str, Any] | None = None) -> pd.DataFrame:
         """`sql` (over the relations) run, its result as a DataFrame."""
@@ -420,11 +414,6 @@ class KernelRows:
 
     def unregister(self, name: str) -> None:
         self._con.unregister(name)
-
-    def close(self) -> None:
-        for table in self._tables:
-            self._con.execute(f"DROP TABLE IF EXISTS {table}")
-        self._con.close()
 
 
 def kernel_rows(fr: SpanFrames) -> KernelRows:

@@ -25,6 +25,7 @@ from analysis.common import (
     Frames,
     container_note,
     empty_result,
+    kind_in,
     not_captured,
 )
 from analysis.kernel_rows import kernel_rows
@@ -198,7 +199,7 @@ def _on_roofline(
     return agg, table.sort_values([*GROUP, *sort_columns]).reset_index(drop=True)
 
 
-_ROOFLINE_KINDS = "('kernel', 'cpu_op')"  # SQL: the spans A9 places (work with counters)
+_ROOFLINE_WORK = kind_in(("kernel", "cpu_op"))  # SQL: the spans with counters (A9, A14)
 
 
 def kernel_roofline(fr: Frames) -> AnalysisResult:
@@ -206,7 +207,7 @@ def kernel_roofline(fr: Frames) -> AnalysisResult:
     if fr.data.empty:
         return empty_result("A9", A9_TITLE)
     kr = kernel_rows(fr)
-    work = f"kind IN {_ROOFLINE_KINDS}"
+    work = _ROOFLINE_WORK
     if not kr.scalar(f"SELECT EXISTS (SELECT 1 FROM kernels WHERE {work})"):
         return not_captured(
             "A9", A9_TITLE, fr.kernel_reason() + " (A14 places layers on the roofline instead)"
@@ -273,11 +274,11 @@ def layer_metrics(fr: Frames) -> tuple[str, str]:
 def _layer_metrics(fr: Frames) -> tuple[str, str]:
     kr = kernel_rows(fr)
     # a layer's own attributes where its trace has no kernel counters (NaN: not recorded)
-    kr.scalar(f"""
+    kr.execute(f"""
         CREATE TEMP TABLE {LAYER_METRICS} AS
         WITH from_kernels AS MATERIALIZED (
             SELECT tkey, layer AS name, {_COUNTER_SUMS} FROM kernels
-            WHERE kind IN ('kernel', 'cpu_op') AND layer IS NOT NULL AND {_HAS_COUNTERS}
+            WHERE {_ROOFLINE_WORK} AND layer IS NOT NULL AND {_HAS_COUNTERS}
             GROUP BY tkey, layer
         ), from_layers AS (
             SELECT tkey, name, NULLIF(flops, 'NaN'::DOUBLE) AS flops,

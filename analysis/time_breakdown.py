@@ -18,6 +18,7 @@ from analysis.common import (
     Frames,
     across_traces,
     empty_result,
+    kind_in,
     not_captured,
 )
 from analysis.kernel_rows import KernelRows, kernel_rows
@@ -25,7 +26,6 @@ from analysis.kernel_rows import KernelRows, kernel_rows
 TITLE = "Model time breakdown (kernel busy / non-kernel / idle)"
 
 
-_DEVICE_LIST = ", ".join(repr(k) for k in DEVICE_KINDS)  # SQL
 _WINDOWS = "time_breakdown_windows"  # per trace: its window, beside `kernels`
 # SQL over `kernels` and the windows (tkey, start_ns, end_ns, place: one per trace): per
 # trace, the length of the union of its device intervals clipped to its window, over all of
@@ -40,7 +40,7 @@ WITH clipped AS (
            GREATEST(k.start_ns, w.start_ns) - w.start_ns + w.place AS s,
            LEAST(k.end_ns, w.end_ns) - w.start_ns + w.place AS e
     FROM kernels AS k JOIN {_WINDOWS} AS w ON k.tkey = w.tkey
-    WHERE k.kind IN ({_DEVICE_LIST})
+    WHERE {kind_in(DEVICE_KINDS, "k.kind")}
 ), swept AS (
     SELECT tkey, is_kernel, s, e,
            MAX(e) OVER before AS end_all,
@@ -76,7 +76,7 @@ def time_breakdown(fr: Frames) -> AnalysisResult:
     if fr.data.empty:
         return empty_result("time_breakdown", TITLE)
     kr = kernel_rows(fr)
-    dev_traces = kr.query(f"SELECT DISTINCT tkey FROM kernels WHERE kind IN ({_DEVICE_LIST})")
+    dev_traces = kr.query(f"SELECT DISTINCT tkey FROM kernels WHERE {kind_in(DEVICE_KINDS)}")
     if dev_traces.empty:
         return not_captured("time_breakdown", TITLE, fr.kernel_reason())
     models = fr.at("model")
