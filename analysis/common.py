@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, TypeVar
 
 import numpy as np
@@ -19,6 +18,7 @@ import pandas as pd
 from analysis import sparse_columns
 from analysis.group_ids import group_ids
 from analysis.kernel_rows import kernel_rows
+from analysis.once import OncePerKey
 from analysis.store_file import TRACE_IDENTITY
 from analysis.tracedb import TraceData
 from sidecar.profiling.stats import TRIM
@@ -255,28 +255,34 @@ class Frames:
 
     def __init__(self, data: TraceData) -> None:
         self.data = data
-        self._memo: dict[str, Any] = {}
-        self._levels: dict[str, pd.DataFrame] = {}
+        self._memo: OncePerKey[str, Any] = OncePerKey()
 
     def memo(self, key: str, build: Callable[[], T]) -> T:
-        """`build()` once per key; callers must not modify what it returns."""
-        if key not in self._memo:
-            self._memo[key] = build()
-        value: T = self._memo[key]
+        """`build()` once per key, whichever thread asks first; callers must not modify what
+        it returns."""
+        value: T = self._memo.get(key, build)
         return value
 
     def at(self, level: str) -> pd.DataFrame:
         """The spans of one level (split once, then shared: do not modify)."""
-        if not self._levels:
-            split = _level_slices(self.data.spans)
-            self._levels = {k: sparse_columns.dense(v, k) for k, v in split.items()}
-        if level not in self._levels:
+        levels = self.memo("levels", self._split_levels)
+        if level not in levels:
             return sparse_columns.dense(self.data.spans.iloc[:0], level)
-        return self._levels[level]
+        return levels[level]
 
-    @cached_property
+    def _split_levels(self) -> dict[str, pd.DataFrame]:
+        split = _level_slices(self.data.spans)
+        return {k: sparse_columns.dense(v, k) for k, v in split.items()}
+
+    # (properties made by `memo`, not `cached_property`: in Python 3.11 a cached property
+    # holds a lock of its class while it is made, which could wait on a `memo` in another
+    # thread that waits on it)
+    @property
     def meta(self) -> pd.DataFrame:
         """Per trace: tkey, model, batch_size and what the analyses group by."""
+        return self.memo("meta", self._meta)
+
+    def _meta(self) -> pd.DataFrame:
         cols = [
             "tkey",
             *TRACE_IDENTITY,
@@ -291,9 +297,12 @@ class Frames:
     def with_meta(self, df: pd.DataFrame, cols: Sequence[str] = GROUP) -> pd.DataFrame:
         return left_join(df, self.meta[["tkey", *cols]], ["tkey"])
 
-    @cached_property
+    @property
     def model_latency(self) -> pd.DataFrame:
         """Per trace model latency (ns): the M run's trimmed mean, else the model span."""
+        return self.memo("model_latency", self._model_latency)
+
+    def _model_latency(self) -> pd.DataFrame:
         ls = self.data.level_stats
         from_stats = ls[ls["level"] == "model"][["tkey", "trimmed_mean_ns"]]
         from_stats = from_stats.rename(columns={"trimmed_mean_ns": "latency_ns"})

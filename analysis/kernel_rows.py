@@ -51,8 +51,11 @@ sorted by tkey, idx, start_ns:
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import shutil
 import tempfile
+import threading
 import weakref
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
@@ -88,6 +91,12 @@ MEMORY_LIMIT = "128MB"  # DuckDB's memory for the spans; past it, a temporary fo
 # one thread: its sorts and joins then fit the limit (two ran out of it at 8 M spans)
 THREADS = 1
 LEVELS = ("kernel", "layer")  # the levels held here, not in `TraceData.spans`
+CATALOG = "spans"  # the database the spans are in
+# the database of the relations (a schema per `KernelRows`): in memory, not compressed (as
+# DuckDB's temporary tables are: made 2-8 times faster than in the spans' database), spilled
+# to the same folder past the same limit
+RELATIONS = "relations"
+_SCHEMAS = itertools.count(1)  # numbers the schemas of `KernelRows.of`
 # the columns of each level's spans as the loader stores them
 STORED = {
     "kernel": {"row": "BIGINT", "tkey": "BIGINT", "run_level": "VARCHAR", "layer": "VARCHAR",
@@ -130,8 +139,9 @@ class SpanStore:
             f"SET threads = {THREADS}",
             # in memory, compressed as on disk (a third of the size for spans, and less to
             # spill): the spans' strings repeat (names, kinds, shapes)
-            "ATTACH ':memory:' AS spans (COMPRESS)",
-            "USE spans",
+            f"ATTACH ':memory:' AS {CATALOG} (COMPRESS)",
+            f"ATTACH ':memory:' AS {RELATIONS}",
+            f"USE {CATALOG}",
         ):
             self._con.execute(setting)
         for level, columns in STORED.items():
@@ -217,11 +227,12 @@ class SpanStore:
         return out
 
     def table(self, level: str) -> str:
-        """SQL for the stored spans of `level` (of the traces kept)."""
+        """SQL for the stored spans of `level` (of the traces kept), from any schema."""
+        name = f"{CATALOG}.main.{level}_spans"
         if self.tkeys is None:
-            return f"{level}_spans"
+            return name
         keys = ", ".join(str(k) for k in sorted(self.tkeys)) or "NULL"
-        return f"(SELECT * FROM {level}_spans WHERE tkey IN ({keys}))"
+        return f"(SELECT * FROM {name} WHERE tkey IN ({keys}))"
 
     def count(self, level: str) -> int:
         self.flush()
@@ -232,7 +243,7 @@ class SpanStore:
         """A connection of its own to the spans' database (its own registered frames)."""
         self.flush()
         con = self._con.cursor()
-        con.execute("USE spans")
+        con.execute(f"USE {CATALOG}")
         return con
 
     def close(self) -> None:
@@ -242,6 +253,12 @@ class SpanStore:
 def _remove(con: duckdb.DuckDBPyConnection, folder: Path) -> None:
     con.close()
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def _drop_schema(con: duckdb.DuckDBPyConnection, schema: str) -> None:
+    # (where the store closed first, its database went with it)
+    with contextlib.suppress(duckdb.Error):
+        con.execute(f"DROP SCHEMA IF EXISTS {RELATIONS}.{schema} CASCADE")
 
 
 def _column(spans: pd.DataFrame, name: str) -> Any:
@@ -260,11 +277,30 @@ def _json(values: pd.Series) -> list[str | None]:
 
 
 class KernelRows:
-    """A DuckDB connection holding the relations `kernels`, `layer_calls` and `layers` of
-    one `Frames` (see the module's docstring)."""
+    """The relations `kernels`, `layer_calls` and `layers` of one `Frames` (see the module's
+    docstring), queried by any thread: made by `of`, they are tables of a schema of their
+    own in the spans' database, and each thread queries them through a connection of its
+    own (DuckDB's connections are not shared between threads), in which it registers its
+    frames and makes its temporary tables."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
-        self._con = con
+    def __init__(self, con: duckdb.DuckDBPyConnection, schema: str | None = None) -> None:
+        self._con = con  # the connection that made them
+        self._schema = schema  # None: views over frames registered on `con`, one thread's
+        self._local = threading.local()
+        self._local.con = con
+        if schema is not None:  # its tables go with it
+            weakref.finalize(self, _drop_schema, con, schema)
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        """The calling thread's connection (the relations' schema its default)."""
+        con: duckdb.DuckDBPyConnection | None = getattr(self._local, "con", None)
+        if con is None:
+            if self._schema is None:
+                raise RuntimeError("relations made over frames are one thread's")
+            con = self._con.cursor()
+            con.execute(f"USE {RELATIONS}.{self._schema}")
+            self._local.con = con
+        return con
 
     @classmethod
     def from_frame(cls, kernels: pd.DataFrame) -> KernelRows:
@@ -302,7 +338,10 @@ class KernelRows:
     def of(cls, store: SpanStore, meta: pd.DataFrame) -> KernelRows:
         """The relations over `store`, each span's group from `meta` (tkey, model,
         batch_size)."""
-        con = store.cursor()  # (its temporary tables are its own: one set per `Frames`)
+        con = store.cursor()
+        schema = f"frames_{next(_SCHEMAS)}"  # one per `Frames`
+        con.execute(f"CREATE SCHEMA {RELATIONS}.{schema}")
+        con.execute(f"USE {RELATIONS}.{schema}")
         con.register("_meta", meta.astype({"model": object}))
         calls, layers, kernels = "layer_calls", "layers", "kernels"
         # the (trace, run, name)s stored more than once: only their calls are numbered
@@ -315,7 +354,7 @@ class KernelRows:
         )
         con.execute(
             f"""
-            CREATE TEMP TABLE {calls} AS
+            CREATE TABLE {calls} AS
             WITH flagged AS (
                 SELECT s.row, s.tkey, s.run_level, s.name, s.type, s.idx, s.start_ns,
                        s.outside_layers, r.tkey IS NOT NULL AS repeated
@@ -338,7 +377,7 @@ class KernelRows:
         con.execute("DROP TABLE _repeats")
         con.execute(
             f"""
-            CREATE TEMP TABLE {layers} AS
+            CREATE TABLE {layers} AS
             WITH keras AS (
                 SELECT * FROM {calls} WHERE outside_layers IS DISTINCT FROM true
             ), runs AS (
@@ -361,7 +400,7 @@ class KernelRows:
         )
         con.execute(
             f"""
-            CREATE TEMP TABLE {kernels} AS
+            CREATE TABLE {kernels} AS
             WITH repeated AS (
                 SELECT tkey, run_level, module, start_ns, name FROM {calls} WHERE repeated
             ), modules AS (
@@ -391,29 +430,30 @@ class KernelRows:
             """
         )
         con.unregister("_meta")
-        return cls(con)
+        return cls(con, schema)
 
     def query(self, sql: str, params: Sequence[Any] | dict[str, Any] | None = None) -> pd.DataFrame:
         """`sql` (over the relations) run, its result as a DataFrame."""
-        return self._con.execute(sql, params).df()
+        return self._cursor().execute(sql, params).df()
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] | None = None) -> None:
-        """`sql` run for its effect (a temporary table of intermediate rows, say)."""
-        self._con.execute(sql, params)
+        """`sql` run for its effect (a temporary table of intermediate rows, say: the calling
+        thread's; a table the other threads read is made in the relations' schema)."""
+        self._cursor().execute(sql, params)
 
     def scalar(self, sql: str, params: Sequence[Any] | dict[str, Any] | None = None) -> Any:
         """The first value of the first row of `sql`'s result."""
         # (every row fetched: a result left open blocks the connection's next `register`)
-        rows = self._con.execute(sql, params).fetchall()
+        rows = self._cursor().execute(sql, params).fetchall()
         return rows[0][0] if rows else None
 
     def register(self, name: str, frame: pd.DataFrame) -> None:
         """A pandas frame as a relation `name` beside the others (small frames: per trace or
-        per group, to join with)."""
-        self._con.register(name, frame)
+        per group, to join with), for the calling thread's queries."""
+        self._cursor().register(name, frame)
 
     def unregister(self, name: str) -> None:
-        self._con.unregister(name)
+        self._cursor().unregister(name)
 
 
 def kernel_rows(fr: SpanFrames) -> KernelRows:

@@ -449,7 +449,6 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "compare":
         front = Front(None, ta.data.bad_rows)
         return _emit({"comparison": _comparison(ta, args)}, meta, args, front)
-    front = Front(ta.findings(), ta.data.bad_rows)
     keys = [*ANALYSES, "comparison"]
     if args.only:
         keys = list(_split([args.only]))
@@ -459,6 +458,8 @@ def run(args: argparse.Namespace) -> int:
                 f"unknown analysis {', '.join(unknown)}; choose from "
                 f"{', '.join([*ANALYSES, 'comparison'])}"
             )
+    ta.prefetch(keys)  # (two at a time on a small store; the findings read them too)
+    front = Front(ta.findings(), ta.data.bad_rows)
     results = {k: ta.result(k) for k in keys if k != "comparison"}
     if "comparison" in keys:
         results["comparison"] = _comparison(ta, args)

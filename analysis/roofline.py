@@ -264,10 +264,10 @@ _LEAF_METRICS = f"""
 def layer_metrics(fr: Frames) -> tuple[str, str]:
     """Per trace and layer: flops and DRAM bytes, from kernel counters in traces that have
     them, else from the layer's own (possibly estimated) attributes. Returns the name of a
-    temporary table on `kernel_rows(fr)` and where the numbers come from (`source`); made once
-    per `Frames` (A14 and A15 read it). The table's columns: tkey, name (the layer call),
-    flops, dram_bytes (DOUBLE; NULL: not recorded), estimated (BOOLEAN) and counters (BOOLEAN:
-    from kernel counters)."""
+    table beside the relations of `kernel_rows(fr)` and where the numbers come from
+    (`source`); made once per `Frames` (A14 and A15 read it). The table's columns: tkey, name
+    (the layer call), flops, dram_bytes (DOUBLE; NULL: not recorded), estimated (BOOLEAN) and
+    counters (BOOLEAN: from kernel counters)."""
     return fr.memo("layer_metrics", lambda: _layer_metrics(fr))
 
 
@@ -275,7 +275,7 @@ def _layer_metrics(fr: Frames) -> tuple[str, str]:
     kr = kernel_rows(fr)
     # a layer's own attributes where its trace has no kernel counters (NaN: not recorded)
     kr.execute(f"""
-        CREATE TEMP TABLE {LAYER_METRICS} AS
+        CREATE TABLE {LAYER_METRICS} AS
         WITH from_kernels AS MATERIALIZED (
             SELECT tkey, layer AS name, {_COUNTER_SUMS} FROM kernels
             WHERE {_ROOFLINE_WORK} AND layer IS NOT NULL AND {_HAS_COUNTERS}

@@ -10,6 +10,8 @@ roofline (A9, A14), fidelity, live, overhead, time_breakdown, compare and timeli
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,9 @@ from analysis.columnar import SpanBatches
 from analysis.common import AnalysisResult, Frames
 from analysis.findings import Finding, find
 from analysis.findings import table as findings_table
+from analysis.kernel_rows import LEVELS as STORE_LEVELS
+from analysis.kernel_rows import kernel_rows
+from analysis.once import OncePerKey
 from analysis.tracedb import TraceData, TraceFilter, load_traces
 
 Analyzer = Callable[[Frames], AnalysisResult]
@@ -69,6 +74,13 @@ NEEDS_LEVEL = {
 }
 
 USES_METRICS = ("A9", "A12", "A14", "A15")  # hardware metrics: say where they came from
+# `prefetch`: analyses run two at a time where the selection's kernel and layer spans are at
+# most this many (past it, one at a time: the queries running at once share DuckDB's memory)
+PARALLEL_WORKERS = 2
+PARALLEL_SPANS = 2_000_000
+# the analyses that read no kernel- or layer-level span (`kernel_rows`): `prefetch` runs
+# them while another thread makes the relations the others wait for
+WITHOUT_SPAN_SQL = ("A1", "fidelity", "live_breakdown", "overhead", "stream_responses")
 
 
 class TraceAnalysis:
@@ -77,7 +89,7 @@ class TraceAnalysis:
     def __init__(self, data: TraceData) -> None:
         self.data = data
         self._frames = Frames(data)
-        self._results: dict[str, AnalysisResult] = {}
+        self._results: OncePerKey[str, AnalysisResult] = OncePerKey()
         self._findings: list[Finding] | None = None
 
     @classmethod
@@ -96,20 +108,45 @@ class TraceAnalysis:
         `time_breakdown`)."""
         if key not in ANALYSES:
             raise KeyError(f"unknown analysis {key!r}; known: {', '.join(ANALYSES)}")
-        if key not in self._results:
-            res = ANALYSES[key](self._frames)
-            if res.ok and key in NEEDS_LEVEL:
-                note = self._frames.missing_level_note(NEEDS_LEVEL[key])
-                if note:
-                    res.notes.append(note)
-            if key in USES_METRICS and res.ok:
-                res.notes += self._frames.metrics_notes()
-            elif key in USES_METRICS and res.status == "not_captured":
-                said = [n for n in self._frames.metrics_notes() if n.startswith("metrics_level")]
-                res.reason = "; ".join([res.reason, *said])
-            self._results[key] = res
-            heap.trim()  # its temporaries' pages, for the next analysis
-        return self._results[key]
+        return self._results.get(key, lambda: self._run(key))
+
+    def _run(self, key: str) -> AnalysisResult:
+        res = ANALYSES[key](self._frames)
+        if res.ok and key in NEEDS_LEVEL:
+            note = self._frames.missing_level_note(NEEDS_LEVEL[key])
+            if note:
+                res.notes.append(note)
+        if key in USES_METRICS and res.ok:
+            res.notes += self._frames.metrics_notes()
+        elif key in USES_METRICS and res.status == "not_captured":
+            said = [n for n in self._frames.metrics_notes() if n.startswith("metrics_level")]
+            res.reason = "; ".join([res.reason, *said])
+        heap.trim()  # its temporaries' pages, for the next analysis
+        return res
+
+    def prefetch(self, keys: Sequence[str], workers: int | None = None) -> None:
+        """Run the analyses `keys` now, `workers` at a time (default: two where the selected
+        kernel and layer spans are at most `PARALLEL_SPANS`, else one), so that `result`
+        then returns them at once. Two at a time, one analysis' SQL runs (without the GIL)
+        while the other's pandas work goes on; DuckDB's memory limit is the spans' store's,
+        shared by the queries running at once, so a larger store runs them one by one."""
+        keys = [k for k in keys if k in ANALYSES]
+        if workers is None:
+            store = self.data.span_store()
+            held = sum(store.count(level) for level in STORE_LEVELS)
+            workers = PARALLEL_WORKERS if held <= PARALLEL_SPANS else 1
+        if workers <= 1 or len(keys) < 2:
+            for key in keys:
+                self.result(key)
+            return
+        # one thread makes the relations while the others run what needs none of them
+        first = [lambda: kernel_rows(self._frames)]
+        free = [k for k in keys if k in WITHOUT_SPAN_SQL]
+        rest = [k for k in keys if k not in WITHOUT_SPAN_SQL]
+        tasks = first + [partial(self.result, k) for k in free + rest]
+        with ThreadPoolExecutor(workers, thread_name_prefix="analysis") as pool:
+            for done in [pool.submit(task) for task in tasks]:
+                done.result()  # (an analysis' error raised here)
 
     def run_all(self, keys: Sequence[str] | None = None) -> dict[str, AnalysisResult]:
         return {k: self.result(k) for k in (keys or ANALYSES)}

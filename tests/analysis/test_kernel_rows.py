@@ -145,7 +145,7 @@ def test_layers_take_one_run_per_trace_and_name_each_call() -> None:
     )
     data = TraceData(traces, spans, pd.DataFrame())
     fr = Frames(data)
-    fr.__dict__["meta"] = traces  # (the columns of `Frames.meta` that the relations read)
+    fr.memo("meta", lambda: traces)  # (the columns of `Frames.meta` that the relations read)
     kr = kernel_rows(fr)
     layers = kr.query(
         "SELECT tkey, run_level, module, name, type, container FROM layers ORDER BY row"
