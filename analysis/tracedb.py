@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,9 @@ pd.set_option("mode.copy_on_write", True)
 # output) decoded, and the shapes kept as JSON text. Attributes no analysis reads (a kernel's
 # stream, a layer's parent_layer) are not loaded; the timeline export reads its trace whole.
 _LAYER_JSON = ("input_shapes", "output_shapes")
+# the spans the loader takes the pandas way gathered to at least this many rows at a time
+# (`_rest`): a live store's request spans, say, stay in batches of about this size
+REST_ROWS = 50_000
 _LAYER_LISTS = ("original_nodes", "original_op_types")
 # The spans' string columns, held as categoricals (sorted categories): a few thousand
 # distinct strings over millions of rows (`LevelRows`, `string_codes.StringCodes`). The
@@ -394,11 +397,7 @@ def _store_spans(
     reads its trace in full), so the bulk load leaves them out."""
     bad: list[BadRow] = []
     bad_attrs: list[BadRow] = []
-    for table in batches:
-        positions = pa.array(store.positions(table.num_rows))
-        table = store_plain(table.append_column(POSITION, positions), keys, store)
-        if not table.num_rows:
-            continue
+    for table in _rest(batches, keys, store):
         spans, bad_rows = damage.from_frame(columnar.pandas(table), source, "spans", "span_id")
         del table
         kept = spans[[POSITION, *JSON_TEXT]]  # (the stored layers keep these as JSON text)
@@ -426,6 +425,30 @@ def _store_spans(
         held = ~level.isin(STORE_LEVELS).to_numpy()
         into.add((spans if held.all() else spans[held]).drop(columns=POSITION))
     return bad, bad_attrs
+
+
+def _rest(batches: columnar.SpanBatches, keys: pd.Series, store: SpanStore) -> Iterator[pa.Table]:
+    """The rows of `batches` that `store_plain` leaves (the other levels, damaged rows, rows
+    with an ignored value: a few per batch), gathered into tables of `REST_ROWS` or more:
+    each table costs the pandas way a hundredth of a second whatever its size."""
+    held: list[pa.Table] = []
+    rows = 0
+    for table in batches:
+        positions = pa.array(store.positions(table.num_rows))
+        rest = store_plain(table.append_column(POSITION, positions), keys, store)
+        del table
+        if rest.num_rows:
+            held.append(rest)
+            rows += rest.num_rows
+        if rows >= REST_ROWS:
+            yield _concat_tables(held)
+            held, rows = [], 0
+    if held:
+        yield _concat_tables(held)
+
+
+def _concat_tables(tables: list[pa.Table]) -> pa.Table:
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
 
 def _tkeys(trace_ids: pd.Series, keys: pd.Series) -> np.ndarray:

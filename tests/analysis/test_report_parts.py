@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import columnar
+from analysis import columnar, tracedb
 from analysis.common import Frames
 from analysis.kernel_rows import kernel_rows
 from analysis.report import main
@@ -50,12 +50,16 @@ def _kernels(data: TraceData) -> pd.DataFrame:
     return kernel_rows(Frames(data)).query("SELECT * FROM kernels ORDER BY row")
 
 
+@pytest.mark.parametrize("rest_rows", [7, tracedb.REST_ROWS], ids=["rest-of-7", "rest-default"])
 @pytest.mark.parametrize("name", ["cpu", "gpu", "live", "damaged"])
 def test_spans_read_in_batches_are_those_of_one_reader(
-    name: str, damaged: Path, monkeypatch: pytest.MonkeyPatch
+    name: str, rest_rows: int, damaged: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Also with the rows taken the pandas way gathered a few batches' at a time
+    (`REST_ROWS`: 7), not only all at the end."""
     db = {"cpu": CPU_DB, "gpu": GPU_DB, "live": LIVE_DB, "damaged": damaged}[name]
     whole = load_traces([db])
+    monkeypatch.setattr(tracedb, "REST_ROWS", rest_rows)
     counts = _batches(monkeypatch, 37)
     monkeypatch.setattr(columnar.os, "cpu_count", lambda: 3)
     split = load_traces([db])
