@@ -58,6 +58,7 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -90,6 +91,10 @@ INSERT_ROWS = {"kernel": 122_880, "layer": 1}
 MEMORY_LIMIT = "128MB"  # DuckDB's memory for the spans; past it, a temporary folder
 # one thread: its sorts and joins then fit the limit (two ran out of it at 8 M spans)
 THREADS = 1
+# queries run over the spans at once (`workers`: the report's analyses, the relations made)
+# where they are at most this many; past it, one at a time
+PARALLEL_WORKERS = 2
+PARALLEL_SPANS = 2_000_000
 LEVELS = ("kernel", "layer")  # the levels held here, not in `TraceData.spans`
 CATALOG = "spans"  # the database the spans are in
 # the database of the relations (a schema per `KernelRows`): in memory, not compressed (as
@@ -234,6 +239,12 @@ class SpanStore:
         keys = ", ".join(str(k) for k in sorted(self.tkeys)) or "NULL"
         return f"(SELECT * FROM {name} WHERE tkey IN ({keys}))"
 
+    def workers(self) -> int:
+        """How many queries may run over the spans at once: two where the spans held are at
+        most `PARALLEL_SPANS`, else one (the queries running at once share `MEMORY_LIMIT`)."""
+        held = sum(self.count(level) for level in LEVELS)
+        return PARALLEL_WORKERS if held <= PARALLEL_SPANS else 1
+
     def count(self, level: str) -> int:
         self.flush()
         rows = self._con.execute(f"SELECT count(*) FROM {self.table(level)}").fetchall()
@@ -342,7 +353,8 @@ class KernelRows:
         schema = f"frames_{next(_SCHEMAS)}"  # one per `Frames`
         con.execute(f"CREATE SCHEMA {RELATIONS}.{schema}")
         con.execute(f"USE {RELATIONS}.{schema}")
-        con.register("_meta", meta.astype({"model": object}))
+        frame = meta.astype({"model": object})
+        con.register("_meta", frame)
         calls, layers, kernels = "layer_calls", "layers", "kernels"
         # the (trace, run, name)s stored more than once: only their calls are numbered
         con.execute(
@@ -375,8 +387,7 @@ class KernelRows:
             """
         )
         con.execute("DROP TABLE _repeats")
-        con.execute(
-            f"""
+        layers_sql = f"""
             CREATE TABLE {layers} AS
             WITH keras AS (
                 SELECT * FROM {calls} WHERE outside_layers IS DISTINCT FROM true
@@ -397,9 +408,7 @@ class KernelRows:
             JOIN {store.table("layer")} s ON s.row = k.row
             LEFT JOIN _meta m ON m.tkey = k.tkey
             """
-        )
-        con.execute(
-            f"""
+        kernels_sql = f"""
             CREATE TABLE {kernels} AS
             WITH repeated AS (
                 SELECT tkey, run_level, module, start_ns, name FROM {calls} WHERE repeated
@@ -428,7 +437,18 @@ class KernelRows:
             LEFT JOIN types t ON t.tkey = k.tkey AND t.name = coalesce(mv.call, k.layer)
             LEFT JOIN _meta m ON m.tkey = k.tkey
             """
-        )
+        if store.workers() > 1:  # `layers` and `kernels` made at once, each on a connection
+            other = con.cursor()
+            other.execute(f"USE {RELATIONS}.{schema}")
+            other.register("_meta", frame)
+            with ThreadPoolExecutor(1) as pool:
+                made = pool.submit(other.execute, kernels_sql)
+                con.execute(layers_sql)
+                made.result()
+            other.close()
+        else:
+            con.execute(layers_sql)
+            con.execute(kernels_sql)
         con.unregister("_meta")
         return cls(con, schema)
 

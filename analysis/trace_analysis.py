@@ -36,7 +36,6 @@ from analysis.columnar import SpanBatches
 from analysis.common import AnalysisResult, Frames
 from analysis.findings import Finding, find
 from analysis.findings import table as findings_table
-from analysis.kernel_rows import LEVELS as STORE_LEVELS
 from analysis.kernel_rows import kernel_rows
 from analysis.once import OncePerKey
 from analysis.tracedb import TraceData, TraceFilter, load_traces
@@ -74,10 +73,6 @@ NEEDS_LEVEL = {
 }
 
 USES_METRICS = ("A9", "A12", "A14", "A15")  # hardware metrics: say where they came from
-# `prefetch`: analyses run two at a time where the selection's kernel and layer spans are at
-# most this many (past it, one at a time: the queries running at once share DuckDB's memory)
-PARALLEL_WORKERS = 2
-PARALLEL_SPANS = 2_000_000
 # the analyses that read no kernel- or layer-level span (`kernel_rows`): `prefetch` runs
 # them while another thread makes the relations the others wait for
 WITHOUT_SPAN_SQL = ("A1", "fidelity", "live_breakdown", "overhead", "stream_responses")
@@ -125,16 +120,13 @@ class TraceAnalysis:
         return res
 
     def prefetch(self, keys: Sequence[str], workers: int | None = None) -> None:
-        """Run the analyses `keys` now, `workers` at a time (default: two where the selected
-        kernel and layer spans are at most `PARALLEL_SPANS`, else one), so that `result`
-        then returns them at once. Two at a time, one analysis' SQL runs (without the GIL)
-        while the other's pandas work goes on; DuckDB's memory limit is the spans' store's,
-        shared by the queries running at once, so a larger store runs them one by one."""
+        """Run the analyses `keys` now, `workers` at a time (default: as many as the spans'
+        store runs queries at once, `SpanStore.workers`: two on a small one), so that
+        `result` then returns them at once. Two at a time, one analysis' SQL runs (without
+        the GIL) while the other's pandas work goes on."""
         keys = [k for k in keys if k in ANALYSES]
         if workers is None:
-            store = self.data.span_store()
-            held = sum(store.count(level) for level in STORE_LEVELS)
-            workers = PARALLEL_WORKERS if held <= PARALLEL_SPANS else 1
+            workers = self.data.span_store().workers()
         if workers <= 1 or len(keys) < 2:
             for key in keys:
                 self.result(key)

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pandas as pd
 import pytest
 
-from analysis.common import Frames
+from analysis.common import AnalysisResult, Frames
 from analysis.kernel_rows import KernelRows, kernel_rows
 from analysis.once import OncePerKey
 from analysis.trace_analysis import ANALYSES, WITHOUT_SPAN_SQL, TraceAnalysis
@@ -38,7 +38,7 @@ def test_each_analysis_runs_once_however_many_threads_ask() -> None:
     calls: list[str] = []
     real = ta._run
 
-    def counted(key: str):  # type: ignore[no-untyped-def]
+    def counted(key: str) -> AnalysisResult:
         calls.append(key)
         return real(key)
 
@@ -87,7 +87,10 @@ def test_the_relations_are_read_from_other_threads_with_their_own_frames() -> No
     kr = kernel_rows(Frames(data))
     mine = kr.query("SELECT count(*) AS n FROM kernels")
 
+    both = threading.Barrier(2, timeout=30)  # (each call on a thread of its own, at once)
+
     def elsewhere(n: int) -> pd.DataFrame:
+        both.wait()
         kr.register("_mine", pd.DataFrame({"n": [n]}))  # (this thread's own frame)
         kr.execute("CREATE TEMP TABLE _own AS SELECT 1 AS x")  # (and its own temporary table)
         return kr.query("SELECT (SELECT count(*) FROM kernels) AS n, (SELECT n FROM _mine) AS m")
@@ -128,3 +131,31 @@ def test_the_relations_go_with_their_frames() -> None:
     del kr
     gc.collect()
     assert schemas() == before
+
+
+def test_past_parallel_spans_the_store_runs_one_query_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The relations made one after the other, as two at once, and the analyses likewise."""
+    from analysis import kernel_rows as module
+
+    data = load_traces([GPU_DB])
+    assert data.span_store().workers() == 2
+    two = kernel_rows(Frames(data))
+    monkeypatch.setattr(module, "PARALLEL_SPANS", 0)
+    assert data.span_store().workers() == 1
+    one = kernel_rows(Frames(data))
+    for relation in ("kernels", "layers", "layer_calls"):
+        sql = f"SELECT * FROM {relation} ORDER BY row"
+        pd.testing.assert_frame_equal(one.query(sql), two.query(sql))
+    ta = TraceAnalysis(data)
+    threads: set[str] = set()
+    real = ta._run
+
+    def seen(key: str) -> AnalysisResult:
+        threads.add(threading.current_thread().name)
+        return real(key)
+
+    ta._run = seen  # type: ignore[method-assign]
+    ta.prefetch(list(ANALYSES))
+    assert threads == {threading.current_thread().name}
