@@ -58,7 +58,7 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -91,10 +91,13 @@ INSERT_ROWS = {"kernel": 122_880, "layer": 1}
 MEMORY_LIMIT = "128MB"  # DuckDB's memory for the spans; past it, a temporary folder
 # one thread: its sorts and joins then fit the limit (two ran out of it at 8 M spans)
 THREADS = 1
-# queries run over the spans at once (`workers`: the report's analyses, the relations made)
-# where they are at most this many; past it, one at a time
+# queries run over the spans at once (`workers`: the report's analyses); where two at once
+# run out of DuckDB's memory, what failed runs again alone
 PARALLEL_WORKERS = 2
-PARALLEL_SPANS = 2_000_000
+# `KernelRows.of` makes `layers` and `kernels` at once where the spans held are at most this
+# many, else one after the other: at once they fit the memory limit at 1.26 M spans, not at
+# 2 M (if they do not all the same, longer rows say, they are made again one after the other)
+PARALLEL_SPANS = 1_000_000
 LEVELS = ("kernel", "layer")  # the levels held here, not in `TraceData.spans`
 CATALOG = "spans"  # the database the spans are in
 # the database of the relations (a schema per `KernelRows`): in memory, not compressed (as
@@ -239,11 +242,9 @@ class SpanStore:
         keys = ", ".join(str(k) for k in sorted(self.tkeys)) or "NULL"
         return f"(SELECT * FROM {name} WHERE tkey IN ({keys}))"
 
-    def workers(self) -> int:
-        """How many queries may run over the spans at once: two where the spans held are at
-        most `PARALLEL_SPANS`, else one (the queries running at once share `MEMORY_LIMIT`)."""
-        held = sum(self.count(level) for level in LEVELS)
-        return PARALLEL_WORKERS if held <= PARALLEL_SPANS else 1
+    def held(self) -> int:
+        """The spans held, every level's."""
+        return sum(self.count(level) for level in LEVELS)
 
     def count(self, level: str) -> int:
         self.flush()
@@ -437,16 +438,15 @@ class KernelRows:
             LEFT JOIN types t ON t.tkey = k.tkey AND t.name = coalesce(mv.call, k.layer)
             LEFT JOIN _meta m ON m.tkey = k.tkey
             """
-        if store.workers() > 1:  # `layers` and `kernels` made at once, each on a connection
-            other = con.cursor()
-            other.execute(f"USE {RELATIONS}.{schema}")
-            other.register("_meta", frame)
-            with ThreadPoolExecutor(1) as pool:
-                made = pool.submit(other.execute, kernels_sql)
-                con.execute(layers_sql)
-                made.result()
-            other.close()
-        else:
+        made = False
+        if store.held() <= PARALLEL_SPANS:  # `layers` and `kernels` at once, two connections
+            try:
+                _at_once(con, schema, frame, layers_sql, kernels_sql)
+                made = True
+            except duckdb.OutOfMemoryException:  # (the two did not fit DuckDB's memory)
+                for name in (layers, kernels):
+                    con.execute(f"DROP TABLE IF EXISTS {name}")
+        if not made:  # one after the other
             con.execute(layers_sql)
             con.execute(kernels_sql)
         con.unregister("_meta")
@@ -474,6 +474,26 @@ class KernelRows:
 
     def unregister(self, name: str) -> None:
         self._cursor().unregister(name)
+
+
+def _at_once(
+    con: duckdb.DuckDBPyConnection, schema: str, meta: pd.DataFrame, first: str, second: str
+) -> None:
+    """`first` run on `con` while `second` runs on another connection to the relations'
+    schema (with its own `_meta`); raises what either raised once both are done."""
+    other = con.cursor()
+    try:
+        other.execute(f"USE {RELATIONS}.{schema}")
+        other.register("_meta", meta)
+        with ThreadPoolExecutor(1) as pool:
+            made = pool.submit(other.execute, second)
+            try:
+                con.execute(first)
+            finally:
+                wait([made])
+            made.result()
+    finally:
+        other.close()
 
 
 def kernel_rows(fr: SpanFrames) -> KernelRows:

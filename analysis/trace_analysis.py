@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pandas as pd
 
 from analysis import (
@@ -36,7 +37,7 @@ from analysis.columnar import SpanBatches
 from analysis.common import AnalysisResult, Frames
 from analysis.findings import Finding, find
 from analysis.findings import table as findings_table
-from analysis.kernel_rows import kernel_rows
+from analysis.kernel_rows import PARALLEL_WORKERS, kernel_rows
 from analysis.once import OncePerKey
 from analysis.tracedb import TraceData, TraceFilter, load_traces
 
@@ -123,13 +124,13 @@ class TraceAnalysis:
         return res
 
     def prefetch(self, keys: Sequence[str], workers: int | None = None) -> None:
-        """Run the analyses `keys` now, `workers` at a time (default: as many as the spans'
-        store runs queries at once, `SpanStore.workers`: two on a small one), so that
-        `result` then returns them at once. Two at a time, one analysis' SQL runs (without
-        the GIL) while the other's pandas work goes on."""
+        """Run the analyses `keys` now, `workers` at a time (default `PARALLEL_WORKERS`:
+        two), so that `result` then returns them at once. Two at a time, one analysis' SQL
+        runs (without the GIL) while the other's pandas work goes on; their queries share
+        DuckDB's memory limit, and an analysis that ran out of it runs again alone."""
         keys = [k for k in keys if k in ANALYSES]
         if workers is None:
-            workers = self.data.span_store().workers()
+            workers = PARALLEL_WORKERS
         if workers <= 1 or len(keys) < 2:
             for key in keys:
                 self.result(key)
@@ -140,8 +141,14 @@ class TraceAnalysis:
         ordered = [k for k in order if k in keys] + [k for k in keys if k not in order]
         tasks = first + [partial(self.result, k) for k in ordered]
         with ThreadPoolExecutor(workers, thread_name_prefix="analysis") as pool:
-            for done in [pool.submit(task) for task in tasks]:
-                done.result()  # (an analysis' error raised here)
+            running = [pool.submit(task) for task in tasks]
+        errors = [e for done in running if (e := done.exception()) is not None]
+        for error in errors:
+            if not isinstance(error, duckdb.OutOfMemoryException):
+                raise error  # (an analysis' error, raised as one at a time raises it)
+        if errors:  # two at once did not fit DuckDB's memory: what failed, one at a time
+            for key in ordered:
+                self.result(key)
 
     def run_all(self, keys: Sequence[str] | None = None) -> dict[str, AnalysisResult]:
         return {k: self.result(k) for k in (keys or ANALYSES)}

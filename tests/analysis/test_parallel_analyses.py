@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -133,22 +134,98 @@ def test_the_relations_go_with_their_frames() -> None:
     assert schemas() == before
 
 
-def test_past_parallel_spans_the_store_runs_one_query_at_a_time(
+def _relations(kr: KernelRows) -> list[pd.DataFrame]:
+    return [
+        kr.query(f"SELECT * FROM {relation} ORDER BY row")
+        for relation in ("kernels", "layers", "layer_calls")
+    ]
+
+
+def test_past_parallel_spans_the_relations_are_made_one_after_the_other(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The relations made one after the other, as two at once, and the analyses likewise."""
     from analysis import kernel_rows as module
 
     data = load_traces([GPU_DB])
-    assert data.span_store().workers() == 2
+    at_once: list[int] = []
+    real = module._at_once
+
+    def counted(*args: Any) -> None:
+        at_once.append(1)
+        real(*args)
+
+    monkeypatch.setattr(module, "_at_once", counted)
     two = kernel_rows(Frames(data))
+    assert at_once == [1]
     monkeypatch.setattr(module, "PARALLEL_SPANS", 0)
-    assert data.span_store().workers() == 1
     one = kernel_rows(Frames(data))
-    for relation in ("kernels", "layers", "layer_calls"):
-        sql = f"SELECT * FROM {relation} ORDER BY row"
-        pd.testing.assert_frame_equal(one.query(sql), two.query(sql))
-    ta = TraceAnalysis(data)
+    assert at_once == [1]
+    for a, b in zip(_relations(one), _relations(two), strict=True):
+        pd.testing.assert_frame_equal(a, b)
+
+
+def test_relations_that_ran_out_of_memory_at_once_are_made_one_after_the_other(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fault injected (DuckDB's out-of-memory error raised once `layers` is made, as two
+    queries at once over a large store raise it): the tables made again, the same."""
+    import duckdb
+
+    from analysis import kernel_rows as module
+
+    data = load_traces([GPU_DB])
+    want = _relations(kernel_rows(Frames(data)))
+    real = module._at_once
+
+    def out_of_memory(*args: Any) -> None:
+        real(*args)
+        raise duckdb.OutOfMemoryException("injected: failed to allocate")
+
+    monkeypatch.setattr(module, "_at_once", out_of_memory)
+    for a, b in zip(_relations(kernel_rows(Frames(data))), want, strict=True):
+        pd.testing.assert_frame_equal(a, b)
+
+
+def test_an_analysis_that_ran_out_of_memory_beside_another_runs_again_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fault injected: A8 raises DuckDB's out-of-memory error the first time, in a worker
+    thread; `prefetch` finishes the others, then runs A8 again in the calling thread."""
+    import duckdb
+
+    from analysis import trace_analysis
+
+    want = _results([str(GPU_DB)], 1)
+    real = ANALYSES["A8"]
+    failed: list[str] = []
+
+    def once_out_of_memory(fr: Frames) -> AnalysisResult:
+        if not failed:
+            failed.append(threading.current_thread().name)
+            raise duckdb.OutOfMemoryException("injected: failed to allocate")
+        return real(fr)
+
+    monkeypatch.setitem(trace_analysis.ANALYSES, "A8", once_out_of_memory)
+    assert _results([str(GPU_DB)], 2) == want
+    assert failed and failed[0] != threading.current_thread().name
+
+
+def test_other_errors_of_an_analysis_are_raised_as_one_at_a_time_raises_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from analysis import trace_analysis
+
+    def broken(fr: Frames) -> AnalysisResult:
+        raise ZeroDivisionError("injected")
+
+    monkeypatch.setitem(trace_analysis.ANALYSES, "A9", broken)
+    ta = TraceAnalysis.from_paths([str(GPU_DB)])
+    with pytest.raises(ZeroDivisionError, match="injected"):
+        ta.prefetch(list(ANALYSES), 2)
+
+
+def test_one_worker_runs_the_analyses_in_the_calling_thread() -> None:
+    ta = TraceAnalysis.from_paths([str(GPU_DB)])
     threads: set[str] = set()
     real = ta._run
 
@@ -157,5 +234,5 @@ def test_past_parallel_spans_the_store_runs_one_query_at_a_time(
         return real(key)
 
     ta._run = seen  # type: ignore[method-assign]
-    ta.prefetch(list(ANALYSES))
+    ta.prefetch(list(ANALYSES), 1)
     assert threads == {threading.current_thread().name}
