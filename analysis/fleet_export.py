@@ -18,6 +18,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -89,15 +90,23 @@ def export_parquet(
                 name = stem if len(ranges) == 1 else f"{stem}-{k:02d}"
                 jobs.append((db, table, out / table / f"{name}.parquet", rowids, sound))
 
+    local = threading.local()
+    opened: list[duckdb.DuckDBPyConnection] = []
+
+    def database() -> duckdb.DuckDBPyConnection:
+        """The calling reader's DuckDB, made at its first job (11 ms) and kept for its others:
+        one per reader, as parallel COPYs in one DuckDB hold more rows in flight."""
+        if (con := getattr(local, "con", None)) is None:
+            con = local.con = reader_duckdb()
+            con.create_function(_FIDELITY_UDF, fidelity_fields, ["VARCHAR"], "VARCHAR")
+            opened.append(con)
+        return con
+
     def write(job: tuple[str | Path, str, Path, tuple[int, int] | None, bool]) -> tuple[str, int]:
         db, table, target, rowids, sound = job
-        # one DuckDB per reader: parallel COPYs in one DuckDB hold more rows in flight
-        con = reader_duckdb()
+        con = database().cursor()
         try:
-            extra = ""
-            if table == "traces":
-                con.create_function(_FIDELITY_UDF, fidelity_fields, ["VARCHAR"], "VARCHAR")
-                extra = _FIDELITY_EXPORT
+            extra = _FIDELITY_EXPORT if table == "traces" else ""
             with columnar.record_batches(db, table, rowids, sound) as batches:
                 con.register("batches", batches)
                 try:
@@ -113,9 +122,13 @@ def export_parquet(
             con.close()
 
     counts = {t: 0 for t in TABLES}
-    with ThreadPoolExecutor(workers) as pool:  # ADBC and DuckDB run without the GIL
-        for table, n in pool.map(write, jobs):
-            counts[table] += n
+    try:
+        with ThreadPoolExecutor(workers) as pool:  # ADBC and DuckDB run without the GIL
+            for table, n in pool.map(write, jobs):
+                counts[table] += n
+    finally:
+        for con in opened:
+            con.close()
     return ExportCounts(**counts)
 
 
