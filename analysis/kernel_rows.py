@@ -5,7 +5,9 @@ as a pandas frame: it hands each batch's rows of those levels to `SpanStore`, a 
 database in memory up to `MEMORY_LIMIT`, past which it writes to a temporary folder, so
 that the report's memory does not grow with the store. The analyses read them through SQL
 over the relations of `kernel_rows(fr)` (one per `Frames`), which come back as pandas
-DataFrames of what the SQL aggregated, not of the spans.
+DataFrames of what the SQL aggregated, not of the spans. The relations are tables that any
+thread reads, each through a connection of its own (the report runs two analyses at a time:
+`TraceAnalysis.prefetch`).
 
 `kernels`: one row per kernel-level span the loader kept (work and the API records kept):
 
