@@ -249,8 +249,13 @@ class SpanStore:
         return sum(self.count(level) for level in LEVELS)
 
     def count(self, level: str) -> int:
-        self.flush()
-        rows = self._con.execute(f"SELECT count(*) FROM {self.table(level)}").fetchall()
+        """The spans of `level` held (from any thread: on a connection of its own; the
+        store's own refuses a second caller while it is busy)."""
+        con = self.cursor()
+        try:
+            rows = con.execute(f"SELECT count(*) FROM {self.table(level)}").fetchall()
+        finally:
+            con.close()
         return int(rows[0][0])
 
     def cursor(self) -> duckdb.DuckDBPyConnection:

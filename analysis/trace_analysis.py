@@ -135,6 +135,7 @@ class TraceAnalysis:
             for key in keys:
                 self.result(key)
             return
+        self.data.span_store()  # (made here, once, where the data was made in memory)
         # one thread makes the relations while the others run what needs none of them
         first = [lambda: kernel_rows(self._frames)]
         order = [*WITHOUT_SPAN_SQL, *SLOWEST]

@@ -236,3 +236,21 @@ def test_one_worker_runs_the_analyses_in_the_calling_thread() -> None:
     ta._run = seen  # type: ignore[method-assign]
     ta.prefetch(list(ANALYSES), 1)
     assert threads == {threading.current_thread().name}
+
+
+def test_the_store_counts_its_spans_for_several_threads_at_once() -> None:
+    """The analyses ask which levels are held (`TraceData.levels`) from both threads: the
+    store's own connection refuses a second caller while busy, so each count has its own."""
+    data = load_traces([GPU_DB])
+    store = data.span_store()
+    want = [store.count("kernel"), store.count("layer")]
+    start = threading.Barrier(4, timeout=30)
+
+    def counts(_: int) -> list[int]:
+        start.wait()
+        return [n for _ in range(50) for n in (store.count("kernel"), store.count("layer"))]
+
+    with ThreadPoolExecutor(4) as pool:
+        for got in pool.map(counts, range(4)):
+            assert got == want * 50
+    assert len(data.levels()) > 0
