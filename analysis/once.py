@@ -13,7 +13,8 @@ V = TypeVar("V")
 
 class OncePerKey(Generic[K, V]):
     """`get(key, build)`: the value `build()` made for `key`, made by the first caller while
-    the others asking for that key wait for it (not a second `build()` beside it)."""
+    the others asking for that key wait for it (not a second `build()` beside it). A build
+    that raises keeps nothing: the next caller builds again."""
 
     def __init__(self) -> None:
         self._values: dict[K, V] = {}
