@@ -298,9 +298,9 @@ def _json(values: pd.Series) -> list[str | None]:
 class KernelRows:
     """The relations `kernels`, `layer_calls` and `layers` of one `Frames` (see the module's
     docstring), queried by any thread: made by `of`, they are tables of a schema of their
-    own in the spans' database, and each thread queries them through a connection of its
-    own (DuckDB's connections are not shared between threads), in which it registers its
-    frames and makes its temporary tables."""
+    own in the relations' database beside the spans', and each thread queries them through
+    a connection of its own (DuckDB's connections are not shared between threads), in which
+    it registers its frames and makes its temporary tables."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, schema: str | None = None) -> None:
         self._con = con  # the connection that made them

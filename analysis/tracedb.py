@@ -441,14 +441,10 @@ def _rest(batches: columnar.SpanBatches, keys: pd.Series, store: SpanStore) -> I
             held.append(rest)
             rows += rest.num_rows
         if rows >= REST_ROWS:
-            yield _concat_tables(held)
+            yield pa.concat_tables(held)
             held, rows = [], 0
     if held:
-        yield _concat_tables(held)
-
-
-def _concat_tables(tables: list[pa.Table]) -> pa.Table:
-    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        yield pa.concat_tables(held)
 
 
 def _tkeys(trace_ids: pd.Series, keys: pd.Series) -> np.ndarray:
