@@ -41,8 +41,8 @@ ARG EXTRAS
 ARG PIP_EXTRA_INDEX_URL=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-# a C compiler for the relay's frame and message walkers (sidecar/proxy/_framewalk.c,
-# _messagewalk.c); build stage only
+# a C compiler for the relay's frame and message walkers and its C data_received
+# (sidecar/proxy/_framewalk.c, _messagewalk.c, _pump.c); build stage only
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
@@ -52,7 +52,8 @@ COPY analysis ./analysis
 RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install ".${EXTRAS}" \
     && /opt/venv/bin/python -c "import sidecar.proxy._framewalk" \
-    && /opt/venv/bin/python -c "import sidecar.proxy._messagewalk"
+    && /opt/venv/bin/python -c "import sidecar.proxy._messagewalk" \
+    && /opt/venv/bin/python -c "import sidecar.proxy._pump"
 
 FROM ${PYTHON_IMAGE} AS runtime-cpu
 COPY --from=build-cpu /opt/venv /opt/venv
@@ -75,7 +76,7 @@ ARG ORT_GPU_SPEC="onnxruntime-gpu>=1.20,<1.27"
 ARG CUPTI_SPEC="cupti-python>=13.0.1,<14"
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-# a C compiler and Python's headers for the relay's frame walker; build stage only
+# a C compiler and Python's headers for the relay's C extensions; build stage only
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev python3-dev \
     && rm -rf /var/lib/apt/lists/*
@@ -86,6 +87,7 @@ RUN python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install ".${EXTRAS}" "${CUPTI_SPEC}" \
     && /opt/venv/bin/python -c "import sidecar.proxy._framewalk" \
     && /opt/venv/bin/python -c "import sidecar.proxy._messagewalk" \
+    && /opt/venv/bin/python -c "import sidecar.proxy._pump" \
     && /opt/venv/bin/python -c "from cupti import cupti; cupti.ActivityKind.RUNTIME" \
     && /opt/venv/bin/pip uninstall -y onnxruntime \
     && /opt/venv/bin/pip install "${ORT_GPU_SPEC}"

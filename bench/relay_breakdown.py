@@ -1,7 +1,8 @@
 """Where the relay's CPU per call goes: live under load, and the same bytes replayed hot.
 
 Starts a local Triton and the relay under `bench/relay_shim.py` (thread-CPU clocks around
-the two `data_received` callbacks and `FrameScanner.observe`, garbage-collector timing),
+the C `data_received` of each direction (`_pump.c`: its write and its walk timed together),
+the Python `data_received` callbacks and `FrameScanner.observe`, garbage-collector timing),
 runs the closed-loop ModelInfer load of `proxy_overhead.py`, then replays each
 connection's recorded chunks through a fresh `ConnectionTracker` in this process, with no
 sockets, and prints both per call. The gap between the two is what a live relay pays for
@@ -13,7 +14,8 @@ hot loop does not show.
 With `--sampling` the relay samples at its default settings (the model repository and a trace
 store given): the client's direction is scanned in hold mode (`FrameScanner.process`), and the
 breakdown adds the request header blocks handed to Python and the hook's own time; the hot
-replay runs the same hook.
+replay runs the same hook. With `--python-relay` the relay's C `data_received` is off: every
+chunk goes through the Python callbacks, and observing is timed apart from forwarding.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ CLOCK_READ_US = 0.5  # one thread-CPU clock read, roughly; each timed section pa
 
 
 def start_instrumented_relay(
-    backend: str, out: Path, *extra: str
+    backend: str, out: Path, *extra: str, python_relay: bool = False
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     shim = Path(__file__).resolve().with_name("relay_shim.py")
@@ -49,7 +51,9 @@ def start_instrumented_relay(
         "--listen", f"127.0.0.1:{port}", "--metrics-port", str(free_port()),
         "--grpc-port", str(free_port()), "--grace-period", "1", *extra,
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=dict(os.environ, XSP_BREAKDOWN_OUT=str(out)))
+    env = dict(os.environ, XSP_BREAKDOWN_OUT=str(out))
+    env["XSP_BREAKDOWN_PYTHON_RELAY"] = "1" if python_relay else "0"
+    proc = subprocess.Popen(cmd, env=env)
     return await_listening(proc, port, "the instrumented relay")
 
 
@@ -86,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds per client")
     parser.add_argument("--concurrency", type=int, default=4, help="client processes")
     parser.add_argument("--sampling", action="store_true", help="sampling on, default settings")
+    parser.add_argument(
+        "--python-relay", action="store_true",
+        help="the relay's C data_received off: every chunk through Python",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     from tests.harness.triton.model_repo import build_model_repository
@@ -101,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.sampling:
                 extra = ("--model-repository", str(repo), "--db", str(Path(tmp) / "traces.db"),
                          "--otlp-port", "0")  # fmt: skip
-            proc, address = start_instrumented_relay(server.grpc_address, out, *extra)
+            proc, address = start_instrumented_relay(
+                server.grpc_address, out, *extra, python_relay=args.python_relay
+            )
             try:
                 result = run_load(
                     address, args.concurrency, args.duration, args.warmup, server.pid, proc.pid
@@ -135,8 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  in data_received, both directions      "
           f"{per_call('request_ns') + per_call('response_ns'):8.1f} us/call "
           "(forward + observe, thread CPU)")  # fmt: skip
+    pumped = totals.get("pump_chunks", 0) / calls
+    print(f"  of which the C data_received           {per_call('pump_ns'):8.1f} us/call "
+          f"({pumped:.2f} chunks per call; write and walk not split)")  # fmt: skip
     observing = per_call("observe_ns") + per_call("hold_ns")
-    print(f"  of which observing (FrameScanner)      {observing:8.1f} us/call")
+    print(f"  of which observing in Python calls     {observing:8.1f} us/call "
+          "(FrameScanner.observe / process)")  # fmt: skip
     request = per_call("observe_request_ns") + per_call("hold_ns")
     print(f"    the client's direction               {request:8.1f} us/call")
     if args.sampling:
@@ -153,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    generation {gen}: {n:6d} collections, {took_us / max(n, 1):8.1f} us each, "
               f"{per_call(f'gc{gen}_ns'):5.1f} us/call")  # fmt: skip
     print(f"  observing the same bytes replayed hot  {hot_us:8.1f} us/call ({counted} calls)")
-    print(f"  live / replayed observing              {observing / hot_us:8.1f}x")
+    if not pumped:
+        print(f"  live / replayed observing              {observing / hot_us:8.1f}x")
     print(f"  (each timed section includes ~{2 * CLOCK_READ_US:.1f} us of clock reads)")
     return 0
 

@@ -1,7 +1,7 @@
 """Where the relay stands against a byte copier's floor: the same load through four relays.
 
 The relay (`xsp-sidecar serve`), the same relay with its observation switched off (each
-`FrameScanner.observe` a no-op: bytes forwarded by the same callbacks, nothing scanned), a bare
+`FrameScanner.observe` a no-op: bytes forwarded by its Python callbacks, nothing scanned), a bare
 uvloop relay (the relay's `asyncio.Protocol` structure, no parsing, no metrics) and socat (C,
 a process per connection), in front of one real Triton, measured in alternating windows of
 closed-loop unary ModelInfer load (`proxy_overhead.py`'s clients). Per call, for each: CPU
@@ -102,11 +102,14 @@ def start_sidecar(backend: str, tree: str, *, unobserved: bool = False) -> tuple
 
 
 def serve_unobserved(argv: list[str]) -> int:
-    """`xsp-sidecar serve` with `FrameScanner.observe` a no-op."""
+    """`xsp-sidecar serve` with `FrameScanner.observe` a no-op, its chunks relayed by the
+    Python `data_received` callbacks (no C pump: that would walk them)."""
     from sidecar.cli import main
+    from sidecar.proxy import relay
     from sidecar.proxy.frames import FrameScanner
 
     FrameScanner.observe = lambda self, data: None  # type: ignore[method-assign]
+    relay.native_pump = None
     return main(argv)
 
 

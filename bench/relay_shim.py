@@ -1,6 +1,9 @@
 """Run `xsp-sidecar serve` with per-call CPU accounting (used by `relay_breakdown.py`).
 
-Wraps the relay's two `data_received` callbacks, `FrameScanner.observe` and (sampling on)
+Wraps the relay's C `data_received` (`_pump.Pump`: a chunk it takes is timed whole, its write
+and its walk together), the two Python `data_received` callbacks (the chunks the pump hands
+them, or every chunk with `XSP_BREAKDOWN_PYTHON_RELAY=1`, which turns the pump off),
+`FrameScanner.observe` and (sampling on)
 `FrameScanner.process`, the request direction's header blocks handed to Python
 (`_RequestSide.on_header_block`) and the sampling hook's `on_request_headers` with thread-CPU
 clocks, times the garbage collector, and keeps the first chunks of each client connection
@@ -60,6 +63,48 @@ def client_received(self: Any, data: bytes) -> None:
     totals["request_chunks"] += 1
     totals["request_ns"] += _clock() - t0
     _last_chunk_ns[0] = time.perf_counter_ns()
+
+
+class TimedPump:
+    """A `_pump.Pump` whose armed chunks are timed (the rest go to its fallback, which the
+    wrappers above time): counted as `data_received` and as `pump`."""
+
+    def __init__(self, fallback: Any, lost: Any) -> None:
+        self.pump = _Pump(fallback, lost)
+        owner = fallback.__self__
+        self.request = isinstance(owner, relay._ClientProtocol)
+        self.client = owner if self.request else owner.client
+
+    def __call__(self, data: bytes) -> None:
+        pump = self.pump
+        if not pump.armed:
+            pump(data)
+            return
+        direction = "request" if self.request else "response"
+        _record(self.client.connection_id, direction, data)
+        t0 = _clock()
+        pump(data)
+        spent = _clock() - t0
+        totals[f"{direction}_chunks"] += 1
+        totals[f"{direction}_ns"] += spent
+        totals["pump_chunks"] += 1
+        totals["pump_ns"] += spent
+        if self.request:
+            _last_chunk_ns[0] = time.perf_counter_ns()
+
+    @property
+    def armed(self) -> bool:
+        return self.pump.armed
+
+    @armed.setter
+    def armed(self, value: bool) -> None:
+        self.pump.armed = value
+
+    def route(self, write: Any, scanner: Any, walk: Any) -> None:
+        self.pump.route(write, scanner, walk)
+
+    def release(self) -> None:
+        self.pump.release()
 
 
 def backend_received(self: Any, data: bytes) -> None:
@@ -134,6 +179,11 @@ def dump() -> None:
         json.dump(out, fh)
 
 
+_Pump: Any = relay.native_pump
+if os.environ.get("XSP_BREAKDOWN_PYTHON_RELAY") == "1" or _Pump is None:
+    relay.native_pump = None
+else:
+    relay.native_pump = TimedPump  # type: ignore[assignment]
 relay._ClientProtocol.data_received = client_received  # type: ignore[method-assign]
 relay._BackendProtocol.data_received = backend_received  # type: ignore[method-assign]
 FrameScanner.observe = observe  # type: ignore[method-assign]

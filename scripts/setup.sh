@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Create .venv with xsp-sidecar (editable), its dev tools, the analysis extra (the tests need
 # it) and the CPU build of PyTorch, and the private Triton environment under .triton/. Safe to
-# run again: when nothing that goes into .venv changed (pyproject.toml, this script, the
-# Python), it only checks the environment and says so in one line. pip's output goes to
-# .venv/setup.log, shown on failure.
+# run again: when nothing that goes into .venv changed (pyproject.toml, setup.py and the C
+# extensions it builds, this script, the Python), it only checks the environment and says so in
+# one line. pip's output goes to .venv/setup.log, shown on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,7 +18,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 STAMP=.venv/.xsp-setup-stamp
 LOG=.venv/setup.log
-want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1) $(python -V 2>&1)"
+want="$(cat pyproject.toml setup.py scripts/setup.sh sidecar/proxy/*.c sidecar/proxy/*.h | sha256sum | cut -d' ' -f1) $(python -V 2>&1)"
 check() { python -c "import sidecar, torch, onnxruntime, grpc, tritonclient.grpc, tensorflow_serving.apis.predict_pb2, pandas, matplotlib, duckdb, pyarrow, adbc_driver_sqlite.dbapi" 2>/dev/null; }
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && check; then

@@ -29,7 +29,10 @@ from __future__ import annotations
 import contextlib
 import struct
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from sidecar.proxy._pump import Pump
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -218,6 +221,9 @@ class FrameScanner:
         # see `_framewalk.c`); else None.
         self.tracker: object = None
         self.on_failure = on_failure
+        # The relay's C `data_received` for this direction (`_pump.Pump`), disarmed when the
+        # scanner stops; else None.
+        self.pump: Pump | None = None
         self.failed = False
         self.failure_reason = ""
         self.max_frame_size = DEFAULT_MAX_FRAME_SIZE  # peer's limit for frames we may build
@@ -331,6 +337,45 @@ class FrameScanner:
     def stop(self) -> None:
         """Stop observing (no failure is reported); held bytes go out with the next chunk."""
         self.failed = True
+        if self.pump is not None:
+            self.pump.armed = False
+
+    # -- the relay's C data_received (`_pump.c`) -----------------------------------------
+
+    def _walkable(self) -> bool:
+        """Whether the next chunk may start in the C walk (`observe`'s own test)."""
+        return not (
+            self.failed
+            or self.hold
+            or self._remaining
+            or self._carry
+            or self._block_sid
+            or self._preface_left
+        )
+
+    def _observe_step(self, data: bytes) -> bool:
+        """`observe(data)`; returns `_walkable()` after it."""
+        self.observe(data)
+        return self._walkable()
+
+    def _observe_rest(self, data: bytes, pos: int) -> bool:
+        """Observe `data` from `pos`, where the C walk stopped; returns `_walkable()`."""
+        try:
+            self._scan(data[pos:])
+        except ScanError as exc:
+            self._fail(exc.reason)
+        except Exception:  # observation must never break forwarding
+            self._fail("internal")
+        return self._walkable()
+
+    def _walk_failed(self, exc: BaseException) -> None:
+        """The C walk raised `exc` while the pump observed a chunk: what `observe` does."""
+        if isinstance(exc, ScanError):
+            self._fail(exc.reason)
+        elif isinstance(exc, Exception):
+            self._fail("internal")
+        else:
+            raise exc
 
     def at_frame_boundary(self) -> bool:
         """True while observing and every byte scanned so far ends a whole frame."""
@@ -384,6 +429,8 @@ class FrameScanner:
         if self.failed:
             return
         self.failed = True
+        if self.pump is not None:
+            self.pump.armed = False
         self.failure_reason = reason
         self._payload = bytearray()
         self._block_parts = []

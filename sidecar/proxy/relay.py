@@ -31,9 +31,10 @@ import itertools
 import logging
 import socket
 import ssl
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from sidecar.endpoint import Endpoint, translate_bind_errors
+from sidecar.proxy import frames
 from sidecar.proxy.drain import DRAIN_PING, PING_TIMEOUT_S, RefusingFilter, cut_frames
 from sidecar.proxy.frames import (
     CANCEL,
@@ -49,7 +50,23 @@ from sidecar.proxy.model_name import UNKNOWN_MODEL, method_info
 from sidecar.proxy.streams import ConnectionInfo, ConnectionTracker, ObserverFactory
 from sidecar.proxy.unavailable import UnavailableResponder
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from sidecar.proxy._pump import Pump
+
 log = logging.getLogger(__name__)
+
+# The relay's C `data_received` (`_pump.c`, built where the C frame walker is): it writes each
+# chunk to the other side and walks it in C, calling Python only where the scanner must; the
+# `data_received` methods below are the reference and the fallback, and handle every chunk
+# while a direction's state wants Python (sampling's hold mode, a drain's frames of our own, a
+# failed scanner). `native_pump` may be set to None to relay through Python only (the tests do).
+native_pump: type[Pump] | None
+try:
+    from sidecar.proxy._pump import Pump as native_pump
+except ImportError:  # not built: no C compiler at install time
+    native_pump = None
 
 HIGH_WATER = 1 << 20
 LOW_WATER = 256 << 10
@@ -58,6 +75,16 @@ IDLE_TIMEOUT_S = 300.0  # drain a connection with no call in flight for this lon
 DRAIN_LINGER_S = 1.0  # after GOAWAY + FIN, wait this long for the client to close first
 SHUTDOWN_QUIET_S = 0.5  # at shutdown, an unobservable connection this quiet is closed
 CUT_LINGER_S = 1.0  # after the grace period, wait this long for cut connections to close
+
+
+def _pump_in(protocol: asyncio.Protocol, lost: Callable[[], None]) -> Pump | None:
+    """Stand a C pump in for `protocol.data_received`, or None where there is none. uvloop
+    reads that attribute once, when it attaches the protocol: right after its factory."""
+    if native_pump is None or frames.native_walk is None:
+        return None
+    pump = native_pump(protocol.data_received, lost)
+    vars(protocol)["data_received"] = pump
+    return pump
 
 
 def _nodelay(transport: asyncio.BaseTransport) -> None:
@@ -73,12 +100,20 @@ class _BackendProtocol(asyncio.Protocol):
     def __init__(self, client: _ClientProtocol) -> None:
         self.client = client
         self.transport: asyncio.Transport | None = None
+        client.response_pump = _pump_in(self, client.backend_lost)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         self.transport = transport
         _nodelay(transport)
         transport.set_write_buffer_limits(HIGH_WATER, LOW_WATER)
+        client = self.client
+        pump = client.response_pump
+        if pump is not None and frames.native_walk is not None:
+            scanner = client.response_scanner
+            pump.route(client.transport.write, scanner, frames.native_walk)
+            scanner.pump = pump
+            client.arm_response()
 
     def data_received(self, data: bytes) -> None:
         client = self.client
@@ -113,7 +148,11 @@ class _BackendProtocol(asyncio.Protocol):
             self.client.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.client.backend_lost()
+        client = self.client
+        if client.response_pump is not None:
+            client.response_scanner.pump = None
+            client.response_pump.release()
+        client.backend_lost()
 
 
 class _ClientProtocol(asyncio.Protocol):
@@ -143,6 +182,35 @@ class _ClientProtocol(asyncio.Protocol):
         self.final_due = False  # send the final GOAWAY at the client's next frame boundary
         self.refusing: RefusingFilter | None = None  # set with the final GOAWAY
         self._ping_timer: asyncio.TimerHandle | None = None
+        # the C data_received of each direction (None: Python's), armed by `arm_request` /
+        # `arm_response` while nothing Python must see is pending
+        self.request_pump = _pump_in(self, self.close)
+        self.response_pump: Pump | None = None  # made with the backend's protocol
+
+    def arm_request(self) -> None:
+        """Let the C pump take client chunks: forwarded to the backend and observed."""
+        pump = self.request_pump
+        if pump is None or self.tracker is None:
+            return
+        scanner = self.tracker.request_scanner
+        if scanner.pump is None:
+            return  # not routed: no backend yet
+        pump.armed = not (
+            self.backend is None
+            or self.hold
+            or self.refusing is not None
+            or self.final_due
+            or self.closed
+            or self.draining
+            or scanner.failed
+        )
+
+    def arm_response(self) -> None:
+        """Let the C pump take backend chunks while no frames of ours wait for a boundary."""
+        pump = self.response_pump
+        if pump is None or self.response_scanner.pump is None:
+            return
+        pump.armed = not (self.inject_queue or self.closed or self.response_scanner.failed)
 
     # -- client side ----------------------------------------------------------------------
 
@@ -234,6 +302,9 @@ class _ClientProtocol(asyncio.Protocol):
             self._ping_timer.cancel()
             self._ping_timer = None
         self.tracker.close("CANCELLED")
+        if self.request_pump is not None:
+            self.tracker.request_scanner.pump = None
+            self.request_pump.release()
         if self.backend is not None:
             self.backend.close()
         if self.unavailable is not None:
@@ -278,6 +349,12 @@ class _ClientProtocol(asyncio.Protocol):
             transport.close()
             return
         backend = self.backend = cast(asyncio.Transport, transport)
+        pump = self.request_pump
+        if pump is not None and frames.native_walk is not None:
+            scanner = self.tracker.request_scanner
+            pump.route(backend.write, scanner, frames.native_walk)
+            scanner.pump = pump
+            self.arm_request()
         pending, self.pending = self.pending or [], None
         for data in pending:
             self.data_received(data)
@@ -333,6 +410,8 @@ class _ClientProtocol(asyncio.Protocol):
         """Close the backend side; half-close the client side and wait for it to close."""
         self.draining = True
         backend, self.backend = self.backend, None
+        self.arm_request()
+        self.arm_response()
         self.pending = None  # from now on client bytes are dropped
         if backend is not None:
             backend.close()
@@ -350,7 +429,7 @@ class _ClientProtocol(asyncio.Protocol):
 
     # -- graceful drain at shutdown (drain.py) --------------------------------------------
 
-    def inject(self, frames: bytes) -> None:
+    def inject(self, ours: bytes) -> None:
         """Write frames of our own to the client, between two whole frames of the backend's."""
         if self.closed or self.draining or self.transport.is_closing():
             return
@@ -359,9 +438,10 @@ class _ClientProtocol(asyncio.Protocol):
             and self.tracker.response.settings_seen
             and self.response_scanner.at_frame_boundary()
         ):
-            self.transport.write(frames)
+            self.transport.write(ours)
         else:
-            self.inject_queue.append(frames)
+            self.inject_queue.append(ours)
+            self.arm_response()  # backend chunks go through Python until the queue is out
 
     def backend_data_injecting(self, data: bytes) -> None:
         """Backend bytes while our frames wait: write them at the first frame boundary."""
@@ -380,6 +460,7 @@ class _ClientProtocol(asyncio.Protocol):
                 transport.write(data[:off])
                 scanner.observe(data[:off])
             queued, self.inject_queue = self.inject_queue, []
+            self.arm_response()
             transport.writelines(queued)
             rest = data[off:]
             if rest:
@@ -414,6 +495,10 @@ class _ClientProtocol(asyncio.Protocol):
     def _ping_ack(self, payload: bytes) -> None:
         if payload == DRAIN_PING:
             self.final_due = True  # sent once the chunk that carried the ACK is scanned
+            pump = self.request_pump
+            if pump is not None and pump.armed:  # that chunk is in the C pump: no Python after
+                self.relay.loop.call_soon(self._final_goaway)
+            self.arm_request()  # client chunks go through Python until it is sent
 
     def _final_goaway(self) -> None:
         """Step 2: GOAWAY(last forwarded stream id); later streams are refused."""
@@ -428,12 +513,14 @@ class _ClientProtocol(asyncio.Protocol):
         scanner = tracker.request_scanner
         if not scanner.at_frame_boundary():
             self.final_due = True  # inside a client frame: after the next chunk
+            self.arm_request()
             return
         self.final_due = False
         last = tracker.last_stream_id
         tracker.refuse_above = last
         scanner.hold = self.hold = False  # no request is accepted any more: nothing to add
         self.refusing = RefusingFilter(last, self._reset_accepted)
+        self.arm_request()  # refusing: every client chunk through Python from now on
         self.inject(goaway_frame(last))
 
     def _refused(self, stream_id: int) -> None:
@@ -470,6 +557,7 @@ class _ClientProtocol(asyncio.Protocol):
             return
         out = bytearray(b"".join(self.inject_queue))
         self.inject_queue = []
+        self.arm_response()
         if self.refusing is None:
             out += goaway_frame(tracker.last_stream_id)
         max_frame_size = self.response_scanner.max_frame_size

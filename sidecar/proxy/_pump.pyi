@@ -1,0 +1,15 @@
+"""Type stub of the relay's C `data_received` (`_pump.c`)."""
+
+from collections.abc import Callable
+
+class Pump:
+    """One relayed direction's `data_received`: the chunk written to the peer, then walked in
+    C; `fallback` (the protocol's Python `data_received`) takes every chunk while not armed."""
+
+    armed: bool
+    def __init__(self, fallback: Callable[[bytes], None], lost: Callable[[], None]) -> None: ...
+    def __call__(self, data: bytes) -> None: ...
+    def route(self, write: Callable[[bytes], object], scanner: object, walk: object) -> None:
+        """The peer transport's `write`, the direction's `FrameScanner`, `_framewalk.walk`."""
+    def release(self) -> None:
+        """Disarm and drop every reference (the connection is gone)."""
