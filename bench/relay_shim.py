@@ -1,7 +1,7 @@
 """Run `xsp-sidecar serve` with per-call CPU accounting (used by `relay_breakdown.py`).
 
-Wraps the relay's C `data_received` (`_pump.Pump`: a chunk it takes is timed whole, its write
-and its walk together), the two Python `data_received` callbacks (the chunks the pump hands
+Wraps the relay's C `data_received` (`_pump.Pump`: a chunk it takes is timed whole, its walk
+and its write together), the two Python `data_received` callbacks (the chunks the pump hands
 them, or every chunk with `XSP_BREAKDOWN_PYTHON_RELAY=1`, which turns the pump off),
 `FrameScanner.observe` and (sampling on)
 `FrameScanner.process`, the request direction's header blocks handed to Python
@@ -100,8 +100,8 @@ class TimedPump:
     def armed(self, value: bool) -> None:
         self.pump.armed = value
 
-    def route(self, write: Any, scanner: Any, walk: Any) -> None:
-        self.pump.route(write, scanner, walk)
+    def route(self, transport: Any, scanner: Any, walk: Any) -> None:
+        self.pump.route(transport, scanner, walk)
 
     def release(self) -> None:
         self.pump.release()

@@ -3,13 +3,15 @@
 from collections.abc import Callable
 
 class Pump:
-    """One relayed direction's `data_received`: the chunk written to the peer, then walked in
-    C; `fallback` (the protocol's Python `data_received`) takes every chunk while not armed."""
+    """One relayed direction's `data_received`: the chunk walked in C and written to the other
+    side; `fallback` (the protocol's Python `data_received`) takes every chunk while not armed."""
 
     armed: bool
+    @property
+    def hold(self) -> bool: ...
     def __init__(self, fallback: Callable[[bytes], None], lost: Callable[[], None]) -> None: ...
     def __call__(self, data: bytes) -> None: ...
-    def route(self, write: Callable[[bytes], object], scanner: object, walk: object) -> None:
-        """The peer transport's `write`, the direction's `FrameScanner`, `_framewalk.walk`."""
+    def route(self, transport: object, scanner: object, walk: object) -> None:
+        """The other side's transport, this direction's `FrameScanner`, `_framewalk.walk`."""
     def release(self) -> None:
         """Disarm and drop every reference (the connection is gone)."""

@@ -320,19 +320,24 @@ class FrameScanner:
             else:
                 self._scan(data)
         except Exception as exc:
-            # Release everything not yet forwarded: the held block, then the rest of the chunk.
-            if self._held:
-                out.append(bytes(self._held))
-            rest = self._data[self._emit_from :]
-            if rest:
-                out.append(rest)
-            self._held = bytearray()
-            self._held_frames = []
-            self._holding = False
-            self._carry = b""
-            self._fail(exc.reason if isinstance(exc, ScanError) else "internal")
+            self._release(exc)
         self._data = b""
         return out
+
+    def _release(self, exc: Exception) -> None:
+        """Hold mode, scanning failed with `exc`: release everything not yet forwarded (the held
+        block, then the rest of the chunk) into `_out`, and stop."""
+        out = self._out
+        if self._held:
+            out.append(bytes(self._held))
+        rest = self._data[self._emit_from :]
+        if rest:
+            out.append(rest)
+        self._held = bytearray()
+        self._held_frames = []
+        self._holding = False
+        self._carry = b""
+        self._fail(exc.reason if isinstance(exc, ScanError) else "internal")
 
     def stop(self) -> None:
         """Stop observing (no failure is reported); held bytes go out with the next chunk."""
@@ -342,31 +347,70 @@ class FrameScanner:
 
     # -- the relay's C data_received (`_pump.c`) -----------------------------------------
 
-    def _walkable(self) -> bool:
-        """Whether the next chunk may start in the C walk (`observe`'s own test)."""
-        return not (
-            self.failed
-            or self.hold
-            or self._remaining
-            or self._carry
-            or self._block_sid
-            or self._preface_left
+    # Observe mode: the pump writes a chunk, then walks it in C from where the scanner stood
+    # at a whole frame (`_walkable`), else calls `_observe_step`; where the walk stops short of
+    # the chunk's end, `_observe_rest` scans the rest. Hold mode: the pump walks the chunk with
+    # this scanner as the walk's `hold`, then writes it whole where the walk emitted nothing
+    # (`_out` empty), else writes what `_process_done` returns; `_process_step` and
+    # `_process_rest` are `process` in pieces. Between two chunks of the pump `_out` is empty,
+    # `_emit_from` 0 and `_data` empty: what `process` sets before its walk.
+
+    def _walkable(self, hold: bool) -> bool:
+        """Whether the next chunk may start in the C walk (`observe`'s or `process`'s test)."""
+        return bool(self.hold) == hold and not (
+            self.failed or self._remaining or self._carry or self._block_sid or self._preface_left
         )
 
     def _observe_step(self, data: bytes) -> bool:
-        """`observe(data)`; returns `_walkable()` after it."""
+        """`observe(data)`; returns `_walkable(False)` after it."""
         self.observe(data)
-        return self._walkable()
+        return self._walkable(False)
 
     def _observe_rest(self, data: bytes, pos: int) -> bool:
-        """Observe `data` from `pos`, where the C walk stopped; returns `_walkable()`."""
+        """Observe `data` from `pos`, where the C walk stopped; returns `_walkable(False)`."""
         try:
             self._scan(data[pos:])
         except ScanError as exc:
             self._fail(exc.reason)
         except Exception:  # observation must never break forwarding
             self._fail("internal")
-        return self._walkable()
+        return self._walkable(False)
+
+    def _pieces(self) -> tuple[list[bytes], bool]:
+        """The pieces the pump forwards now, and `_walkable(True)`; the state between chunks."""
+        out = self._out
+        self._out = []
+        self._emit_from = 0
+        self._data = b""
+        return out, self._walkable(True)
+
+    def _process_step(self, data: bytes) -> tuple[list[bytes], bool]:
+        """`process(data)`."""
+        out = self.process(data)
+        self._out = out
+        return self._pieces()
+
+    def _process_rest(self, data: bytes, pos: int) -> tuple[list[bytes], bool]:
+        """Hold mode, the C walk stopped at `pos`: scan the rest as `process` does."""
+        try:
+            self._scan(data, pos, self._emit_from)
+        except Exception as exc:
+            self._release(exc)
+        return self._pieces()
+
+    def _process_done(self, data: bytes) -> tuple[list[bytes], bool]:
+        """Hold mode, the C walk took the whole chunk and emitted frames of its own."""
+        if self._emit_from < len(data):
+            self._out.append(data[self._emit_from :])
+        return self._pieces()
+
+    def _hold_failed(self, exc: BaseException, data: bytes) -> tuple[list[bytes], bool]:
+        """Hold mode, the C walk raised `exc`: what `process` does."""
+        if not isinstance(exc, Exception):
+            raise exc
+        self._data = data
+        self._release(exc)
+        return self._pieces()
 
     def _walk_failed(self, exc: BaseException) -> None:
         """The C walk raised `exc` while the pump observed a chunk: what `observe` does."""

@@ -58,10 +58,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # The relay's C `data_received` (`_pump.c`, built where the C frame walker is): it writes each
-# chunk to the other side and walks it in C, calling Python only where the scanner must; the
-# `data_received` methods below are the reference and the fallback, and handle every chunk
-# while a direction's state wants Python (sampling's hold mode, a drain's frames of our own, a
-# failed scanner). `native_pump` may be set to None to relay through Python only (the tests do).
+# chunk to the other side and walks it in C (sampling on: walks, then writes what is due),
+# calling Python only where the scanner must; the `data_received` methods below are the
+# reference and the fallback, and handle every chunk while a direction's state wants Python (a
+# drain's frames of our own or its refused streams, a failed scanner). `native_pump` may be set
+# to None to relay through Python only (the tests do).
 native_pump: type[Pump] | None
 try:
     from sidecar.proxy._pump import Pump as native_pump
@@ -111,7 +112,7 @@ class _BackendProtocol(asyncio.Protocol):
         pump = client.response_pump
         if pump is not None and frames.native_walk is not None:
             scanner = client.response_scanner
-            pump.route(client.transport.write, scanner, frames.native_walk)
+            pump.route(client.transport, scanner, frames.native_walk)
             scanner.pump = pump
             client.arm_response()
 
@@ -188,7 +189,7 @@ class _ClientProtocol(asyncio.Protocol):
         self.response_pump: Pump | None = None  # made with the backend's protocol
 
     def arm_request(self) -> None:
-        """Let the C pump take client chunks: forwarded to the backend and observed."""
+        """Let the C pump take client chunks: observed (or held, sampling on) and forwarded."""
         pump = self.request_pump
         if pump is None or self.tracker is None:
             return
@@ -197,7 +198,6 @@ class _ClientProtocol(asyncio.Protocol):
             return  # not routed: no backend yet
         pump.armed = not (
             self.backend is None
-            or self.hold
             or self.refusing is not None
             or self.final_due
             or self.closed
@@ -352,7 +352,7 @@ class _ClientProtocol(asyncio.Protocol):
         pump = self.request_pump
         if pump is not None and frames.native_walk is not None:
             scanner = self.tracker.request_scanner
-            pump.route(backend.write, scanner, frames.native_walk)
+            pump.route(backend, scanner, frames.native_walk)
             scanner.pump = pump
             self.arm_request()
         pending, self.pending = self.pending or [], None

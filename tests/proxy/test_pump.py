@@ -34,7 +34,13 @@ from sidecar.proxy.streams import ConnectionTracker
 from tests.proxy.proxy_h2build import Conversation
 from tests.proxy.proxy_harness import RelayThread, grpc_backend, unary
 from tests.proxy.test_framewalk import snapshot
-from tests.proxy.test_framewalk_streams import connections, cut_at_random, untimed_metrics
+from tests.proxy.test_framewalk_streams import (
+    Hook,
+    QuickHook,
+    connections,
+    cut_at_random,
+    untimed_metrics,
+)
 from tests.proxy.test_proxy_relay import INFER, echo, infer_bytes
 
 pytestmark = pytest.mark.skipif(
@@ -46,71 +52,11 @@ Steps = list[tuple[bool, bytes, list[int]]]
 
 
 def never_lost() -> None:
-    raise AssertionError("the peer was never closed")
-
-
-def observed(steps: Steps, pumped: bool) -> tuple[Any, ...]:
-    """Feed the chunks to a fresh tracker (observe mode): through a routed pump per direction,
-    or with the C walk off through `observe`. Every result the sinks leave, and the bytes each
-    pump wrote."""
-    saved = frames.native_walk
-    if not pumped:
-        frames.native_walk = None
-    try:
-        registry = CollectorRegistry()
-        tracker = ConnectionTracker(ProxyMetrics(registry))
-        written: dict[bool, list[bytes]] = {True: [], False: []}
-        feed = {
-            True: tracker.request_scanner.observe,
-            False: tracker.response_scanner.observe,
-        }
-        if pumped:
-            for client, scanner in (
-                (True, tracker.request_scanner),
-                (False, tracker.response_scanner),
-            ):
-                pump = Pump(lambda data: pytest.fail("disarmed"), never_lost)
-                pump.route(written[client].append, scanner, frames.native_walk)
-                scanner.pump = pump
-                pump.armed = True
-                feed[client] = pump
-        records = []
-        for client, data, cuts in steps:
-            edges = [0, *sorted(c for c in cuts if 0 < c < len(data)), len(data)]
-            for a, b in itertools.pairwise(edges):
-                feed[client](data[a:b])
-                records.append(
-                    (snapshot(tracker), tracker.last_stream_id, tracker.metrics.open_streams)
-                )
-        failed = (tracker.request_scanner.failed, tracker.response_scanner.failed)
-        tracker.close("CANCELLED")
-        forwarded = {side: b"".join(chunks) for side, chunks in written.items()}
-        return records, untimed_metrics(registry), failed, forwarded
-    finally:
-        frames.native_walk = saved
-
-
-@settings(max_examples=200, deadline=None)
-@given(connections(), st.data())
-def test_every_result_is_the_same_through_the_pump_and_through_python(
-    steps: list[tuple[bool, bytes]], draw: st.DataObject
-) -> None:
-    cut_steps = cut_at_random(steps, draw)
-    pumped = observed(cut_steps, pumped=True)
-    reference = observed(cut_steps, pumped=False)
-    assert pumped[:3] == reference[:3]
-    assert pumped[2] == (False, False)  # observation never stopped
-    for client in (True, False):  # every byte written, in order
-        assert pumped[3][client] == b"".join(data for side, data in steps if side == client)
-    calls = sum(v for (name, _), v in pumped[1].items() if name == "xsp_requests_total")
-    assert calls > 0
-
-
-# -- the pump's own rules --------------------------------------------------------------------
+    raise AssertionError("the other side was never closed")
 
 
 class Peer:
-    """A peer transport's `write`: keeps the chunks, or raises `error` once set."""
+    """The other side's transport: keeps what is written, or raises `error` once set."""
 
     def __init__(self) -> None:
         self.chunks: list[bytes] = []
@@ -120,6 +66,113 @@ class Peer:
         if self.error is not None:
             raise self.error
         self.chunks.append(data)
+
+    def writelines(self, pieces: list[bytes]) -> None:
+        for piece in pieces:
+            self.write(piece)
+
+
+def observed(
+    steps: Steps, pumped: bool, limit: int | None = None, quick: tuple[int, float] | None = None
+) -> tuple[Any, ...]:
+    """Feed the chunks to a fresh tracker, sampling on where `limit` is given (a `Hook`; with
+    `quick`, (seed, pick rate), a `QuickHook`): through a routed pump per direction, or with the
+    C walk off through `observe` / `process`. Every result the sinks and the hook are left
+    with, and the bytes forwarded each way."""
+    saved = frames.native_walk
+    if not pumped:
+        frames.native_walk = None
+    try:
+        registry = CollectorRegistry()
+        hook: Hook | QuickHook | None = None
+        if limit is not None:
+            hook = Hook(limit) if quick is None else QuickHook(limit, *quick)
+        tracker = ConnectionTracker(ProxyMetrics(registry), observer=hook)
+        peers = {True: Peer(), False: Peer()}
+        scanners = {True: tracker.request_scanner, False: tracker.response_scanner}
+        pumps = {}
+        if pumped:
+            for client, scanner in scanners.items():
+                pump = Pump(lambda data: pytest.fail("disarmed"), never_lost)
+                pump.route(peers[client], scanner, frames.native_walk)
+                scanner.pump = pump
+                pump.armed = True
+                pumps[client] = pump
+        records = []
+        for client, data, cuts in steps:
+            edges = [0, *sorted(c for c in cuts if 0 < c < len(data)), len(data)]
+            for a, b in itertools.pairwise(edges):
+                chunk = data[a:b]
+                if pumped:
+                    pumps[client](chunk)
+                elif scanners[client].hold:
+                    peers[client].writelines(scanners[client].process(chunk))
+                else:
+                    peers[client].write(chunk)
+                    scanners[client].observe(chunk)
+                records.append(
+                    (snapshot(tracker), tracker.last_stream_id, tracker.metrics.open_streams)
+                )
+        failed = (tracker.request_scanner.failed, tracker.response_scanner.failed)
+        tracker.close("CANCELLED")
+        seen: Any = None
+        if isinstance(hook, Hook):
+            seen = (hook.seen, hook.ended, hook.per_model)
+        elif hook is not None:
+            seen = (hook.seen, hook.counts, hook.skipped, hook.quick.coin_picked)
+        forwarded = {side: b"".join(peer.chunks) for side, peer in peers.items()}
+        return records, seen, untimed_metrics(registry), failed, forwarded
+    finally:
+        frames.native_walk = saved
+
+
+def sent(steps: list[tuple[bool, bytes]], client: bool) -> bytes:
+    return b"".join(data for side, data in steps if side == client)
+
+
+@settings(max_examples=200, deadline=None)
+@given(connections(), st.data())
+def test_every_result_is_the_same_through_the_pump_and_through_python(
+    steps: list[tuple[bool, bytes]], draw: st.DataObject
+) -> None:
+    """Sampling off: both directions in observe mode (written, then walked)."""
+    cut_steps = cut_at_random(steps, draw)
+    pumped = observed(cut_steps, pumped=True)
+    reference = observed(cut_steps, pumped=False)
+    assert pumped[:4] == reference[:4]
+    assert pumped[3] == (False, False)  # observation never stopped
+    for client in (True, False):  # every byte written, in order
+        assert pumped[4][client] == reference[4][client] == sent(steps, client)
+    calls = sum(v for (name, _), v in pumped[2].items() if name == "xsp_requests_total")
+    assert calls > 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    connections(),
+    st.sampled_from([60, 1 << 20]),
+    st.sampled_from([None, (7, 0.0), (11, 0.5), (13, 1.0)]),
+    st.data(),
+)
+def test_sampling_on_every_result_is_the_same_through_the_pump_and_through_python(
+    steps: list[tuple[bool, bytes]],
+    limit: int,
+    quick: tuple[int, float] | None,
+    draw: st.DataObject,
+) -> None:
+    """Sampling on: the client's direction in hold mode (walked, then written: a sampled
+    request's header block with its traceparent appended), with a hook that decides every
+    request or one that lets the relay decide the unpicked ones (`QuickDecisions`)."""
+    cut_steps = cut_at_random(steps, draw)
+    pumped = observed(cut_steps, pumped=True, limit=limit, quick=quick)
+    reference = observed(cut_steps, pumped=False, limit=limit, quick=quick)
+    assert pumped[:4] == reference[:4]
+    assert pumped[3] == (False, False)
+    assert pumped[4] == reference[4]
+    assert pumped[4][False] == sent(steps, False)
+
+
+# -- the pump's own rules --------------------------------------------------------------------
 
 
 def one_call() -> tuple[bytes, bytes]:
@@ -135,7 +188,7 @@ def routed(peer: Peer, lost: Any = never_lost) -> tuple[Any, ConnectionTracker, 
     fallback: list[Any] = []
     pump = Pump(fallback.append, lost)
     scanner = tracker.request_scanner
-    pump.route(peer.write, scanner, frames.native_walk)
+    pump.route(peer, scanner, frames.native_walk)
     scanner.pump = pump
     pump.armed = True
     return pump, tracker, fallback
@@ -198,29 +251,40 @@ class Exploding:
         return call
 
 
-@pytest.mark.parametrize("walkable", [False, True], ids=["python observes", "c walks"])
+@pytest.mark.parametrize("hold", [False, True], ids=["observe mode", "hold mode"])
+@pytest.mark.parametrize("walkable", [False, True], ids=["python scans", "c walks"])
 @pytest.mark.parametrize(
     ("error", "reason"), [(ScanError("bad_frame", "x"), "bad_frame"), (KeyError("k"), "internal")]
 )
-def test_an_exception_while_observing_stops_observing_as_observe_does(
-    error: Exception, reason: str, walkable: bool
+def test_an_exception_while_observing_stops_observing_as_python_does(
+    error: Exception, reason: str, walkable: bool, hold: bool
 ) -> None:
-    """Raised in the C walk (`_walk_failed`) or in the Python scanner (`_observe_step`)."""
+    """Raised in the C walk (`_walk_failed`, `_hold_failed`) or in the scanner's Python
+    (`_observe_step`, `_process_step`); in hold mode (the client's direction, sampling on)
+    the chunk is released whole."""
     peer = Peer()
-    scanner = ConnectionTracker(ProxyMetrics(CollectorRegistry())).response_scanner
+    tracker = ConnectionTracker(
+        ProxyMetrics(CollectorRegistry()), observer=Hook(60) if hold else None
+    )
+    scanner = tracker.request_scanner if hold else tracker.response_scanner
     sink = Exploding(scanner.sink)
     scanner.sink = sink
     pump = Pump(lambda data: pytest.fail("disarmed"), never_lost)
-    pump.route(peer.write, scanner, frames.native_walk)
+    pump.route(peer, scanner, frames.native_walk)
     scanner.pump = pump
     pump.armed = True
+    assert pump.hold is hold
     ping = frames.ping_frame(b"12345678")
+    first = one_call()[0] if hold else ping  # the client's preface and settings
     if walkable:
-        pump(ping)  # through _observe_step: from here the next chunk starts in the C walk
-    sink.error = error
-    pump(ping)
+        pump(first)  # scanned in Python: from here the next chunk starts in the C walk
+        sink.error = error
+        pump(ping)
+    else:
+        sink.error = error
+        pump(first + ping)
     assert scanner.failed and scanner.failure_reason == reason and not pump.armed
-    assert peer.chunks == [ping] * (1 + walkable)  # forwarding never broke
+    assert b"".join(peer.chunks) == first + ping  # forwarding never broke
 
 
 def test_a_stopped_scanner_disarms_its_pump_and_an_unrouted_one_cannot_be_armed() -> None:
@@ -240,7 +304,7 @@ def test_a_pump_and_its_protocol_are_collected() -> None:
     proto = Protocol()
     tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()))
     pump = Pump(proto.data_received, never_lost)
-    pump.route(Peer().write, tracker.response_scanner, frames.native_walk)
+    pump.route(Peer(), tracker.response_scanner, frames.native_walk)
     vars(proto)["data_received"] = pump  # the cycle the relay makes
     gone = weakref.ref(proto)
     scanner_gone = weakref.ref(tracker.response_scanner)
@@ -270,9 +334,11 @@ def backend() -> Iterator[int]:
     server.stop(0)
 
 
-def relayed_calls(port: int, calls: int) -> tuple[Counter[str], dict[Any, float]]:
-    """`calls` unary calls on one connection through a relay; how often each Python
-    `data_received` ran, and the relay's untimed /metrics."""
+def relayed_calls(
+    port: int, calls: int, hook: Hook | None = None
+) -> tuple[Counter[str], dict[Any, float]]:
+    """`calls` unary calls on one connection through a relay (sampling on with `hook`); how
+    often each Python `data_received` ran, and the relay's untimed /metrics."""
     ran: Counter[str] = Counter()
     saved = relay._ClientProtocol.data_received, relay._BackendProtocol.data_received
 
@@ -287,7 +353,8 @@ def relayed_calls(port: int, calls: int) -> tuple[Counter[str], dict[Any, float]
 
     relay._ClientProtocol.data_received = counted(relay._ClientProtocol, "client")  # type: ignore[method-assign]
     relay._BackendProtocol.data_received = counted(relay._BackendProtocol, "backend")  # type: ignore[method-assign]
-    side = RelayThread(Endpoint("127.0.0.1", port))
+    factory = None if hook is None else (lambda info: hook)
+    side = RelayThread(Endpoint("127.0.0.1", port), observer_factory=factory)
     try:
         with grpc.insecure_channel(f"127.0.0.1:{side.endpoint.port}") as channel:
             call = channel.unary_unary(INFER, None, None)
@@ -300,15 +367,37 @@ def relayed_calls(port: int, calls: int) -> tuple[Counter[str], dict[Any, float]
         relay._ClientProtocol.data_received, relay._BackendProtocol.data_received = saved  # type: ignore[method-assign]
 
 
+def without_authority(seen: list[Any]) -> list[Any]:
+    """A hook's records with each request's `:authority` left out."""
+    out = []
+    for entry in seen:
+        if entry[0] == "start":
+            headers = [h for h in entry[5] if h[0] != b":authority"]
+            entry = (*entry[:5], headers, *entry[6:])
+        out.append(entry)
+    return out
+
+
+@pytest.mark.parametrize("sampling", [False, True], ids=["sampling off", "sampling on"])
 def test_steady_unary_calls_never_reach_pythons_data_received(
-    backend: int, monkeypatch: pytest.MonkeyPatch
+    backend: int, sampling: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pumped, pumped_metrics = relayed_calls(backend, 60)
+    """Sampling on: a hook that samples every third call (a traceparent appended to its header
+    block, its body kept), lets the relay end another third (a `QuietEnd`) and is asked of the
+    rest; it must see the same either way."""
+    hooks = (Hook(1 << 20), Hook(1 << 20)) if sampling else (None, None)
+    pumped, pumped_metrics = relayed_calls(backend, 60, hooks[0])
     monkeypatch.setattr(relay, "native_pump", None)
-    python, python_metrics = relayed_calls(backend, 60)
+    python, python_metrics = relayed_calls(backend, 60, hooks[1])
     # the pump: at most the chunks that came before the backend connected
     assert pumped["client"] <= 2 and pumped["backend"] == 0, pumped
     assert python["client"] >= 60 and python["backend"] >= 60, python
     assert pumped_metrics == python_metrics
     requests = {k: v for k, v in pumped_metrics.items() if k[0] == "xsp_requests_total"}
     assert sum(requests.values()) == 60
+    if sampling:
+        assert hooks[0] is not None and hooks[1] is not None
+        seen = [without_authority(hook.seen) for hook in hooks]  # two relays, two ports
+        assert seen[0] == seen[1] and hooks[0].ended == hooks[1].ended
+        bodies = [seen for seen in hooks[0].seen if seen[0] == "body"]
+        assert len(bodies) == 20  # streams 1, 7, 13, ...: every third call sampled
