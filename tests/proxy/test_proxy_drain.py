@@ -20,6 +20,7 @@ import h2.events
 import pytest
 
 from sidecar.endpoint import Endpoint
+from sidecar.proxy import relay as relay_module
 from sidecar.proxy.drain import CUT_MESSAGE, DRAIN_PING, RefusingFilter, cut_frames
 from sidecar.proxy.frames import (
     CANCEL,
@@ -200,8 +201,18 @@ def _send_request(sock: socket.socket, conn: h2.connection.H2Connection, sid: in
     sock.sendall(conn.data_to_send())
 
 
+@pytest.fixture(params=["c data_received", "python data_received"])
+def data_received(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The relay's C `data_received` (`_pump.c`, where built), or its Python fallback alone."""
+    if request.param.startswith("python"):
+        monkeypatch.setattr(relay_module, "native_pump", None)
+    elif relay_module.native_pump is None:
+        pytest.skip("the relay's C data_received is not built here")
+    return str(request.param)
+
+
 def test_shutdown_two_step_goaway_forwards_racing_streams_and_refuses_later_ones(
-    backend: _Backend,
+    backend: _Backend, data_received: str
 ) -> None:
     relay = RelayThread(Endpoint("127.0.0.1", backend.port))
     try:
@@ -271,7 +282,9 @@ def test_shutdown_two_step_goaway_forwards_racing_streams_and_refuses_later_ones
         relay.stop()
 
 
-def test_a_call_longer_than_the_grace_period_is_cut_with_unavailable(backend: _Backend) -> None:
+def test_a_call_longer_than_the_grace_period_is_cut_with_unavailable(
+    backend: _Backend, data_received: str
+) -> None:
     relay = RelayThread(Endpoint("127.0.0.1", backend.port))
     try:
         with grpc.insecure_channel(relay.address) as channel:
