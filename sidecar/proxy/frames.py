@@ -357,9 +357,7 @@ class FrameScanner:
 
     def _walkable(self, hold: bool) -> bool:
         """Whether the next chunk may start in the C walk (`observe`'s or `process`'s test)."""
-        return bool(self.hold) == hold and not (
-            self.failed or self._remaining or self._carry or self._block_sid or self._preface_left
-        )
+        return bool(self.hold) == hold and self.at_frame_boundary()
 
     def _observe_step(self, data: bytes) -> bool:
         """`observe(data)`; returns `_walkable(False)` after it."""
@@ -370,10 +368,8 @@ class FrameScanner:
         """Observe `data` from `pos`, where the C walk stopped; returns `_walkable(False)`."""
         try:
             self._scan(data[pos:])
-        except ScanError as exc:
-            self._fail(exc.reason)
-        except Exception:  # observation must never break forwarding
-            self._fail("internal")
+        except Exception as exc:  # observation must never break forwarding
+            self._walk_failed(exc)
         return self._walkable(False)
 
     def _pieces(self) -> tuple[list[bytes], bool]:
@@ -413,13 +409,10 @@ class FrameScanner:
         return self._pieces()
 
     def _walk_failed(self, exc: BaseException) -> None:
-        """The C walk raised `exc` while the pump observed a chunk: what `observe` does."""
-        if isinstance(exc, ScanError):
-            self._fail(exc.reason)
-        elif isinstance(exc, Exception):
-            self._fail("internal")
-        else:
+        """Scanning raised `exc` while the pump observed a chunk: what `observe` does."""
+        if not isinstance(exc, Exception):
             raise exc
+        self._fail(exc.reason if isinstance(exc, ScanError) else "internal")
 
     def at_frame_boundary(self) -> bool:
         """True while observing and every byte scanned so far ends a whole frame."""

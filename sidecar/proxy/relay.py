@@ -88,6 +88,23 @@ def _pump_in(protocol: asyncio.Protocol, lost: Callable[[], None]) -> Pump | Non
     return pump
 
 
+def _route(pump: Pump | None, transport: asyncio.Transport, scanner: FrameScanner) -> bool:
+    """Give `pump` the transport it writes to and the scanner it walks for; False where there
+    is no pump (or no C walk any more)."""
+    if pump is None or frames.native_walk is None:
+        return False
+    pump.route(transport, scanner, frames.native_walk)
+    scanner.pump = pump
+    return True
+
+
+def _unroute(pump: Pump | None, scanner: FrameScanner) -> None:
+    """The connection is gone: the scanner and the pump let go of each other."""
+    if pump is not None:
+        scanner.pump = None
+        pump.release()
+
+
 def _nodelay(transport: asyncio.BaseTransport) -> None:
     sock = transport.get_extra_info("socket")
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -109,11 +126,7 @@ class _BackendProtocol(asyncio.Protocol):
         _nodelay(transport)
         transport.set_write_buffer_limits(HIGH_WATER, LOW_WATER)
         client = self.client
-        pump = client.response_pump
-        if pump is not None and frames.native_walk is not None:
-            scanner = client.response_scanner
-            pump.route(client.transport, scanner, frames.native_walk)
-            scanner.pump = pump
+        if _route(client.response_pump, client.transport, client.response_scanner):
             client.arm_response()
 
     def data_received(self, data: bytes) -> None:
@@ -150,9 +163,7 @@ class _BackendProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         client = self.client
-        if client.response_pump is not None:
-            client.response_scanner.pump = None
-            client.response_pump.release()
+        _unroute(client.response_pump, client.response_scanner)
         client.backend_lost()
 
 
@@ -302,9 +313,7 @@ class _ClientProtocol(asyncio.Protocol):
             self._ping_timer.cancel()
             self._ping_timer = None
         self.tracker.close("CANCELLED")
-        if self.request_pump is not None:
-            self.tracker.request_scanner.pump = None
-            self.request_pump.release()
+        _unroute(self.request_pump, self.tracker.request_scanner)
         if self.backend is not None:
             self.backend.close()
         if self.unavailable is not None:
@@ -349,11 +358,7 @@ class _ClientProtocol(asyncio.Protocol):
             transport.close()
             return
         backend = self.backend = cast(asyncio.Transport, transport)
-        pump = self.request_pump
-        if pump is not None and frames.native_walk is not None:
-            scanner = self.tracker.request_scanner
-            pump.route(backend, scanner, frames.native_walk)
-            scanner.pump = pump
+        if _route(self.request_pump, backend, self.tracker.request_scanner):
             self.arm_request()
         pending, self.pending = self.pending or [], None
         for data in pending:

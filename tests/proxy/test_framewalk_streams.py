@@ -23,6 +23,7 @@ import bisect
 import itertools
 import random
 import time
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -293,6 +294,22 @@ def untimed_metrics(registry: CollectorRegistry) -> dict[SampleKey, float]:
     }
 
 
+def chunks(data: bytes, cuts: list[int]) -> Iterator[bytes]:
+    """`data` cut at those of `cuts` that lie inside it, in order."""
+    edges = [0, *sorted(c for c in cuts if 0 < c < len(data)), len(data)]
+    for a, b in itertools.pairwise(edges):
+        yield data[a:b]
+
+
+def hook_records(hook: Hook | QuickHook | None) -> Any:
+    """What only the hook sees: its records and counts (None without a hook)."""
+    if isinstance(hook, Hook):
+        return hook.seen, hook.ended, hook.per_model
+    if hook is not None:
+        return hook.seen, hook.counts, hook.skipped, hook.quick.coin_picked
+    return None
+
+
 def run(
     steps: list[tuple[bool, bytes, list[int]]],
     limit: int | None,
@@ -312,29 +329,23 @@ def run(
         tracker = ConnectionTracker(ProxyMetrics(registry), observer=hook)
         records, forwarded = [], bytearray()
         for client, data, cuts in steps:
-            edges = [0, *sorted(c for c in cuts if 0 < c < len(data)), len(data)]
-            for a, b in itertools.pairwise(edges):
+            for chunk in chunks(data, cuts):
                 if client and hook is not None:
-                    forwarded += b"".join(tracker.request_scanner.process(data[a:b]))
+                    forwarded += b"".join(tracker.request_scanner.process(chunk))
                 elif client:
-                    tracker.request_scanner.observe(data[a:b])
+                    tracker.request_scanner.observe(chunk)
                 else:
-                    tracker.response_scanner.observe(data[a:b])
+                    tracker.response_scanner.observe(chunk)
                 # the records, and what the walk may update itself in observe mode
                 records.append(
                     (snapshot(tracker), tracker.last_stream_id, tracker.metrics.open_streams)
                 )
         scanners_failed = (tracker.request_scanner.failed, tracker.response_scanner.failed)
         tracker.close("CANCELLED")
-        seen: Any = None
-        if isinstance(hook, Hook):
-            seen = (hook.seen, hook.ended, hook.per_model)
-        elif hook is not None:
-            seen = (hook.seen, hook.counts, hook.skipped, hook.quick.coin_picked)
         stream_type = tracker.stream_type
         return (
             records,
-            seen,
+            hook_records(hook),
             bytes(forwarded),
             untimed_metrics(registry),
             scanners_failed,

@@ -14,7 +14,6 @@ Python relay does.
 from __future__ import annotations
 
 import gc
-import itertools
 import weakref
 from collections import Counter
 from collections.abc import Iterator
@@ -37,8 +36,10 @@ from tests.proxy.test_framewalk import snapshot
 from tests.proxy.test_framewalk_streams import (
     Hook,
     QuickHook,
+    chunks,
     connections,
     cut_at_random,
+    hook_records,
     untimed_metrics,
 )
 from tests.proxy.test_proxy_relay import INFER, echo, infer_bytes
@@ -100,9 +101,7 @@ def observed(
                 pumps[client] = pump
         records = []
         for client, data, cuts in steps:
-            edges = [0, *sorted(c for c in cuts if 0 < c < len(data)), len(data)]
-            for a, b in itertools.pairwise(edges):
-                chunk = data[a:b]
+            for chunk in chunks(data, cuts):
                 if pumped:
                     pumps[client](chunk)
                 elif scanners[client].hold:
@@ -115,13 +114,8 @@ def observed(
                 )
         failed = (tracker.request_scanner.failed, tracker.response_scanner.failed)
         tracker.close("CANCELLED")
-        seen: Any = None
-        if isinstance(hook, Hook):
-            seen = (hook.seen, hook.ended, hook.per_model)
-        elif hook is not None:
-            seen = (hook.seen, hook.counts, hook.skipped, hook.quick.coin_picked)
         forwarded = {side: b"".join(peer.chunks) for side, peer in peers.items()}
-        return records, seen, untimed_metrics(registry), failed, forwarded
+        return records, hook_records(hook), untimed_metrics(registry), failed, forwarded
     finally:
         frames.native_walk = saved
 
