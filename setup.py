@@ -3,7 +3,11 @@
 `optional=True`: without a C compiler the install still succeeds and the relay uses the
 pure-Python code, which is also the reference the tests compare: the frame scanner
 (sidecar/proxy/frames.py), the relay's `data_received` (relay.py) and an inference stream's
-message reading (stream_messages.py).
+message reading (stream_messages.py). A build that fails where a compiler exists is not
+quiet: scripts/setup.sh (and so CI) runs `python -m sidecar.proxy.native_check --require`
+after installing, which exits 1 naming the extension and showing its build error, and the
+image's build imports each. `/metrics` (`xsp_relay_native_info`) and `serve`'s first log
+lines say which paths run.
 """
 
 from setuptools import Extension, setup
@@ -13,20 +17,21 @@ setup(
         Extension(
             "sidecar.proxy._framewalk",
             ["sidecar/proxy/_framewalk.c"],
-            depends=["sidecar/proxy/_varint.h"],
+            depends=["sidecar/proxy/_varint.h", "sidecar/proxy/_names.h"],
             optional=True,
             extra_compile_args=["-O2"],
         ),
         Extension(
             "sidecar.proxy._pump",
             ["sidecar/proxy/_pump.c"],
+            depends=["sidecar/proxy/_names.h"],
             optional=True,
             extra_compile_args=["-O2"],
         ),
         Extension(
             "sidecar.proxy._messagewalk",
             ["sidecar/proxy/_messagewalk.c"],
-            depends=["sidecar/proxy/_varint.h"],
+            depends=["sidecar/proxy/_varint.h", "sidecar/proxy/_names.h"],
             optional=True,
             extra_compile_args=["-O2"],
         ),

@@ -34,6 +34,7 @@ else
     check || { echo "setup failed: the sidecar's environment is incomplete (see $LOG)" >&2; exit 1; }
     echo "$want" >"$STAMP"
 fi
+python -m sidecar.proxy.native_check --require --log "$LOG"  # a failed C build fails setup (and CI)
 
 echo "==> preparing the local Triton server (nvidia-pytriton in .triton/venv)"
 python -m tests.harness.triton.environment

@@ -25,7 +25,8 @@ from sidecar.backends import BACKENDS, SpanSource, backend_named
 from sidecar.config import TF_PROFILER_AT_BACKEND, ConfigError, ServeConfig
 from sidecar.endpoint import Endpoint, PortInUseError, translate_bind_errors
 from sidecar.health import BackendChecker, HealthServer, add_port, tcp_accepts
-from sidecar.proxy.metrics import ProxyMetrics
+from sidecar.proxy.metrics import NativeInfo, ProxyMetrics
+from sidecar.proxy import native
 from sidecar.proxy.relay import Relay
 from sidecar.proxy.streams import ObserverFactory
 from sidecar.replay.device import CudaProbe, driver_devices
@@ -69,6 +70,7 @@ class Sidecar:
     async def start(self) -> None:
         config = self.config
         metrics = ProxyMetrics(self.registry, max_models=config.max_models)
+        self.registry.register(NativeInfo())
         if config.model_repository is not None:
             self.sampling = SamplingPipeline(
                 sampling_config(config),
@@ -135,6 +137,10 @@ class Sidecar:
             "relaying %s -> %s (%s); /metrics on :%d; health on :%d",
             self.listen, backend, config.backend_protocol, self.metrics_port, self.grpc_port,
         )  # fmt: skip
+        # which relay paths run in C (also xsp_relay_native_info); off where not built is news
+        all_on = all(native.paths().values())
+        log.log(logging.INFO if all_on or not native.ENABLED else logging.WARNING, "%s",
+                native.describe())  # fmt: skip
 
     async def shutdown(self, grace_period: float | None = None) -> None:
         grace = self.config.grace_period if grace_period is None else grace_period

@@ -17,7 +17,7 @@
  *   types, or a protocol error the Python scanner reports).
  *   Hold mode: `hold` is the FrameScanner whose `process` is running. Nothing is held at a
  *   whole frame, so the walk forwards nothing itself: when `on_header_block` returns HPACK
- *   bytes to append (truthy), it calls `hold._emit_injected(data, frame_start, extra)`, the
+ *   bytes to append (truthy), it calls `hold.emit_injected(data, frame_start, extra)`, the
  *   Python fast branch's own code for re-emitting that frame; the caller forwards the rest.
  *   `streams`: the sink's stream table (dict: stream id -> stream), `request` its direction.
  *   A DATA frame of a stream id the table lacks is the sink's no-op (no call); one of a
@@ -34,7 +34,7 @@
  *   end a call here, where no Python is needed (see "a call's start and end without the sink"
  *   below): a unary call then crosses into Python not at all. In hold mode (sampling on) only
  *   a request the observer's `QuickDecisions` let the walk answer is started here.
- *   An exception raised by the sink (or by `_emit_injected`) propagates unchanged.
+ *   An exception raised by the sink (or by `emit_injected`) propagates unchanged.
  *
  * configure(status_names, unknown_model, buckets)
  *   The constants a call's end is counted with, given once by streams.py.
@@ -56,6 +56,7 @@
 #include <time.h>
 #include "structmember.h"
 #include "_varint.h"
+#include "_names.h"
 
 enum { DATA = 0, HEADERS = 1, PRIORITY = 2, RST_STREAM = 3, SETTINGS = 4, PING = 6,
        GOAWAY = 7, WINDOW_UPDATE = 8 };
@@ -428,7 +429,7 @@ static int stream_data(PyObject *sink, PyObject *sid, Stream *st, const char *pa
     return done(call_sink(sink, s_on_end_stream, args, 1));
 }
 
-/* In hold mode, a truthy `extra` from on_header_block: hold._emit_injected(data, at, extra). */
+/* In hold mode, a truthy `extra` from on_header_block: hold.emit_injected(data, at, extra). */
 static int inject(PyObject *hold, PyObject *data, Py_ssize_t at, PyObject *extra) {
     int wanted = PyObject_IsTrue(extra);
     if (wanted <= 0)
@@ -459,7 +460,7 @@ static PyObject *s_observer, *s_refuse_above, *s_last_stream_id, *s_metrics, *s_
     *s_buckets, *s_count, *s_sum, *s_request_bytes, *s_response_bytes, *s_name,
     *s_model_field, *s_per_message, *one, *minus_one, *s_quick, *s_per_call, *s_replayable,
     *s_coin, *s_hot, *s_force_header, *s_pick_rate, *s_rand, *s_unpicked, *s_not_replayable,
-    *s_started, *s_coin_picked;
+    *s_started, *s_coin_picked, *s_get;
 /* configure(): streams._STATUS_NAMES, model_name.UNKNOWN_MODEL, metrics.DURATION_BUCKETS */
 static PyObject *status_names, *unknown_model;
 #define MAX_BOUNDS 64
@@ -886,7 +887,7 @@ static int end_call(Stream *st, PyObject *sid, PyObject *streams, Ending *e) {
                 if (had == NULL && !PyErr_Occurred())
                     had = Py_NewRef(zero);
             } else {
-                had = PyObject_CallMethod(per_model, "get", "OO", e->label, zero);
+                had = PyObject_CallMethodObjArgs(per_model, s_get, e->label, zero, NULL);
             }
             now = had == NULL ? NULL : PyNumber_Add(had, one);
             failed = now == NULL || PyObject_SetItem(per_model, e->label, now) < 0;
@@ -1139,64 +1140,68 @@ static struct PyModuleDef framewalk_module = {
     PyModuleDef_HEAD_INIT, "_framewalk", "The frame scanner's hot loop in C.", -1, methods,
 };
 
+/* Every Python attribute this module reads or calls (_names.h): the sink's, the hold
+ * scanner's, and those of the tracker, its metrics, observer decisions and coin. */
+static const PyName names[] = {
+    {&s_on_data, "on_data"},
+    {&s_on_data_payload, "on_data_payload"},
+    {&s_on_end_stream, "on_end_stream"},
+    {&s_on_header_block, "on_header_block"},
+    {&s_on_control, "on_control"},
+    {&s_emit_injected, "emit_injected"},
+    {&s_observer, "observer"},
+    {&s_refuse_above, "refuse_above"},
+    {&s_last_stream_id, "last_stream_id"},
+    {&s_metrics, "metrics"},
+    {&s_open_streams, "open_streams"},
+    {&s_methods, "methods"},
+    {&s_models, "models"},
+    {&s_codes, "codes"},
+    {&s_stats, "stats"},
+    {&s_quiet, "quiet_ends"},
+    {&s_ended, "ended"},
+    {&s_index, "index"},
+    {&s_per_model, "per_model"},
+    {&s_buckets, "buckets"},
+    {&s_count, "count"},
+    {&s_sum, "sum"},
+    {&s_request_bytes, "request_bytes"},
+    {&s_response_bytes, "response_bytes"},
+    {&s_name, "name"},
+    {&s_model_field, "model_field"},
+    {&s_per_message, "per_message"},
+    {&s_quick, "quick"},
+    {&s_per_call, "per_call"},
+    {&s_replayable, "replayable"},
+    {&s_coin, "coin"},
+    {&s_hot, "hot"},
+    {&s_force_header, "force_header"},
+    {&s_pick_rate, "pick_rate"},
+    {&s_rand, "rand"},
+    {&s_unpicked, "unpicked"},
+    {&s_not_replayable, "not_replayable"},
+    {&s_started, "started"},
+    {&s_coin_picked, "coin_picked"},
+    {&s_get, "get"},
+};
+
 PyMODINIT_FUNC PyInit__framewalk(void) {
-    s_on_data = PyUnicode_InternFromString("on_data");
-    s_on_data_payload = PyUnicode_InternFromString("on_data_payload");
-    s_on_end_stream = PyUnicode_InternFromString("on_end_stream");
-    s_on_header_block = PyUnicode_InternFromString("on_header_block");
-    s_on_control = PyUnicode_InternFromString("on_control");
-    s_emit_injected = PyUnicode_InternFromString("_emit_injected");
-#define INTERN(var, text)                                                                     \
-    if ((var = PyUnicode_InternFromString(text)) == NULL)                                       \
+    if (intern_names(names, N_NAMES(names)) < 0)
         return NULL;
-    INTERN(s_observer, "observer")
-    INTERN(s_refuse_above, "refuse_above")
-    INTERN(s_last_stream_id, "last_stream_id")
-    INTERN(s_metrics, "metrics")
-    INTERN(s_open_streams, "open_streams")
-    INTERN(s_methods, "_methods")
-    INTERN(s_models, "_models")
-    INTERN(s_codes, "_codes")
-    INTERN(s_stats, "_stats")
-    INTERN(s_quiet, "_quiet")
-    INTERN(s_ended, "ended")
-    INTERN(s_index, "index")
-    INTERN(s_per_model, "per_model")
-    INTERN(s_buckets, "buckets")
-    INTERN(s_count, "count")
-    INTERN(s_sum, "sum")
-    INTERN(s_request_bytes, "request_bytes")
-    INTERN(s_response_bytes, "response_bytes")
-    INTERN(s_name, "name")
-    INTERN(s_model_field, "model_field")
-    INTERN(s_per_message, "per_message")
-    INTERN(s_quick, "quick")
-    INTERN(s_per_call, "per_call")
-    INTERN(s_replayable, "replayable")
-    INTERN(s_coin, "coin")
-    INTERN(s_hot, "hot")
-    INTERN(s_force_header, "force_header")
-    INTERN(s_pick_rate, "pick_rate")
-    INTERN(s_rand, "rand")
-    INTERN(s_unpicked, "unpicked")
-    INTERN(s_not_replayable, "not_replayable")
-    INTERN(s_started, "started")
-    INTERN(s_coin_picked, "coin_picked")
-#undef INTERN
     if ((one = PyLong_FromLong(1)) == NULL || (minus_one = PyLong_FromLong(-1)) == NULL)
         return NULL;
     empty_bytes = PyBytes_FromStringAndSize(NULL, 0);
     empty_str = PyUnicode_FromStringAndSize(NULL, 0);
     zero = PyLong_FromLong(0);
-    if (!s_on_data || !s_on_data_payload || !s_on_end_stream || !s_on_header_block ||
-        !s_on_control || !s_emit_injected || !empty_bytes || !empty_str || !zero)
+    if (!empty_bytes || !empty_str || !zero)
         return NULL;
     if (PyType_Ready(&StreamType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&framewalk_module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(m, "Stream", (PyObject *)&StreamType) < 0) {
+    if (PyModule_AddObjectRef(m, "Stream", (PyObject *)&StreamType) < 0 ||
+        add_names(m, names, N_NAMES(names)) < 0) {
         Py_DECREF(m);
         return NULL;
     }

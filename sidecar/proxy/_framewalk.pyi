@@ -2,6 +2,8 @@
 
 from collections.abc import Mapping
 
+NAMES: tuple[str, ...]  # every Python attribute the C code reads or calls (native.py)
+
 def walk(
     sink: object,
     data: bytes,
@@ -14,7 +16,7 @@ def walk(
 ) -> int:
     """Handle the whole fast-path frames of `data` from `start`; returns where it stopped.
 
-    `hold`: the FrameScanner in hold mode (its `_emit_injected` re-emits a HEADERS frame the
+    `hold`: the FrameScanner in hold mode (its `emit_injected` re-emits a HEADERS frame the
     sink appended HPACK bytes to), or None in observe mode. `streams`: the sink's stream table
     (a dict), whose `Stream` records the walk updates itself on DATA frames; `request`: the
     direction (client -> backend). `header_cache`: the direction's `HeaderDecoder.cache`,

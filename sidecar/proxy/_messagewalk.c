@@ -25,6 +25,7 @@
 #include <string.h>
 #include "structmember.h"
 #include "_varint.h"
+#include "_names.h"
 
 #define MESSAGE_HEAD 4096 /* stream_messages.MESSAGE_HEAD */
 #define LAST_FIELD ((uint64_t)1 << 29)
@@ -557,7 +558,8 @@ PyMODINIT_FUNC PyInit__messagewalk(void) {
         return NULL;
     if (PyModule_AddObjectRef(m, "RequestWalker", (PyObject *)&RequestWalkerType) < 0 ||
         PyModule_AddObjectRef(m, "ResponseWalker", (PyObject *)&ResponseWalkerType) < 0 ||
-        PyModule_AddIntConstant(m, "MESSAGE_HEAD", MESSAGE_HEAD) < 0) {
+        PyModule_AddIntConstant(m, "MESSAGE_HEAD", MESSAGE_HEAD) < 0 ||
+        add_names(m, NULL, 0) < 0) { /* no Python attribute is read here: `pick` is a member */
         Py_DECREF(m);
         return NULL;
     }

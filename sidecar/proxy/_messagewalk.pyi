@@ -3,6 +3,7 @@
 from collections.abc import Callable
 
 MESSAGE_HEAD: int
+NAMES: tuple[str, ...]  # every Python attribute the C code reads or calls (native.py)
 
 class RequestWalker:
     """The request messages of one inference stream (`stream_messages.RequestReader`)."""

@@ -27,22 +27,23 @@
  *
  * Observe mode (`observe`'s work): the chunk is written, then walked in C where the scanner
  * last stood at a whole frame (nothing split across chunks, not failed); where the walk stops
- * short of the chunk's end, `scanner._observe_rest(data, pos)` scans the rest; where the
- * scanner did not stand so, `scanner._observe_step(data)` observes the whole chunk.
+ * short of the chunk's end, `scanner.observe_rest(data, pos)` scans the rest; where the
+ * scanner did not stand so, `scanner.observe_step(data)` observes the whole chunk.
  * Hold mode (`process`'s work): the chunk is walked with the scanner as the walk's `hold`
- * first; where the walk took it whole and emitted nothing of its own (the scanner's `_out`
+ * first; where the walk took it whole and emitted nothing of its own (the scanner's `out`
  * still empty: no header block appended to), it is written whole; else the pieces
- * `scanner._process_done(data)`, `_process_rest(data, pos)` or `_process_step(data)` return
+ * `scanner.process_done(data)`, `process_rest(data, pos)` or `process_step(data)` return
  * are written (`writelines` for several).
  * The scanner's Python answers with where it stands (and in hold mode the pieces): whether
  * the next chunk may start in the walk. An exception raised in the walk goes to
- * `scanner._walk_failed(exc)` / `_hold_failed(exc, data)`, which stop observing as `observe` /
+ * `scanner.walk_failed(exc)` / `hold_failed(exc, data)`, which stop observing as `observe` /
  * `process` would; forwarding goes on. What reaches the sinks, and what is forwarded, is what
  * `observe` / `process` give: the same walk, the same Python for the rest.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include "structmember.h"
+#include "_names.h"
 
 static PyObject *s_observe_rest, *s_observe_step, *s_walk_failed, *s_process_rest,
     *s_process_step, *s_process_done, *s_hold_failed, *s_out, *s_sink, *s_streams,
@@ -399,27 +400,29 @@ static struct PyModuleDef pump_module = {
     NULL, NULL, NULL, NULL,
 };
 
+/* Every Python attribute this module reads or calls (_names.h): the scanner's, the transport's. */
+static const PyName names[] = {
+    {&s_observe_rest, "observe_rest"},
+    {&s_observe_step, "observe_step"},
+    {&s_walk_failed, "walk_failed"},
+    {&s_process_rest, "process_rest"},
+    {&s_process_step, "process_step"},
+    {&s_process_done, "process_done"},
+    {&s_hold_failed, "hold_failed"},
+    {&s_out, "out"},
+    {&s_sink, "sink"},
+    {&s_streams, "streams"},
+    {&s_header_cache, "header_cache"},
+    {&s_tracker, "tracker"},
+    {&s_client_side, "client_side"},
+    {&s_hold, "hold"},
+    {&s_write, "write"},
+    {&s_writelines, "writelines"},
+};
+
 PyMODINIT_FUNC PyInit__pump(void) {
-#define INTERN(var, text)                                                                     \
-    if ((var = PyUnicode_InternFromString(text)) == NULL)                                       \
+    if (intern_names(names, N_NAMES(names)) < 0)
         return NULL;
-    INTERN(s_observe_rest, "_observe_rest")
-    INTERN(s_observe_step, "_observe_step")
-    INTERN(s_walk_failed, "_walk_failed")
-    INTERN(s_process_rest, "_process_rest")
-    INTERN(s_process_step, "_process_step")
-    INTERN(s_process_done, "_process_done")
-    INTERN(s_hold_failed, "_hold_failed")
-    INTERN(s_out, "_out")
-    INTERN(s_sink, "sink")
-    INTERN(s_streams, "streams")
-    INTERN(s_header_cache, "header_cache")
-    INTERN(s_tracker, "tracker")
-    INTERN(s_client_side, "client_side")
-    INTERN(s_hold, "hold")
-    INTERN(s_write, "write")
-    INTERN(s_writelines, "writelines")
-#undef INTERN
     if ((zero = PyLong_FromLong(0)) == NULL)
         return NULL;
     if (PyType_Ready(&PumpType) < 0)
@@ -427,7 +430,8 @@ PyMODINIT_FUNC PyInit__pump(void) {
     PyObject *m = PyModule_Create(&pump_module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(m, "Pump", (PyObject *)&PumpType) < 0) {
+    if (PyModule_AddObjectRef(m, "Pump", (PyObject *)&PumpType) < 0 ||
+        add_names(m, names, N_NAMES(names)) < 0) {
         Py_DECREF(m);
         return NULL;
     }

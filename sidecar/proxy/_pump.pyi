@@ -2,6 +2,8 @@
 
 from collections.abc import Callable
 
+NAMES: tuple[str, ...]  # every Python attribute the C code reads or calls (native.py)
+
 class Pump:
     """One relayed direction's `data_received`: the chunk walked in C and written to the other
     side; `fallback` (the protocol's Python `data_received`) takes every chunk while not armed."""

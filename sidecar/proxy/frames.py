@@ -31,6 +31,8 @@ import struct
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
+from sidecar.proxy import native
+
 if TYPE_CHECKING:
     from sidecar.proxy._pump import Pump
 
@@ -81,12 +83,8 @@ native_walk: (
     ]
     | None
 )  # fmt: skip
-try:
-    from sidecar.proxy._framewalk import walk as _c_walk
-except ImportError:  # not built: no C compiler at install time
-    native_walk = None
-else:
-    native_walk = _c_walk
+_framewalk = native.load("_framewalk")  # None: not built, or XSP_NATIVE=off
+native_walk = None if _framewalk is None else _framewalk.walk
 
 # frame types the fast path handles when the whole frame is in one chunk (skipped ones included)
 _CONTROL_TYPES = frozenset({SETTINGS, RST_STREAM, GOAWAY, PING})
@@ -250,7 +248,7 @@ class FrameScanner:
         self._held = bytearray()
         self._held_frames: list[tuple[int, int, bool]] = []  # (offset, length, padded)
         self._holding = False
-        self._out: list[bytes] = []
+        self.out: list[bytes] = []
         self._data = b""
         self._emit_from = 0
 
@@ -293,7 +291,7 @@ class FrameScanner:
                 self._carry = b""
                 return [pending, data]
             return [data]
-        self._out = out = []
+        self.out = out = []
         try:
             walk = native_walk
             if (
@@ -301,7 +299,7 @@ class FrameScanner:
                 and self.hold
                 and not (self._remaining or self._carry or self._block_sid or self._preface_left)
             ):
-                self._data = data  # what `_emit_injected` and a failure release read
+                self._data = data  # what `emit_injected` and a failure release read
                 self._emit_from = 0
                 pos = walk(  # C
                     self.sink,
@@ -326,8 +324,8 @@ class FrameScanner:
 
     def _release(self, exc: Exception) -> None:
         """Hold mode, scanning failed with `exc`: release everything not yet forwarded (the held
-        block, then the rest of the chunk) into `_out`, and stop."""
-        out = self._out
+        block, then the rest of the chunk) into `out`, and stop."""
+        out = self.out
         if self._held:
             out.append(bytes(self._held))
         rest = self._data[self._emit_from :]
@@ -348,45 +346,45 @@ class FrameScanner:
     # -- the relay's C data_received (`_pump.c`) -----------------------------------------
 
     # Observe mode: the pump writes a chunk, then walks it in C from where the scanner stood
-    # at a whole frame (`_walkable`), else calls `_observe_step`; where the walk stops short of
-    # the chunk's end, `_observe_rest` scans the rest. Hold mode: the pump walks the chunk with
+    # at a whole frame (`_walkable`), else calls `observe_step`; where the walk stops short of
+    # the chunk's end, `observe_rest` scans the rest. Hold mode: the pump walks the chunk with
     # this scanner as the walk's `hold`, then writes it whole where the walk emitted nothing
-    # (`_out` empty), else writes what `_process_done` returns; `_process_step` and
-    # `_process_rest` are `process` in pieces. Between two chunks of the pump `_out` is empty,
+    # (`out` empty), else writes what `process_done` returns; `process_step` and
+    # `process_rest` are `process` in pieces. Between two chunks of the pump `out` is empty,
     # `_emit_from` 0 and `_data` empty: what `process` sets before its walk.
 
     def _walkable(self, hold: bool) -> bool:
         """Whether the next chunk may start in the C walk (`observe`'s or `process`'s test)."""
         return bool(self.hold) == hold and self.at_frame_boundary()
 
-    def _observe_step(self, data: bytes) -> bool:
+    def observe_step(self, data: bytes) -> bool:
         """`observe(data)`; returns `_walkable(False)` after it."""
         self.observe(data)
         return self._walkable(False)
 
-    def _observe_rest(self, data: bytes, pos: int) -> bool:
+    def observe_rest(self, data: bytes, pos: int) -> bool:
         """Observe `data` from `pos`, where the C walk stopped; returns `_walkable(False)`."""
         try:
             self._scan(data[pos:])
         except Exception as exc:  # observation must never break forwarding
-            self._walk_failed(exc)
+            self.walk_failed(exc)
         return self._walkable(False)
 
     def _pieces(self) -> tuple[list[bytes], bool]:
         """The pieces the pump forwards now, and `_walkable(True)`; the state between chunks."""
-        out = self._out
-        self._out = []
+        out = self.out
+        self.out = []
         self._emit_from = 0
         self._data = b""
         return out, self._walkable(True)
 
-    def _process_step(self, data: bytes) -> tuple[list[bytes], bool]:
+    def process_step(self, data: bytes) -> tuple[list[bytes], bool]:
         """`process(data)`."""
         out = self.process(data)
-        self._out = out
+        self.out = out
         return self._pieces()
 
-    def _process_rest(self, data: bytes, pos: int) -> tuple[list[bytes], bool]:
+    def process_rest(self, data: bytes, pos: int) -> tuple[list[bytes], bool]:
         """Hold mode, the C walk stopped at `pos`: scan the rest as `process` does."""
         try:
             self._scan(data, pos, self._emit_from)
@@ -394,13 +392,13 @@ class FrameScanner:
             self._release(exc)
         return self._pieces()
 
-    def _process_done(self, data: bytes) -> tuple[list[bytes], bool]:
+    def process_done(self, data: bytes) -> tuple[list[bytes], bool]:
         """Hold mode, the C walk took the whole chunk and emitted frames of its own."""
         if self._emit_from < len(data):
-            self._out.append(data[self._emit_from :])
+            self.out.append(data[self._emit_from :])
         return self._pieces()
 
-    def _hold_failed(self, exc: BaseException, data: bytes) -> tuple[list[bytes], bool]:
+    def hold_failed(self, exc: BaseException, data: bytes) -> tuple[list[bytes], bool]:
         """Hold mode, the C walk raised `exc`: what `process` does."""
         if not isinstance(exc, Exception):
             raise exc
@@ -408,7 +406,7 @@ class FrameScanner:
         self._release(exc)
         return self._pieces()
 
-    def _walk_failed(self, exc: BaseException) -> None:
+    def walk_failed(self, exc: BaseException) -> None:
         """Scanning raised `exc` while the pump observed a chunk: what `observe` does."""
         if not isinstance(exc, Exception):
             raise exc
@@ -483,7 +481,7 @@ class FrameScanner:
             data = self._carry + data
             self._carry = b""
         hold = self.hold
-        out = self._out
+        out = self.out
         n = len(data)
         if hold:
             self._data = data  # for releasing the unforwarded rest if scanning fails
@@ -560,7 +558,7 @@ class FrameScanner:
                         sid, bool(flags & FLAG_END_STREAM), fragment, HEADERS
                     )
                     if extra and hold:
-                        self._emit_injected(data, hdr_pos, extra)
+                        self.emit_injected(data, hdr_pos, extra)
                 elif ftype in _CONTROL_TYPES:
                     self.sink.on_control(ftype, flags, sid, data[pos:end])
                 pos = end
@@ -664,7 +662,7 @@ class FrameScanner:
                 held = self._held
                 if extra:
                     self._inject(held, self._held_frames, extra, sid)
-                self._out.append(bytes(held))
+                self.out.append(bytes(held))
                 self._held = bytearray()
                 self._held_frames = []
                 self._holding = False
@@ -674,17 +672,17 @@ class FrameScanner:
         self._payload = bytearray()
         self.sink.on_control(ftype, flags, sid, control)
 
-    def _emit_injected(self, data: bytes, at: int, extra: bytes) -> None:
+    def emit_injected(self, data: bytes, at: int, extra: bytes) -> None:
         """Hold mode: forward up to the whole HEADERS frame at `data[at:]`, then that frame
         with `extra` HPACK bytes appended to its block (the C walk calls this too)."""
         hi, lo, _, flags, sid = _HEADER.unpack_from(data, at)
         length = (hi << 16) | lo
         end = at + 9 + length
         if at > self._emit_from:
-            self._out.append(data[self._emit_from : at])
+            self.out.append(data[self._emit_from : at])
         frame = bytearray(data[at:end])
         self._inject(frame, [(0, length, bool(flags & FLAG_PADDED))], extra, sid & 0x7FFFFFFF)
-        self._out.append(bytes(frame))
+        self.out.append(bytes(frame))
         self._emit_from = end
 
     def _lose_block(self) -> None:
@@ -695,7 +693,7 @@ class FrameScanner:
         self._block_parts = []
         self._payload = bytearray()
         if self._holding:
-            self._out.append(bytes(self._held))
+            self.out.append(bytes(self._held))
             self._held = bytearray()
             self._held_frames = []
             self._holding = False

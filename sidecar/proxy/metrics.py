@@ -20,12 +20,18 @@ from bisect import bisect_left
 from itertools import accumulate
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from sidecar.backends import METHODS
+from sidecar.proxy import native
 from sidecar.proxy.model_name import UNKNOWN_MODEL
 from sidecar.proxy.stream_metrics import StreamMetrics
 
@@ -72,7 +78,7 @@ class _CallCollector(Collector):
     def collect(self) -> list[Metric]:
         m = self.metrics
         return self._families(
-            list(m._codes.items()), list(m._stats.items()), dict(m.observer_errors)
+            list(m.codes.items()), list(m.stats.items()), dict(m.observer_errors)
         )
 
     @staticmethod
@@ -119,6 +125,24 @@ class _CallCollector(Collector):
         return [requests, duration, request_bytes, response_bytes, observer]
 
 
+class NativeInfo(Collector):
+    """`xsp_relay_native_info`: which of the relay's C paths run (`native.paths`), read at
+    scrape time, and whether `XSP_NATIVE` switched them off. `serve` registers it on
+    /metrics' registry (one per process: the paths are the process's)."""
+
+    def collect(self) -> list[Metric]:
+        labels = {path: "on" if on else "off" for path, on in native.paths().items()}
+        labels["switch"] = "on" if native.ENABLED else "off"
+        info = GaugeMetricFamily(
+            "xsp_relay_native_info",
+            "The relay's C paths: the frame walk, the pump (a direction's data_received) and "
+            "the message walk, each on or off (off: not built, or XSP_NATIVE=off); always 1.",
+            labels=list(labels),
+        )
+        info.add_metric(list(labels.values()), 1)
+        return [info]
+
+
 def _buckets(
     st: CallStats,
 ) -> list[tuple[str, float] | tuple[str, float, Exemplar]]:
@@ -151,8 +175,9 @@ class ProxyMetrics:
         self.open_streams = 0  # calls started and not yet ended (the in-flight gauge)
         # failures of the observer's hooks, by hook (written by the event-loop thread only)
         self.observer_errors = dict.fromkeys(OBSERVER_HOOKS, 0)
-        self._codes: dict[tuple[str, str, str], int] = {}
-        self._stats: dict[tuple[str, str], CallStats] = {}
+        # per-call counters, also read and written by the C walk (native.INTERFACE)
+        self.codes: dict[tuple[str, str, str], int] = {}
+        self.stats: dict[tuple[str, str], CallStats] = {}
         registry.register(_CallCollector(self))
         self.in_flight = Gauge(
             "xsp_requests_in_flight", "gRPC calls started and not yet ended.", registry=registry
@@ -194,9 +219,10 @@ class ProxyMetrics:
             "1 while the backend accepts connections and answers its readiness check.",
             registry=registry,
         )
-        self._models: set[str] = set()
-        self._methods: set[str] = {info.name for info in METHODS.values()}  # the backends'
-        self._known_methods = len(self._methods)
+        # label values taken so far (the C walk reads them: native.INTERFACE)
+        self.models: set[str] = set()
+        self.methods: set[str] = {info.name for info in METHODS.values()}  # the backends'
+        self._known_methods = len(self.methods)
         # inference streams: their histogram holds inferences, not the sampled stream's life
         self._per_message = {info.name for info in METHODS.values() if info.per_message}
         self._lock = threading.Lock()
@@ -206,23 +232,23 @@ class ProxyMetrics:
         """Bounded `model` label value for a model name read from a request."""
         if not name:
             return UNKNOWN_MODEL
-        if name in self._models:
+        if name in self.models:
             return name
         if len(name) > MAX_MODEL_NAME or not name.isprintable():
             return UNKNOWN_MODEL
         with self._lock:
-            if len(self._models) < self.max_models:
-                self._models.add(name)
+            if len(self.models) < self.max_models:
+                self.models.add(name)
                 return name
         return OTHER
 
     def method_label(self, name: str) -> str:
         """Bounded `method` label value."""
-        if name in self._methods:
+        if name in self.methods:
             return name
         with self._lock:
-            if len(self._methods) < self._known_methods + self.max_methods:
-                self._methods.add(name)
+            if len(self.methods) < self._known_methods + self.max_methods:
+                self.methods.add(name)
                 return name
         return OTHER
 
@@ -244,9 +270,9 @@ class ProxyMetrics:
     def call_stats(self, method: str, model: str) -> CallStats:
         """The counters of one label pair, created on first use (a pair is on /metrics from
         its first ended call): a caller that ends many calls of one pair keeps it."""
-        st = self._stats.get((method, model))
+        st = self.stats.get((method, model))
         if st is None:
-            st = self._stats[(method, model)] = CallStats()
+            st = self.stats[(method, model)] = CallStats()
         return st
 
     def record_in(
@@ -258,7 +284,7 @@ class ProxyMetrics:
         response_bytes: int,
     ) -> None:
         """`record` into counters `call_stats` gave, `key` their (method, model, code)."""
-        codes = self._codes
+        codes = self.codes
         codes[key] = codes.get(key, 0) + 1
         st.buckets[bisect_left(DURATION_BUCKETS, duration_s)] += 1
         st.count += 1
@@ -269,13 +295,13 @@ class ProxyMetrics:
     def count(self, method: str, model: str, code: str) -> None:
         """Count one ended call whose duration is unknown (labels already bounded)."""
         key = (method, model, code)
-        self._codes[key] = self._codes.get(key, 0) + 1
+        self.codes[key] = self.codes.get(key, 0) + 1
 
     def record_exemplar(self, method: str, model: str, duration_s: float, trace_id: str) -> None:
         """Link a sampled call to its trace: after `record` counted the call (same labels and
         duration), keep `{trace_id}` as the exemplar of the bucket it fell in, replacing the
         one before. Call from the thread that calls `record`."""
-        st = self._stats.get((method, model))
+        st = self.stats.get((method, model))
         if st is None or method in self._per_message:  # no bucket for this call's duration
             return
         exemplars = st.exemplars

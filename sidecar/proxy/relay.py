@@ -34,7 +34,7 @@ import ssl
 from typing import TYPE_CHECKING, cast
 
 from sidecar.endpoint import Endpoint, translate_bind_errors
-from sidecar.proxy import frames
+from sidecar.proxy import frames, native
 from sidecar.proxy.drain import DRAIN_PING, PING_TIMEOUT_S, RefusingFilter, cut_frames
 from sidecar.proxy.frames import (
     CANCEL,
@@ -64,10 +64,8 @@ log = logging.getLogger(__name__)
 # drain's frames of our own or its refused streams, a failed scanner). `native_pump` may be set
 # to None to relay through Python only (the tests do).
 native_pump: type[Pump] | None
-try:
-    from sidecar.proxy._pump import Pump as native_pump
-except ImportError:  # not built: no C compiler at install time
-    native_pump = None
+_pump = native.load("_pump")  # None: not built, or XSP_NATIVE=off
+native_pump = None if _pump is None else _pump.Pump
 
 HIGH_WATER = 1 << 20
 LOW_WATER = 256 << 10

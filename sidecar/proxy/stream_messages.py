@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from sidecar.proxy import native
 from sidecar.proxy.model_name import read_varint
 
 MESSAGE_HEAD = 4096  # bytes kept of each message: its fields before the tensors
@@ -398,12 +399,10 @@ class ResponseReading(Protocol):
 
 
 native_readers: tuple[Callable[[], RequestReading], Callable[[], ResponseReading]] | None
-try:
-    from sidecar.proxy._messagewalk import RequestWalker, ResponseWalker
-except ImportError:  # not built (no C compiler at install): the pure-Python readers
-    native_readers = None
-else:
-    native_readers = (RequestWalker, ResponseWalker)
+_messagewalk = native.load("_messagewalk")  # None: not built, or XSP_NATIVE=off
+native_readers = (
+    None if _messagewalk is None else (_messagewalk.RequestWalker, _messagewalk.ResponseWalker)
+)
 
 
 def request_reader() -> RequestReading:

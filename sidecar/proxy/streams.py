@@ -37,7 +37,7 @@ from typing import Any, NamedTuple, Protocol
 from urllib.parse import unquote
 
 from sidecar.backends import MethodInfo
-from sidecar.proxy import frames
+from sidecar.proxy import frames, native
 from sidecar.proxy.frames import (
     FLAG_ACK,
     GOAWAY,
@@ -243,15 +243,13 @@ class _PyStream:
 
 _Stream = _PyStream  # the static type of either record (they have the same attributes)
 _NativeStream: type[_PyStream] | None
-try:
-    from sidecar.proxy._framewalk import Stream as _CStream
-    from sidecar.proxy._framewalk import configure as _configure_walk
-except ImportError:  # not built
+_framewalk = native.load("_framewalk")  # None: not built, or XSP_NATIVE=off
+if _framewalk is None:
     _NativeStream = None
 else:
-    _NativeStream = _CStream  # type: ignore[assignment]
+    _NativeStream = _framewalk.Stream
     # what the walk counts a call's end with where it ends one itself (see ConnectionTracker)
-    _configure_walk(_STATUS_NAMES, UNKNOWN_MODEL, DURATION_BUCKETS)
+    _framewalk.configure(_STATUS_NAMES, UNKNOWN_MODEL, DURATION_BUCKETS)
 
 
 def _parse_settings(payload: bytes) -> list[tuple[int, int]]:
@@ -555,7 +553,7 @@ class ConnectionTracker:
         self.on_refused: Callable[[int], None] | None = None
         self.on_ping_ack: Callable[[bytes], None] | None = None  # client PING ACK payloads
         self._refused: set[int] = set()
-        self._quiet: dict[int, QuietEnd] = {}  # stream id -> its observer's `QuietEnd`
+        self.quiet_ends: dict[int, QuietEnd] = {}  # stream id -> its observer's `QuietEnd`
         # what the C walk may decide itself for the observer (`QuickDecisions`), or None
         self.quick: QuickDecisions | None = getattr(observer, "quick", None)
         self.request = _RequestSide(self)
@@ -601,7 +599,7 @@ class ConnectionTracker:
         self.request_scanner.stop()
         self.response_scanner.stop()
         self.metrics.open_streams -= len(self.streams)
-        self._quiet.clear()
+        self.quiet_ends.clear()
         for st in self.streams.values():
             if st.inferences is not None:  # their responses will not be seen
                 st.inferences.close("UNKNOWN", time.perf_counter() - st.start)
@@ -659,7 +657,7 @@ class ConnectionTracker:
             metrics.record(
                 st.method, label, code, duration, st.request_bytes, st.response_bytes
             )  # fmt: skip
-        if self._quiet and (quiet := self._quiet.pop(st.sid, None)) is not None:
+        if self.quiet_ends and (quiet := self.quiet_ends.pop(st.sid, None)) is not None:
             quiet.ended[quiet.index] += 1
             if (per_model := quiet.per_model) is not None:
                 if label is None:
@@ -696,7 +694,7 @@ class ConnectionTracker:
         if decision is None:
             return None
         if type(decision) is QuietEnd:
-            self._quiet[st.sid] = decision
+            self.quiet_ends[st.sid] = decision
             return None
         assert isinstance(decision, HeaderDecision)
         if decision.messages is not None and st.inferences is not None:

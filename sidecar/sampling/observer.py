@@ -205,11 +205,11 @@ class SamplingObserver:
         if method in hub.per_message:
             sampling = StreamSampling(hub, method, start.path, forced, MAX_SAMPLED_BODY)
             return HeaderDecision(messages=sampling)
-        # `sampler.at_headers(forced)`, its coin flip inline (unless the relay flipped it)
-        if not forced and not hub.quick.coin_picked and sampler.rand() >= sampler.hot.pick_rate:
-            tentative = Tentative.NO
-        else:
+        # the coin, unless the relay's walk flipped it (and it came up picked)
+        if forced or hub.quick.coin_picked:
             tentative = sampler.after_coin(forced)
+        else:
+            tentative = sampler.at_headers(False)
         if tentative is Tentative.NO:  # the common case: nothing kept, nothing made
             if hub.slow is None:
                 return hub.quiet_unpicked  # the relay counts its end: no call into the hook

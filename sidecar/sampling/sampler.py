@@ -177,7 +177,7 @@ class Sampler:
         rand: Callable[[], float] = random.random,
     ) -> None:
         self._clock = clock
-        self.rand = rand  # the coin; the hook flips it inline (`at_headers`)
+        self.rand = rand  # the coin (`at_headers`; the C walk reads it: proxy/native.py)
         self._lock = threading.Lock()
         self._buckets: dict[str, TokenBucket] = {}
         self.hot = _hot(settings)  # read by the hook on every request; replaced, never changed
@@ -209,9 +209,11 @@ class Sampler:
         )
 
     def at_headers(self, forced: bool) -> Tentative:
-        """Header-time step: forced, or a coin flip at the highest configured rate. The
-        relay's hook makes the flip's common outcome itself, without a call: `not forced and
-        rand() >= hot.pick_rate` is `NO`; otherwise it calls `after_coin`."""
+        """Header-time step: forced, or a coin flip at the highest configured rate. This is
+        the coin flip's one Python form (the relay's hook calls it); the C frame walk
+        (`_framewalk.c`, `quick_answer`) makes the same flip with the same `rand` and
+        `hot.pick_rate` where it answers a request itself, and tests/sampling compares the
+        two on the same draws."""
         if not forced and self.rand() >= self.hot.pick_rate:
             return Tentative.NO
         return self.after_coin(forced)

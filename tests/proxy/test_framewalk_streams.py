@@ -532,7 +532,7 @@ def test_a_quiet_call_ends_in_c_once_its_trailers_are_cached() -> None:
         forwarded += tracker.request_scanner.process(request)
         tracker.response_scanner.observe(response)
     assert b"".join(forwarded) == start + b"".join(request for request, _ in calls)
-    assert not tracker.streams and not tracker._quiet
+    assert not tracker.streams and not tracker.quiet_ends
     assert [c[:2] for c in received.calls] == [("on_header_block", sid) for sid in (1, 1, 3, 3)]
     assert hook.calls == ["start"] * 3
     assert (hook.ended, hook.per_model) == ([3], {"add_sub": 3})

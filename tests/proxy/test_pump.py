@@ -253,8 +253,8 @@ class Exploding:
 def test_an_exception_while_observing_stops_observing_as_python_does(
     error: Exception, reason: str, walkable: bool, hold: bool
 ) -> None:
-    """Raised in the C walk (`_walk_failed`, `_hold_failed`) or in the scanner's Python
-    (`_observe_step`, `_process_step`); in hold mode (the client's direction, sampling on)
+    """Raised in the C walk (`walk_failed`, `hold_failed`) or in the scanner's Python
+    (`observe_step`, `process_step`); in hold mode (the client's direction, sampling on)
     the chunk is released whole."""
     peer = Peer()
     tracker = ConnectionTracker(

@@ -106,7 +106,7 @@ def test_an_unpicked_call_crosses_into_python_zero_times_once_its_blocks_are_cac
     assert bytes(relay.forwarded[len(start) :]).count(b"traceparent") == 0
     assert list(relay.hub.pressure.counts) == [5, 5]
     assert relay.skipped() == 5
-    assert not relay.tracker.streams and not relay.tracker._quiet
+    assert not relay.tracker.streams and not relay.tracker.quiet_ends
     labels = {"method": "ModelInfer", "model": MODEL, "grpc_code": "OK"}
     assert relay.registry.get_sample_value("xsp_requests_total", labels) == 5
 

@@ -111,12 +111,11 @@ def test_disabled_sampling_samples_nothing() -> None:
 def test_header_time_coin_picks_below_the_highest_rate_while_enabled(
     settings: SamplingSettings, picked_below: float | None
 ) -> None:
-    """`at_headers` and the hook's inline flip (`hot.pick_rate`, then `after_coin`)."""
+    """`at_headers` (the coin the hook and the C walk flip), and `after_coin`."""
     for draw in (0.0, 0.2, 0.25, 0.49, 0.5, 0.99):
         sampler = Sampler(settings, rand=itertools.repeat(draw).__next__)
         expected = Tentative.RATE if picked_below and draw < picked_below else Tentative.NO
         assert sampler.at_headers(False) is expected, draw
-        assert (sampler.rand() < sampler.hot.pick_rate) is (expected is Tentative.RATE)
         forced = Tentative.NO if picked_below is None else Tentative.FORCED
         assert sampler.at_headers(True) is forced and sampler.after_coin(True) is forced
 

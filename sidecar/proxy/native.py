@@ -1,0 +1,129 @@
+"""The relay's C extensions: the one switch that turns them off, which paths run, and every
+Python name their C code reads or calls.
+
+Three extensions sit on the relay's hot path, each with a pure-Python reference that is also
+the fallback (setup.py builds them where a C compiler exists):
+
+- `_framewalk`: the frame walk (`frames.FrameScanner`'s fast branch, `streams`' DATA and
+  cached-header bookkeeping);
+- `_pump`: a relayed direction's `data_received` (`relay.py`'s is the reference);
+- `_messagewalk`: an inference stream's message reading (`stream_messages.py`).
+
+`XSP_NATIVE=off` (read once, at import) switches all three off: the relay then runs the
+pure-Python paths only, as where the extensions are not built. The tests run whole both ways.
+
+`INTERFACE` declares, for each extension, every Python attribute its C code reads or calls
+(the extension's `NAMES`, interned once at its import) and the class it belongs to, as
+"module:Class". tests/proxy/test_native_build.py compares the two and checks each name on its
+class: renaming one on the Python side fails that test, not the hot path. No name starts
+with an underscore.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+ENV = "XSP_NATIVE"
+EXTENSIONS = ("_framewalk", "_pump", "_messagewalk")
+
+_SCANNER = "sidecar.proxy.frames:FrameScanner"
+_SINK = "sidecar.proxy.frames:FrameSink"
+_TRACKER = "sidecar.proxy.streams:ConnectionTracker"
+_METRICS = "sidecar.proxy.metrics:ProxyMetrics"
+_CALL_STATS = "sidecar.proxy.metrics:CallStats"
+_QUIET_END = "sidecar.proxy.streams:QuietEnd"
+_QUICK = "sidecar.proxy.streams:QuickDecisions"
+_METHOD = "sidecar.backends.base:MethodInfo"
+_SAMPLER = "sidecar.sampling.sampler:Sampler"
+_HOT = "sidecar.sampling.sampler:HotSettings"
+
+INTERFACE: dict[str, dict[str, str]] = {
+    "_framewalk": {
+        # the sink's methods (frames.FrameSink; streams' request and response sides)
+        **dict.fromkeys(
+            ("on_data", "on_data_payload", "on_end_stream", "on_header_block", "on_control"),
+            _SINK,
+        ),
+        "emit_injected": _SCANNER,  # hold mode: re-emit a HEADERS frame with fields appended
+        **dict.fromkeys(
+            ("observer", "refuse_above", "last_stream_id", "metrics", "quick", "quiet_ends"),
+            _TRACKER,
+        ),
+        **dict.fromkeys(("open_streams", "methods", "models", "codes", "stats"), _METRICS),
+        **dict.fromkeys(
+            ("buckets", "count", "sum", "request_bytes", "response_bytes"), _CALL_STATS
+        ),
+        **dict.fromkeys(("ended", "index", "per_model"), _QUIET_END),
+        "get": "builtins:dict",  # QuietEnd.per_model.get where it is not a dict exactly
+        **dict.fromkeys(("name", "model_field", "per_message"), _METHOD),
+        **dict.fromkeys(
+            ("per_call", "replayable", "coin", "unpicked", "not_replayable", "started"), _QUICK
+        ),
+        "coin_picked": _QUICK,
+        **dict.fromkeys(("hot", "rand"), _SAMPLER),  # QuickDecisions.coin
+        **dict.fromkeys(("force_header", "pick_rate"), _HOT),  # Sampler.hot
+    },
+    "_pump": {
+        **dict.fromkeys(
+            (
+                "observe_rest", "observe_step", "walk_failed", "process_rest", "process_step",
+                "process_done", "hold_failed", "out", "sink", "streams", "header_cache",
+                "tracker", "client_side", "hold",
+            ),
+            _SCANNER,
+        ),  # fmt: skip
+        **dict.fromkeys(("write", "writelines"), "asyncio:WriteTransport"),  # the other side
+    },
+    # no attribute read: `pick` is a member its owner sets (stream_sampling.py)
+    "_messagewalk": {},
+}
+
+
+def _switch(value: str | None) -> bool:
+    """Whether `XSP_NATIVE`'s value leaves the C paths on (unset, or anything but off)."""
+    return (value or "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+ENABLED = _switch(os.environ.get(ENV))
+# why an extension did not load: its ImportError's text, or that the switch is off
+errors: dict[str, str] = {}
+
+
+def load(name: str) -> ModuleType | None:
+    """Import the extension `name` (one of `EXTENSIONS`) where built and switched on."""
+    if not ENABLED:
+        errors[name] = f"{ENV}=off"
+        return None
+    try:
+        return importlib.import_module(f"sidecar.proxy.{name}")
+    except ImportError as exc:  # not built: no C compiler at install time
+        errors[name] = str(exc)
+        return None
+
+
+def paths() -> dict[str, bool]:
+    """Which of the relay's C paths run now: `walk`, `pump` and `message_walk` (a test may
+    have set a module's switch to None since import; the pump runs only with the walk)."""
+    from sidecar.proxy import frames, relay, stream_messages
+
+    walk = frames.native_walk is not None
+    return {
+        "walk": walk,
+        "pump": walk and relay.native_pump is not None,
+        "message_walk": stream_messages.native_readers is not None,
+    }
+
+
+def describe() -> str:
+    """One line for the log: each path on or off, and why where off."""
+    now = paths()
+    why = {"walk": "_framewalk", "pump": "_pump", "message_walk": "_messagewalk"}
+    parts = []
+    for path, on in now.items():
+        reason = errors.get(why[path], "switched off by the caller")
+        if path == "pump" and not now["walk"] and "_pump" not in errors:
+            reason = "needs the walk"
+        parts.append(f"{path} on" if on else f"{path} off ({reason})")
+    return "relay C paths: " + ", ".join(parts)
