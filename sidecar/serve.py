@@ -25,8 +25,8 @@ from sidecar.backends import BACKENDS, SpanSource, backend_named
 from sidecar.config import TF_PROFILER_AT_BACKEND, ConfigError, ServeConfig
 from sidecar.endpoint import Endpoint, PortInUseError, translate_bind_errors
 from sidecar.health import BackendChecker, HealthServer, add_port, tcp_accepts
-from sidecar.proxy.metrics import NativeInfo, ProxyMetrics
 from sidecar.proxy import native
+from sidecar.proxy.metrics import NativeInfo, ProxyMetrics
 from sidecar.proxy.relay import Relay
 from sidecar.proxy.streams import ObserverFactory
 from sidecar.replay.device import CudaProbe, driver_devices

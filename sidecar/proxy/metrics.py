@@ -77,9 +77,7 @@ class _CallCollector(Collector):
 
     def collect(self) -> list[Metric]:
         m = self.metrics
-        return self._families(
-            list(m.codes.items()), list(m.stats.items()), dict(m.observer_errors)
-        )
+        return self._families(list(m.codes.items()), list(m.stats.items()), dict(m.observer_errors))
 
     @staticmethod
     def _families(

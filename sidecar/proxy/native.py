@@ -39,6 +39,13 @@ _METHOD = "sidecar.backends.base:MethodInfo"
 _SAMPLER = "sidecar.sampling.sampler:Sampler"
 _HOT = "sidecar.sampling.sampler:HotSettings"
 
+# what the pump reads and calls of its direction's FrameScanner
+_PUMP_SCANNER = (
+    "observe_rest", "observe_step", "walk_failed", "process_rest", "process_step",
+    "process_done", "hold_failed", "out", "sink", "streams", "header_cache", "tracker",
+    "client_side", "hold",
+)  # fmt: skip
+
 INTERFACE: dict[str, dict[str, str]] = {
     "_framewalk": {
         # the sink's methods (frames.FrameSink; streams' request and response sides)
@@ -66,14 +73,7 @@ INTERFACE: dict[str, dict[str, str]] = {
         **dict.fromkeys(("force_header", "pick_rate"), _HOT),  # Sampler.hot
     },
     "_pump": {
-        **dict.fromkeys(
-            (
-                "observe_rest", "observe_step", "walk_failed", "process_rest", "process_step",
-                "process_done", "hold_failed", "out", "sink", "streams", "header_cache",
-                "tracker", "client_side", "hold",
-            ),
-            _SCANNER,
-        ),  # fmt: skip
+        **dict.fromkeys(_PUMP_SCANNER, _SCANNER),
         **dict.fromkeys(("write", "writelines"), "asyncio:WriteTransport"),  # the other side
     },
     # no attribute read: `pick` is a member its owner sets (stream_sampling.py)

@@ -1,9 +1,10 @@
 """Check that the relay's C extensions are built: `python -m sidecar.proxy.native_check`.
 
-Prints one line where all of `native.EXTENSIONS` import, else one per extension. With `--require`, exits 1 when one does
-not import where a C compiler exists, naming it and showing its build error: the lines of
-`--log` (pip's output) that name its source, or else those of a fresh `setup.py build_ext`
-in a scratch folder (pip hides an optional extension's failed build). scripts/setup.sh runs
+Prints one line where all of `native.EXTENSIONS` import, else one per extension. With
+`--require`, exits 1 when one does not import where a C compiler exists, naming it and
+showing its build error: the lines of `--log` (pip's output) that name its source, or else
+those of a fresh `setup.py build_ext` in a scratch folder (pip hides an optional extension's
+failed build). scripts/setup.sh runs
 it after every install, so a C build that fails makes CI fail; setup.py keeps the
 extensions optional so that installing without a compiler still works (pure-Python relay).
 

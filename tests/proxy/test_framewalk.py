@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import shutil
 from typing import Any
 
 import pytest
@@ -144,12 +143,6 @@ def test_a_sink_exception_propagates() -> None:
     assert walk is not None
     with pytest.raises(KeyError):
         walk(Failing(), frame(frames.DATA, frames.FLAG_END_STREAM, 1, b""), 0, None)
-
-
-@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
-def test_the_install_built_the_walker_where_a_compiler_exists() -> None:
-    """`pip install` (scripts/setup.sh, CI, the image) builds it; the fallback is for no cc."""
-    assert frames.native_walk is not None
 
 
 # -- hold mode: the same calls, and the same pieces forwarded ---------------------------------
