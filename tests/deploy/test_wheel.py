@@ -1,6 +1,7 @@
 """The installed product carries no test harness: the wheel built from this checkout (what the
 image's `pip install .` installs) lists the runtime's files and none of `tests/harness/` (local
-servers, test models, synthetic traces, the demo), even when `tests/` sits beside the sources.
+servers, test models, synthetic traces, the demo), even when `tests/` sits beside the sources,
+and, built where a C compiler exists, the relay's three C extensions.
 
 The wheel is built offline with this environment's setuptools (`pip wheel --no-build-isolation
 --no-index`) from a scratch copy, so the checkout gets no `build/` or `*.egg-info`.
@@ -11,10 +12,12 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 
 import pytest
 
+from sidecar.proxy import native, native_check
 from tests.harness import REPO_ROOT
 
 pytestmark = pytest.mark.slow
@@ -65,3 +68,12 @@ def test_the_wheel_carries_no_test_harness(wheel_files: list[str]) -> None:
     packages = {name.split("/")[0] for name in wheel_files if not name.startswith("xsp_sidecar-")}
     assert packages == {"sidecar", "analysis"}
     assert [n for n in wheel_files if n.startswith(MOVED) or n.endswith(".py.tmpl")] == []
+
+
+@pytest.mark.skipif(native_check.compiler() is None, reason="no C compiler: a pure-Python wheel")
+def test_the_wheel_holds_the_relays_c_extensions(wheel_files: list[str]) -> None:
+    """Built where a compiler exists, the wheel carries all three (`setup.py` keeps them
+    optional so that an install without one still works)."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    wanted = [f"sidecar/proxy/{name}{suffix}" for name in native.EXTENSIONS]
+    assert [name for name in wanted if name not in wheel_files] == []

@@ -12,8 +12,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,6 +28,8 @@ from sidecar.proxy.metrics import NativeInfo, ProxyMetrics
 from sidecar.proxy.streams import ConnectionTracker
 from sidecar.sampling.sampler import Sampler
 from sidecar.sampling.settings import SamplingSettings
+from tests.harness.process import free_port
+from tests.proxy.test_proxy_serve import wait_listening
 
 HAS_CC = native_check.compiler() is not None
 
@@ -150,6 +154,34 @@ def test_xsp_native_off_switches_every_c_path_off() -> None:
         'xsp_relay_native_info{message_walk="off",pump="off",switch="off",walk="off"} 1.0'
         in run.stdout
     )
+
+
+def test_serve_logs_the_paths_once_and_exports_the_gauge() -> None:
+    """`serve` with `XSP_NATIVE=off`: its start says so once, in the log and on /metrics."""
+    listen, metrics = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XSP_")}
+    cmd = [sys.executable, "-m", "sidecar", "serve", "--backend", f"127.0.0.1:{free_port()}",
+           "--listen", f"127.0.0.1:{listen}", "--metrics-port", str(metrics),
+           "--grpc-port", str(free_port())]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**env, native.ENV: "off"},
+    )  # fmt: skip
+    try:
+        wait_listening(listen, proc)
+        url = f"http://127.0.0.1:{metrics}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            exposition = response.read().decode()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    gauge = 'xsp_relay_native_info{message_walk="off",pump="off",switch="off",walk="off"} 1.0'
+    assert gauge in exposition
+    assert out.count("relay C paths:") == 1, out
+    assert "walk off (XSP_NATIVE=off)" in out
 
 
 # -- the declared interface ----------------------------------------------------------------------
