@@ -456,7 +456,7 @@ static int inject(PyObject *hold, PyObject *data, Py_ssize_t at, PyObject *extra
  * request the hook must see), nothing is changed and the sink is called. */
 
 static PyObject *s_observer, *s_refuse_above, *s_last_stream_id, *s_metrics, *s_open_streams,
-    *s_methods, *s_models, *s_codes, *s_stats, *s_quiet, *s_ended, *s_index, *s_per_model,
+    *s_methods, *s_models, *s_codes, *s_stats, *s_quiet_ends, *s_ended, *s_index, *s_per_model,
     *s_buckets, *s_count, *s_sum, *s_request_bytes, *s_response_bytes, *s_name,
     *s_model_field, *s_per_message, *one, *minus_one, *s_quick, *s_per_call, *s_replayable,
     *s_coin, *s_hot, *s_force_header, *s_pick_rate, *s_rand, *s_unpicked, *s_not_replayable,
@@ -662,7 +662,7 @@ static int cached_request_start(PyObject *sid, unsigned long stream_id, PyObject
         if ((quick = PyObject_GetAttr(tracker, s_quick)) == NULL)
             goto error;
         if (quick == Py_None || !PyBytes_CheckExact(path) ||
-            (quiet_table = PyObject_GetAttr(tracker, s_quiet)) == NULL ||
+            (quiet_table = PyObject_GetAttr(tracker, s_quiet_ends)) == NULL ||
             !PyDict_CheckExact(quiet_table))
             goto fail;
     }
@@ -776,7 +776,7 @@ static int ending_ready(Stream *st, PyObject *sid, PyObject *status, PyObject *t
     if (observer == NULL)
         goto error;
     if (observer != Py_None) { /* only a QuietEnd'ed call */
-        if ((e->quiet_table = PyObject_GetAttr(tracker, s_quiet)) == NULL)
+        if ((e->quiet_table = PyObject_GetAttr(tracker, s_quiet_ends)) == NULL)
             goto error;
         if (!PyDict_CheckExact(e->quiet_table))
             goto out;
@@ -1158,7 +1158,7 @@ static const PyName names[] = {
     {&s_models, "models"},
     {&s_codes, "codes"},
     {&s_stats, "stats"},
-    {&s_quiet, "quiet_ends"},
+    {&s_quiet_ends, "quiet_ends"},
     {&s_ended, "ended"},
     {&s_index, "index"},
     {&s_per_model, "per_model"},
