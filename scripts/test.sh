@@ -21,7 +21,8 @@ mypy sidecar analysis tests/harness
 echo "==> pytest"
 pytest -q "$@"
 # The relay's pure-Python paths are a product too (no compiler at install): the relay's and the
-# sampling hook's tests again with every C path off. Skipped when pytest was given arguments.
+# sampling hook's tests again with every C path off (about 3 min on 2 busy cores, 351 tests; the
+# C-vs-Python comparisons skip). Skipped when pytest was given arguments.
 if [ "$#" -eq 0 ]; then
     echo "==> pytest tests/proxy tests/sampling, the relay's C paths off (XSP_NATIVE=off)"
     XSP_NATIVE=off pytest -q tests/proxy tests/sampling

@@ -561,7 +561,9 @@ static int double_of(PyObject *value, double *out) {
  * `headers`, as `quick` (streams.QuickDecisions) lets the relay give it: 0 answered (*quiet,
  * the QuietEnd, and *started, the request counter: new references), 1 the hook's (the coin
  * was flipped only where *picked is set: quick.coin_picked is then True), -1 error. Nothing
- * but the coin's draw happens before an answer of 0. */
+ * but the coin's draw happens before an answer of 0. The flip is Sampler.at_headers's (its one
+ * Python form, which the hook calls): picked where coin.rand() < coin.hot.pick_rate;
+ * tests/sampling/test_quick_decisions.py compares the two on the same draws. */
 static int quick_answer(PyObject *quick, PyObject *method, PyObject *headers, PyObject **quiet,
                         PyObject **started, int *picked) {
     PyObject *set_ = NULL, *coin = NULL, *hot = NULL, *value = NULL;
