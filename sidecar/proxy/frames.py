@@ -248,7 +248,7 @@ class FrameScanner:
         self._held = bytearray()
         self._held_frames: list[tuple[int, int, bool]] = []  # (offset, length, padded)
         self._holding = False
-        self.out: list[bytes] = []
+        self.out: list[bytes] = []  # the pieces to forward now (the pump reads it too)
         self._data = b""
         self._emit_from = 0
 
@@ -350,8 +350,9 @@ class FrameScanner:
     # the chunk's end, `observe_rest` scans the rest. Hold mode: the pump walks the chunk with
     # this scanner as the walk's `hold`, then writes it whole where the walk emitted nothing
     # (`out` empty), else writes what `process_done` returns; `process_step` and
-    # `process_rest` are `process` in pieces. Between two chunks of the pump `out` is empty,
-    # `_emit_from` 0 and `_data` empty: what `process` sets before its walk.
+    # `process_rest` are `process` in pieces (every name the C code uses is declared in
+    # `native.py`). Between two chunks of the pump `out` is empty, `_emit_from` 0 and `_data`
+    # empty: what `process` sets before its walk.
 
     def _walkable(self, hold: bool) -> bool:
         """Whether the next chunk may start in the C walk (`observe`'s or `process`'s test)."""
