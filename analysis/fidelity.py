@@ -132,6 +132,8 @@ def _at_server_batch(every: pd.DataFrame, grp: pd.DataFrame) -> float:
         sizes = row.server_batch_sizes
         if len(sizes) != 1 or pd.isna(row.live_ns) or row.window_executions != 1:
             continue
+        if pd.isna(row.batch_size):  # a model without a batch dimension: no batch to compare
+            continue
         peers = every[(every["model"] == row.model) & (every["batch_size"] == sizes[0])]
         replay = peers["replay_ns"].dropna()
         if sizes[0] != row.batch_size and not replay.empty:
