@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 NOT_REPLAYABLE = "not_replayable"  # the prefix of a live-only trace's `replay` attribute
-LIVE_ONLY = "live_only"  # a live-only trace's `status`, and its `xsp_profiles_total` outcome
 
 Finder = Callable[[Path, str, str | int | None], Any]  # `Repository.find`
 

@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry
 from sidecar import __version__
 from sidecar.backends import CAPTURE_PATHS, backend_named
 from sidecar.backends.model_repository import model_in_repository
-from sidecar.backends.replayability import LIVE_ONLY, Replayability, ReplayabilityCache
+from sidecar.backends.replayability import Replayability, ReplayabilityCache
 from sidecar.live.otlp_metrics import OtlpMetricsCollector
 from sidecar.live.otlp_receiver import OtlpReceiver
 from sidecar.live.tf_profiler import (
@@ -59,7 +59,7 @@ from sidecar.trace.errors import TraceStoreError
 from sidecar.trace.metrics import TraceWriterCollector
 from sidecar.trace.otlp_export import OtlpExportCollector, OtlpTraceExport
 from sidecar.trace.retention import RetentionPolicy
-from sidecar.trace.spans import Level, Source, Span, Trace
+from sidecar.trace.spans import LIVE_ONLY, Level, Source, Span, Trace
 from sidecar.trace.store import PendingWrite
 from sidecar.trace.writer import TraceWriter
 
