@@ -33,7 +33,6 @@ import numpy as np
 import pandas as pd
 
 from analysis.common import AnalysisResult, Frames, empty_result, not_captured
-from sidecar.trace.spans import LIVE_ONLY
 from analysis.fidelity_attrs import (  # noqa: F401  (the rules per trace, as `fidelity` names them)
     ONNXRUNTIME_BACKEND,
     PYTHON_BACKEND,
@@ -42,6 +41,7 @@ from analysis.fidelity_attrs import (  # noqa: F401  (the rules per trace, as `f
     number,
     request_fields,
 )
+from sidecar.trace.spans import LIVE_ONLY
 
 TITLE = "Fidelity of the replay (replay's model time vs the server's own compute time)"
 REPRESENTS = (0.8, 1.25)  # p50 of replay / live within this range: the replay represents it

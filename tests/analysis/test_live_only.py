@@ -138,6 +138,7 @@ def test_a_report_over_a_model_without_a_batch_dimension_renders_every_section(
 
 def test_live_only_traces_are_in_the_live_breakdown_not_skipped_as_failed(db: Path) -> None:
     rc, out, err = run_report(str(db), "--format", "json")
+    assert rc == 0, err
     doc = json.loads(out)
     assert doc["meta"]["traces"] == 6 and "failed_profiles_skipped" not in doc["meta"]
     assert doc["meta"]["live_only_traces"].startswith("3 (models: add_sub)")
