@@ -196,3 +196,14 @@ def test_one_analysis_that_raises_fails_its_section_alone(
     section = out.split("A5: ")[1].split("\n\n")[0].splitlines()
     assert section[2] == f"  ERROR: {doc['A5']['reason']}" and len(section) == 3
     assert "A6: Latency by layer type" in out and "live breakdown" in out
+
+
+def test_the_fleet_report_reads_live_only_traces_too(db: Path, tmp_path: Path) -> None:
+    from analysis import fleet
+
+    fleet.export_parquet([db], tmp_path / "fleet")
+    tables = fleet.fleet_tables(tmp_path / "fleet")
+    live = tables["live_breakdown"]
+    rows = live[(live["model"] == "add_sub") & (live["phase"] == "client_total")]
+    assert rows["requests"].tolist() == [3]
+    assert set(tables["traces"]["model"]) == {"add_sub", "seq"}
