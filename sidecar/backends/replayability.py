@@ -15,7 +15,9 @@ the lookup resolve what it runs: the decision flips to replayable with no change
 
 The relay's process asks `ReplayabilityCache.of` once per sample (the budget bounds how
 often); the answer is kept per model for `ttl_s`, so a model added or changed in the
-repository is seen within that time.
+repository is seen within that time. `warm` asks for the repository's models beforehand, on
+another thread, so that the relay's thread finds the configuration parser loaded and the
+answers kept.
 """
 
 from __future__ import annotations
@@ -83,6 +85,15 @@ class ReplayabilityCache:
         self._clock = clock
         self._lock = threading.Lock()
         self._answers: dict[str, tuple[float, Replayability]] = {}
+
+    def warm(self, limit: int = 256) -> None:
+        """Ask for (up to `limit`) model folders of the repository now."""
+        try:
+            folders = sorted(p.name for p in self._repository.iterdir() if p.is_dir())
+        except OSError:
+            return
+        for model in folders[:limit]:
+            self.of(model)
 
     def of(self, model: str) -> Replayability:
         now = self._clock()

@@ -21,6 +21,7 @@ time make the sampler back off until a write succeeds again.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -200,6 +201,9 @@ class SamplingPipeline:
         if self.tf_capture is not None:
             self.tf_capture.connect()
         self.worker.start()
+        threading.Thread(
+            target=self._replayability.warm, name="xsp-replayability", daemon=True
+        ).start()
 
     def stop(self) -> None:
         self.hub.held.stop()

@@ -69,3 +69,16 @@ def test_answers_are_kept_per_model_for_their_time_to_live(tmp_path: Path) -> No
     assert not cache.of("late").replayable
     now[0] = 10.0
     assert cache.of("late").replayable
+
+
+def test_warm_asks_for_every_model_folder_beforehand(repo: Path) -> None:
+    asked: list[str] = []
+
+    def find(root: Path, model: str, version: str | int | None) -> object:
+        asked.append(model)
+        return FIND(root, model, version)
+
+    cache = ReplayabilityCache(find, repo)
+    cache.warm()
+    assert sorted(asked) == sorted(p.name for p in repo.iterdir())
+    assert not cache.of("add_sub").replayable and len(asked) == len(list(repo.iterdir()))
