@@ -118,7 +118,8 @@ def _filters(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--include-errors",
         action="store_true",
-        help="also load traces whose profile failed (status != ok)",
+        help="also load traces whose profile failed (status error; live_only traces are read "
+        "anyway)",
     )
 
 
