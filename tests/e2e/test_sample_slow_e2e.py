@@ -236,14 +236,14 @@ def test_forced_requests_sent_while_the_worker_is_busy_are_each_profiled_up_to_t
 def test_slow_requests_met_while_the_worker_is_busy_are_profiled_slowest_first(
     loop_triton: TritonServer, tmp_path: Path
 ) -> None:
-    """Duty cycle 0.2: the first slow request is profiled at once (about a second), then the
-    worker rests four times as long; the five slow ones after it come meanwhile: the four
+    """Duty cycle 0.2: the first slow request is profiled at once (about half a second), then
+    the worker rests four times as long; the five slow ones after it come meanwhile: the four
     slowest are held (the fastest is pushed out and counted), then profiled the slowest
     first."""
-    later = (180000.0, 600000.0, 120000.0, 270000.0, 405000.0)  # 0.15 to 0.75 s, 1.5x apart
-    with sidecar(loop_triton, tmp_path, "100", duty="0.2") as proc:
+    later = (90000.0, 300000.0, 60000.0, 135000.0, 200000.0)  # 75 to 375 ms, 1.5x apart
+    with sidecar(loop_triton, tmp_path, "50", duty="0.2") as proc:
         client = grpcclient.InferenceServerClient(proc.address)
-        infer(client, BUSY_TRIPS)
+        infer(client, SLOW_TRIPS[0])
         for trips in later:
             infer(client, trips)
         store = TraceStore(tmp_path / "traces.db")
@@ -252,6 +252,6 @@ def test_slow_requests_met_while_the_worker_is_busy_are_profiled_slowest_first(
         done = wait_until(lambda: proc.metric("xsp_profiles_total") >= 1 + SLOW_HOLD, 300)
         found = profiled_in_order(store)
         assert done, (found, proc.metric("xsp_samples_dropped_total"), proc.log_tail())
-        assert found == [(t, "slow") for t in (BUSY_TRIPS, *slowest)], found
+        assert found == [(t, "slow") for t in (SLOW_TRIPS[0], *slowest)], found
         assert proc.metric("xsp_samples_dropped_total", reason="hold_full") == 1
         assert proc.metric("xsp_sampled_total", model="loop", reason="slow") == 1 + SLOW_HOLD
