@@ -22,6 +22,7 @@ from analysis.once import OncePerKey
 from analysis.store_file import TRACE_IDENTITY
 from analysis.tracedb import TraceData
 from sidecar.profiling.stats import TRIM
+from sidecar.trace.spans import LIVE_ONLY
 
 T = TypeVar("T")
 GROUP = ["model", "batch_size"]
@@ -43,8 +44,10 @@ class AnalysisResult:
     """One analysis: its table, or why there is none.
 
     `status` is `ok`, `not_captured` (a level/metric was not recorded; `reason` says why),
-    `empty` (no trace matched) or `not_applicable` (e.g. a comparison without two sets).
-    `estimated` is true when some numbers come from estimated FLOPs/bytes, not counters.
+    `empty` (no trace matched), `not_applicable` (e.g. a comparison without two sets) or
+    `error` (the analysis raised `exception`; `reason` is its one line: the section alone
+    fails, the rest of the report renders). `estimated` is true when some numbers come from
+    estimated FLOPs/bytes, not counters.
     """
 
     key: str
@@ -56,13 +59,17 @@ class AnalysisResult:
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # secondary tables
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
 
     def require(self) -> pd.DataFrame:
-        """The table, or NotCapturedError saying why there is none."""
+        """The table, or NotCapturedError saying why there is none (the analysis' own
+        exception where it raised one)."""
+        if self.exception is not None:
+            raise self.exception
         if not self.ok:
             raise NotCapturedError(f"{self.key} {self.title}: {self.reason}")
         return self.table
@@ -87,6 +94,30 @@ class AnalysisResult:
 
 def not_captured(key: str, title: str, reason: str) -> AnalysisResult:
     return AnalysisResult(key, title, status="not_captured", reason=reason)
+
+
+def live_only_note(traces: pd.DataFrame) -> str:
+    """What a replay analysis says of the live-only traces (`traces`: their rows) it leaves
+    out."""
+    models = ", ".join(sorted(traces["model"].astype(str).unique()))
+    return (
+        f"{len(traces)} live-only traces (models: {models}) have no replay: no replay can "
+        "run their model (trace attribute `replay` says why); the live breakdown shows them"
+    )
+
+
+def failed(key: str, title: str, exc: BaseException) -> AnalysisResult:
+    """The result of an analysis that raised `exc`: its section says so in one line."""
+    where = ""
+    tb = exc.__traceback__
+    while tb is not None:  # the innermost frame of the analyses (not pandas', not the caller)
+        module = tb.tb_frame.f_globals.get("__name__", "")
+        if module.startswith("analysis.") and module != "analysis.trace_analysis":
+            where = f" (in {module.removeprefix('analysis.')}.{tb.tb_frame.f_code.co_name})"
+        tb = tb.tb_next
+    text = " ".join(str(exc).split())[:300]
+    reason = f"the analysis failed: {type(exc).__name__}: {text}{where}"
+    return AnalysisResult(key, title, status="error", reason=reason, exception=exc)
 
 
 def records(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -363,6 +394,13 @@ class Frames:
         lacking = self.meta[~self.meta["tkey"].isin(have)]
         if lacking.empty or not have:
             return None
+        live = lacking["tkey"].isin(self.live_only_tkeys())
+        notes = []
+        if live.any():
+            notes.append(live_only_note(lacking[live]))
+        lacking = lacking[~live]
+        if lacking.empty:
+            return notes[0]
         models = ", ".join(sorted(lacking["model"].astype(str).unique()))
         text = f"{level} level not captured in {len(lacking)} traces (models: {models})"
         if level == "kernel":
@@ -371,7 +409,12 @@ class Frames:
             )
             if reasons:
                 text += ": " + "; ".join(reasons)
-        return text + "; they are left out of this table"
+        return "; ".join([text + "; they are left out of this table", *notes])
+
+    def live_only_tkeys(self) -> set[int]:
+        """The traces kept live-only (`status` `live_only`: no replay can run their model)."""
+        tr = self.data.traces
+        return set(tr.loc[tr["status"] == LIVE_ONLY, "tkey"].astype(int).tolist())
 
     def peaks(self) -> pd.DataFrame:
         """Per model/batch: the roofline peaks recorded with the traces (median over traces)."""

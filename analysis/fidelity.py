@@ -41,6 +41,7 @@ from analysis.fidelity_attrs import (  # noqa: F401  (the rules per trace, as `f
     number,
     request_fields,
 )
+from sidecar.trace.spans import LIVE_ONLY
 
 TITLE = "Fidelity of the replay (replay's model time vs the server's own compute time)"
 REPRESENTS = (0.8, 1.25)  # p50 of replay / live within this range: the replay represents it
@@ -52,7 +53,8 @@ SAME_KERNELS = "same_kernels"  # extra: per group, whether shares of layer time 
 
 def per_request(fr: Frames) -> pd.DataFrame:
     """One row per sampled trace: model, batch_size, sample_reason, live_ns, replay_ns, ratio,
-    the server's executed batch sizes in the request's window and the evidence of causes."""
+    the server's executed batch sizes in the request's window, the evidence of causes and
+    `live_only` (no replay can run its model)."""
     tr = fr.data.traces
     rows = []
     replay = fr.model_latency.set_index("tkey")["latency_ns"]
@@ -79,11 +81,12 @@ def per_request(fr: Frames) -> pd.DataFrame:
                 "window_note": fields["window_note"],
                 "causes": fields["causes"],
                 "from_spans": bool(spans) and not fields["fidelity_kept"],
+                "live_only": t.status == LIVE_ONLY,
             }
         )
     cols = ["tkey", "model", "batch_size", "sample_reason", "live_ns", "live_source", "replay_ns",
             "server_batch_sizes", "window_executions", "window_note", "causes",
-            "from_spans"]  # fmt: skip
+            "from_spans", "live_only"]  # fmt: skip
     out = pd.DataFrame(rows, columns=cols)
     out["ratio"] = out["replay_ns"] / out["live_ns"].where(out["live_ns"] > 0)
     return out
@@ -132,6 +135,8 @@ def _at_server_batch(every: pd.DataFrame, grp: pd.DataFrame) -> float:
         sizes = row.server_batch_sizes
         if len(sizes) != 1 or pd.isna(row.live_ns) or row.window_executions != 1:
             continue
+        if pd.isna(row.batch_size):  # a model without a batch dimension: no batch to compare
+            continue
         peers = every[(every["model"] == row.model) & (every["batch_size"] == sizes[0])]
         replay = peers["replay_ns"].dropna()
         if sizes[0] != row.batch_size and not replay.empty:
@@ -149,7 +154,8 @@ def fidelity(fr: Frames) -> AnalysisResult:
     if measured.empty and slow.empty:
         reasons = fr.data.traces["sample_reason"].astype(str).value_counts().to_dict()
         with_live = int(every["live_ns"].notna().sum()) if not every.empty else 0
-        return not_captured("fidelity", TITLE, why_none(reasons, with_live))
+        live_only = int(every["live_only"].sum()) if not every.empty else 0
+        return not_captured("fidelity", TITLE, why_none(reasons, with_live, live_only))
     rows, same_kernels = [], {}
     keys = ["model", "batch_size"]
     for (model, batch), grp in pd.concat([measured, slow]).groupby(
@@ -219,9 +225,10 @@ def _slow(every: pd.DataFrame, model: Any, batch: Any) -> tuple[int | None, int]
     return int((replayed >= SLOW_REPRODUCED * float(peers.median())).sum()), len(slow)
 
 
-def why_none(reasons: dict[str, int], with_live: int) -> str:
+def why_none(reasons: dict[str, int], with_live: int, live_only: int = 0) -> str:
     """Why no request can be compared: `reasons`, the traces per sample reason; `with_live`,
-    the sampled requests with the backend's compute time."""
+    the sampled requests with the backend's compute time; `live_only`, the live-only ones
+    among the samples (no replay can run their model)."""
     live = sum(n for r, n in reasons.items() if r in LIVE_REASONS)
     if not live:
         return (
@@ -233,6 +240,12 @@ def why_none(reasons: dict[str, int], with_live: int) -> str:
             f"none of the {live} live samples has the backend's own compute time "
             "(no backend span: Triton's tracing is off or its spans did not arrive; "
             "TF-Serving needs --tf-profiler-address)"
+        )
+    if live_only >= with_live:
+        return (
+            f"{with_live} live samples have the backend's compute time but no replay to "
+            "compare: they are live-only (no replay can run their model; trace attribute "
+            "`replay` says why)"
         )
     return (
         f"{with_live} live samples have the backend's compute time but no replay to compare "
@@ -254,9 +267,16 @@ def _notes(every: pd.DataFrame, live: pd.DataFrame) -> list[str]:
             f"{no_live} sampled requests have no backend compute span (tracing off or the "
             "spans did not arrive) and are left out"
         )
-    no_replay = int((live["live_ns"].notna() & live["replay_ns"].isna()).sum())
-    if no_replay:
-        notes.append(f"{no_replay} sampled requests have no replay (failed profiles)")
+    no_replay = live["live_ns"].notna() & live["replay_ns"].isna()
+    failed = int((no_replay & ~live["live_only"].astype(bool)).sum())
+    if failed:
+        notes.append(f"{failed} sampled requests have no replay (failed profiles)")
+    live_only = int((no_replay & live["live_only"].astype(bool)).sum())
+    if live_only:
+        notes.append(
+            f"{live_only} sampled requests are live-only (no replay can run their model): "
+            "their server compute time is in the live breakdown, with nothing to compare"
+        )
     unobserved = live["window_note"].dropna()
     if not unobserved.empty:
         first = str(unobserved.iloc[0])

@@ -8,6 +8,7 @@ silent. The thresholds are module constants so that a report can say what they w
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -20,6 +21,8 @@ from analysis.fidelity import SAME_KERNELS
 from analysis.roofline import peak_doubtful
 from analysis.tracedb import TraceData
 from sidecar.profiling.gpu.owner import MODEL_LEVEL_AFTER_CUPTI
+
+log = logging.getLogger(__name__)
 
 IDLE_SHARE = 0.5  # launch-bound: the device idles at least this share of the model's time
 MEMORY_BOUND_SHARE = 0.25  # memory-bound layers take at least this share of layer time
@@ -573,12 +576,16 @@ RULES: tuple[Callable[[Results, TraceData], list[Finding]], ...] = (
 
 
 def find(results: Results, data: TraceData) -> list[Finding]:
-    """Every rule's findings, in rule order."""
+    """Every rule's findings, in rule order. A rule that raises (on an analysis that failed,
+    say: its section shows why) gives none, and the others still run."""
     if data.empty:
         return []
     out: list[Finding] = []
     for rule in RULES:
-        out.extend(rule(results, data))
+        try:
+            out.extend(rule(results, data))
+        except Exception as exc:
+            log.warning("finding rule %s failed: %s: %s", rule.__name__, type(exc).__name__, exc)
     return out
 
 

@@ -41,6 +41,7 @@ from analysis.live import (
     TF_OP_KIND,
 )
 from analysis.store_file import RELAY_OFFSET_COLUMNS
+from analysis.trace_filter import LOADED_SQL
 from sidecar.profiling.stats import TRIM
 
 TRACE_COLUMNS = columnar.TRACE_COLUMNS
@@ -59,7 +60,8 @@ FLEET_ANALYSES = (
 
 def connect(fleet_dir: Path, threads: int | None = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with views `traces`, `spans`, `level_stats` over the Parquet files
-    of `fleet_dir`, the traces restricted to profiles that succeeded."""
+    of `fleet_dir`, the traces restricted to profiles that succeeded and live-only traces (of
+    a model no replay can run)."""
     con = duckdb.connect()
     if threads:
         con.execute(f"SET threads = {int(threads)}")
@@ -67,7 +69,7 @@ def connect(fleet_dir: Path, threads: int | None = None) -> duckdb.DuckDBPyConne
         files = sorted((fleet_dir / table).glob("*.parquet"))
         if not files:
             raise FileNotFoundError(f"{fleet_dir / table}: no Parquet files (export first)")
-        where = " WHERE status = 'ok'" if table == "traces" else ""
+        where = f" WHERE {LOADED_SQL}" if table == "traces" else ""
         # union_by_name: a folder may hold exports of older sidecars, whose spans lack the
         # relay's marks; those columns then read as NULL (the breakdown's fallback)
         con.execute(

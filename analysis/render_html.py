@@ -160,14 +160,17 @@ def _type_colors(types: pd.Series) -> dict[str, Any]:
 def plot_latency_by_type(res: AnalysisResult) -> list[str]:
     out = []
     for model, g in res.table.groupby("model", observed=True):
+        # a model without a batch dimension (no batch size) is the bar "-"
+        g = g.assign(batch_size=g["batch_size"].fillna(0))
         wide = g.pivot_table(
             index="batch_size", columns="type", values="latency_ms", aggfunc="sum", observed=True
         ).fillna(0.0)
         fig, ax = _fig()
         bottom = np.zeros(len(wide))
         colors = _type_colors(pd.Series(wide.columns))
+        bars = [str(int(b)) if b else "-" for b in wide.index]
         for t in wide.columns:
-            ax.bar([str(b) for b in wide.index], wide[t], bottom=bottom, label=t, color=colors[t])
+            ax.bar(bars, wide[t], bottom=bottom, label=t, color=colors[t])
             bottom += wide[t].to_numpy()
         ax.set_xlabel("batch size")
         ax.set_ylabel("summed layer latency (ms)")

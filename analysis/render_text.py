@@ -131,6 +131,7 @@ def _status_line(res: AnalysisResult) -> str:
         "not_captured": "NOT CAPTURED",
         "empty": "NO DATA",
         "not_applicable": "NOT APPLICABLE",
+        "error": "ERROR",
     }.get(res.status, res.status)
     return f"{word}: {res.reason}"
 

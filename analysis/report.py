@@ -118,7 +118,8 @@ def _filters(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--include-errors",
         action="store_true",
-        help="also load traces whose profile failed (status != ok)",
+        help="also load traces whose profile failed (status error; live_only traces are read "
+        "anyway)",
     )
 
 
@@ -279,6 +280,12 @@ def _meta(ta: TraceAnalysis, args: argparse.Namespace) -> dict[str, Any]:
         "batch_sizes": ", ".join(str(b) for b in sorted(t["batch_size"].dropna().unique())),
         "spans": ta.data.span_count(),
     }
+    live = t.loc[t["status"] == "live_only", "model"].astype(str)
+    if not live.empty:
+        meta["live_only_traces"] = (
+            f"{len(live)} (models: {', '.join(sorted(live.unique()))}): no replay can run "
+            "their model; their live side is in the live breakdown"
+        )
     if ta.data.skipped_errors:
         meta["failed_profiles_skipped"] = ta.data.skipped_errors
     if ta.data.bad_rows:

@@ -1,10 +1,11 @@
 """`TraceAnalysis`: the one front object over a set of traces.
 
 Its `get_*()` methods return DataFrames (raising `NotCapturedError` with the reason when a
-level or metric was not captured); `result(key)` and `run_all()` return `AnalysisResult`s
-that carry the status, the reason and notes instead. The work is done by small stateless
-modules: model_level (A1, A15), layer_level (A2-A7), kernel_level (A8, A10-A13),
-roofline (A9, A14), fidelity, live, overhead, time_breakdown, compare and timeline.
+level or metric was not captured, or the analysis' own exception); `result(key)` and
+`run_all()` return `AnalysisResult`s that carry the status, the reason and notes instead: an
+analysis that raises is a result with status `error` (its section alone fails). The work is
+done by small stateless modules: model_level (A1, A15), layer_level (A2-A7), kernel_level (A8,
+A10-A13), roofline (A9, A14), fidelity, live, overhead, time_breakdown, compare and timeline.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from analysis import (
     timeline,
 )
 from analysis.columnar import SpanBatches
-from analysis.common import AnalysisResult, Frames
+from analysis.common import AnalysisResult, Frames, failed
 from analysis.findings import Finding, find
 from analysis.findings import table as findings_table
 from analysis.kernel_rows import PARALLEL_WORKERS, kernel_rows
@@ -65,6 +66,20 @@ ANALYSES: dict[str, Analyzer] = {
     "overhead": overhead.overhead,
     "time_breakdown": time_breakdown.time_breakdown,
     "stream_responses": stream_responses.stream_responses,
+}
+# each analysis' title, for the section of one that raised
+TITLES: dict[str, str] = {
+    **layer_level.TITLES,
+    **kernel_level.TITLES,
+    "A1": model_level.A1_TITLE,
+    "A9": roofline.A9_TITLE,
+    "A14": roofline.A14_TITLE,
+    "A15": model_level.A15_TITLE,
+    "fidelity": fidelity.TITLE,
+    "live_breakdown": live.TITLE,
+    "overhead": overhead.TITLE,
+    "time_breakdown": time_breakdown.TITLE,
+    "stream_responses": stream_responses.TITLE,
 }
 XSP_IDS = tuple(f"A{i}" for i in range(1, 16))
 # Analyses that need a level: in a mixed selection they say which traces lack it.
@@ -109,7 +124,22 @@ class TraceAnalysis:
             raise KeyError(f"unknown analysis {key!r}; known: {', '.join(ANALYSES)}")
         return self._results.get(key, lambda: self._run(key))
 
-    def _run(self, key: str) -> AnalysisResult:
+    def _prefetched(self, key: str) -> AnalysisResult:
+        """`result` in `prefetch`'s threads: DuckDB's out-of-memory error is raised (the
+        analysis then runs again alone), not made the section's error."""
+        return self._results.get(key, lambda: self._run(key, out_of_memory_raises=True))
+
+    def _run(self, key: str, out_of_memory_raises: bool = False) -> AnalysisResult:
+        try:
+            return self._analyse(key)
+        except duckdb.OutOfMemoryException as exc:
+            if out_of_memory_raises:
+                raise
+            return failed(key, TITLES[key], exc)
+        except Exception as exc:
+            return failed(key, TITLES[key], exc)
+
+    def _analyse(self, key: str) -> AnalysisResult:
         res = ANALYSES[key](self._frames)
         if res.ok and key in NEEDS_LEVEL:
             note = self._frames.missing_level_note(NEEDS_LEVEL[key])
@@ -140,15 +170,14 @@ class TraceAnalysis:
         first = [lambda: kernel_rows(self._frames)]
         order = [*WITHOUT_SPAN_SQL, *SLOWEST]
         ordered = [k for k in order if k in keys] + [k for k in keys if k not in order]
-        tasks = first + [partial(self.result, k) for k in ordered]
+        tasks = first + [partial(self._prefetched, k) for k in ordered]
         with ThreadPoolExecutor(workers, thread_name_prefix="analysis") as pool:
             running = [pool.submit(task) for task in tasks]
+        # An analysis' own error is its result already (status `error`); the relations'
+        # error is met again by each analysis that needs them.
         errors = [e for done in running if (e := done.exception()) is not None]
-        for error in errors:
-            if not isinstance(error, duckdb.OutOfMemoryException):
-                raise error  # (an analysis' error, raised as one at a time raises it)
-        if errors:  # two at once did not fit DuckDB's memory: what failed, one at a time
-            for key in ordered:
+        if any(isinstance(e, duckdb.OutOfMemoryException) for e in errors):
+            for key in ordered:  # two at once did not fit DuckDB's memory: one at a time
                 self.result(key)
 
     def run_all(self, keys: Sequence[str] | None = None) -> dict[str, AnalysisResult]:

@@ -9,10 +9,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from analysis import damage
+from sidecar.trace.spans import LIVE_ONLY, OK
 
 
 class TraceNotFoundError(LookupError):
     """No trace, or more than one, matches the requested id."""
+
+
+# The statuses a report reads without --include-errors: a profile (`ok`), and a trace whose
+# model no replay can run (`live_only`: its live side, the relay's and the backend's spans).
+LOADED = (OK, LIVE_ONLY)
+LOADED_SQL = f"status IN ({', '.join(repr(s) for s in LOADED)})"
 
 
 @dataclass(frozen=True)
@@ -23,7 +30,7 @@ class TraceFilter:
     trace_ids: tuple[str, ...] = ()  # full ids or unique prefixes
     batch_sizes: tuple[int, ...] = ()
     since_ns: int | None = None  # created_ns >= since_ns
-    include_errors: bool = False  # traces with status != 'ok'
+    include_errors: bool = False  # traces whose profile failed (status not in LOADED)
 
 
 def parse_since(text: str, now_ns: int | None = None) -> int:
@@ -55,7 +62,7 @@ def sql_where(flt: TraceFilter) -> tuple[str, list[object]]:
     clauses: list[str] = []
     params: list[object] = []
     if not flt.include_errors:
-        clauses.append("status = 'ok'")
+        clauses.append(LOADED_SQL)
     if flt.models:
         clauses.append(f"model IN ({','.join('?' * len(flt.models))})")
         params.extend(flt.models)

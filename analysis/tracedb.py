@@ -34,7 +34,7 @@ from analysis.layer_type import layer_type
 from analysis.level_rows import LevelRows
 from analysis.store_file import RELAY_OFFSET_COLUMNS, STREAM_RESPONSE_COLUMNS, TraceDatabaseError
 from analysis.store_file import connect_ro as _connect_ro
-from analysis.trace_filter import TraceFilter, selection, span_checks, sql_where
+from analysis.trace_filter import LOADED_SQL, TraceFilter, selection, span_checks, sql_where
 from analysis.trace_filter import parse_since as parse_since  # (re-exported)
 
 # Copy-on-write (pandas 3's default): the analyses derive many frames from the spans
@@ -184,7 +184,7 @@ def _load_one(path: Path, flt: TraceFilter, guard_json: bool = False) -> Loaded:
         skipped = int(n_all) - len(traces)
         failed: dict[str, int] = {}
         if skipped:
-            failed_where = err_where + (" AND " if err_where else " WHERE ") + "status != 'ok'"
+            failed_where = err_where + (" AND " if err_where else " WHERE ") + f"NOT {LOADED_SQL}"
             for reason, count in conn.execute(
                 "SELECT COALESCE(NULLIF(error, ''), 'status ' || quote(status)), COUNT(*) "
                 f"FROM traces{failed_where} GROUP BY 1",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from sidecar.backends.replayability import Replayability
 from sidecar.proxy.streams import RequestStart
 from sidecar.replay.job_records import ProfileJob
 from sidecar.trace.spans import Span
@@ -24,6 +25,14 @@ class SampleHandler(Protocol):
     def sequence_model(self, model: str) -> bool:
         """True for a stateful model (`sequence_batching` in its configuration): a request
         replayed out of its sequence would not be the one served."""
+
+    def replayability(self, model: str) -> Replayability:
+        """Whether a replay can run the model (`backends.replayability`): a sample of one it
+        cannot is kept live-only (`keep_live`), never queued."""
+
+    def keep_live(self, job: ProfileJob, why: Replayability) -> bool:
+        """Store the live-only trace row of a sample no replay can run (`job` is what its job
+        would have been, without the request); False when the trace writer refused it."""
 
     def on_sampled(self, start: RequestStart, trace_id: str, span_id: str) -> object:
         """A request was picked at header time (its body is not read yet)."""

@@ -18,6 +18,10 @@ threshold (`slow.SlowDetector`), the held body becomes a job with reason `slow` 
 budget and duty-cycle gates; otherwise it is dropped. Decided after the fact, such a request
 carried no `traceparent`: its trace has the relay's request span but none of the backend's.
 
+A forced or slow sample that meets a closed duty-cycle gate is held until the gate opens
+(`held.HeldSamples`) instead of being turned away. A sample whose model no replay can run
+(`backends.replayability`) queues no job: its trace keeps its live side (`take`).
+
 An inference stream (a backend's `inference_streams`, e.g. Triton's `ModelStreamInfer`) is not
 decided on as one call: each of its request messages is, by `stream_sampling.StreamSampling`.
 """
@@ -39,12 +43,14 @@ from sidecar.proxy.streams import (
     StreamEnd,
 )
 from sidecar.sampling.handler import SampleHandler
+from sidecar.sampling.held import Held, HeldSamples
 from sidecar.sampling.metrics import SamplingMetrics
 from sidecar.sampling.pressure import ServingPressure
-from sidecar.sampling.sampled_request import RelayedRequest, Sample, hand_over, store_request_span
+from sidecar.sampling.sampled_request import RelayedRequest, Sample, store_request_span
 from sidecar.sampling.sampler import Decision, Sampler, Tentative
 from sidecar.sampling.slow import SlowDetector
 from sidecar.sampling.stream_sampling import StreamSampling
+from sidecar.sampling.take import Taken, take
 from sidecar.trace.spans import new_span_id, new_trace_id
 
 log = logging.getLogger(__name__)
@@ -70,7 +76,7 @@ class _Pending:
     tentative: Tentative
     method: str = "ModelInfer"  # the job's method
     decision: Decision | None = None
-    queued: bool = False
+    queued: Taken = False  # where its request span goes at its end (`take.Taken`)
     body: bytes | None = None  # held for `sample_slow` until the stream ends
 
 
@@ -118,6 +124,7 @@ class SamplingHub:
         self.handler = handler
         self.sampled_trace_ids: set[str] = set()
         self._lock = threading.Lock()
+        self.held = HeldSamples(self)  # forced and slow samples waiting for the duty cycle
         self.slow = SlowDetector.of(sampler.settings.slow)  # None: `sample_slow` is off
         self.replayable = dict(REPLAYABLE)
         # methods whose every request message is one inference: sampled message by message
@@ -158,6 +165,19 @@ class SamplingHub:
         is given back, and it is counted by `reason`."""
         self.sampler.duty.cancel()
         self.metrics.dropped.labels(label, reason).inc()
+
+    def drop_held(self, label: str, reason: str) -> None:
+        """`drop` for a held sample (it never started the gate)."""
+        self.sampler.drop_held()
+        self.metrics.dropped.labels(label, reason).inc()
+
+    def give_back(self, held: bool) -> None:
+        """A sample taken (started or `held`) that will not run, and is no drop: a live-only
+        one."""
+        if held:
+            self.sampler.drop_held()
+        else:
+            self.sampler.duty.cancel()
 
     def label(self, model: str | None) -> str:
         """`handler.model_label(model)`, kept per model name (a name's label never changes:
@@ -239,20 +259,20 @@ class SamplingObserver:
             return
         hub = self._hub
         label = hub.handler.model_label(model)
-        decision = hub.sampler.at_body(label, pending.tentative)
+        decision, held = hub.sampler.admit(label, pending.tentative)
         pending.decision = decision
         hub.metrics.record_decision(label, decision)
         if decision is not Decision.SAMPLED:
             return
         message = first_message(body)
         if message is None or model is None:
-            hub.drop(label, "unreadable_request")
+            _drop(hub, label, "unreadable_request", held)
             return
         if not hub.handler.known_model(model):
-            hub.drop(label, "unknown_model")
+            _drop(hub, label, "unknown_model", held)
             return
         sample = Sample(pending.trace_id, pending.span_id, model, pending.method)
-        pending.queued = hand_over(hub, label, sample, message, _REASONS[pending.tentative])
+        pending.queued = take(hub, label, sample, message, _REASONS[pending.tentative], held=held)
 
     def on_stream_end(self, end: StreamEnd) -> None:
         hub = self._hub
@@ -292,24 +312,38 @@ class SamplingObserver:
         model = end.model
         if message is None or model is None or not hub.handler.known_model(model):
             return False
-        decision = hub.sampler.at_body(label, Tentative.SLOW)
+        decision, held = hub.sampler.admit(label, Tentative.SLOW)
         hub.metrics.record_decision(label, decision)
         if decision is not Decision.SAMPLED:
             return True
         pending.trace_id, pending.span_id = new_trace_id(), new_span_id()
         sample = Sample(pending.trace_id, pending.span_id, model, pending.method)
-        if hand_over(hub, label, sample, message, "slow"):
+        pending.queued = take(hub, label, sample, message, "slow", held=held,
+                              slowness_s=end.duration_s)  # fmt: skip
+        if pending.queued:
             self._store_request_span(pending, end)
         return True
 
     def _store_request_span(self, pending: _Pending, end: StreamEnd) -> None:
-        """The relay's span of a queued request, to the store; its exemplar on the latency."""
+        """The relay's span of a queued request, to the store (a held one's once its job is
+        queued); its exemplar on the latency."""
         request = RelayedRequest(
             end.method, end.path, end.model, end.start_ns, end.start_ns + int(end.duration_s * 1e9),
             end.duration_s, end.grpc_code, end.grpc_message, end.request_bytes, end.response_bytes,
             relay_marks(end),
         )  # fmt: skip
+        if isinstance(pending.queued, Held):
+            self._hub.held.ended(pending.queued, request)
+            return
         try:
             store_request_span(self._hub, pending.trace_id, pending.span_id, request)
         except Exception:
             log.exception("could not hand the request span to the trace writer")
+
+
+def _drop(hub: SamplingHub, label: str, reason: str, held: bool) -> None:
+    """Drop a taken sample before it is queued (`held`: `admit` said to hold it)."""
+    if held:
+        hub.drop_held(label, reason)
+    else:
+        hub.drop(label, reason)

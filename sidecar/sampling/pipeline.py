@@ -7,6 +7,11 @@ background writer. With `otlp_export` set, every span the store commits (and the
 the worker stores) is also exported to the fleet's tracing backend over OTLP. Failures here
 are logged and counted, never raised into the relay.
 
+A sample of a model no replay can run (`backends.replayability`, from the model's
+configuration in the repository) takes no worker time: the pipeline stores its live-only trace
+row (`status=live_only`, `replay` = `not_replayable: <reason>`) and counts it in
+`xsp_profiles_total{outcome="live_only"}`; its live spans join it as any sample's do.
+
 A trace store that cannot be opened at start-up switches sampling off (`disabled_reason`)
 instead of stopping the sidecar: the relay forwards as without sampling, and the reason is on
 /metrics, the `xsp.sampling` health service and in the log. Store writes that fail at run
@@ -16,6 +21,7 @@ time make the sampler back off until a write succeeds again.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,8 +29,10 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from sidecar import __version__
 from sidecar.backends import CAPTURE_PATHS, backend_named
 from sidecar.backends.model_repository import model_in_repository
+from sidecar.backends.replayability import Replayability, ReplayabilityCache
 from sidecar.live.otlp_metrics import OtlpMetricsCollector
 from sidecar.live.otlp_receiver import OtlpReceiver
 from sidecar.live.tf_profiler import (
@@ -52,7 +60,7 @@ from sidecar.trace.errors import TraceStoreError
 from sidecar.trace.metrics import TraceWriterCollector
 from sidecar.trace.otlp_export import OtlpExportCollector, OtlpTraceExport
 from sidecar.trace.retention import RetentionPolicy
-from sidecar.trace.spans import Level, Source, Span
+from sidecar.trace.spans import LIVE_ONLY, Level, Source, Span, Trace
 from sidecar.trace.store import PendingWrite
 from sidecar.trace.writer import TraceWriter
 
@@ -147,8 +155,10 @@ class SamplingPipeline:
             )
             TfCaptureMetricsCollector(self.tf_capture, registry)
         self.hub = SamplingHub(self.sampler, self.metrics, self, pressure=self.pressure)
+        backend = backend_named(config.backend_protocol)
+        self._replayability = ReplayabilityCache(backend.repository.find, config.model_repository)
         self.batch_windows: BatchWindows | None = None
-        reader = backend_named(config.backend_protocol).statistics
+        reader = backend.statistics
         if config.backend_target is not None and reader is not None and self.enabled:
             self.batch_windows = BatchWindows(config.backend_target, reader)
         self.collector = TritonSpanCollector(self._on_backend_trace)
@@ -191,8 +201,12 @@ class SamplingPipeline:
         if self.tf_capture is not None:
             self.tf_capture.connect()
         self.worker.start()
+        threading.Thread(
+            target=self._replayability.warm, name="xsp-replayability", daemon=True
+        ).start()
 
     def stop(self) -> None:
+        self.hub.held.stop()
         if self.receiver is not None:
             self.receiver.stop()
         self.collector.close()  # stops its sweeper, emits what is pending
@@ -215,6 +229,32 @@ class SamplingPipeline:
 
     def sequence_model(self, model: str) -> bool:
         return sequence_model(self.config.model_repository, model)
+
+    def replayability(self, model: str) -> Replayability:
+        return self._replayability.of(model)
+
+    def keep_live(self, job: ProfileJob, why: Replayability) -> bool:
+        """The live-only trace row of a sample no replay can run, to the writer; counted as a
+        profile with outcome `live_only`."""
+        trace = Trace(
+            trace_id=job.trace_id,
+            model=job.model,
+            created_ns=time.time_ns(),
+            sample_reason=job.reason,
+            sidecar_version=__version__,
+            status=LIVE_ONLY,
+            attributes={
+                "replay": why.attribute,
+                "method": job.method,
+                "request_span_id": job.parent_span_id,
+                "received_ns": job.received_ns,
+            },
+        )
+        if self.writer is None or not self.writer.submit(trace, ()):
+            self.metrics.store_write_failures.inc()
+            return False
+        self.metrics.profiles.labels(self._model_label(job.model), LIVE_ONLY).inc()
+        return True
 
     def submit(self, job: ProfileJob) -> bool:
         """Queue a job for the worker (the hub's samples and the admin API's); a queued job is

@@ -1,5 +1,6 @@
 """A sampled request's hand-overs, one implementation for unary calls (`observer`) and an
 inference stream's messages (`stream_sampling`): its `ProfileJob` to the worker (`hand_over`),
+or, where no replay can run its model, its live-only trace row to the store (`keep_live_only`);
 then the relay's span of it, the trace's request span, to the store with its exemplar on the
 latency (`store_request_span`)."""
 
@@ -10,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from sidecar.backends.replayability import Replayability
 from sidecar.replay.job_records import ProfileJob
 from sidecar.sampling.handler import SampleHandler
 from sidecar.sampling.metrics import SamplingMetrics
@@ -54,10 +56,8 @@ class RelayedRequest:
     marks: Mapping[str, object]  # further attributes: the relay marks (docs/contracts.md)
 
 
-def hand_over(hub: Hub, label: str, sample: Sample, message: bytes, reason: str) -> bool:
-    """Queue the sample's job (`reason`: the trace's `sample_reason`) and mark its trace
-    sampled; False when the queue is full: then it is dropped as `queue_full`."""
-    job = ProfileJob(
+def _job(sample: Sample, message: bytes, reason: str) -> ProfileJob:
+    return ProfileJob(
         trace_id=sample.trace_id,
         parent_span_id=sample.span_id,
         model=sample.model,
@@ -66,6 +66,25 @@ def hand_over(hub: Hub, label: str, sample: Sample, message: bytes, reason: str)
         reason=reason,
         received_ns=time.time_ns(),
     )
+
+
+def keep_live_only(hub: Hub, label: str, sample: Sample, reason: str, why: Replayability) -> bool:
+    """A sample whose model no replay can run: no job; its live-only trace row (`why` in its
+    `replay` attribute) goes to the store and its trace is marked sampled, so the backend's
+    spans and the request span join it. False when the row could not be handed to the trace
+    writer: then it is dropped as `store_failing`. The caller gives its duty-cycle share back
+    first (nothing runs)."""
+    if not hub.handler.keep_live(_job(sample, b"", reason), why):
+        hub.metrics.dropped.labels(label, "store_failing").inc()
+        return False
+    hub.mark_sampled(sample.trace_id)
+    return True
+
+
+def hand_over(hub: Hub, label: str, sample: Sample, message: bytes, reason: str) -> bool:
+    """Queue the sample's job (`reason`: the trace's `sample_reason`) and mark its trace
+    sampled; False when the queue is full: then it is dropped as `queue_full`."""
+    job = _job(sample, message, reason)
     if not hub.handler.submit(job):
         hub.drop(label, "queue_full")
         return False

@@ -12,6 +12,11 @@ A decision is made in two steps because the relay sees a request's headers befor
 While trace-store writes fail, `store` (a back-off gate) refuses new samples: there is no point
 profiling what cannot be stored.
 
+A sample that was asked for (`FORCED`) or judged slow (`SLOW`) is not turned away by the duty
+cycle: `admit` takes its budget's token and says to hold it (`sampling.held.HeldSamples`)
+until the gate lets it run (`start_held`). While one is held, fresh samples find the gate
+closed, so held ones run first.
+
 Each call costs a few microseconds; nothing here blocks or allocates much.
 """
 
@@ -80,12 +85,23 @@ class DutyCycleGate:
         self._clock = clock
         self._open_at = 0.0
         self._in_flight = 0
+        self.waiting = 0  # held samples (`HeldSamples`): they go before fresh ones
 
     def allows(self, now: float) -> bool:
+        """Whether a fresh sample may start now."""
         # Below a full duty cycle one profile runs at a time; at 1.0 the gate never closes.
         if self.duty_cycle >= 1.0:
             return True
-        return self._in_flight == 0 and now >= self._open_at
+        return self.waiting == 0 and self._in_flight == 0 and now >= self._open_at
+
+    def allows_held(self, now: float) -> bool:
+        """Whether a held sample may start now."""
+        return self.duty_cycle >= 1.0 or (self._in_flight == 0 and now >= self._open_at)
+
+    def wait_s(self) -> float:
+        """Seconds until the gate opens at the earliest (0 when it is open or a profile runs:
+        then it opens when that one's busy time is known)."""
+        return max(0.0, self._open_at - self._clock())
 
     def started(self) -> None:
         self._in_flight += 1
@@ -147,6 +163,14 @@ class StoreBackoff:
         return not self.allows(self._clock())
 
 
+class Admission(NamedTuple):
+    """The body-time answer for a sample that may wait (`Sampler.admit`): its decision, and
+    whether a `SAMPLED` one must be held until the duty cycle lets it run."""
+
+    decision: Decision
+    held: bool = False
+
+
 class HotSettings(NamedTuple):
     """What every request's header-time step reads of the settings, worked out once."""
 
@@ -164,6 +188,15 @@ def _hot(settings: SamplingSettings) -> HotSettings:
         None if header is None else header.encode("latin-1"),
         settings.max_rate if settings.enabled else 0.0,
     )
+
+
+_MAY_WAIT = (Tentative.FORCED, Tentative.SLOW)
+_SAMPLED = Admission(Decision.SAMPLED)
+_HELD = Admission(Decision.SAMPLED, held=True)
+_SKIPPED_RATE = Admission(Decision.SKIPPED_RATE)
+_SKIPPED_BUDGET = Admission(Decision.SKIPPED_BUDGET)
+_SKIPPED_DUTY_CYCLE = Admission(Decision.SKIPPED_DUTY_CYCLE)
+_SKIPPED_STORE_FAILING = Admission(Decision.SKIPPED_STORE_FAILING)
 
 
 class Sampler:
@@ -227,46 +260,72 @@ class Sampler:
         now = self._clock()
         if not self.store.allows(now):
             return Tentative.STORE_FAILING
+        if forced:  # asked for: held until the duty cycle allows it (`admit`)
+            return Tentative.FORCED
         if not self.duty.allows(now):
             return Tentative.GATED
-        return Tentative.FORCED if forced else Tentative.RATE
+        return Tentative.RATE
 
     def may_hold_for_slow(self) -> bool:
         """Header-time step of a request the rate did not pick, with `sample_slow` on: worth
-        a body copy held to its end (sampling is on, the store and the duty cycle allow one)."""
-        if not self.settings.enabled:
-            return False
-        now = self._clock()
-        return self.store.allows(now) and self.duty.allows(now)
+        a body copy held to its end (sampling is on and the store allows one; a slow one found
+        while the worker is busy waits for it, `admit`)."""
+        return self.settings.enabled and self.store.allows(self._clock())
 
     def at_body(self, model: str, tentative: Tentative) -> Decision:
         """Body-time step, once the model is known (for `SLOW`, at the stream's end). Call it
         for every request: skipped requests are counted too. `FORCED` and `SLOW` skip the rate,
         not the budget or the duty cycle. A `SAMPLED` decision must be followed by
         `duty.record_busy` (profile done) or `duty.cancel` (never ran)."""
+        return self.admit(model, tentative, may_wait=False).decision
+
+    def admit(self, model: str, tentative: Tentative, *, may_wait: bool = True) -> Admission:
+        """`at_body`, except that a `FORCED` or `SLOW` sample (with `may_wait`) the duty cycle
+        alone refuses is `SAMPLED` and held: its token is spent, the gate is not started, and
+        it counts in `duty.waiting` until `start_held` (it runs) or `drop_held` (it never
+        will)."""
         hot = self.hot
         if tentative is Tentative.NO:
-            return Decision.SKIPPED_RATE
+            return _SKIPPED_RATE
         if tentative is Tentative.GATED:
-            return Decision.SKIPPED_DUTY_CYCLE
+            return _SKIPPED_DUTY_CYCLE
         if tentative is Tentative.STORE_FAILING:
-            return Decision.SKIPPED_STORE_FAILING
+            return _SKIPPED_STORE_FAILING
         if tentative is Tentative.RATE:
             max_rate = hot.max_rate
             model_rate = hot.settings.rate_for(model)
             if model_rate < max_rate and self.rand() * max_rate >= model_rate:
-                return Decision.SKIPPED_RATE
+                return _SKIPPED_RATE
         now = self._clock()
         if not self.store.allows(now):
-            return Decision.SKIPPED_STORE_FAILING
+            return _SKIPPED_STORE_FAILING
         with self._lock:
             if not self._bucket(model, now).take(now):
-                return Decision.SKIPPED_BUDGET
+                return _SKIPPED_BUDGET
             if not self.duty.allows(now):
+                if may_wait and tentative in _MAY_WAIT:
+                    self.duty.waiting += 1
+                    return _HELD
                 self._bucket(model, now).tokens += 1.0  # the token was not used
-                return Decision.SKIPPED_DUTY_CYCLE
+                return _SKIPPED_DUTY_CYCLE
             self.duty.started()
-        return Decision.SAMPLED
+        return _SAMPLED
+
+    def start_held(self) -> bool:
+        """A held sample may run now (the store and the duty cycle allow it): the gate is
+        started for it, as for a fresh `SAMPLED` one. False: keep holding it."""
+        now = self._clock()
+        with self._lock:
+            if not (self.store.allows(now) and self.duty.allows_held(now)):
+                return False
+            self.duty.waiting = max(0, self.duty.waiting - 1)
+            self.duty.started()
+        return True
+
+    def drop_held(self) -> None:
+        """A held sample will never run (dropped from a full hold, or at shutdown)."""
+        with self._lock:
+            self.duty.waiting = max(0, self.duty.waiting - 1)
 
     def _bucket(self, model: str, now: float) -> TokenBucket:
         bucket = self._buckets.get(model)

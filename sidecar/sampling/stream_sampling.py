@@ -12,7 +12,9 @@ A stream forced by the force header has every message forced (budget and duty cy
 apply). No `traceparent` is added: the stream's metadata is shared by all its messages, so
 none of the backend's spans is joined to a message's trace (docs/contracts.md). Requests of
 a stateful sequence (`sequence_*` parameters, or a model with `sequence_batching`) are not
-replayed: dropped as `sequence_model`.
+replayed: dropped as `sequence_model`. A message of a model no replay can run is kept
+live-only (`take`). A message is never held for the duty cycle (`held`): a forced stream would
+fill the hold with one stream's messages.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from typing import Protocol
 from sidecar.backends.model_repository import CONFIG_FILE, ModelConfigError, read_config
 from sidecar.proxy.inferences import InferenceEnd
 from sidecar.proxy.stream_messages import Unreadable, sequence_parameters
-from sidecar.sampling import sampled_request
-from sidecar.sampling.sampled_request import RelayedRequest, Sample, hand_over, store_request_span
+from sidecar.sampling import take
+from sidecar.sampling.sampled_request import RelayedRequest, Sample, store_request_span
 from sidecar.sampling.sampler import Decision, Sampler, Tentative
 from sidecar.trace.spans import new_span_id, new_trace_id
 
@@ -42,7 +44,7 @@ def sequence_model(repository: Path, model: str) -> bool:
         return False
 
 
-class Hub(sampled_request.Hub, Protocol):
+class Hub(take.Hub, Protocol):
     """What a stream's sampling uses of the relay's `observer.SamplingHub`."""
 
     sampler: Sampler
@@ -106,7 +108,7 @@ class StreamSampling:
             hub.drop(label, "sequence_model")
             return None
         sample = Sample(new_trace_id(), new_span_id(), model, self._job_method)
-        return sample if hand_over(hub, label, sample, full, _REASONS[token]) else None
+        return sample if take.take(hub, label, sample, full, _REASONS[token]) else None
 
     def ended(self, sample: object, end: InferenceEnd) -> None:
         assert isinstance(sample, Sample)

@@ -15,6 +15,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+# `Trace.status` values
+OK = "ok"
+ERROR = "error"
+LIVE_ONLY = "live_only"
+
 
 class Level(StrEnum):
     """Where a span sits in the across-stack hierarchy."""
@@ -113,8 +118,9 @@ class LevelStats:
 class Trace:
     """Header of one trace: what was profiled, where, and why.
 
-    `sample_reason` is `rate`, `forced`, `slow`, `admin` or `cli`. `status` is `ok` or `error`
-    (with `error` saying why); a failed profile is still recorded.
+    `sample_reason` is `rate`, `forced`, `slow`, `admin` or `cli`. `status` is `ok`, `error`
+    (with `error` saying why; a failed profile is still recorded) or `live_only` (no replay
+    can run the model: the trace holds its live side, attribute `replay` says why).
     """
 
     trace_id: str

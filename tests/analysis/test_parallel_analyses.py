@@ -210,18 +210,25 @@ def test_an_analysis_that_ran_out_of_memory_beside_another_runs_again_alone(
     assert failed and failed[0] != threading.current_thread().name
 
 
-def test_other_errors_of_an_analysis_are_raised_as_one_at_a_time_raises_them(
+def test_other_errors_of_an_analysis_fail_its_result_as_one_at_a_time_does(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Raised in a worker thread or in the caller's, an analysis' error is its result
+    (status `error`); the other analyses are whole."""
     from analysis import trace_analysis
 
     def broken(fr: Frames) -> AnalysisResult:
         raise ZeroDivisionError("injected")
 
     monkeypatch.setitem(trace_analysis.ANALYSES, "A9", broken)
+    want = _results([str(GPU_DB)], 1)
+    assert want["A9"]["status"] == "error"
+    assert want["A9"]["reason"] == "the analysis failed: ZeroDivisionError: injected"
+    assert _results([str(GPU_DB)], 2) == want
     ta = TraceAnalysis.from_paths([str(GPU_DB)])
+    ta.prefetch(list(ANALYSES), 2)
     with pytest.raises(ZeroDivisionError, match="injected"):
-        ta.prefetch(list(ANALYSES), 2)
+        ta.get_kernel_roofline()  # the DataFrame API raises the analysis' own error
 
 
 def test_one_worker_runs_the_analyses_in_the_calling_thread() -> None:

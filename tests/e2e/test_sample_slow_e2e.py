@@ -1,7 +1,9 @@
-"""`--sample-slow` end to end: a real Triton serves an ONNX model whose latency is its input (a
-`Loop` whose trip count is an input tensor), the real sidecar samples at rate 0 with a fixed
-slow threshold, and its real worker replays what it picked into a real SQLite store: the traces
-are exactly the slow requests, with `sample_reason` `slow` (and `forced` for a forced one)."""
+"""`--sample-slow` and forced samples end to end: a real Triton serves an ONNX model whose
+latency is its input (a `Loop` whose trip count is an input tensor), the real sidecar samples at
+rate 0 with a fixed slow threshold, and its real worker replays what it picked into a real
+SQLite store: the traces are exactly the slow requests, with `sample_reason` `slow` (and
+`forced` for a forced one). Below a full duty cycle, the forced and slow requests that come
+while the worker is busy wait in its hold and are each profiled in turn."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from onnx import TensorProto, helper, numpy_helper
 
+from sidecar.sampling.held import FORCED_HOLD, SLOW_HOLD
 from sidecar.trace.spans import Level, Source
 from sidecar.trace.store import TraceStore
 from tests.e2e.helpers import wait_until
@@ -120,12 +123,12 @@ def stored_trips(store: TraceStore) -> dict[float, str]:
     return found
 
 
-def sidecar(triton: TritonServer, tmp_path: Path, slow: str) -> SidecarProcess:
+def sidecar(triton: TritonServer, tmp_path: Path, slow: str, duty: str = "1") -> SidecarProcess:
     """The sidecar at rate 0 with `--sample-slow slow`; it replays the model level once."""
     args = [
         "--model-repository", str(triton.model_repository), "--db", str(tmp_path / "traces.db"),
         "--otlp-port", "0", "--sample-rate", "0", "--sample-slow", slow,
-        "--sample-budget", "1000", "--duty-cycle", "1", "--queue-size", "50",
+        "--sample-budget", "1000", "--duty-cycle", duty, "--queue-size", "50",
         "--levels", "M", "--iterations", "1", "--warmup", "0", "--store-raw-inputs",
     ]  # fmt: skip
     return SidecarProcess(backend=triton.grpc_address, log_path=tmp_path / "sidecar.log", args=args)
@@ -188,3 +191,67 @@ def test_with_p99_the_requests_slower_than_the_models_first_100_are_profiled(
         assert wait_until(lambda: len(store.list_traces()) >= len(SLOW_TRIPS), 120)
         assert stored_trips(store) == dict.fromkeys(SLOW_TRIPS, "slow")
         assert proc.metric("xsp_sampled_total", model="loop", reason="slow") == len(SLOW_TRIPS)
+
+
+def profiled_in_order(store: TraceStore) -> list[tuple[float, str]]:
+    """(trip count, sample_reason) of each stored trace, in the order the worker ran them."""
+    found = []
+    for trace in sorted(store.list_traces(), key=lambda t: t.created_ns):
+        raw = trace.attributes["raw_inputs"]["trips"]
+        (value,) = np.frombuffer(base64.b64decode(raw["data_base64"]), raw["dtype"])
+        found.append((float(value), trace.sample_reason))
+    return found
+
+
+FORCE = {"x-xsp-profile": "1"}
+BUSY_TRIPS = 800000.0  # about a second to serve, and as long to replay
+
+
+def test_forced_requests_sent_while_the_worker_is_busy_are_each_profiled_up_to_the_hold(
+    loop_triton: TritonServer, tmp_path: Path
+) -> None:
+    """Duty cycle 0.5: one profile at a time, then as long a rest. Ten forced requests come
+    while the first forced one's profile runs: the hold's 8 are profiled in turn, in the order
+    they came; the 2 beyond it are dropped and counted."""
+    with sidecar(loop_triton, tmp_path, "off", duty="0.5") as proc:
+        client = grpcclient.InferenceServerClient(proc.address)
+        infer(client, BUSY_TRIPS, headers=FORCE)
+        quick = [float(n) for n in range(1, 11)]
+        for trips in quick:
+            infer(client, trips, headers=FORCE)
+        store = TraceStore(tmp_path / "traces.db")
+        assert wait_until(lambda: len(store.list_traces()) >= 9, 120), proc.log_tail()
+        held = FORCED_HOLD
+        assert wait_until(lambda: proc.metric("xsp_profiles_total", outcome="ok") == held + 1, 60)
+        assert profiled_in_order(store) == [(t, "forced") for t in (BUSY_TRIPS, *quick[:held])]
+        assert proc.metric("xsp_samples_dropped_total", reason="hold_full") == 2
+        assert proc.metric("xsp_sampling_decisions_total", decision="sampled") == 11
+        assert proc.metric("xsp_sampling_decisions_total", decision="skipped_duty_cycle") == 0
+        for trace in store.list_traces():
+            assert trace.status == "ok", trace.error
+            (request,) = store.spans(trace.trace_id, Level.REQUEST)
+            assert request.span_id == trace.attributes["request_span_id"]
+
+
+def test_slow_requests_met_while_the_worker_is_busy_are_profiled_slowest_first(
+    loop_triton: TritonServer, tmp_path: Path
+) -> None:
+    """Duty cycle 0.2: the first slow request is profiled at once (about half a second), then
+    the worker rests four times as long; the five slow ones after it come meanwhile: the four
+    slowest are held (the fastest is pushed out and counted), then profiled the slowest
+    first."""
+    later = (90000.0, 300000.0, 60000.0, 135000.0, 200000.0)  # 75 to 375 ms, 1.5x apart
+    with sidecar(loop_triton, tmp_path, "50", duty="0.2") as proc:
+        client = grpcclient.InferenceServerClient(proc.address)
+        infer(client, SLOW_TRIPS[0])
+        for trips in later:
+            infer(client, trips)
+        store = TraceStore(tmp_path / "traces.db")
+        slowest = sorted(later, reverse=True)[:SLOW_HOLD]
+        # the worker rests 4x each profile's busy time: a loaded machine stretches both
+        done = wait_until(lambda: proc.metric("xsp_profiles_total") >= 1 + SLOW_HOLD, 300)
+        found = profiled_in_order(store)
+        assert done, (found, proc.metric("xsp_samples_dropped_total"), proc.log_tail())
+        assert found == [(t, "slow") for t in (SLOW_TRIPS[0], *slowest)], found
+        assert proc.metric("xsp_samples_dropped_total", reason="hold_full") == 1
+        assert proc.metric("xsp_sampled_total", model="loop", reason="slow") == 1 + SLOW_HOLD

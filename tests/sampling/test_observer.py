@@ -5,11 +5,14 @@ request memory are one in-memory `SampleHandler`."""
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sidecar.backends.replayability import REPLAYABLE, Replayability
 from sidecar.proxy.streams import ConnectionInfo, QuietEnd, RequestStart, StreamEnd
 from sidecar.replay.job_records import ProfileJob
 from sidecar.sampling.metrics import SamplingMetrics
@@ -29,6 +32,16 @@ CONNECTION = ConnectionInfo(1, "127.0.0.1:5")
 TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-01")
 
 
+def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    """Poll `condition` until it holds (the hold's thread acts on its own)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 class ManualClock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -42,10 +55,13 @@ class InMemoryHandler:
     """The hub's `SampleHandler` in memory: keeps the jobs it is given (or refuses them while
     `queue_full`), the spans (or raises while `store_broken`), the requests remembered for the
     admin API, the header-time picks and the exemplars. `known` lists the models in the
-    repository (None: every model), `sequence` the stateful ones."""
+    repository (None: every model), `sequence` the stateful ones, `not_replayable` the ones
+    no replay can run (with why); `live` keeps their live-only samples."""
 
     known: set[str] | None = None
     sequence: set[str] = field(default_factory=set)  # stateful models (`sequence_batching`)
+    not_replayable: dict[str, str] = field(default_factory=dict)
+    live: list[tuple[ProfileJob, str]] = field(default_factory=list)
     queue_full: bool = False
     store_broken: bool = False
     jobs: list[ProfileJob] = field(default_factory=list)
@@ -62,6 +78,16 @@ class InMemoryHandler:
 
     def sequence_model(self, model: str) -> bool:
         return model in self.sequence
+
+    def replayability(self, model: str) -> Replayability:
+        why = self.not_replayable.get(model)
+        return REPLAYABLE if why is None else Replayability(False, why)
+
+    def keep_live(self, job: ProfileJob, why: Replayability) -> bool:
+        if self.store_broken:
+            return False
+        self.live.append((job, why.attribute))
+        return True
 
     def on_sampled(self, start: RequestStart, trace_id: str, span_id: str) -> None:
         self.picked.append((start.path, trace_id, span_id))
@@ -141,11 +167,11 @@ class Setup:
         self.observer.on_stream_end(_end(sid, method, model))
         return traceparent
 
-    def decisions(self) -> dict[str, float]:
+    def decisions(self, model: str = "m") -> dict[str, float]:
         return {
             d.value: value
             for d in Decision
-            if (value := self.sample("xsp_sampling_decisions_total", decision=d.value))
+            if (value := self.sample("xsp_sampling_decisions_total", model, decision=d.value))
         }
 
     def dropped(self, reason: str, model: str = "m") -> float:

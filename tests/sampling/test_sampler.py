@@ -75,8 +75,10 @@ def test_duty_cycle_gate_spaces_profiles_by_their_busy_time() -> None:
     )
     assert decide(sampler, "m") is Decision.SAMPLED
     assert decide(sampler, "m") is Decision.SKIPPED_DUTY_CYCLE  # one profile at a time
-    # while the gate is closed a picked request is told so at header time (nothing captured)
-    assert sampler.at_headers(forced=True) is Tentative.GATED
+    # while the gate is closed a picked request is told so at header time (nothing captured);
+    # a forced one is not: it waits for the gate (`admit`, test_held.py)
+    assert sampler.at_headers(forced=False) is Tentative.GATED
+    assert sampler.at_headers(forced=True) is Tentative.FORCED
     sampler.duty.record_busy(2.0)  # busy 2 s -> closed for 2 * (1/0.05 - 1) = 38 s
     clock.now += 37.9
     assert decide(sampler, "m") is Decision.SKIPPED_DUTY_CYCLE

@@ -8,18 +8,27 @@ import os
 import random
 import subprocess
 import sys
+import time
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.config_parsers import ConfigError, sample_slow
 from sidecar.proxy.streams import RequestStart, StreamEnd
+from sidecar.sampling.held import SLOW_HOLD
 from sidecar.sampling.metrics import SamplingMetrics
 from sidecar.sampling.observer import MAX_SAMPLED_BODY, SamplingHub
 from sidecar.sampling.sampler import Sampler
 from sidecar.sampling.settings import SamplingSettings, SamplingSettingsError
 from sidecar.sampling.slow import EDGES, RollingQuantile, SlowDetector, bucket_of
-from tests.sampling.test_observer import CONNECTION, INFER, InMemoryHandler, ManualClock, framed
+from tests.sampling.test_observer import (
+    CONNECTION,
+    INFER,
+    InMemoryHandler,
+    ManualClock,
+    framed,
+    wait_for,
+)
 
 
 @pytest.mark.parametrize(
@@ -122,6 +131,10 @@ class SlowSetup:
         )  # fmt: skip
         return decision is not None
 
+    def dropped(self, reason: str, model: str = "m") -> float:
+        labels = {"model": model, "reason": reason}
+        return self.registry.get_sample_value("xsp_samples_dropped_total", labels) or 0.0
+
     def decision(self, value: str, model: str = "m") -> float:
         labels = {"model": model, "decision": value}
         return self.registry.get_sample_value("xsp_sampling_decisions_total", labels) or 0.0
@@ -159,18 +172,37 @@ def test_slow_samples_take_the_budget_and_skip_unknown_models_and_errors() -> No
     )  # fmt: skip
 
 
-def test_no_body_is_held_while_the_duty_cycle_is_closed_or_sampling_is_off() -> None:
+def test_slow_ones_met_while_the_worker_is_busy_are_held_and_run_the_slowest_first() -> None:
+    """Below a full duty cycle one profile runs at a time: the slow responses that come
+    meanwhile keep their bodies in the hold (the slowest `SLOW_HOLD`; the faster ones pushed
+    out are counted), then each runs when the gate opens, the slowest first."""
     s = SlowSetup(slow=100.0, duty_cycle=0.5)
-    assert s.call(0.5)
-    assert len(s.handler.jobs) == 1
-    assert not s.call(0.5)  # one profile in flight: the gate is closed, nothing is copied
-    s.sampler.duty.record_busy(1.0)
-    assert not s.call(0.5)
-    s.clock.now += 1.0
-    assert s.call(0.01)
+    assert s.call(0.5, message=b"first")
+    for seconds in (0.2, 0.9, 0.3, 0.6, 0.15, 0.4):
+        assert s.call(seconds, message=b"%.2f" % seconds)  # each body is copied
+    assert [j.request_message for j in s.handler.jobs] == [b"first"]
+    assert len(s.hub.held) == SLOW_HOLD == 4
+    assert s.dropped("hold_full") == 2  # 0.20 and 0.15, pushed out by slower ones
+    assert s.decision("sampled") == 7
+    for n, expected in enumerate((b"0.90", b"0.60", b"0.40", b"0.30"), start=2):
+        s.sampler.duty.record_busy(1.0)  # the running profile ends: the gate opens 1 s later
+        time.sleep(0.1)
+        assert len(s.handler.jobs) == n - 1  # not before the gate opens
+        s.clock.now += 1.0
+        assert wait_for(lambda n=n: len(s.handler.jobs) == n), n  # type: ignore[misc]
+        assert s.handler.jobs[-1].request_message == expected
+        assert s.handler.jobs[-1].reason == "slow"
+    # each queued one's request span went to the store, under its trace
+    spans = {trace_id: span for trace_id, (span,) in s.handler.spans}
+    assert {j.trace_id for j in s.handler.jobs} == set(spans)
+    assert len(s.hub.held) == 0 and s.sampler.duty.waiting == 0
+
+
+def test_no_body_is_held_while_sampling_is_off() -> None:
+    s = SlowSetup(slow=100.0, duty_cycle=0.5)
     s.sampler.update(s.sampler.settings.updated(enabled=False))
     assert not s.call(0.5)
-    assert len(s.handler.jobs) == 1
+    assert s.handler.jobs == [] and len(s.hub.held) == 0
 
 
 def test_with_p99_the_slowest_of_a_model_become_jobs_after_min_count() -> None:

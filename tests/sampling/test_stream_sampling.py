@@ -232,3 +232,17 @@ def test_a_message_picked_while_the_duty_cycle_is_closed_is_not_copied() -> None
     assert not s.inferences.requests.copying  # the coin came up, the gate said no
     s.inferences.request_data(big[3000:])
     assert s.decisions() == {"sampled": 1, "skipped_duty_cycle": 1}
+
+
+def test_a_message_of_a_model_no_replay_can_run_is_kept_live_only() -> None:
+    s = StreamSetup()
+    s.handler.not_replayable["ens"] = "ensembles"
+    s.send(message("ens", "1"), message("m", "2"))
+    assert [j.model for j in s.handler.jobs] == ["m"]
+    ((job, replay),) = s.handler.live
+    assert (job.model, job.method, job.reason, replay) == (
+        "ens", "ModelInfer", "rate", "not_replayable: ensembles",
+    )  # fmt: skip
+    s.inferences.response_data(response("ens", "1"))
+    (span,) = [sp for sp in s.spans() if sp.trace_id == job.trace_id]
+    assert span.span_id == job.parent_span_id and span.attributes["stream_message"] is True
