@@ -58,8 +58,8 @@ RUN apt-get update \
 COPY pyproject.toml setup.py README.md ./
 COPY sidecar ./sidecar
 COPY analysis ./analysis
-# pip first: the pip a venv is born with (23.2 or 24.0 on Python 3.11) gives up on the
-# tensorflow extra's resolution ("ResolutionImpossible"), a current one resolves it
+# pip first: the pip a venv is born with (23.2 or 24.0 on Python 3.11) can give up on the
+# tensorflow extra's resolution ("ResolutionImpossible"); a current one resolves it
 RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install --upgrade pip \
     && /opt/venv/bin/pip install ".${EXTRAS}" \
