@@ -248,7 +248,7 @@ def resolve(
             env = {k: v for k, v in QUIET.items() if k != "PIP_FIND_LINKS"}
             env["PIP_CONFIG_FILE"] = os.devnull
     # a resolver that backtracks for minutes fails here, as it would fail a user
-    _run([*argv, *requirements], 240, env=env)
+    _run([*argv, *requirements], 300, env=env)
     doc = json.loads(report.read_text())
     return {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in doc["install"]}
 
