@@ -16,6 +16,15 @@
 #     # also the analysis stack (pandas, matplotlib, duckdb, pyarrow, ADBC), to run `python -m analysis.report`
 #     # inside the pod; extras combine: --build-arg EXTRAS=[tensorflow,analysis]
 #
+# The extras each backend needs (EXTRAS; they combine, and every combination named here is
+# resolved by tests/deploy/test_installs.py, as this file's build stage installs it):
+#   Triton, ONNX models           none (the runtime image)
+#   Triton, TorchScript models    [pytorch]      (on CPU with PyTorch's CPU index, as above)
+#   TF-Serving, SavedModels       [tensorflow]   (TensorFlow 2.19 pins protobuf 5, numpy 2.1
+#                                                 and so tritonclient 2.66 in that image)
+#   analysis/report.py in the pod [analysis]; with a backend's extra: EXTRAS=[tensorflow,analysis],
+#                                 EXTRAS=[pytorch,analysis]
+#
 # Which image has what: every variant serves (relay, metrics, sampling, replay with ONNX
 # Runtime, trace store, OTLP); PyTorch, TensorFlow and the analysis stack are in an image only
 # when EXTRAS names them. The runtime images above have no pandas, matplotlib or duckdb:
@@ -49,7 +58,10 @@ RUN apt-get update \
 COPY pyproject.toml setup.py README.md ./
 COPY sidecar ./sidecar
 COPY analysis ./analysis
+# pip first: the pip a venv is born with (23.2 or 24.0 on Python 3.11) can give up on the
+# tensorflow extra's resolution ("ResolutionImpossible"); a current one resolves it
 RUN python -m venv /opt/venv \
+    && /opt/venv/bin/pip install --upgrade pip \
     && /opt/venv/bin/pip install ".${EXTRAS}" \
     && /opt/venv/bin/python -c "import sidecar.proxy._framewalk" \
     && /opt/venv/bin/python -c "import sidecar.proxy._messagewalk" \
@@ -84,6 +96,7 @@ COPY pyproject.toml setup.py README.md ./
 COPY sidecar ./sidecar
 COPY analysis ./analysis
 RUN python3 -m venv /opt/venv \
+    && /opt/venv/bin/pip install --upgrade pip \
     && /opt/venv/bin/pip install ".${EXTRAS}" "${CUPTI_SPEC}" \
     && /opt/venv/bin/python -c "import sidecar.proxy._framewalk" \
     && /opt/venv/bin/python -c "import sidecar.proxy._messagewalk" \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv with xsp-sidecar (editable), its dev tools, the analysis extra (the tests need
-# it) and the CPU build of PyTorch, and the private Triton environment under .triton/. Safe to
-# run again: when nothing that goes into .venv changed (pyproject.toml, setup.py and the C
+# Create .venv with xsp-sidecar (editable), its dev tools, the analysis, pytorch and tensorflow
+# extras (the tests need them) and the CPU build of PyTorch, and the private Triton environment
+# under .triton/. Safe to run again: when nothing that goes into .venv changed (pyproject.toml, setup.py and the C
 # extensions it builds, this script, the Python), it only checks the environment and says so in
 # one line. pip's output goes to .venv/setup.log, shown on failure.
 set -euo pipefail
@@ -27,9 +27,9 @@ else
     echo "==> installing xsp-sidecar and its dependencies into .venv (log: $LOG)"
     {
         pip install --quiet --upgrade pip || echo "(pip not upgraded; going on)"
-        # The CPU build of PyTorch first: an unpinned torch would pull a multi-GB CUDA build.
-        pip install --quiet torch==2.13.0
-        pip install --quiet -e '.[dev,analysis,pytorch,tensorflow]'
+        # The README's dev install line, in one resolution; torch pinned to the CPU build (an
+        # unpinned torch would pull a multi-GB CUDA build).
+        pip install --quiet -e '.[dev,analysis,pytorch,tensorflow]' torch==2.13.0
     } >"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; echo "setup failed: see $LOG" >&2; exit 1; }
     check || { echo "setup failed: the sidecar's environment is incomplete (see $LOG)" >&2; exit 1; }
     echo "$want" >"$STAMP"

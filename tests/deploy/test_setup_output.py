@@ -30,9 +30,18 @@ def _installed_by_this_setup() -> bool:
     stamp = VENV / ".xsp-setup-stamp"
     if not stamp.is_file():
         return False
-    inputs = (ROOT / "pyproject.toml").read_bytes() + (ROOT / "scripts" / "setup.sh").read_bytes()
+    inputs = b"".join((ROOT / name).read_bytes() for name in setup_inputs())
     want = f"{hashlib.sha256(inputs).hexdigest()} Python {platform.python_version()}"
     return stamp.read_text().strip() == want
+
+
+def setup_inputs() -> list[str]:
+    """What setup.sh hashes into its stamp, in its order: pyproject.toml, setup.py, the script,
+    the relay's C sources (the shell's sorted globs)."""
+    proxy = ROOT / "sidecar" / "proxy"
+    c_sources = [f"sidecar/proxy/{p.name}" for p in sorted(proxy.glob("*.c"))]
+    headers = [f"sidecar/proxy/{p.name}" for p in sorted(proxy.glob("*.h"))]
+    return ["pyproject.toml", "setup.py", "scripts/setup.sh", *c_sources, *headers]
 
 
 @pytest.mark.skipif(
@@ -40,8 +49,8 @@ def _installed_by_this_setup() -> bool:
     reason="the test environment was not set up by this checkout's scripts/setup.sh",
 )
 def test_second_setup_run_is_quiet(tmp_path: Path) -> None:
-    (tmp_path / "scripts").mkdir()
-    for name in ("pyproject.toml", "scripts/setup.sh"):
+    for name in setup_inputs():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes((ROOT / name).read_bytes())
     (tmp_path / ".venv").symlink_to(VENV, target_is_directory=True)
     # its last step runs `python -m tests.harness.triton.environment`, which finds the
