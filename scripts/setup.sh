@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Create .venv with xsp-sidecar (editable), its dev tools, the analysis, pytorch and tensorflow
 # extras (the tests need them) and the CPU build of PyTorch, and the private Triton environment
-# under .triton/. Safe to run again: when nothing that goes into .venv changed (pyproject.toml, setup.py and the C
-# extensions it builds, this script, the Python), it only checks the environment and says so in
-# one line. pip's output goes to .venv/setup.log, shown on failure.
+# under .triton/. Safe to run again: when nothing that goes into .venv changed (pyproject.toml,
+# setup.py and the C extensions it builds, this script, the Python), it only checks the
+# environment and says so in one line. pip's output goes to .venv/setup.log, shown on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
