@@ -7,7 +7,10 @@ the file is `model.onnx` (ONNX Runtime), `model.pt` (PyTorch / TorchScript) or
 TF-Serving's layout: `<base>/<model>/<version>/saved_model.pb`, no config; the version folder
 itself is the SavedModel. Without a requested version the highest numeric version folder is
 used. A Python-backend model whose version folder holds a `model.onnx` (or `model.pt`)
-counts as that format: it is how the sample `simple_cnn` is served.
+counts as that format: it is how the sample `simple_cnn` is served. One with only its
+`model.py` resolves to that file (format `python`: the worker runs the model's own code,
+`runners.python_model`), unless the operator turned that off (`python_models=False`,
+`--replay-python-models off`): then it cannot be replayed, and the reason says so.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ if TYPE_CHECKING:  # loaded on first use: the relay's process asks only `model_i
     from tritonclient.grpc import model_config_pb2
 
 CONFIG_FILE = "config.pbtxt"
+PYTHON_BACKEND = "python"
+PYTHON_MODEL_FILE = "model.py"
+PYTHON_MODELS_OFF = "--replay-python-models is off"
 SAVED_MODEL_FILE = "saved_model.pb"  # a version folder holding it is a SavedModel (TF-Serving)
 
 
@@ -183,7 +189,10 @@ def _version_dir(
 
 
 def _resolve_file(
-    model: str, version_dir: Path, config: model_config_pb2.ModelConfig | None
+    model: str,
+    version_dir: Path,
+    config: model_config_pb2.ModelConfig | None,
+    python_models: bool = True,
 ) -> tuple[Path, ModelFormat]:
     kind = ((config.platform or config.backend) if config is not None else "").lower()
     if kind in _UNSUPPORTED:
@@ -213,6 +222,12 @@ def _resolve_file(
         path = version_dir / DEFAULT_FILENAMES[fmt]
         if path.exists():
             return path, fmt
+    if kind == PYTHON_BACKEND and (version_dir / PYTHON_MODEL_FILE).is_file():
+        if not python_models:
+            raise UnsupportedModelFormatError(
+                f"model {model!r} is a Python-backend model (its model.py): {PYTHON_MODELS_OFF}"
+            )
+        return version_dir / PYTHON_MODEL_FILE, ModelFormat.PYTHON
     wanted = " or ".join(DEFAULT_FILENAMES[f] for f in candidates)
     if config is None:
         wanted += f" (or a TF-Serving SavedModel, {SAVED_MODEL_FILE})"
@@ -231,9 +246,14 @@ def _specs(tensors: Iterable[Any]) -> tuple[TensorSpec, ...]:
 
 
 def find_model(
-    repository: Path | str, model: str, version: str | int | None = None
+    repository: Path | str,
+    model: str,
+    version: str | int | None = None,
+    *,
+    python_models: bool = True,
 ) -> ModelLocation:
-    """Resolve `model` (latest numeric version unless `version` is given) in `repository`."""
+    """Resolve `model` (latest numeric version unless `version` is given) in `repository`;
+    `python_models` False: a Python-backend model with only its `model.py` is not resolved."""
     repository = Path(repository)
     model_dir = _check_model_name(repository, model)
     config_path = model_dir / CONFIG_FILE
@@ -244,7 +264,7 @@ def find_model(
             "Triton requires them to match"
         )
     version_text, version_dir = _version_dir(model_dir, version, config)
-    path, fmt = _resolve_file(model, version_dir, config)
+    path, fmt = _resolve_file(model, version_dir, config, python_models)
     if config is None:
         return ModelLocation(name=model, version=version_text, path=path, format=fmt)
     return ModelLocation(

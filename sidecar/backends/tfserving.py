@@ -41,12 +41,14 @@ def has_model(root: Path, model: str) -> bool:
     return model_in_repository(root, model)
 
 
-def find_model(root: Path, model: str, version: str | int | None = None) -> ModelLocation:
+def find_model(
+    root: Path, model: str, version: str | int | None = None, *, python_models: bool = True
+) -> ModelLocation:
     """The lookup Triton's repository uses too: without a `config.pbtxt`, a version folder
     holding `saved_model.pb` is the SavedModel."""
     from sidecar.backends import model_repository
 
-    return model_repository.find_model(root, model, version)
+    return model_repository.find_model(root, model, version, python_models=python_models)
 
 
 TF_SERVING = Backend(

@@ -72,12 +72,15 @@ def _not_replayable(method: str) -> str:
     return f"cannot decode {method} requests (replayable: {', '.join(DECODERS)})"
 
 
-def _find_model(job: ProfileJob, repository: Path, version: str) -> ModelLocation:
+def _find_model(job: ProfileJob, options: ReplayOptions, version: str) -> ModelLocation:
     """The model in the repository, looked up as the backend that serves the job's method."""
     backend = backend_replaying(job.method)
     if backend is None:
         raise ReplayError(_not_replayable(job.method))
-    return backend.repository.find(repository, job.model, version or None)
+    repository = options.model_repository
+    return backend.repository.find(
+        repository, job.model, version or None, python_models=options.python_models
+    )
 
 
 def _device(location: ModelLocation, context: ReplayContext) -> DeviceChoice:
@@ -235,7 +238,7 @@ def replay_job(job: ProfileJob, context: ReplayContext) -> JobResult:
     try:
         request = decode_request(job)
         version = job.model_version or (request.version if request else "")
-        location = _find_model(job, options.model_repository, version)
+        location = _find_model(job, options, version)
         if request is None:
             inputs, input_source = _random_inputs(location), "random"
         else:

@@ -20,6 +20,7 @@ time make the sampler back off until a write succeeds again.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -156,7 +157,10 @@ class SamplingPipeline:
             TfCaptureMetricsCollector(self.tf_capture, registry)
         self.hub = SamplingHub(self.sampler, self.metrics, self, pressure=self.pressure)
         backend = backend_named(config.backend_protocol)
-        self._replayability = ReplayabilityCache(backend.repository.find, config.model_repository)
+        find = functools.partial(
+            backend.repository.find, python_models=config.replay_options.python_models
+        )
+        self._replayability = ReplayabilityCache(find, config.model_repository)
         self.batch_windows: BatchWindows | None = None
         reader = backend.statistics
         if config.backend_target is not None and reader is not None and self.enabled:
