@@ -83,7 +83,12 @@ class Finder(Protocol):
     its `model.py` is not resolved (`--replay-python-models off`)."""
 
     def __call__(
-        self, root: Path, model: str, version: str | int | None = None, *, python_models: bool = True
+        self,
+        root: Path,
+        model: str,
+        version: str | int | None = None,
+        *,
+        python_models: bool = True,
     ) -> ModelLocation: ...
 
 

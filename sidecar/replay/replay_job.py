@@ -19,7 +19,6 @@ import collections
 import functools
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np

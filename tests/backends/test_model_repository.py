@@ -53,9 +53,19 @@ def test_python_backend_with_onnx_file_counts_as_onnx(sample_repo: Path) -> None
     assert found.config is not None and found.config.name == "simple_cnn"
 
 
-def test_python_model_without_replayable_file_is_unsupported(sample_repo: Path) -> None:
-    with pytest.raises(UnsupportedModelFormatError, match=r"add_sub.*found: model\.py"):
-        find_model(sample_repo, "add_sub")
+def test_python_model_with_only_its_model_py_resolves_to_it(sample_repo: Path) -> None:
+    found = find_model(sample_repo, "add_sub")
+    assert found.format is ModelFormat.PYTHON
+    assert found.path == sample_repo / "add_sub" / "1" / "model.py"
+    assert found.config is not None and found.config.backend == "python"
+
+
+def test_python_model_is_unsupported_when_python_replay_is_off(sample_repo: Path) -> None:
+    with pytest.raises(
+        UnsupportedModelFormatError, match=r"add_sub.*--replay-python-models is off"
+    ):
+        find_model(sample_repo, "add_sub", python_models=False)
+    assert find_model(sample_repo, "simple_cnn", python_models=False).format is ModelFormat.ONNX
 
 
 def test_unknown_model_lists_known_ones(sample_repo: Path) -> None:

@@ -3,6 +3,7 @@ repository's own models and configurations, real `config.pbtxt` parsing)."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import onnx
@@ -41,8 +42,8 @@ FIND = backend_named("triton").repository.find
     ("model", "replayable", "why"),
     [
         ("simple_cnn", True, ""),  # a Python backend that keeps its model.onnx beside model.py
-        ("add_sub", False, "backend python): no model.onnx"),  # its model.py only
-        ("sleep", False, "backend python"),
+        ("add_sub", True, ""),  # its model.py only: the worker runs it (runners.python_model)
+        ("sleep", True, ""),
         ("pipeline", False, "ensembles (profile their composing models instead)"),
         ("odd", False, "backend my_custom_backend"),
         ("broken", True, ""),  # a config that does not parse is a failed profile, not a kind
@@ -56,6 +57,17 @@ def test_a_model_is_replayable_when_its_lookup_resolves_a_runners_file(
     assert why in answer.reason and bool(answer.reason) is not replayable
     if not replayable:
         assert answer.attribute == f"not_replayable: {answer.reason}"
+
+
+def test_python_models_are_live_only_when_their_replay_is_off(repo: Path) -> None:
+    answer = replayability(functools.partial(FIND, python_models=False), repo, "add_sub")
+    assert not answer.replayable
+    assert answer.reason == (
+        "model 'add_sub' is a Python-backend model (its model.py): --replay-python-models is off"
+    )
+    assert replayability(
+        functools.partial(FIND, python_models=False), repo, "simple_cnn"
+    ).replayable
 
 
 def test_answers_are_kept_per_model_for_their_time_to_live(tmp_path: Path) -> None:

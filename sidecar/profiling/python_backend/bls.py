@@ -69,9 +69,7 @@ class OnnxCallee:
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         options.log_severity_level = 3
-        self.session = ort.InferenceSession(
-            str(path), options, providers=["CPUExecutionProvider"]
-        )
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     def infer(self, request: pb_utils.InferenceRequest) -> list[pb_utils.InferenceResponse]:

@@ -69,7 +69,9 @@ class CallTracer:
             if code in self.skip:
                 return
             if code.co_filename in self.files:
-                self._start(id(frame), code.co_qualname, "python_function", line=code.co_firstlineno)
+                self._start(
+                    id(frame), code.co_qualname, "python_function", line=code.co_firstlineno
+                )
                 return
             caller = frame.f_back
             if (

@@ -140,8 +140,10 @@ class InferenceResponse:
     def parameters(self) -> str:
         import json
 
-        return self._parameters if isinstance(self._parameters, str) else json.dumps(
-            self._parameters or {}
+        return (
+            self._parameters
+            if isinstance(self._parameters, str)
+            else json.dumps(self._parameters or {})
         )
 
 
@@ -230,8 +232,10 @@ class InferenceRequest:
     def parameters(self) -> str:
         import json
 
-        return self._parameters if isinstance(self._parameters, str) else json.dumps(
-            self._parameters or {}
+        return (
+            self._parameters
+            if isinstance(self._parameters, str)
+            else json.dumps(self._parameters or {})
         )
 
     def is_cancelled(self) -> bool:

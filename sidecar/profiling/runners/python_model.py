@@ -14,6 +14,7 @@ trace (`decoupled_*` attributes), for fidelity to compare with the live stream.
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -152,7 +153,7 @@ def _response_attributes(execution: Execution, decoupled: bool) -> dict[str, Any
     if decoupled:
         times = [r.at_ns for r in data]
         attrs["time_to_first_response_ns"] = times[0] if times else None
-        attrs["response_gaps_ns"] = [b - a for a, b in zip(times, times[1:], strict=False)]
+        attrs["response_gaps_ns"] = [b - a for a, b in itertools.pairwise(times)]
         attrs["execute_returned_ns"] = execution.returned_ns
     return attrs
 
