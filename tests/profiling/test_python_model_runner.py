@@ -150,7 +150,7 @@ def test_exec_without_a_replay_handler_answers_with_an_error() -> None:
 
 def test_a_model_py_that_fails_to_import_says_so(tmp_path: Path) -> None:
     write_model(tmp_path, "broken", CONFIG_X.replace("NAME", "broken"), "import no_such_module\n")
-    with pytest.raises(Exception, match="broken: importing model.py failed: ModuleNotFound"):
+    with pytest.raises(Exception, match=r"broken: importing model\.py failed: ModuleNotFound"):
         runner_for(tmp_path / "broken" / "1" / "model.py")
     assert "PythonModel" in PythonModel.__name__
 

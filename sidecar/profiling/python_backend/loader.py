@@ -58,18 +58,58 @@ def stand_in() -> Iterator[None]:
 
 def config_json(config: Any) -> dict[str, Any]:
     """A `ModelConfig` as the dict Triton's `model_config` JSON holds: proto field names,
-    integers as numbers (protobuf's JSON writes int64 as strings; Triton's does not)."""
+    every field with its default, integers as numbers (protobuf's JSON writes int64 as
+    strings; Triton's does not), and what Triton's auto-completion adds."""
     from google.protobuf.json_format import MessageToDict
 
-    data = _numbers(MessageToDict(config, preserving_proto_field_name=True))
+    try:  # Triton's JSON has every field, defaults included
+        raw = MessageToDict(
+            config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
+    except TypeError:  # protobuf before 5.26
+        raw = MessageToDict(
+            config, preserving_proto_field_name=True, including_default_value_fields=True
+        )
+    data = _numbers(raw)
     data.setdefault("name", "")
-    data.setdefault("platform", "")
-    data.setdefault("backend", "")
     data.setdefault("max_batch_size", 0)
-    data.setdefault("input", [])
-    data.setdefault("output", [])
-    data.setdefault("parameters", {})
+    return _completed(data)
+
+
+def _completed(data: dict[str, Any]) -> dict[str, Any]:
+    """What Triton's config auto-completion adds for a Python-backend model, as its JSON
+    shows it to `initialize` (observed on Triton 2.51)."""
+    data["default_model_filename"] = data.get("default_model_filename") or "model.py"
+    groups = data.get("instance_group") or [_default_group()]
+    for i, group in enumerate(groups):
+        group["name"] = group.get("name") or f"{data['name']}_{i}"
+        group["count"] = group.get("count") or 1
+    data["instance_group"] = groups
+    data.setdefault("version_policy", {"latest": {"num_versions": 1}})
+    data.setdefault(
+        "optimization",
+        {
+            "eager_batching": False,
+            "gather_kernel_buffer_threshold": 0,
+            "input_pinned_memory": {"enable": True},
+            "output_pinned_memory": {"enable": True},
+            "priority": "PRIORITY_DEFAULT",
+        },
+    )
     return data
+
+
+def _default_group() -> dict[str, Any]:
+    return {
+        "count": 1,
+        "gpus": [],
+        "host_policy": "",
+        "kind": "KIND_CPU",
+        "name": "",
+        "passive": False,
+        "profile": [],
+        "secondary_devices": [],
+    }
 
 
 def _numbers(value: Any, key: str = "") -> Any:

@@ -8,6 +8,7 @@ TensorFlow.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -156,7 +157,8 @@ def _torchscript_runner(
 
 def _python_runner(path: Path, device: str) -> Runner:
     """A Python-backend model's `model.py`, found in its repository as Triton lays it out
-    (`<repo>/<model>/<version>/model.py`, beside `<repo>/<model>/config.pbtxt`)."""
+    (`<repo>/<model>/<version>/model.py`, beside `<repo>/<model>/config.pbtxt`). Asked for by
+    its path, the model.py runs even where the repository lookup prefers a model file beside it."""
     from sidecar.backends.model_repository import ModelRepositoryError, find_model
     from sidecar.profiling.runners.python_model import PythonModelRunner
 
@@ -173,10 +175,8 @@ def _python_runner(path: Path, device: str) -> Runner:
         location = find_model(version_dir.parent.parent, version_dir.parent.name, version_dir.name)
     except ModelRepositoryError as exc:
         raise ProfilingError(str(exc)) from None
-    if location.format is not ModelFormat.PYTHON:
-        raise ProfilingError(
-            f"{path}: the repository serves this model as {location.format.value}, not model.py"
-        )
+    if location.format is not ModelFormat.PYTHON:  # e.g. a model.py beside its model.onnx
+        location = dataclasses.replace(location, path=path, format=ModelFormat.PYTHON)
     return PythonModelRunner(location)
 
 
