@@ -3,8 +3,9 @@
 Recorded: every call of a function defined in the model's own files (its `model.py`, and those
 of Python models it calls over BLS) and every call such a function makes directly into other
 code (a library's Python function or a C function: `InferenceSession.run`, `np.concatenate`),
-each as a layer span (`python_function` or `call`). Calls into the stand-in `pb_utils` and
-`execute` itself (the model span) are left out; deeper library internals are not spans.
+each as a layer span (`python_function` or `call`). Calls into the stand-in `pb_utils`, the
+methods of plain containers (`responses.append`) and `execute` itself (the model span) are
+left out; deeper library internals are not spans.
 
 Python 3.11 has no `sys.monitoring`; `sys.setprofile` calls a Python function on every call
 and return in the thread, recorded or not, so L's overhead grows with the number of Python
@@ -24,6 +25,7 @@ from sidecar.profiling.vocabulary import RawSpan
 from sidecar.trace.spans import Level
 
 MAX_SPANS = 2000  # per execute; more are counted, not kept
+_PLAIN = frozenset({list, dict, set, tuple, str, bytes})  # `responses.append(...)`: not a span
 _STAND_IN = pb_utils.__file__
 
 
@@ -84,7 +86,10 @@ class CallTracer:
         elif event == "return":
             self._end(id(frame))
         elif event == "c_call":
-            if code.co_filename in self.files:
+            if (
+                code.co_filename in self.files
+                and type(getattr(arg, "__self__", None)) not in _PLAIN
+            ):
                 module = getattr(arg, "__module__", None) or ""
                 name = getattr(arg, "__qualname__", None) or getattr(arg, "__name__", repr(arg))
                 self._start((id(frame), id(arg)), f"{module}.{name}".lstrip("."), "call")
