@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import inspect
 import json
 import sys
 import threading
@@ -62,14 +63,12 @@ def config_json(config: Any) -> dict[str, Any]:
     strings; Triton's does not), and what Triton's auto-completion adds."""
     from google.protobuf.json_format import MessageToDict
 
-    try:  # Triton's JSON has every field, defaults included
-        raw = MessageToDict(
-            config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-        )
-    except TypeError:  # protobuf before 5.26
-        raw = MessageToDict(
-            config, preserving_proto_field_name=True, including_default_value_fields=True
-        )
+    # Triton's JSON has every field, defaults included (the keyword was renamed in 5.26)
+    keyword = "always_print_fields_with_no_presence"
+    if "including_default_value_fields" in inspect.signature(MessageToDict).parameters:
+        keyword = "including_default_value_fields"
+    options: dict[str, Any] = {"preserving_proto_field_name": True, keyword: True}
+    raw = MessageToDict(config, **options)
     data = _numbers(raw)
     data.setdefault("name", "")
     data.setdefault("max_batch_size", 0)
