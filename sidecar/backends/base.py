@@ -18,7 +18,7 @@ import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import grpc
@@ -78,20 +78,6 @@ class Readiness:
     ready_response: bytes = b""
 
 
-class Finder(Protocol):
-    """`find(root, model, version)`; `python_models` False: a Python-backend model with only
-    its `model.py` is not resolved (`--replay-python-models off`)."""
-
-    def __call__(
-        self,
-        root: Path,
-        model: str,
-        version: str | int | None = None,
-        *,
-        python_models: bool = True,
-    ) -> ModelLocation: ...
-
-
 @dataclass(frozen=True)
 class Repository:
     """How a model is found in the backend's model repository and its configuration read.
@@ -105,7 +91,7 @@ class Repository:
 
     layout: str  # the layout in words, for documentation and messages
     contains: Callable[[Path, str], bool]
-    find: Finder
+    find: Callable[[Path, str, str | int | None], ModelLocation]
     config_file: str | None = None
     read_config: Callable[[Path], Any] | None = None
 

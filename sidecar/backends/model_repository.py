@@ -9,13 +9,14 @@ itself is the SavedModel. Without a requested version the highest numeric versio
 used. A Python-backend model whose version folder holds a `model.onnx` (or `model.pt`)
 counts as that format: it is how the sample `simple_cnn` is served. One with only its
 `model.py` resolves to that file (format `python`: the worker runs the model's own code,
-`runners.python_model`), unless the operator turned that off (`python_models=False`,
-`--replay-python-models off`): then it cannot be replayed, and the reason says so.
+`runners.python_model`); where the operator turned that off (`--replay-python-models off`),
+a backend's lookup is wrapped by `python_models(find, False)`, which refuses it with the
+reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -189,10 +190,7 @@ def _version_dir(
 
 
 def _resolve_file(
-    model: str,
-    version_dir: Path,
-    config: model_config_pb2.ModelConfig | None,
-    python_models: bool = True,
+    model: str, version_dir: Path, config: model_config_pb2.ModelConfig | None
 ) -> tuple[Path, ModelFormat]:
     kind = ((config.platform or config.backend) if config is not None else "").lower()
     if kind in _UNSUPPORTED:
@@ -223,10 +221,6 @@ def _resolve_file(
         if path.exists():
             return path, fmt
     if kind == PYTHON_BACKEND and (version_dir / PYTHON_MODEL_FILE).is_file():
-        if not python_models:
-            raise UnsupportedModelFormatError(
-                f"model {model!r} is a Python-backend model (its model.py): {PYTHON_MODELS_OFF}"
-            )
         return version_dir / PYTHON_MODEL_FILE, ModelFormat.PYTHON
     wanted = " or ".join(DEFAULT_FILENAMES[f] for f in candidates)
     if config is None:
@@ -246,14 +240,9 @@ def _specs(tensors: Iterable[Any]) -> tuple[TensorSpec, ...]:
 
 
 def find_model(
-    repository: Path | str,
-    model: str,
-    version: str | int | None = None,
-    *,
-    python_models: bool = True,
+    repository: Path | str, model: str, version: str | int | None = None
 ) -> ModelLocation:
-    """Resolve `model` (latest numeric version unless `version` is given) in `repository`;
-    `python_models` False: a Python-backend model with only its `model.py` is not resolved."""
+    """Resolve `model` (latest numeric version unless `version` is given) in `repository`."""
     repository = Path(repository)
     model_dir = _check_model_name(repository, model)
     config_path = model_dir / CONFIG_FILE
@@ -264,7 +253,7 @@ def find_model(
             "Triton requires them to match"
         )
     version_text, version_dir = _version_dir(model_dir, version, config)
-    path, fmt = _resolve_file(model, version_dir, config, python_models)
+    path, fmt = _resolve_file(model, version_dir, config)
     if config is None:
         return ModelLocation(name=model, version=version_text, path=path, format=fmt)
     return ModelLocation(
@@ -279,3 +268,24 @@ def find_model(
         outputs=_specs(config.output),
         config=config,
     )
+
+
+Find = Callable[[Path, str, str | int | None], ModelLocation]  # a backend's `Repository.find`
+
+
+def python_models(find: Find, allowed: bool) -> Find:
+    """A backend's lookup `find`, which, unless `allowed` (`--replay-python-models`), refuses
+    a model it resolves to a Python-backend `model.py` (`UnsupportedModelFormatError`: such
+    a model cannot be replayed, and its samples are kept live-only)."""
+    if allowed:
+        return find
+
+    def refusing(root: Path, model: str, version: str | int | None = None) -> ModelLocation:
+        location = find(root, model, version)
+        if location.format is ModelFormat.PYTHON:
+            raise UnsupportedModelFormatError(
+                f"model {model!r} is a Python-backend model (its model.py): {PYTHON_MODELS_OFF}"
+            )
+        return location
+
+    return refusing

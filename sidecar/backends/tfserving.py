@@ -41,14 +41,12 @@ def has_model(root: Path, model: str) -> bool:
     return model_in_repository(root, model)
 
 
-def find_model(
-    root: Path, model: str, version: str | int | None = None, *, python_models: bool = True
-) -> ModelLocation:
+def find_model(root: Path, model: str, version: str | int | None = None) -> ModelLocation:
     """The lookup Triton's repository uses too: without a `config.pbtxt`, a version folder
     holding `saved_model.pb` is the SavedModel."""
     from sidecar.backends import model_repository
 
-    return model_repository.find_model(root, model, version, python_models=python_models)
+    return model_repository.find_model(root, model, version)
 
 
 TF_SERVING = Backend(

@@ -27,7 +27,7 @@ import sidecar.profiling.runners.onnxruntime  # noqa: F401  ONNX Runtime loads a
 from sidecar import __version__
 from sidecar.backends import DECODERS, backend_replaying
 from sidecar.backends.base import DecodedInputs
-from sidecar.backends.model_repository import ModelLocation, TensorSpec
+from sidecar.backends.model_repository import ModelLocation, TensorSpec, python_models
 from sidecar.profiling.experiment import LeveledProfile, describe_inputs, run_experiment
 from sidecar.profiling.formats import ModelFormat
 from sidecar.profiling.inputs import InputError, InputSpec, random_inputs, savedmodel_input_specs
@@ -76,10 +76,8 @@ def _find_model(job: ProfileJob, options: ReplayOptions, version: str) -> ModelL
     backend = backend_replaying(job.method)
     if backend is None:
         raise ReplayError(_not_replayable(job.method))
-    repository = options.model_repository
-    return backend.repository.find(
-        repository, job.model, version or None, python_models=options.python_models
-    )
+    find = python_models(backend.repository.find, options.python_models)
+    return find(options.model_repository, job.model, version or None)
 
 
 def _device(location: ModelLocation, context: ReplayContext) -> DeviceChoice:

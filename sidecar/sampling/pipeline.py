@@ -20,7 +20,6 @@ time make the sampler back off until a write succeeds again.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -32,7 +31,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar import __version__
 from sidecar.backends import CAPTURE_PATHS, backend_named
-from sidecar.backends.model_repository import model_in_repository
+from sidecar.backends.model_repository import model_in_repository, python_models
 from sidecar.backends.replayability import Replayability, ReplayabilityCache
 from sidecar.live.otlp_metrics import OtlpMetricsCollector
 from sidecar.live.otlp_receiver import OtlpReceiver
@@ -157,9 +156,7 @@ class SamplingPipeline:
             TfCaptureMetricsCollector(self.tf_capture, registry)
         self.hub = SamplingHub(self.sampler, self.metrics, self, pressure=self.pressure)
         backend = backend_named(config.backend_protocol)
-        find = functools.partial(
-            backend.repository.find, python_models=config.replay_options.python_models
-        )
+        find = python_models(backend.repository.find, config.replay_options.python_models)
         self._replayability = ReplayabilityCache(find, config.model_repository)
         self.batch_windows: BatchWindows | None = None
         reader = backend.statistics

@@ -17,6 +17,7 @@ from sidecar.backends.model_repository import (
     datatype_name,
     find_model,
     model_in_repository,
+    python_models,
 )
 from sidecar.profiling.formats import ModelFormat
 from tests.harness.triton.model_repo import build_model_repository
@@ -64,8 +65,9 @@ def test_python_model_is_unsupported_when_python_replay_is_off(sample_repo: Path
     with pytest.raises(
         UnsupportedModelFormatError, match=r"add_sub.*--replay-python-models is off"
     ):
-        find_model(sample_repo, "add_sub", python_models=False)
-    assert find_model(sample_repo, "simple_cnn", python_models=False).format is ModelFormat.ONNX
+        python_models(find_model, False)(sample_repo, "add_sub")
+    assert python_models(find_model, False)(sample_repo, "simple_cnn").format is ModelFormat.ONNX
+    assert python_models(find_model, True) is find_model
 
 
 def test_unknown_model_lists_known_ones(sample_repo: Path) -> None:

@@ -3,13 +3,13 @@ repository's own models and configurations, real `config.pbtxt` parsing)."""
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import onnx
 import pytest
 
 from sidecar.backends import backend_named
+from sidecar.backends.model_repository import python_models
 from sidecar.backends.replayability import ReplayabilityCache, replayability
 from tests.harness.triton.model_repo import build_model_repository, simple_cnn, write_model
 
@@ -60,14 +60,12 @@ def test_a_model_is_replayable_when_its_lookup_resolves_a_runners_file(
 
 
 def test_python_models_are_live_only_when_their_replay_is_off(repo: Path) -> None:
-    answer = replayability(functools.partial(FIND, python_models=False), repo, "add_sub")
+    answer = replayability(python_models(FIND, False), repo, "add_sub")
     assert not answer.replayable
     assert answer.reason == (
         "model 'add_sub' is a Python-backend model (its model.py): --replay-python-models is off"
     )
-    assert replayability(
-        functools.partial(FIND, python_models=False), repo, "simple_cnn"
-    ).replayable
+    assert replayability(python_models(FIND, False), repo, "simple_cnn").replayable
 
 
 def test_answers_are_kept_per_model_for_their_time_to_live(tmp_path: Path) -> None:
