@@ -91,4 +91,4 @@ def test_warm_asks_for_every_model_folder_beforehand(repo: Path) -> None:
     cache = ReplayabilityCache(find, repo)
     cache.warm()
     assert sorted(asked) == sorted(p.name for p in repo.iterdir())
-    assert not cache.of("add_sub").replayable and len(asked) == len(list(repo.iterdir()))
+    assert not cache.of("pipeline").replayable and len(asked) == len(list(repo.iterdir()))
