@@ -199,3 +199,17 @@ def test_the_replay_job_profiles_a_python_model_unless_turned_off(
         assert trace.attributes["levels"] == ["model", "layer"]
     else:
         assert "--replay-python-models is off" in (trace.error or "")
+
+
+def test_a_python_models_parameters_are_recorded_as_given_to_it(tmp_path: Path) -> None:
+    from sidecar.profiling.formats import ModelFormat
+    from sidecar.profiling.server_config import read_config, replay_settings
+
+    text = CONFIG_X.replace("NAME", "p") + (
+        'parameters { key: "greeting" value: { string_value: "hello" } }\n'
+    )
+    path = tmp_path / "config.pbtxt"
+    path.write_text(text)
+    (record,) = replay_settings(read_config(path), ModelFormat.PYTHON).records
+    assert (record.setting, record.value, record.applied) == ("parameters.greeting", "hello", True)
+    assert "model.py" in record.reason
