@@ -213,3 +213,22 @@ def test_a_python_models_parameters_are_recorded_as_given_to_it(tmp_path: Path) 
     (record,) = replay_settings(read_config(path), ModelFormat.PYTHON).records
     assert (record.setting, record.value, record.applied) == ("parameters.greeting", "hello", True)
     assert "model.py" in record.reason
+
+
+def test_xsp_sidecar_profile_runs_a_model_py_with_its_configs_inputs(
+    repo: Path, tmp_path: Path
+) -> None:
+    from sidecar.cli import main
+
+    db = tmp_path / "t.db"
+    path = repo / "bls_cnn" / "1" / "model.py"
+    rc = main(
+        ["profile", str(path), "--iterations", "2", "--warmup", "0", "--no-peak", "--db", str(db)]
+    )
+    assert rc == 0
+    store = TraceStore(db)
+    (trace,) = store.list_traces()
+    assert trace.model == "bls_cnn" and trace.runtime.startswith("python_backend")
+    (image,) = trace.attributes["inputs"]
+    assert image["name"] == "IMAGE" and image["shape"] == [1, 3, 32, 32]
+    assert "bls:simple_cnn" in {s.name for s in store.spans(trace.trace_id, Level.LAYER)}
