@@ -44,7 +44,13 @@ def _causes(attrs: dict[str, Any]) -> list[tuple[str, bool]]:
     server = _attrs(attrs.get("server_config"))
     out: list[tuple[str, bool]] = []
     backend = str(server.get("backend") or attrs.get("backend") or "")
-    if backend == PYTHON_BACKEND:
+    if backend == PYTHON_BACKEND and attrs.get("model_format") == PYTHON_BACKEND:
+        out.append((
+            "the server runs model.py in the Python backend's stub process (IPC and tensor "
+            "copies through shared memory); the replay runs the same model.py in the "
+            "profiling worker, without them", True,
+        ))  # fmt: skip
+    elif backend == PYTHON_BACKEND:
         out.append((
             "the server runs the model inside a Python-backend model (its stub process, IPC "
             "and tensor copies); the replay runs only the model file", True,

@@ -111,6 +111,11 @@ def _otlp_protocol(value: Any, setting: str) -> str:
     return name
 
 
+def _on_off(value: Any, setting: str) -> Literal["on", "off"]:
+    """`on` or `off` (true/false, yes/no and 1/0 too, as TOML booleans)."""
+    return "on" if parsers.boolean(value, setting) else "off"
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """Settings of `xsp-sidecar serve` (see docs/contracts.md), one field each."""
@@ -270,6 +275,16 @@ class ServeConfig:
             "auto|cpu|cuda[:N]",
             "where sampled requests are replayed; auto: the GPU when the model's config.pbtxt "
             "asks for KIND_GPU and CUDA is visible to the profiling worker, else the CPU",
+        ),
+    )
+    replay_python_models: Literal["on", "off"] = field(
+        default="on",
+        metadata=sampling(
+            _on_off,
+            None,
+            "replay a Triton Python-backend model by running its own model.py in the profiling "
+            "worker (the repository's code, as Triton runs it); off: such models are live-only",
+            choices=("on", "off"),
         ),
     )
     profile_timeout: float = field(

@@ -25,6 +25,7 @@ from sidecar.profiling.gpu.gpu_peak import GpuPeak, get_gpu_peak, roof_attribute
 from sidecar.profiling.inputs import (
     InputError,
     InputSpec,
+    config_input_specs,
     load_npz,
     onnx_input_specs,
     parse_input_spec,
@@ -133,6 +134,8 @@ def _inputs(options: ProfileOptions, batch: int | None) -> dict[str, np.ndarray]
             specs = savedmodel_input_specs(savedmodel_dir(path) or path, batch or 1)
         except InputError as exc:
             raise InputError(f"{exc}; give its shape with --input NAME:SHAPE:DTYPE") from None
+    elif format_of(path) is ModelFormat.PYTHON and (beside := config_beside(path)) is not None:
+        specs = config_input_specs(read_config(beside), batch or 1)  # model.py declares none
     else:
         raise InputError(
             f"{path.name} does not declare its inputs; pass --input NAME:SHAPE:DTYPE "

@@ -203,6 +203,7 @@ def sampling_config(config: ServeConfig) -> SamplingConfig:
         warmup=config.warmup,
         store_raw_inputs=config.store_raw_inputs,
         device=config.replay_device,
+        python_models=config.replay_python_models == "on",
     )
     tf_profiler = None
     if config.tf_profiler_address:

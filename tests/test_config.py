@@ -167,6 +167,7 @@ SAMPLES: dict[str, str] = {
     "iterations": "4",
     "warmup": "0",
     "replay_device": "cuda:1",
+    "replay_python_models": "off",
     "profile_timeout": "30",
     "retention_max_traces": "0",
     "retention_max_mb": "1.5",

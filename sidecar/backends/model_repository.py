@@ -7,12 +7,16 @@ the file is `model.onnx` (ONNX Runtime), `model.pt` (PyTorch / TorchScript) or
 TF-Serving's layout: `<base>/<model>/<version>/saved_model.pb`, no config; the version folder
 itself is the SavedModel. Without a requested version the highest numeric version folder is
 used. A Python-backend model whose version folder holds a `model.onnx` (or `model.pt`)
-counts as that format: it is how the sample `simple_cnn` is served.
+counts as that format: it is how the sample `simple_cnn` is served. One with only its
+`model.py` resolves to that file (format `python`: the worker runs the model's own code,
+`runners.python_model`); where the operator turned that off (`--replay-python-models off`),
+a backend's lookup is wrapped by `python_models(find, False)`, which refuses it with the
+reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +28,9 @@ if TYPE_CHECKING:  # loaded on first use: the relay's process asks only `model_i
     from tritonclient.grpc import model_config_pb2
 
 CONFIG_FILE = "config.pbtxt"
+PYTHON_BACKEND = "python"
+PYTHON_MODEL_FILE = "model.py"
+PYTHON_MODELS_OFF = "--replay-python-models is off"
 SAVED_MODEL_FILE = "saved_model.pb"  # a version folder holding it is a SavedModel (TF-Serving)
 
 
@@ -213,6 +220,8 @@ def _resolve_file(
         path = version_dir / DEFAULT_FILENAMES[fmt]
         if path.exists():
             return path, fmt
+    if kind == PYTHON_BACKEND and (version_dir / PYTHON_MODEL_FILE).is_file():
+        return version_dir / PYTHON_MODEL_FILE, ModelFormat.PYTHON
     wanted = " or ".join(DEFAULT_FILENAMES[f] for f in candidates)
     if config is None:
         wanted += f" (or a TF-Serving SavedModel, {SAVED_MODEL_FILE})"
@@ -259,3 +268,24 @@ def find_model(
         outputs=_specs(config.output),
         config=config,
     )
+
+
+Find = Callable[[Path, str, str | int | None], ModelLocation]  # a backend's `Repository.find`
+
+
+def python_models(find: Find, allowed: bool) -> Find:
+    """A backend's lookup `find`, which, unless `allowed` (`--replay-python-models`), refuses
+    a model it resolves to a Python-backend `model.py` (`UnsupportedModelFormatError`: such
+    a model cannot be replayed, and its samples are kept live-only)."""
+    if allowed:
+        return find
+
+    def refusing(root: Path, model: str, version: str | int | None = None) -> ModelLocation:
+        location = find(root, model, version)
+        if location.format is ModelFormat.PYTHON:
+            raise UnsupportedModelFormatError(
+                f"model {model!r} is a Python-backend model (its model.py): {PYTHON_MODELS_OFF}"
+            )
+        return location
+
+    return refusing

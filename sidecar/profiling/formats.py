@@ -1,7 +1,8 @@
 """Model formats: what kind of model file a path holds, by its extension or layout.
 
 `format_of(path)` infers the format (`xsp-sidecar profile`); a SavedModel folder, or a
-TF-Serving model folder of numbered versions, is found by its `saved_model.pb`. Which runner
+TF-Serving model folder of numbered versions, is found by its `saved_model.pb`; a `.py` file is
+a Triton Python-backend model (`<repo>/<model>/<version>/model.py`). Which runner
 profiles each format is `runners.select`'s business; this module imports no runtime.
 """
 
@@ -19,14 +20,19 @@ class ModelFormat(StrEnum):
     ONNX = "onnx"
     TORCHSCRIPT = "torchscript"
     SAVEDMODEL = "savedmodel"
+    PYTHON = "python"  # a Triton Python-backend model's own model.py
 
 
 SUFFIXES: dict[ModelFormat, tuple[str, ...]] = {
     ModelFormat.ONNX: (".onnx",),
     ModelFormat.TORCHSCRIPT: (".pt", ".pth", ".torchscript", ".ts"),
     ModelFormat.SAVEDMODEL: (".savedmodel",),
+    ModelFormat.PYTHON: (".py",),
 }
-SUPPORTED = "ONNX through ONNX Runtime, TorchScript through PyTorch, SavedModel through TensorFlow"
+SUPPORTED = (
+    "ONNX through ONNX Runtime, TorchScript through PyTorch, SavedModel through TensorFlow, "
+    "a Triton Python-backend model.py in its repository"
+)
 
 
 class UnsupportedFormatError(ProfilingError):

@@ -190,3 +190,26 @@ def savedmodel_input_specs(
             raise InputError(f"input {name!r} has dtype {info.dtype}, not a tensor") from None
         specs.append(InputSpec(name, tuple(dims), dtype))
     return specs
+
+
+def config_input_specs(config: Any, batch: int = 1) -> list[InputSpec]:
+    """Input specs from a Triton `ModelConfig` (e.g. a Python-backend model, whose `model.py`
+    declares nothing): variable dims become 1, and a model that batches gets `batch` first."""
+    from tritonclient.grpc import model_config_pb2
+
+    specs = []
+    for tensor in config.input:
+        name = model_config_pb2.DataType.Name(tensor.data_type).removeprefix("TYPE_")
+        dtype = {"FP16": "float16", "FP32": "float32", "FP64": "float64", "BOOL": "bool"}.get(
+            name, name.lower()
+        )
+        if dtype not in ("bool", "float16", "float32", "float64") and not dtype.startswith(
+            ("int", "uint")
+        ):
+            raise InputError(f"cannot generate {name} data for input {tensor.name!r}")
+        dims = tuple(1 if d < 0 else int(d) for d in tensor.dims)
+        shape = (batch, *dims) if int(config.max_batch_size) > 0 else dims
+        specs.append(InputSpec(tensor.name, shape, dtype))
+    if not specs:
+        raise InputError("the model's config.pbtxt declares no inputs")
+    return specs

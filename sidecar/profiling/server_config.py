@@ -245,6 +245,9 @@ def replay_settings(
         return ReplaySettings(ort, torch, tuple(records))
     if kind in TORCH_BACKENDS and fmt is ModelFormat.TORCHSCRIPT:
         torch = _torch_settings(params, device, records)
+    elif fmt is ModelFormat.PYTHON:  # the model reads its own parameters
+        why = "given to model.py in initialize's args['model_config'], as Triton gives them"
+        records += [SettingRecord(f"parameters.{k}", v, True, why) for k, v in params.items()]
     else:
         why = f"a {kind or 'unknown'} backend parameter: the {fmt.value} replay does not apply it"
         records += [SettingRecord(f"parameters.{k}", v, False, why) for k, v in params.items()]

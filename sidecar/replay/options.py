@@ -24,4 +24,5 @@ class ReplayOptions:
     warmup: int  # warm-up iterations per leveled run
     store_raw_inputs: bool  # keep the raw input tensors in the trace
     device: str  # --replay-device: auto, cpu or cuda:N, resolved per model (`replay.device`)
+    python_models: bool = True  # --replay-python-models: run a Python model's own model.py
     threads: int = 1  # runtime threads of the worker (not a user setting)

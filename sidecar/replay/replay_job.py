@@ -19,7 +19,6 @@ import collections
 import functools
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,7 @@ import sidecar.profiling.runners.onnxruntime  # noqa: F401  ONNX Runtime loads a
 from sidecar import __version__
 from sidecar.backends import DECODERS, backend_replaying
 from sidecar.backends.base import DecodedInputs
-from sidecar.backends.model_repository import ModelLocation, TensorSpec
+from sidecar.backends.model_repository import ModelLocation, TensorSpec, python_models
 from sidecar.profiling.experiment import LeveledProfile, describe_inputs, run_experiment
 from sidecar.profiling.formats import ModelFormat
 from sidecar.profiling.inputs import InputError, InputSpec, random_inputs, savedmodel_input_specs
@@ -72,12 +71,13 @@ def _not_replayable(method: str) -> str:
     return f"cannot decode {method} requests (replayable: {', '.join(DECODERS)})"
 
 
-def _find_model(job: ProfileJob, repository: Path, version: str) -> ModelLocation:
+def _find_model(job: ProfileJob, options: ReplayOptions, version: str) -> ModelLocation:
     """The model in the repository, looked up as the backend that serves the job's method."""
     backend = backend_replaying(job.method)
     if backend is None:
         raise ReplayError(_not_replayable(job.method))
-    return backend.repository.find(repository, job.model, version or None)
+    find = python_models(backend.repository.find, options.python_models)
+    return find(options.model_repository, job.model, version or None)
 
 
 def _device(location: ModelLocation, context: ReplayContext) -> DeviceChoice:
@@ -235,7 +235,7 @@ def replay_job(job: ProfileJob, context: ReplayContext) -> JobResult:
     try:
         request = decode_request(job)
         version = job.model_version or (request.version if request else "")
-        location = _find_model(job, options.model_repository, version)
+        location = _find_model(job, options, version)
         if request is None:
             inputs, input_source = _random_inputs(location), "random"
         else:

@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar import __version__
 from sidecar.backends import CAPTURE_PATHS, backend_named
-from sidecar.backends.model_repository import model_in_repository
+from sidecar.backends.model_repository import model_in_repository, python_models
 from sidecar.backends.replayability import Replayability, ReplayabilityCache
 from sidecar.live.otlp_metrics import OtlpMetricsCollector
 from sidecar.live.otlp_receiver import OtlpReceiver
@@ -156,7 +156,8 @@ class SamplingPipeline:
             TfCaptureMetricsCollector(self.tf_capture, registry)
         self.hub = SamplingHub(self.sampler, self.metrics, self, pressure=self.pressure)
         backend = backend_named(config.backend_protocol)
-        self._replayability = ReplayabilityCache(backend.repository.find, config.model_repository)
+        find = python_models(backend.repository.find, config.replay_options.python_models)
+        self._replayability = ReplayabilityCache(find, config.model_repository)
         self.batch_windows: BatchWindows | None = None
         reader = backend.statistics
         if config.backend_target is not None and reader is not None and self.enabled:

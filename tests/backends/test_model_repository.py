@@ -17,6 +17,7 @@ from sidecar.backends.model_repository import (
     datatype_name,
     find_model,
     model_in_repository,
+    python_models,
 )
 from sidecar.profiling.formats import ModelFormat
 from tests.harness.triton.model_repo import build_model_repository
@@ -53,9 +54,20 @@ def test_python_backend_with_onnx_file_counts_as_onnx(sample_repo: Path) -> None
     assert found.config is not None and found.config.name == "simple_cnn"
 
 
-def test_python_model_without_replayable_file_is_unsupported(sample_repo: Path) -> None:
-    with pytest.raises(UnsupportedModelFormatError, match=r"add_sub.*found: model\.py"):
-        find_model(sample_repo, "add_sub")
+def test_python_model_with_only_its_model_py_resolves_to_it(sample_repo: Path) -> None:
+    found = find_model(sample_repo, "add_sub")
+    assert found.format is ModelFormat.PYTHON
+    assert found.path == sample_repo / "add_sub" / "1" / "model.py"
+    assert found.config is not None and found.config.backend == "python"
+
+
+def test_python_model_is_unsupported_when_python_replay_is_off(sample_repo: Path) -> None:
+    with pytest.raises(
+        UnsupportedModelFormatError, match=r"add_sub.*--replay-python-models is off"
+    ):
+        python_models(find_model, False)(sample_repo, "add_sub")
+    assert python_models(find_model, False)(sample_repo, "simple_cnn").format is ModelFormat.ONNX
+    assert python_models(find_model, True) is find_model
 
 
 def test_unknown_model_lists_known_ones(sample_repo: Path) -> None:

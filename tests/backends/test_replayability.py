@@ -9,6 +9,7 @@ import onnx
 import pytest
 
 from sidecar.backends import backend_named
+from sidecar.backends.model_repository import python_models
 from sidecar.backends.replayability import ReplayabilityCache, replayability
 from tests.harness.triton.model_repo import build_model_repository, simple_cnn, write_model
 
@@ -41,8 +42,8 @@ FIND = backend_named("triton").repository.find
     ("model", "replayable", "why"),
     [
         ("simple_cnn", True, ""),  # a Python backend that keeps its model.onnx beside model.py
-        ("add_sub", False, "backend python): no model.onnx"),  # its model.py only
-        ("sleep", False, "backend python"),
+        ("add_sub", True, ""),  # its model.py only: the worker runs it (runners.python_model)
+        ("sleep", True, ""),
         ("pipeline", False, "ensembles (profile their composing models instead)"),
         ("odd", False, "backend my_custom_backend"),
         ("broken", True, ""),  # a config that does not parse is a failed profile, not a kind
@@ -56,6 +57,15 @@ def test_a_model_is_replayable_when_its_lookup_resolves_a_runners_file(
     assert why in answer.reason and bool(answer.reason) is not replayable
     if not replayable:
         assert answer.attribute == f"not_replayable: {answer.reason}"
+
+
+def test_python_models_are_live_only_when_their_replay_is_off(repo: Path) -> None:
+    answer = replayability(python_models(FIND, False), repo, "add_sub")
+    assert not answer.replayable
+    assert answer.reason == (
+        "model 'add_sub' is a Python-backend model (its model.py): --replay-python-models is off"
+    )
+    assert replayability(python_models(FIND, False), repo, "simple_cnn").replayable
 
 
 def test_answers_are_kept_per_model_for_their_time_to_live(tmp_path: Path) -> None:
@@ -81,4 +91,4 @@ def test_warm_asks_for_every_model_folder_beforehand(repo: Path) -> None:
     cache = ReplayabilityCache(find, repo)
     cache.warm()
     assert sorted(asked) == sorted(p.name for p in repo.iterdir())
-    assert not cache.of("add_sub").replayable and len(asked) == len(list(repo.iterdir()))
+    assert not cache.of("pipeline").replayable and len(asked) == len(list(repo.iterdir()))

@@ -31,6 +31,7 @@ CONTRACT_DEFAULTS = {
     "--warmup": "2",
     "--profile-timeout": "120",
     "--replay-device": "auto",
+    "--replay-python-models": "on",
     "--retention-max-traces": "1000",
     "--retention-max-mb": "512",
     "--retention-max-age-hours": "168",

@@ -1,6 +1,7 @@
 """A model no replay can run yields a live-only trace, end to end: the real Triton (in
 OpenTelemetry trace mode, pointed at the sidecar's OTLP receiver) serves the sample `add_sub`, a
-Python-backend model with only its `model.py`; the real `xsp-sidecar serve` samples it under its
+Python-backend model with only its `model.py`, which the sidecar is told not to run
+(`--replay-python-models off`); the real `xsp-sidecar serve` samples it under its
 rate and budget, stores the relay's and Triton's spans under a `live_only` trace row without
 giving its worker a job, and `analysis/report.py` reads the store."""
 
@@ -46,6 +47,7 @@ def test_a_model_no_replay_can_run_yields_live_only_traces_the_report_reads(
         "--model-repository", str(traced_triton.model_repository), "--db", str(db),
         "--otlp-port", str(otlp_port), "--sample-rate", "1", "--sample-budget", "4",
         "--duty-cycle", "0.05", "--iterations", "2", "--warmup", "0", "--levels", "M",
+        "--replay-python-models", "off",
     ]  # fmt: skip
     proc = SidecarProcess(traced_triton.grpc_address, tmp_path / "sidecar.log", args=args)
     with proc:
@@ -82,8 +84,9 @@ def test_a_model_no_replay_can_run_yields_live_only_traces_the_report_reads(
     for trace_id in live_only():
         trace = store.get_trace(trace_id)
         assert trace is not None and trace.model == "add_sub" and trace.error == ""
-        assert trace.attributes["replay"].startswith(
-            "not_replayable: model 'add_sub' (backend python): no model.onnx"
+        assert trace.attributes["replay"] == (
+            "not_replayable: model 'add_sub' is a Python-backend model (its model.py): "
+            "--replay-python-models is off"
         )
         assert trace.sample_reason in ("rate", "forced") and trace.batch_size is None
         spans = store.spans(trace_id)

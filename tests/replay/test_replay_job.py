@@ -37,7 +37,12 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def context(
-    repo: Path, db: Path, store_raw_inputs: bool = False, device: str = "auto", **fields: Any
+    repo: Path,
+    db: Path,
+    store_raw_inputs: bool = False,
+    device: str = "auto",
+    python_models: bool = True,
+    **fields: Any,
 ) -> ReplayContext:
     """What the worker hands the replay: the options and, across jobs, its caches; `fields`
     replace the probe or the store's opening."""
@@ -49,6 +54,7 @@ def context(
         warmup=1,
         store_raw_inputs=store_raw_inputs,
         device=device,
+        python_models=python_models,
     )
     return ReplayContext(options, **fields)
 
@@ -131,7 +137,7 @@ def test_unreplayable_models_are_stored_as_errors(
     repo: Path, tmp_path: Path, model: str, error: str
 ) -> None:
     the_job = job(model, b"")
-    result = replay_job(the_job, context(repo, tmp_path / "t.db"))
+    result = replay_job(the_job, context(repo, tmp_path / "t.db", python_models=False))
     assert result.outcome == "error" and error in result.error
     trace = TraceStore(tmp_path / "t.db").get_trace(the_job.trace_id)
     assert trace is not None and trace.status == "error" and error in trace.error

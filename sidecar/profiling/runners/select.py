@@ -8,6 +8,7 @@ TensorFlow.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,8 @@ def runner_for(
     if fmt is None:
         raise UnsupportedFormatError(
             f"unknown model extension {path.suffix!r} for {path}: use .onnx (ONNX Runtime), "
-            ".pt / .pth (TorchScript) or a SavedModel folder (TensorFlow)"
+            ".pt / .pth (TorchScript), a SavedModel folder (TensorFlow) or a Triton "
+            "Python-backend model.py"
         )
     if fmt is ModelFormat.ONNX:
         ort_settings = settings.ort if settings is not None else OrtSettings()
@@ -64,6 +66,8 @@ def runner_for(
         )
     if fmt is ModelFormat.SAVEDMODEL:
         return _savedmodel_runner(path, device, optimizations, threads, name)
+    if fmt is ModelFormat.PYTHON:
+        return _python_runner(path, device)
     raise UnsupportedFormatError(
         f"profiling {fmt.value} models is not supported (supported: {SUPPORTED})"
     )
@@ -149,6 +153,31 @@ def _torchscript_runner(
 
         torch.set_num_threads(threads)
     return PyTorchRunner(path, device=device, name=name, ncu_metrics=ncu_metrics, settings=settings)
+
+
+def _python_runner(path: Path, device: str) -> Runner:
+    """A Python-backend model's `model.py`, found in its repository as Triton lays it out
+    (`<repo>/<model>/<version>/model.py`, beside `<repo>/<model>/config.pbtxt`). Asked for by
+    its path, the model.py runs even where the repository lookup prefers a model file beside it."""
+    from sidecar.backends.model_repository import ModelRepositoryError, find_model
+    from sidecar.profiling.runners.python_model import PythonModelRunner
+
+    if device != "cpu":
+        raise ProfilingError(
+            f"--device {device}: Python-backend models are replayed on the CPU only"
+        )
+    version_dir = path.resolve().parent
+    if not version_dir.name.isdigit():
+        raise ProfilingError(
+            f"{path} is not in a Triton model repository (<repo>/<model>/<version>/model.py)"
+        )
+    try:
+        location = find_model(version_dir.parent.parent, version_dir.parent.name, version_dir.name)
+    except ModelRepositoryError as exc:
+        raise ProfilingError(str(exc)) from None
+    if location.format is not ModelFormat.PYTHON:  # e.g. a model.py beside its model.onnx
+        location = dataclasses.replace(location, path=path, format=ModelFormat.PYTHON)
+    return PythonModelRunner(location)
 
 
 def _savedmodel_runner(

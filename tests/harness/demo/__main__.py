@@ -56,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--forced-models",
         default=None,
         help="comma-separated models the forced requests go to in turn: with triton, of "
-        "simple_cnn,add_sub (add_sub has no ONNX file, so its profiles fail and the console "
-        "says why; default: simple_cnn); with tfserving, of keras_cnn,keras_transformer "
+        "simple_cnn,add_sub (add_sub is profiled by running its own model.py; default: "
+        "simple_cnn); with tfserving, of keras_cnn,keras_transformer "
         "(default: both)",
     )
     parser.add_argument(

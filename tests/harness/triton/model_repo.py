@@ -63,6 +63,16 @@ output [ { name: "TOKEN" data_type: TYPE_INT32 dims: [ 1 ] } ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
 """
 
+# A BLS model: a Python step that calls `simple_cnn` (ONNX Runtime) from its model.py.
+BLS_CNN_CONFIG = """\
+name: "bls_cnn"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IMAGE" data_type: TYPE_FP32 dims: [ -1, 3, 32, 32 ] } ]
+output [ { name: "PROBS" data_type: TYPE_FP32 dims: [ -1, 10 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
 SAMPLE_MODELS = ("add_sub", "simple_cnn", "sleep")
 TEMPLATES = Path(__file__).resolve().parent / "models"  # the Python backend's model.py files
 
@@ -109,4 +119,10 @@ def build_model_repository(repo: Path) -> Path:
 def add_token_stream(repo: Path) -> Path:
     """Add the decoupled `token_stream` model (`models/token_stream.py.tmpl`) to `repo`."""
     write_model(repo, "token_stream", TOKEN_STREAM_CONFIG, _template("token_stream.py.tmpl"))
+    return repo
+
+
+def add_bls_cnn(repo: Path) -> Path:
+    """Add the BLS model `bls_cnn` (`models/bls_cnn.py.tmpl`, calling `simple_cnn`) to `repo`."""
+    write_model(repo, "bls_cnn", BLS_CNN_CONFIG, _template("bls_cnn.py.tmpl"))
     return repo
