@@ -20,3 +20,14 @@ echo "==> mypy"
 mypy sidecar analysis tests/harness
 echo "==> pytest"
 pytest -q "$@"
+
+# The relay's C parsers (issue 44): each fuzz target coverage-guided for a bounded time, then
+# the C-against-Python tests and the grown corpora under ASan and UBSan. Long forms:
+# docs/testing.md.
+if [ $# -eq 0 ]; then
+    echo "==> fuzzing and sanitizers (bounded)"
+    fuzzwork="$(mktemp -d "${TMPDIR:-/tmp}/xsp-ci-fuzz.XXXXXX")"
+    FUZZ_WORK="$fuzzwork" bash scripts/fuzz.sh --ci
+    SANITIZE_CORPUS="$fuzzwork/corpus" bash scripts/sanitize.sh --ci
+    rm -rf "$fuzzwork"
+fi
