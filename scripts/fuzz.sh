@@ -3,7 +3,7 @@
 # Python reference) under atheris for a while, starting from the checked-in seed corpora.
 #
 #   bash scripts/fuzz.sh                 # each target FUZZ_SECONDS (default 60) seconds
-#   bash scripts/fuzz.sh --ci            # each target 15 s (CI's bounded run)
+#   bash scripts/fuzz.sh --ci            # each target 10 s (CI's bounded run)
 #   FUZZ_SECONDS=3600 bash scripts/fuzz.sh framewalk pump   # the long form, some targets
 #
 # New inputs that grow coverage go to a scratch corpus (FUZZ_WORK, default a temporary
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 
 seconds="${FUZZ_SECONDS:-60}"
 if [ "${1:-}" = "--ci" ]; then
-    seconds="${FUZZ_SECONDS:-15}"
+    seconds="${FUZZ_SECONDS:-10}"
     shift
 fi
 targets=("$@")

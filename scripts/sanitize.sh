@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The relay's C extensions under AddressSanitizer and UndefinedBehaviorSanitizer (gcc's).
+# The relay's C extensions under AddressSanitizer and UndefinedBehaviorSanitizer.
 #
 # Builds _framewalk, _pump and _messagewalk with -fsanitize=address,undefined in a scratch copy
 # of the tree (the checkout's own .so files are left as they are), then, with the sanitizer
@@ -10,11 +10,10 @@
 #      backend (test_pump's unary calls, sampling off and on; a stream, test_proxy_relay's);
 #   2. every fuzz target (scripts/fuzz.sh) on its seed corpus and on SANITIZE_CORPUS/<target>/
 #      (a coverage-guided run's grown corpus: scripts/fuzz.sh's FUZZ_WORK/corpus) where given.
-#      Under gcc's ASan runtime atheris gets no coverage feedback (the runtime, not libFuzzer,
-#      provides the coverage symbols), so here the targets replay the corpora, and in the long
-#      form also mutate them blindly; see docs/testing.md.
+#      Built with clang, the fuzzing is coverage-guided by the C and the Python; built with gcc
+#      (no clang here) it is not (see below), and CI only replays the corpora.
 #
-#   bash scripts/sanitize.sh --ci    # bounded (CI): the tests once, the corpora replayed
+#   bash scripts/sanitize.sh --ci    # bounded (CI): the tests once, each target 10 s
 #   bash scripts/sanitize.sh         # long form: SANITIZE_BUDGET seconds (default 1800): half
 #                                    # in rounds of the property tests with fresh seeds, then
 #                                    # each fuzz target SANITIZE_BUDGET/10 seconds
@@ -41,21 +40,45 @@ git ls-files -z --cached --others --exclude-standard \
     | python -c 'import os, sys; sys.stdout.buffer.write(b"".join(p + b"\0" for p in sys.stdin.buffer.read().split(b"\0") if p and os.path.isfile(p)))' \
     | tar --null -T - -cf - | tar -xf - -C "$scratch"
 
-echo "==> sanitizers: building the C extensions with -fsanitize=address,undefined"
+# clang (with its compiler-rt) where installed: the extensions also get libFuzzer's coverage
+# instrumentation (-fsanitize=fuzzer-no-link), and ASan's runtime is merged with libFuzzer (as
+# atheris' setup does) so the fuzz targets are coverage-guided by the C itself. gcc otherwise:
+# the same sanitizers, but gcc's ASan runtime breaks atheris' coverage feedback, so the fuzz
+# targets only replay the corpora (and, in the long form, mutate them blindly).
+cc="${SANITIZE_CC:-$(command -v clang || command -v clang-14 || echo gcc)}"
+rt=""
+if [ "$(basename "$cc")" != gcc ]; then
+    rt="$("$cc" -print-resource-dir)/lib/linux"
+    [ -f "$rt/libclang_rt.fuzzer_no_main-x86_64.a" ] || { echo "    no compiler-rt for $cc"; cc=gcc; }
+fi
 flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g"
-(cd "$scratch" && CC=gcc CFLAGS="$flags" LDFLAGS="-fsanitize=address,undefined" \
+if [ "$cc" = gcc ]; then
+    preload="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
+    guided=0
+else
+    flags="$flags -fsanitize=fuzzer-no-link"
+    cp "$rt/libclang_rt.asan-x86_64.a" "$scratch/asan.a"
+    ar d "$scratch/asan.a" asan_preinit.cpp.o  # a shared object has no .preinit_array
+    "${cc/clang/clang++}" -Wl,--whole-archive "$rt/libclang_rt.fuzzer_no_main-x86_64.a" \
+        "$scratch/asan.a" -Wl,--no-whole-archive -lpthread -ldl -shared \
+        -o "$scratch/asan_with_fuzzer.so"
+    preload="$scratch/asan_with_fuzzer.so"  # ASan's runtime holds UBSan's handlers too
+    guided=1
+fi
+echo "==> sanitizers: building the C extensions with $(basename "$cc") $flags"
+(cd "$scratch" && CC="$cc" CFLAGS="$flags" LDFLAGS="-fsanitize=address,undefined" \
     python setup.py --quiet build_ext --inplace >build.log 2>&1) \
     || { cat "$scratch/build.log" >&2; echo "sanitizer build failed" >&2; exit 1; }
 for ext in _framewalk _pump _messagewalk; do
     so=$(ls "$scratch"/sidecar/proxy/"$ext".*.so 2>/dev/null || true)
-    if [ -z "$so" ] || ! nm -D "$so" | grep -q __asan_init; then
+    if [ -z "$so" ] || ! nm -D "$so" | grep -c __asan_init >/dev/null; then
         cat "$scratch/build.log" >&2
         echo "sanitizer build failed: no sanitized $ext was built" >&2
         exit 1
     fi
 done
 
-export LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
+export LD_PRELOAD="$preload"
 export PYTHONMALLOC=malloc
 export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:abort_on_error=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
@@ -87,7 +110,7 @@ if [ "$ci" = 0 ]; then
     done
 fi
 
-seconds=0
+seconds=$((guided * 10))  # CI: coverage-guided 10 s each, or the corpora replayed
 [ "$ci" = 1 ] || seconds=$((budget / 10))
 echo "==> sanitizers: the fuzz targets"
 fuzzwork="$(mktemp -d "${TMPDIR:-/tmp}/xsp-fuzz.XXXXXX")"  # kept on failure: the reproducers

@@ -11,6 +11,14 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v a
         || echo "warning: chromium could not be installed; the HTML screenshot test will be skipped"
 fi
 
+# clang and its compiler-rt let scripts/sanitize.sh fuzz the sanitized C coverage-guided (it
+# falls back to gcc, whose ASan runtime leaves the fuzzers without coverage feedback).
+if ! command -v clang >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+    echo "==> installing clang and compiler-rt for the sanitizer step"
+    (apt-get update -qq && apt-get install -y -qq clang libclang-rt-dev >/dev/null) \
+        || echo "warning: clang could not be installed; scripts/sanitize.sh will use gcc"
+fi
+
 # shellcheck disable=SC1091
 . .venv/bin/activate
 echo "==> ruff"
