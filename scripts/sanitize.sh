@@ -34,7 +34,18 @@ corpus_extra=""
 python -c "import atheris" 2>/dev/null || pip install --quiet "atheris>=2.3" >&2
 
 scratch="$(mktemp -d "${TMPDIR:-/tmp}/xsp-sanitize.XXXXXX")"
-trap 'rm -rf "$scratch"' EXIT
+# The sanitizers' reports go to files (pytest captures stderr, and an abort loses what it held),
+# printed when the script fails.
+finish() {
+    status=$?
+    if [ "$status" != 0 ] && compgen -G "$scratch/reports/*" >/dev/null; then
+        echo "==> sanitizer reports" >&2
+        cat "$scratch"/reports/* >&2
+    fi
+    rm -rf "$scratch"
+    exit "$status"
+}
+trap finish EXIT
 echo "==> sanitizers: copying the tree to $scratch"
 git ls-files -z --cached --others --exclude-standard \
     | python -c 'import os, sys; sys.stdout.buffer.write(b"".join(p + b"\0" for p in sys.stdin.buffer.read().split(b"\0") if p and os.path.isfile(p)))' \
@@ -80,8 +91,9 @@ done
 
 export LD_PRELOAD="$preload"
 export PYTHONMALLOC=malloc
-export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:abort_on_error=1"
-export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+mkdir -p "$scratch/reports"
+export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:abort_on_error=1:log_path=$scratch/reports/asan"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$scratch/reports/ubsan"
 export PYTHONPATH="$scratch"
 cd "$scratch"
 # the sanitized build must be what the tests import, not the checkout's
@@ -97,6 +109,8 @@ tests=(tests/proxy/test_framewalk.py tests/proxy/test_framewalk_streams.py
     tests/proxy/test_pump.py tests/proxy/test_messagewalk.py tests/proxy/test_model_name_c.py
     tests/proxy/test_fuzz_regressions.py
     tests/proxy/test_proxy_relay.py::test_unix_socket_backend_and_streaming)
+# shellcheck disable=SC2206
+[ -z "${SANITIZE_TESTS:-}" ] || tests=($SANITIZE_TESTS)  # a narrower selection, while developing
 start=$(date +%s)
 echo "==> sanitizers: the C-against-Python tests and a real relay exchange"
 python -m pytest -x -q -p no:cacheprovider "${tests[@]}"
