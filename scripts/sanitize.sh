@@ -9,7 +9,9 @@
 #      walk, model name, the fuzz corpora) and real gRPC calls through a relay to a grpcio
 #      backend (test_pump's unary calls, sampling off and on; a stream, test_proxy_relay's);
 #   2. every fuzz target (scripts/fuzz.sh) on its seed corpus and on SANITIZE_CORPUS/<target>/
-#      (a coverage-guided run's grown corpus: scripts/fuzz.sh's FUZZ_WORK/corpus) where given.
+#      (a coverage-guided run's grown corpus: scripts/fuzz.sh's FUZZ_WORK/corpus) where given;
+#      with --ci and no SANITIZE_CORPUS, scripts/fuzz.sh --ci runs on the normal build during 1
+#      and its corpus is used.
 #      Built with clang, the fuzzing is coverage-guided by the C and the Python; built with gcc
 #      (no clang here) it is not (see below), and CI only replays the corpora.
 #
@@ -36,8 +38,12 @@ python -c "import atheris" 2>/dev/null || pip install --quiet "atheris>=2.3" >&2
 scratch="$(mktemp -d "${TMPDIR:-/tmp}/xsp-sanitize.XXXXXX")"
 # The sanitizers' reports go to files (pytest captures stderr, and an abort loses what it held),
 # printed when the script fails.
+plain=""
 finish() {
     status=$?
+    if [ -n "$plain" ] && kill -0 "$plain" 2>/dev/null; then
+        kill $(pgrep -P "$plain") "$plain" 2>/dev/null || true
+    fi
     if [ "$status" != 0 ] && compgen -G "$scratch/reports/*" >/dev/null; then
         echo "==> sanitizer reports" >&2
         cat "$scratch"/reports/* >&2
@@ -50,6 +56,17 @@ echo "==> sanitizers: copying the tree to $scratch"
 git ls-files -z --cached --others --exclude-standard \
     | python -c 'import os, sys; sys.stdout.buffer.write(b"".join(p + b"\0" for p in sys.stdin.buffer.read().split(b"\0") if p and os.path.isfile(p)))' \
     | tar --null -T - -cf - | tar -xf - -C "$scratch"
+
+# --ci without SANITIZE_CORPUS: scripts/fuzz.sh --ci on the checkout's normal build runs on the
+# other core meanwhile (the sanitized tests take one), and its grown corpus is replayed and
+# fuzzed further under the sanitizers below.
+if [ "$ci" = 1 ] && [ -z "$corpus_extra" ]; then
+    plainwork="$(mktemp -d "${TMPDIR:-/tmp}/xsp-fuzz.XXXXXX")"  # kept on failure
+    echo "==> fuzzing the normal build meanwhile (scripts/fuzz.sh --ci; log: $plainwork/out.log)"
+    FUZZ_WORK="$plainwork" bash scripts/fuzz.sh --ci >"$plainwork/out.log" 2>&1 &
+    plain=$!
+    corpus_extra="$plainwork/corpus"
+fi
 
 # clang (with its compiler-rt) where installed: the extensions also get libFuzzer's coverage
 # instrumentation (-fsanitize=fuzzer-no-link), and ASan's runtime is merged with libFuzzer (as
@@ -124,10 +141,21 @@ if [ "$ci" = 0 ]; then
     done
 fi
 
+if [ -n "$plain" ]; then
+    if wait "$plain"; then
+        plain=""
+        cat "$plainwork/out.log"
+    else
+        plain=""
+        cat "$plainwork/out.log" >&2
+        echo "fuzzing the normal build failed" >&2
+        exit 1
+    fi
+fi
 seconds=$((guided * 10))  # CI: coverage-guided 10 s each, or the corpora replayed
 [ "$ci" = 1 ] || seconds=$((budget / 10))
 echo "==> sanitizers: the fuzz targets"
 fuzzwork="$(mktemp -d "${TMPDIR:-/tmp}/xsp-fuzz.XXXXXX")"  # kept on failure: the reproducers
 FUZZ_SECONDS="$seconds" FUZZ_WORK="$fuzzwork" FUZZ_CORPUS_EXTRA="$corpus_extra" bash "$scratch/scripts/fuzz.sh"
-rm -rf "$fuzzwork"
+rm -rf "$fuzzwork" "${plainwork:-}"
 echo "==> sanitizers: no error in $(($(date +%s) - start)) s"

@@ -29,13 +29,9 @@ mypy sidecar analysis tests/harness
 echo "==> pytest"
 pytest -q "$@"
 
-# The relay's C parsers (issue 44): each fuzz target coverage-guided for a bounded time, then
-# the C-against-Python tests and the grown corpora under ASan and UBSan. Long forms:
-# docs/testing.md.
+# The relay's C parsers (issue 44), bounded: every fuzz target on the normal build, and the
+# C-against-Python tests, relay exchanges and fuzz targets under ASan and UBSan. Long forms:
+# docs/testing.md. Only for the whole suite (not when pytest is given arguments).
 if [ $# -eq 0 ]; then
-    echo "==> fuzzing and sanitizers (bounded)"
-    fuzzwork="$(mktemp -d "${TMPDIR:-/tmp}/xsp-ci-fuzz.XXXXXX")"
-    FUZZ_WORK="$fuzzwork" bash scripts/fuzz.sh --ci
-    SANITIZE_CORPUS="$fuzzwork/corpus" bash scripts/sanitize.sh --ci
-    rm -rf "$fuzzwork"
+    bash scripts/sanitize.sh --ci
 fi
