@@ -21,7 +21,6 @@
 #                                    # each fuzz target SANITIZE_BUDGET/10 seconds
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root="$PWD"
 
 ci=0
 if [ "${1:-}" = "--ci" ]; then
@@ -115,7 +114,7 @@ export PYTHONPATH="$scratch"
 cd "$scratch"
 # the sanitized build must be what the tests import, not the checkout's
 python - <<'PY'
-import os, sys
+import os
 from sidecar.proxy import _framewalk, _messagewalk, _pump
 for mod in (_framewalk, _pump, _messagewalk):
     assert mod.__file__.startswith(os.environ["PYTHONPATH"]), mod.__file__
