@@ -11,6 +11,14 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v a
         || echo "warning: chromium could not be installed; the HTML screenshot test will be skipped"
 fi
 
+# clang and its compiler-rt let scripts/sanitize.sh fuzz the sanitized C coverage-guided (it
+# falls back to gcc, whose ASan runtime leaves the fuzzers without coverage feedback).
+if ! command -v clang >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+    echo "==> installing clang and compiler-rt for the sanitizer step"
+    (apt-get update -qq && apt-get install -y -qq clang libclang-rt-dev >/dev/null) \
+        || echo "warning: clang could not be installed; scripts/sanitize.sh will use gcc"
+fi
+
 # shellcheck disable=SC1091
 . .venv/bin/activate
 echo "==> ruff"
@@ -22,8 +30,13 @@ echo "==> pytest"
 pytest -q "$@"
 # The relay's pure-Python paths are a product too (no compiler at install): the relay's and the
 # sampling hook's tests again with every C path off (about 3 min on 2 busy cores, 351 tests; the
-# C-vs-Python comparisons skip). Skipped when pytest was given arguments.
+# C-vs-Python comparisons skip). Then the relay's C parsers (issue 44), bounded: every fuzz
+# target on the normal build, and the C-against-Python tests, relay exchanges and fuzz targets
+# under ASan and UBSan (long forms: docs/testing.md). Both only for the whole suite (not when
+# pytest is given arguments).
 if [ "$#" -eq 0 ]; then
     echo "==> pytest tests/proxy tests/sampling, the relay's C paths off (XSP_NATIVE=off)"
     XSP_NATIVE=off pytest -q tests/proxy tests/sampling
+    echo "==> sanitizers and fuzzing (scripts/sanitize.sh --ci)"
+    bash scripts/sanitize.sh --ci
 fi
