@@ -253,6 +253,8 @@ def plot_live(res: AnalysisResult) -> list[str]:
     # the phases that add up to the client's latency, then the backend's work after the
     # response (hatched: not part of it); backend_response is the relay's view of the same time
     df = res.table[~res.table["phase"].isin(["client_total", "backend_response"])]
+    if "step" in df.columns:  # an ensemble's step rows split time its whole rows hold
+        df = df[(df["step"] == "") & ~df["phase"].isin(["between_steps", "ensemble_overhead"])]
     wide = df.pivot_table(
         index="model", columns="phase", values="mean_ms", aggfunc="sum", observed=True
     )
