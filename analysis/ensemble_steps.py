@@ -10,7 +10,13 @@ Per step: `queue`, `compute_input`, `compute_infer`, `compute_output` and `step_
 step's model span less those phases). Per ensemble request, the time that is no step's:
 `between_steps` (the scheduling gaps, from one step's end to the next step's start; steps that
 overlap add no gap) and `ensemble_overhead` (the ensemble's span before its first step and after
-its last: Triton's ensemble scheduler taking the request in and handing the response out).
+its last: Triton's ensemble scheduler taking the request in and handing the response out); and
+`steps_overlap`, the time a step's span runs on after the next step started. Triton's own
+traces show it: a backend sends its response from inside its execute call and stamps
+COMPUTE_END and REQUEST_END afterwards, so the next step starts before the previous one's span
+ends (with a Python-backend step, 50-100 µs on a 2-core machine). So the steps' times add up
+to more than the ensemble's span by `steps_overlap`: ensemble = steps + between_steps +
+ensemble_overhead - steps_overlap.
 Steps are keyed `<ensemble>/<step model>` (`step_key`), the key a replay of the ensemble's
 steps (ensemble -> step -> that step's levels, its spans named after the step's model) joins on.
 """
@@ -23,7 +29,8 @@ import pandas as pd
 from analysis.common import Frames
 
 STEP_PHASES = ("queue", "compute_input", "compute_infer", "compute_output", "step_other")
-GAP_PHASES = ("between_steps", "ensemble_overhead")  # the ensemble's own rows (step "")
+# the ensemble's own rows (step ""): time no step holds, then time two steps hold at once
+GAP_PHASES = ("between_steps", "ensemble_overhead", "steps_overlap")
 _MEASURED = STEP_PHASES[:-1]
 _TOLERANCE_NS = 1_000  # a phase may stick out of its model span by this much (rounding)
 
@@ -104,8 +111,8 @@ def _phases_in(fr: Frames, st: pd.DataFrame) -> pd.DataFrame:
 
 
 def gaps(fr: Frames) -> pd.DataFrame:
-    """Per ensemble request: tkey, ensemble, `between_steps`, `ensemble_overhead` and the
-    ensemble's latency (its model span), in ns."""
+    """Per ensemble request: tkey, ensemble, `between_steps`, `ensemble_overhead`,
+    `steps_overlap` and the ensemble's latency (its model span), in ns."""
     st = steps(fr)
     cols = ["tkey", "ensemble", *GAP_PHASES, "ensemble_ns"]
     if st.empty:
@@ -118,11 +125,12 @@ def gaps(fr: Frames) -> pd.DataFrame:
         # the latest end of the steps before each one (int64: epoch ns lose µs as floats)
         reach = grp["end"].cummax().shift(fill_value=int(grp["start"].iat[0]))
         between = float((grp["start"] - reach).clip(lower=0).sum())
+        overlap = float((np.minimum(reach, grp["end"]) - grp["start"]).clip(lower=0).sum())
         first, last = int(grp["start"].min()), int(grp["end"].max())
         ens_start, ens_end = int(outer.at[tkey, "start"]), int(outer.at[tkey, "end"])
         overhead = float(max(first - ens_start, 0) + max(ens_end - last, 0))
         ensemble = str(grp["ensemble"].iat[0])
-        rows.append((tkey, ensemble, between, overhead, float(ens_end - ens_start)))
+        rows.append((tkey, ensemble, between, overhead, overlap, float(ens_end - ens_start)))
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -176,15 +184,21 @@ def step_fidelity(fr: Frames) -> pd.DataFrame:
     both = st.merge(rep, on=["tkey", "step"]).dropna(subset=["compute_infer", "replay"])
     if both.empty:
         return pd.DataFrame(columns=cols)
-    both = both.assign(key=both["ensemble"].astype(str) + "/" + both["step"].astype(str))
-    g = both.groupby("key", sort=True)
-    out = g.agg(
-        requests=("tkey", "size"),
-        live_p50_ms=("compute_infer", "median"),
-        replay_p50_ms=("replay", "median"),
-    ).reset_index()
+    both = both.assign(
+        key=both["ensemble"].astype(str) + "/" + both["step"].astype(str),
+        ratio=both["replay"] / both["compute_infer"],
+    )
+    out = (
+        both.groupby("key", sort=True)
+        .agg(
+            requests=("tkey", "size"),
+            live_p50_ms=("compute_infer", "median"),
+            replay_p50_ms=("replay", "median"),
+            ratio_p50=("ratio", "median"),
+        )
+        .reset_index()
+    )
     out[["live_p50_ms", "replay_p50_ms"]] /= 1e6
-    out["ratio_p50"] = g.apply(lambda d: float((d["replay"] / d["compute_infer"]).median())).values
     return out[cols]
 
 

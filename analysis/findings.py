@@ -464,7 +464,7 @@ def between_steps(results: Results, data: TraceData) -> list[Finding]:
     if not lb.ok or "step" not in lb.table.columns:
         return []
     t = lb.table
-    own = t[(t["step"] == "") & t["phase"].isin(ensemble_steps.GAP_PHASES)]
+    own = t[(t["step"] == "") & t["phase"].isin(["between_steps", "ensemble_overhead"])]
     out = []
     for row in own[own["share_of_client"] >= BETWEEN_STEPS_SHARE].itertuples(index=False):
         where = (

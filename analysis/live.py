@@ -64,7 +64,10 @@ STEPS_NOTE = (
     "each step's queue and compute phases and step_other (its model span less them), from "
     "Triton's own spans; between_steps (from one step's end to the next one's start) and "
     "ensemble_overhead (the ensemble's span before its first step and after its last) are the "
-    "time no step holds, in the rows whose step is empty"
+    "time no step holds, steps_overlap the time a step's span runs on after the next step "
+    "started (Triton stamps a step's ends after it sent its outputs on), in the rows whose step "
+    "is empty: the ensemble's span = its steps + between_steps + ensemble_overhead - "
+    "steps_overlap"
 )
 REQUEST_END = RELAY_OFFSET_COLUMNS["relay_request_end_ns"]
 RESPONSE_START = RELAY_OFFSET_COLUMNS["relay_response_start_ns"]

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import damage
+from analysis import damage, ensemble_steps
 from analysis.common import AnalysisResult
 from analysis.render_text import (
     Front,
@@ -254,7 +254,7 @@ def plot_live(res: AnalysisResult) -> list[str]:
     # response (hatched: not part of it); backend_response is the relay's view of the same time
     df = res.table[~res.table["phase"].isin(["client_total", "backend_response"])]
     if "step" in df.columns:  # an ensemble's step rows split time its whole rows hold
-        df = df[(df["step"] == "") & ~df["phase"].isin(["between_steps", "ensemble_overhead"])]
+        df = df[(df["step"] == "") & ~df["phase"].isin(ensemble_steps.GAP_PHASES)]
     wide = df.pivot_table(
         index="model", columns="phase", values="mean_ms", aggfunc="sum", observed=True
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from analysis.common import Frames
-from analysis.ensemble_steps import gaps, step_key, steps
+from analysis.ensemble_steps import fidelity_notes, gaps, step_fidelity, step_key, steps
 from analysis.tracedb import TraceFilter, load_traces
 from sidecar.trace.spans import Level, Source, Span, Trace, new_span_id, new_trace_id
 from sidecar.trace.store import TraceStore
@@ -101,6 +101,7 @@ def test_steps_and_the_time_between_them_come_from_tritons_spans(db: Path) -> No
     gp = gaps(fr)
     assert list(gp["between_steps"]) == [GAP_US * US] * 3
     assert list(gp["ensemble_overhead"]) == [2 * LEAD_US * US] * 3
+    assert list(gp["steps_overlap"]) == [0.0] * 3
     assert step_key("ens_cnn", "pre") == "ens_cnn/pre"
 
 
@@ -141,3 +142,30 @@ def test_a_long_wait_between_steps_is_a_finding(tmp_path: Path) -> None:
     (gap,) = [f for f in json.loads(out)["findings"] if f["rule"] == "between_steps"]
     assert gap["finding"].startswith("ens_cnn: live requests spend 37% of their latency between")
     assert "threshold 20%" in gap["evidence"]
+
+
+def test_steps_that_overlap_add_no_gap_and_each_replayed_step_meets_its_live_compute(
+    tmp_path: Path,
+) -> None:
+    """Triton stamps a step's ends after it sent its outputs on: the next step starts first.
+    A replay of the steps (model spans named after each step's model) is set against each
+    step's live compute_infer, keyed `<ensemble>/<step>`."""
+    path = tmp_path / "overlap.db"
+    with TraceStore(path) as store:
+        tid = new_trace_id()
+        spans = ensemble_spans(tid, T0, gap_us=-100)
+        for model, ms in (("pre", 0.6), ("simple_cnn", 3.0)):
+            spans.append(Span(tid, new_span_id(), None, Level.MODEL, model, "model", T0,
+                              T0 + int(ms * MS), Source.REPLAY, duration_ns=int(ms * MS),
+                              run_level=Level.MODEL))  # fmt: skip
+        store.append_spans(tid, spans)
+        store.write_trace(Trace(tid, "ens_cnn", T0, sample_reason="forced"), [])
+    fr = Frames(load_traces([path], TraceFilter()))
+    gp = gaps(fr)
+    assert (gp["between_steps"].iat[0], gp["steps_overlap"].iat[0]) == (0.0, 100 * US)
+    per_step = step_fidelity(fr).set_index("key")
+    assert list(per_step.index) == ["ens_cnn/pre", "ens_cnn/simple_cnn"]
+    assert per_step.at["ens_cnn/pre", "ratio_p50"] == pytest.approx(2.0)
+    assert per_step.at["ens_cnn/simple_cnn", "ratio_p50"] == pytest.approx(1.5)
+    (note,) = fidelity_notes(fr)[:1]
+    assert note.startswith("ensemble step ens_cnn/pre: replay p50 0.6 ms vs its live")
