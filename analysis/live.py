@@ -122,7 +122,7 @@ def request_phases(fr: Frames) -> pd.DataFrame:
     out["network_proxy"] = out["client_total"] - out["request"]
     out["server_other"] = out["request"] - phase_sum
     out["outside_tf_ops"] = out["client_total"] - out["tf_ops"]
-    out["unplaced"] = _unplaced(out, triton, envelope, cut)
+    out["unplaced"] = _unplaced(out, triton, envelope, cut, _steps_overlap(fr, out.index))
     out = out.drop(columns=["request", "request_end", "response_start"]).reset_index()
     return fr.with_meta(out, ["model", "trace_id"])
 
@@ -133,8 +133,20 @@ def _column(df: pd.DataFrame, col: str) -> np.ndarray:
     return df[col].to_numpy("float64")
 
 
+def _steps_overlap(fr: Frames, tkeys: pd.Index) -> pd.Series:
+    """Per trace (`tkeys`): the ns its ensemble's steps overlap (0 for other traces)."""
+    gaps = ensemble_steps.gaps(fr)
+    if gaps.empty:
+        return pd.Series(0.0, index=tkeys)
+    return gaps.set_index("tkey")["steps_overlap"].reindex(tkeys).fillna(0.0).astype("float64")
+
+
 def _unplaced(
-    out: pd.DataFrame, triton: pd.DataFrame, envelope: pd.DataFrame, cut: pd.Series
+    out: pd.DataFrame,
+    triton: pd.DataFrame,
+    envelope: pd.DataFrame,
+    cut: pd.Series,
+    steps_overlap: pd.Series,
 ) -> pd.Series:
     """Per trace (index of `out`): why its backend spans cannot be placed, or None."""
     tol = PLACEMENT_TOLERANCE_NS
@@ -150,7 +162,8 @@ def _unplaced(
     outside = envelope[(envelope["start"] > env_cut + tol) | (envelope["end"] < -tol)]
     outside = outside[reason.reindex(outside.index).isna()]
     reason[outside.index] = "the op events lie outside the request's window (a clock is off)"
-    overlap = out["server_other"] < -OVERLAP_TOLERANCE * out["client_total"]
+    # an ensemble's steps overlap by Triton's own stamps (ensemble_steps.GAP_PHASES): allowed
+    overlap = out["server_other"] < -OVERLAP_TOLERANCE * out["client_total"] - steps_overlap
     overlap &= reason.isna()
     reason[overlap[overlap].index] = (
         "the backend's phases overlap (more phase time than its request span)"

@@ -169,3 +169,19 @@ def test_steps_that_overlap_add_no_gap_and_each_replayed_step_meets_its_live_com
     assert per_step.at["ens_cnn/simple_cnn", "ratio_p50"] == pytest.approx(1.5)
     (note,) = fidelity_notes(fr)[:1]
     assert note.startswith("ensemble step ens_cnn/pre: replay p50 0.6 ms vs its live")
+
+
+def test_an_ensemble_whose_steps_overlap_stays_in_the_breakdown(tmp_path: Path) -> None:
+    """Its whole-request phases sum the steps' overlapping stamps to more than Triton's request
+    span: not a clock to distrust, the overlap is the steps'."""
+    path = tmp_path / "overlap.db"
+    with TraceStore(path) as store:
+        write_ensemble(store, T0, gap_us=-490)  # 0.49 ms of the two steps at once
+    rc, out, err = run_report(str(path), "--format", "json")
+    assert rc == 0, err
+    lb = json.loads(out)["live_breakdown"]
+    assert not [n for n in lb["notes"] if "left out" in n]
+    rows = {(r["step"], r["phase"]): r for r in lb["rows"]}
+    assert rows[("", "steps_overlap")]["mean_ms"] == pytest.approx(0.49)
+    assert rows[("", "between_steps")]["mean_ms"] == 0
+    assert rows[("2. simple_cnn", "compute_infer")]["requests"] == 1
