@@ -166,22 +166,11 @@ def step_fidelity(fr: Frames) -> pd.DataFrame:
     same trace), and their ratio; only steps that have a replay."""
     cols = ["key", "requests", "live_p50_ms", "replay_p50_ms", "ratio_p50"]
     st = steps(fr)
-    if st.empty:
+    rep = replayed_steps(fr)
+    if rep.empty:
         return pd.DataFrame(columns=cols)
-    rep = fr.at("model")
-    if "source" in rep.columns:
-        rep = rep[rep["source"].astype(str) == "replay"]
-    if "run_level" in rep.columns:  # the model level's own run, where the levels were split
-        rep = rep[rep["run_level"].astype(str).isin(["model", "nan", "None", ""])]
-    rep = pd.DataFrame(
-        {
-            "tkey": rep["tkey"].to_numpy(),
-            "step": rep["name"].astype(str).to_numpy(),
-            "replay": rep["duration_ns"].to_numpy("float64"),
-        }
-    )
-    rep = rep.groupby(["tkey", "step"], observed=True, as_index=False)["replay"].median()
-    both = st.merge(rep, on=["tkey", "step"]).dropna(subset=["compute_infer", "replay"])
+    both = st.merge(rep[["tkey", "step", "replay"]], on=["tkey", "step"])
+    both = both.dropna(subset=["compute_infer", "replay"])
     if both.empty:
         return pd.DataFrame(columns=cols)
     both = both.assign(
@@ -200,6 +189,30 @@ def step_fidelity(fr: Frames) -> pd.DataFrame:
     )
     out[["live_p50_ms", "replay_p50_ms"]] /= 1e6
     return out[cols]
+
+
+def replayed_steps(fr: Frames) -> pd.DataFrame:
+    """Per ensemble trace and replayed step: tkey, ensemble, step, replay (ns: the median of
+    the step's model-level replay spans, those named after the step's model)."""
+    cols = ["tkey", "ensemble", "step", "replay"]
+    st = steps(fr)
+    if st.empty:
+        return pd.DataFrame(columns=cols)
+    rep = fr.at("model")
+    if "source" in rep.columns:
+        rep = rep[rep["source"].astype(str) == "replay"]
+    if "run_level" in rep.columns:  # the model level's own run, where the levels were split
+        rep = rep[rep["run_level"].astype(str).isin(["model", "nan", "None", ""])]
+    rep = pd.DataFrame(
+        {
+            "tkey": rep["tkey"].to_numpy(),
+            "step": rep["name"].astype(str).to_numpy(),
+            "replay": rep["duration_ns"].to_numpy("float64"),
+        }
+    )
+    rep = rep.groupby(["tkey", "step"], observed=True, as_index=False)["replay"].median()
+    named = st[["tkey", "ensemble", "step"]].drop_duplicates()
+    return named.merge(rep, on=["tkey", "step"]).dropna(subset=["replay"])[cols]
 
 
 def fidelity_notes(fr: Frames) -> list[str]:

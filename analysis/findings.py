@@ -171,7 +171,7 @@ def optimal_batch(results: Results, data: TraceData) -> list[Finding]:
     if not a1.ok:
         return []
     out = []
-    table = a1.table.dropna(subset=["batch_size"])
+    table = _whole_requests(a1.table).dropna(subset=["batch_size"])  # not a step's rows
     for model, decision in sorted(a1.extra.get("batch_decision", {}).items()):
         grp = table[table["model"] == model]
         measured = ", ".join(str(int(b)) for b in sorted(grp["batch_size"]))
@@ -408,7 +408,7 @@ def live_queue(results: Results, data: TraceData) -> list[Finding]:
 
 
 def _whole_requests(lb: pd.DataFrame) -> pd.DataFrame:
-    """The live breakdown's rows of whole requests (not an ensemble's step rows)."""
+    """An analysis' rows of whole requests (not an ensemble's step rows: live_breakdown, A1)."""
     return lb[lb["step"] == ""] if "step" in lb.columns else lb
 
 

@@ -66,6 +66,8 @@ def _fig(width: float = 7.5, height: float = 3.6) -> tuple[Any, Any]:
 
 def plot_batch_curve(res: AnalysisResult) -> list[str]:
     df = res.table.dropna(subset=["batch_size"])
+    if "step" in df.columns:  # the models' curves, not an ensemble's steps
+        df = df[df["step"] == ""]
     if df.empty:
         return []
     fig, ax = _fig()

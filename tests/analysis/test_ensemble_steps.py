@@ -12,6 +12,7 @@ import pytest
 
 from analysis.common import Frames
 from analysis.ensemble_steps import fidelity_notes, gaps, step_fidelity, step_key, steps
+from analysis.model_level import model_throughput
 from analysis.tracedb import TraceFilter, load_traces
 from sidecar.trace.spans import Level, Source, Span, Trace, new_span_id, new_trace_id
 from sidecar.trace.store import TraceStore
@@ -159,7 +160,7 @@ def test_steps_that_overlap_add_no_gap_and_each_replayed_step_meets_its_live_com
                               T0 + int(ms * MS), Source.REPLAY, duration_ns=int(ms * MS),
                               run_level=Level.MODEL))  # fmt: skip
         store.append_spans(tid, spans)
-        store.write_trace(Trace(tid, "ens_cnn", T0, sample_reason="forced"), [])
+        store.write_trace(Trace(tid, "ens_cnn", T0, batch_size=1, sample_reason="forced"), [])
     fr = Frames(load_traces([path], TraceFilter()))
     gp = gaps(fr)
     assert (gp["between_steps"].iat[0], gp["steps_overlap"].iat[0]) == (0.0, 100 * US)
@@ -169,6 +170,10 @@ def test_steps_that_overlap_add_no_gap_and_each_replayed_step_meets_its_live_com
     assert per_step.at["ens_cnn/simple_cnn", "ratio_p50"] == pytest.approx(1.5)
     (note,) = fidelity_notes(fr)[:1]
     assert note.startswith("ensemble step ens_cnn/pre: replay p50 0.6 ms vs its live")
+    a1 = model_throughput(fr).table.set_index(["model", "step"])
+    assert a1.at[("ens_cnn", "pre"), "latency_ms"] == pytest.approx(0.6)
+    assert a1.at[("ens_cnn", "simple_cnn"), "throughput_per_s"] == pytest.approx(1 / 3e-3)
+    assert a1.at[("ens_cnn", ""), "n_traces"] == 1  # the ensemble's own row stays first
 
 
 def test_an_ensemble_whose_steps_overlap_stays_in_the_breakdown(tmp_path: Path) -> None:
