@@ -418,11 +418,26 @@ def _step_rows(lb: pd.DataFrame) -> pd.DataFrame:
     return lb[(lb["step"] != "") & lb["phase"].isin(ensemble_steps.STEP_PHASES)]
 
 
+def _replayed_steps(results: Results) -> dict[str, str]:
+    """Per ensemble: its replayed steps' latencies from A1's step rows, as evidence."""
+    a1 = results("A1")
+    if not a1.ok or "step" not in a1.table.columns:
+        return {}
+    rows = a1.table[a1.table["step"] != ""]
+    return {
+        str(model): "replayed (A1): "
+        + ", ".join(f"{r.step} {r.latency_ms:.3g} ms" for r in grp.itertuples(index=False))
+        for model, grp in rows.groupby("model", sort=True, observed=True)
+    }
+
+
 def dominant_step(results: Results, data: TraceData) -> list[Finding]:
-    """The step of an ensemble that takes most of its steps' time (live, from Triton's spans)."""
+    """The step of an ensemble that takes most of its steps' time (live, from Triton's spans;
+    its replayed steps' latencies beside, where A1 has them)."""
     lb = results("live_breakdown")
     if not lb.ok:
         return []
+    replayed = _replayed_steps(results)
     out = []
     for model, grp in _step_rows(lb.table).groupby("model", sort=True, observed=True):
         per_step = grp.groupby("step", sort=True)[["mean_ms", "share_of_client"]].sum()
@@ -449,7 +464,8 @@ def dominant_step(results: Results, data: TraceData) -> list[Finding]:
                 f"({_pct(float(per_step.at[top, 'share_of_client']))} of the client's latency)",
                 f"live_breakdown: step {top} {float(per_step.at[top, 'mean_ms']):.3g} ms mean, "
                 f"most of it {phase} ({float(rows.at[phase, 'mean_ms']):.3g} ms); other steps: "
-                f"{others or 'none'}; from Triton's spans (no replay of the steps)",
+                f"{others or 'none'}; from Triton's spans; "
+                + replayed.get(str(model), "no replay of the steps"),
                 f"profile {name} itself (its own traces, or a replay of it) and speed it up "
                 "first; the other steps cannot shorten the pipeline as much",
                 ("live_breakdown",),

@@ -174,6 +174,10 @@ def test_steps_that_overlap_add_no_gap_and_each_replayed_step_meets_its_live_com
     assert a1.at[("ens_cnn", "pre"), "latency_ms"] == pytest.approx(0.6)
     assert a1.at[("ens_cnn", "simple_cnn"), "throughput_per_s"] == pytest.approx(1 / 3e-3)
     assert a1.at[("ens_cnn", ""), "n_traces"] == 1  # the ensemble's own row stays first
+    rc, out, err = run_report(str(path), "--format", "json")
+    assert rc == 0, err
+    (dom,) = [f for f in json.loads(out)["findings"] if f["rule"] == "dominant_step"]
+    assert dom["evidence"].endswith("replayed (A1): pre 0.6 ms, simple_cnn 3 ms")
 
 
 def test_an_ensemble_whose_steps_overlap_stays_in_the_breakdown(tmp_path: Path) -> None:
