@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis import ensemble_steps
 from analysis.common import AnalysisResult, Frames, empty_result, not_captured
 from analysis.fidelity_attrs import (  # noqa: F401  (the rules per trace, as `fidelity` names them)
     ONNXRUNTIME_BACKEND,
@@ -155,7 +156,8 @@ def fidelity(fr: Frames) -> AnalysisResult:
         reasons = fr.data.traces["sample_reason"].astype(str).value_counts().to_dict()
         with_live = int(every["live_ns"].notna().sum()) if not every.empty else 0
         live_only = int(every["live_only"].sum()) if not every.empty else 0
-        return not_captured("fidelity", TITLE, why_none(reasons, with_live, live_only))
+        why = [why_none(reasons, with_live, live_only), *ensemble_steps.fidelity_notes(fr)]
+        return not_captured("fidelity", TITLE, "; ".join(why))
     rows, same_kernels = [], {}
     keys = ["model", "batch_size"]
     for (model, batch), grp in pd.concat([measured, slow]).groupby(
@@ -190,6 +192,7 @@ def fidelity(fr: Frames) -> AnalysisResult:
     res.extra[SAME_KERNELS] = same_kernels
     res.notes.append(RATIO_NOTE)
     res.notes += _notes(every, live)
+    res.notes += ensemble_steps.fidelity_notes(fr)
     return res
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from analysis import ensemble_steps
 from analysis.common import AnalysisResult
 from analysis.fidelity import SAME_KERNELS
 from analysis.roofline import peak_doubtful
@@ -36,6 +37,15 @@ AFTER_RESPONSE_SHARE = 0.25
 # latency (requests answered more than once) ...
 FIRST_RESPONSE_SHARE = 0.8
 GAP_SPREAD = 3.0  # ... or the p90 gap between responses is more than this many p50 gaps
+# ensembles: the step that holds at least this share of the time all its steps take dominates
+# (a majority: the one step whose speed-up shortens the pipeline most)
+DOMINANT_STEP_SHARE = 0.5
+# ensembles: time no step holds (between steps, or the ensemble's own before its first step and
+# after its last) is at least this share of the client's latency. Triton hands a step's output
+# tensors to the next step in its own process, normally in tens of microseconds; a fifth of the
+# latency there means copies (between devices or memory types) or a scheduler waiting on
+# something, and is worth as much as a step's own compute
+BETWEEN_STEPS_SHARE = 0.2
 
 Results = Callable[[str], AnalysisResult]
 
@@ -161,7 +171,7 @@ def optimal_batch(results: Results, data: TraceData) -> list[Finding]:
     if not a1.ok:
         return []
     out = []
-    table = a1.table.dropna(subset=["batch_size"])
+    table = _whole_requests(a1.table).dropna(subset=["batch_size"])  # not a step's rows
     for model, decision in sorted(a1.extra.get("batch_decision", {}).items()):
         grp = table[table["model"] == model]
         measured = ", ".join(str(int(b)) for b in sorted(grp["batch_size"]))
@@ -378,7 +388,8 @@ def live_queue(results: Results, data: TraceData) -> list[Finding]:
     if not lb.ok:
         return []
     out = []
-    queue = lb.table[(lb.table["phase"] == "queue") & (lb.table["share_of_client"] >= QUEUE_SHARE)]
+    whole = _whole_requests(lb.table)
+    queue = whole[(whole["phase"] == "queue") & (whole["share_of_client"] >= QUEUE_SHARE)]
     for row in queue.itertuples(index=False):
         out.append(
             Finding(
@@ -390,6 +401,104 @@ def live_queue(results: Results, data: TraceData) -> list[Finding]:
                 f"the client's latency, over {row.requests} sampled requests",
                 "add model instances (Triton instance_group count) or enable dynamic "
                 "batching so that queued requests are served together",
+                ("live_breakdown",),
+            )
+        )
+    return out
+
+
+def _whole_requests(lb: pd.DataFrame) -> pd.DataFrame:
+    """An analysis' rows of whole requests (not an ensemble's step rows: live_breakdown, A1)."""
+    return lb[lb["step"] == ""] if "step" in lb.columns else lb
+
+
+def _step_rows(lb: pd.DataFrame) -> pd.DataFrame:
+    if "step" not in lb.columns:
+        return lb.iloc[:0]
+    return lb[(lb["step"] != "") & lb["phase"].isin(ensemble_steps.STEP_PHASES)]
+
+
+def _replayed_steps(results: Results) -> dict[str, str]:
+    """Per ensemble: its replayed steps' latencies from A1's step rows, as evidence."""
+    a1 = results("A1")
+    if not a1.ok or "step" not in a1.table.columns:
+        return {}
+    rows = a1.table[a1.table["step"] != ""]
+    return {
+        str(model): "replayed (A1): "
+        + ", ".join(f"{r.step} {r.latency_ms:.3g} ms" for r in grp.itertuples(index=False))
+        for model, grp in rows.groupby("model", sort=True, observed=True)
+    }
+
+
+def dominant_step(results: Results, data: TraceData) -> list[Finding]:
+    """The step of an ensemble that takes most of its steps' time (live, from Triton's spans;
+    its replayed steps' latencies beside, where A1 has them)."""
+    lb = results("live_breakdown")
+    if not lb.ok:
+        return []
+    replayed = _replayed_steps(results)
+    out = []
+    for model, grp in _step_rows(lb.table).groupby("model", sort=True, observed=True):
+        per_step = grp.groupby("step", sort=True)[["mean_ms", "share_of_client"]].sum()
+        total = float(per_step["mean_ms"].sum())
+        if total <= 0:
+            continue
+        top = per_step["mean_ms"].idxmax()
+        share = float(per_step.at[top, "mean_ms"]) / total
+        if share < DOMINANT_STEP_SHARE:
+            continue
+        rows = grp[grp["step"] == top].set_index("phase")
+        phase = str(rows["mean_ms"].idxmax())
+        name = str(top).split(". ", 1)[-1]
+        others = ", ".join(
+            f"{str(s).split('. ', 1)[-1]} {float(v):.3g} ms"
+            for s, v in per_step["mean_ms"].items()
+            if s != top
+        )
+        out.append(
+            Finding(
+                "dominant_step",
+                str(model),
+                f"{model}: step {name} takes {_pct(share)} of the ensemble's step time "
+                f"({_pct(float(per_step.at[top, 'share_of_client']))} of the client's latency)",
+                f"live_breakdown: step {top} {float(per_step.at[top, 'mean_ms']):.3g} ms mean, "
+                f"most of it {phase} ({float(rows.at[phase, 'mean_ms']):.3g} ms); other steps: "
+                f"{others or 'none'}; from Triton's spans; "
+                + replayed.get(str(model), "no replay of the steps"),
+                f"profile {name} itself (its own traces, or a replay of it) and speed it up "
+                "first; the other steps cannot shorten the pipeline as much",
+                ("live_breakdown",),
+            )
+        )
+    return out
+
+
+def between_steps(results: Results, data: TraceData) -> list[Finding]:
+    """An ensemble whose requests spend a large share of their latency outside every step."""
+    lb = results("live_breakdown")
+    if not lb.ok or "step" not in lb.table.columns:
+        return []
+    t = lb.table
+    own = t[(t["step"] == "") & t["phase"].isin(["between_steps", "ensemble_overhead"])]
+    out = []
+    for row in own[own["share_of_client"] >= BETWEEN_STEPS_SHARE].itertuples(index=False):
+        where = (
+            "between its steps (the scheduler handing one step's outputs to the next)"
+            if row.phase == "between_steps"
+            else "in the ensemble itself, before its first step or after its last"
+        )
+        out.append(
+            Finding(
+                "between_steps",
+                str(row.model),
+                f"{row.model}: live requests spend {_pct(row.share_of_client)} of their "
+                f"latency {where}",
+                f"live_breakdown: {row.phase} {row.mean_ms:.3g} ms mean (p90 {row.p90_ms:.3g} "
+                f"ms) over {row.requests} sampled requests; threshold "
+                f"{_pct(BETWEEN_STEPS_SHARE)} of the client's latency",
+                "look for tensor copies between steps (GPU and CPU memory, or outputs a step "
+                "does not need), or fuse small steps into one model",
                 ("live_breakdown",),
             )
         )
@@ -565,6 +674,8 @@ RULES: tuple[Callable[[Results, TraceData], list[Finding]], ...] = (
     tensor_cores_unused,
     memory_bound_layers,
     live_queue,
+    dominant_step,
+    between_steps,
     post_response_work,
     stream_first_response,
     stream_gap_spread,

@@ -36,6 +36,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analysis import ensemble_steps
 from analysis.common import AnalysisResult, Frames, empty_result, not_captured
 from analysis.tracedb import RELAY_OFFSET_COLUMNS
 
@@ -58,6 +59,16 @@ PERCENTILES = (0.5, 0.9, 0.99)
 PLACEMENT_TOLERANCE_NS = 250_000
 OVERLAP_TOLERANCE = 0.01  # placed phases may exceed the placed request span by this share
 NAMED_TRACES = 5  # left-out traces named in the note
+STEPS_NOTE = (
+    "ensembles are read as their steps too (column step, `<n>. <model>` in order of start): "
+    "each step's queue and compute phases and step_other (its model span less them), from "
+    "Triton's own spans; between_steps (from one step's end to the next one's start) and "
+    "ensemble_overhead (the ensemble's span before its first step and after its last) are the "
+    "time no step holds, steps_overlap the time a step's span runs on after the next step "
+    "started (Triton stamps a step's ends after it sent its outputs on), in the rows whose step "
+    "is empty: the ensemble's span = its steps + between_steps + ensemble_overhead - "
+    "steps_overlap"
+)
 REQUEST_END = RELAY_OFFSET_COLUMNS["relay_request_end_ns"]
 RESPONSE_START = RELAY_OFFSET_COLUMNS["relay_response_start_ns"]
 
@@ -111,7 +122,7 @@ def request_phases(fr: Frames) -> pd.DataFrame:
     out["network_proxy"] = out["client_total"] - out["request"]
     out["server_other"] = out["request"] - phase_sum
     out["outside_tf_ops"] = out["client_total"] - out["tf_ops"]
-    out["unplaced"] = _unplaced(out, triton, envelope, cut)
+    out["unplaced"] = _unplaced(out, triton, envelope, cut, _steps_overlap(fr, out.index))
     out = out.drop(columns=["request", "request_end", "response_start"]).reset_index()
     return fr.with_meta(out, ["model", "trace_id"])
 
@@ -122,8 +133,20 @@ def _column(df: pd.DataFrame, col: str) -> np.ndarray:
     return df[col].to_numpy("float64")
 
 
+def _steps_overlap(fr: Frames, tkeys: pd.Index) -> pd.Series:
+    """Per trace (`tkeys`): the ns its ensemble's steps overlap (0 for other traces)."""
+    gaps = ensemble_steps.gaps(fr)
+    if gaps.empty:
+        return pd.Series(0.0, index=tkeys)
+    return gaps.set_index("tkey")["steps_overlap"].reindex(tkeys).fillna(0.0).astype("float64")
+
+
 def _unplaced(
-    out: pd.DataFrame, triton: pd.DataFrame, envelope: pd.DataFrame, cut: pd.Series
+    out: pd.DataFrame,
+    triton: pd.DataFrame,
+    envelope: pd.DataFrame,
+    cut: pd.Series,
+    steps_overlap: pd.Series,
 ) -> pd.Series:
     """Per trace (index of `out`): why its backend spans cannot be placed, or None."""
     tol = PLACEMENT_TOLERANCE_NS
@@ -139,7 +162,8 @@ def _unplaced(
     outside = envelope[(envelope["start"] > env_cut + tol) | (envelope["end"] < -tol)]
     outside = outside[reason.reindex(outside.index).isna()]
     reason[outside.index] = "the op events lie outside the request's window (a clock is off)"
-    overlap = out["server_other"] < -OVERLAP_TOLERANCE * out["client_total"]
+    # an ensemble's steps overlap by Triton's own stamps (ensemble_steps.GAP_PHASES): allowed
+    overlap = out["server_other"] < -OVERLAP_TOLERANCE * out["client_total"] - steps_overlap
     overlap &= reason.isna()
     reason[overlap[overlap].index] = (
         "the backend's phases overlap (more phase time than its request span)"
@@ -169,19 +193,13 @@ def live_breakdown(fr: Frames) -> AnalysisResult:
         return not_captured(
             "live_breakdown", TITLE, "; ".join(_left_out_notes(left_out)) or "no live spans"
         )
-    long["client"] = long["tkey"].map(per.set_index("tkey")["client_total"])
+    client = per.set_index("tkey")["client_total"]
+    long["client"] = long["tkey"].map(client)
     long["value"] = long["value"] / 1e6
-    g = long.groupby(["model", "phase"], observed=True)["value"]
-    table = g.agg(requests="size", mean_ms="mean").reset_index()
-    for q in PERCENTILES:
-        col = f"p{round(q * 100)}_ms"
-        table = table.merge(
-            g.quantile(q).rename(col).reset_index(), on=["model", "phase"], how="left"
-        )
-    table["share_of_client"] = _shares(long, table)
-    table["phase"] = pd.Categorical(table["phase"], categories=list(PHASES), ordered=True)
-    table = table.sort_values(["model", "phase"]).reset_index(drop=True)
-    table["phase"] = table["phase"].astype(str)
+    table = _aggregate(long, ["model", "phase"], PHASES)
+    step_rows = ensemble_steps.long_rows(fr, client)
+    if not step_rows.empty:  # an ensemble's requests, read as its steps too
+        table = _with_steps(table, step_rows)
     res = AnalysisResult("live_breakdown", TITLE, table)
     res.notes.append(
         "phases placed on the relay's clock: backend spans are clipped to the request's "
@@ -212,16 +230,49 @@ def live_breakdown(fr: Frames) -> AnalysisResult:
             "spans did not arrive); they count only in the phases the relay measures "
             "(client_total, backend_response)"
         )
+    if not step_rows.empty:
+        res.notes.append(STEPS_NOTE)
     res.notes += _left_out_notes(left_out)
     return res
 
 
-def _shares(long: pd.DataFrame, table: pd.DataFrame) -> np.ndarray:
+def _aggregate(long: pd.DataFrame, keys: list[str], order: tuple[str, ...]) -> pd.DataFrame:
+    """Per `keys` group of `long` (value in ms, client in ns): requests, mean, percentiles
+    and the share of the client's latency; `phase` sorted in `order`."""
+    g = long.groupby(keys, observed=True)["value"]
+    table = g.agg(requests="size", mean_ms="mean").reset_index()
+    for q in PERCENTILES:
+        col = f"p{round(q * 100)}_ms"
+        table = table.merge(g.quantile(q).rename(col).reset_index(), on=keys, how="left")
+    table["share_of_client"] = _shares(long, table, keys)
+    table["phase"] = pd.Categorical(
+        table["phase"], categories=list(dict.fromkeys(order)), ordered=True
+    )
+    table = table.sort_values(keys).reset_index(drop=True)
+    table["phase"] = table["phase"].astype(str)
+    return table
+
+
+def _with_steps(table: pd.DataFrame, step_rows: pd.DataFrame) -> pd.DataFrame:
+    """The whole-request rows (step "") and, after an ensemble's, its steps' rows and its own
+    (between_steps, ensemble_overhead), in a `step` column after `model`."""
+    order = (*PHASES, *ensemble_steps.STEP_PHASES, *ensemble_steps.GAP_PHASES)
+    steps = _aggregate(step_rows, ["model", "step", "phase"], order)
+    whole = table.assign(step="")
+    own = steps["step"] == ""
+    out = pd.concat([whole, steps[own], steps[~own]], ignore_index=True)
+    out["_part"] = (out["step"] != "").astype(int)  # a model's own rows, then its steps'
+    out = out.sort_values(["model", "_part", "step"], kind="stable").drop(columns="_part")
+    cols = ["model", "step", *[c for c in table.columns if c != "model"]]
+    return out[cols].reset_index(drop=True)
+
+
+def _shares(long: pd.DataFrame, table: pd.DataFrame, keys: list[str]) -> np.ndarray:
     """Per row of `table` (model, phase): the phase's time over the client latency of the same
     requests (those that have the phase), so the shares of phases measured on fewer requests
     than client_total (no backend spans, no relay marks) still add up where the phases do."""
-    sums = long.groupby(["model", "phase"], observed=True)[["value", "client"]].sum()
-    keyed = sums.reindex(pd.MultiIndex.from_frame(table[["model", "phase"]]))
+    sums = long.groupby(keys, observed=True)[["value", "client"]].sum()
+    keyed = sums.reindex(pd.MultiIndex.from_frame(table[keys]))
     return (keyed["value"] * 1e6 / keyed["client"]).to_numpy()
 
 

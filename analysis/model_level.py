@@ -6,6 +6,7 @@ import math
 
 import pandas as pd
 
+from analysis import ensemble_steps
 from analysis.common import GROUP, AnalysisResult, Frames, across_traces, empty_result
 from analysis.kernel_rows import kernel_rows
 from analysis.memory_roof import ROOFS
@@ -90,10 +91,33 @@ def model_throughput(fr: Frames) -> AnalysisResult:
     if agg["batch_size"].isna().any():
         notes.append("traces without a batch size have no throughput")
     cols = [*GROUP, "latency_ms", "throughput_per_s", "doubling_gain", "optimal", "n_traces"]
-    res = AnalysisResult("A1", A1_TITLE, agg[cols].reset_index(drop=True), notes=notes)
+    table = agg[cols].reset_index(drop=True)
+    per_step = _step_rows(fr)
+    if not per_step.empty:  # an ensemble's replayed steps, each as its own row
+        table = pd.concat([table.assign(step=""), per_step], ignore_index=True)
+        table = table.sort_values(["model", "step"], kind="stable").reset_index(drop=True)
+        table = table[["model", "step", *cols[1:]]]
+        notes.append(
+            "ensembles: a row per replayed step (column step, the step's model): its replay's "
+            "model-level latency at the ensemble request's batch size"
+        )
+    res = AnalysisResult("A1", A1_TITLE, table, notes=notes)
     res.extra["optimal_batch"] = optimal
     res.extra["batch_decision"] = decisions
     return res
+
+
+def _step_rows(fr: Frames) -> pd.DataFrame:
+    """A1's rows of an ensemble's replayed steps: per ensemble, step and batch size."""
+    rep = ensemble_steps.replayed_steps(fr)
+    if rep.empty:
+        return rep
+    rep = fr.with_meta(rep.rename(columns={"replay": "latency_ns"}), ["batch_size"])
+    rep = rep.assign(model=rep["ensemble"])
+    agg = across_traces(rep, [*GROUP, "step"], ["latency_ns"])
+    agg["latency_ms"] = agg["latency_ns"] / 1e6
+    agg["throughput_per_s"] = agg["batch_size"].astype("float64") / (agg["latency_ns"] / 1e9)
+    return agg.assign(doubling_gain=float("nan"), optimal=False).drop(columns="latency_ns")
 
 
 def model_aggregate(fr: Frames) -> AnalysisResult:

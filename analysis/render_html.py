@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import damage
+from analysis import damage, ensemble_steps
 from analysis.common import AnalysisResult
 from analysis.render_text import (
     Front,
@@ -66,6 +66,8 @@ def _fig(width: float = 7.5, height: float = 3.6) -> tuple[Any, Any]:
 
 def plot_batch_curve(res: AnalysisResult) -> list[str]:
     df = res.table.dropna(subset=["batch_size"])
+    if "step" in df.columns:  # the models' curves, not an ensemble's steps
+        df = df[df["step"] == ""]
     if df.empty:
         return []
     fig, ax = _fig()
@@ -253,6 +255,8 @@ def plot_live(res: AnalysisResult) -> list[str]:
     # the phases that add up to the client's latency, then the backend's work after the
     # response (hatched: not part of it); backend_response is the relay's view of the same time
     df = res.table[~res.table["phase"].isin(["client_total", "backend_response"])]
+    if "step" in df.columns:  # an ensemble's step rows split time its whole rows hold
+        df = df[(df["step"] == "") & ~df["phase"].isin(ensemble_steps.GAP_PHASES)]
     wide = df.pivot_table(
         index="model", columns="phase", values="mean_ms", aggfunc="sum", observed=True
     )
