@@ -24,6 +24,16 @@ from sidecar.proxy.stream_messages import (
     ResponseReading,
 )
 from tests.proxy.proxy_h2build import grpc_message
+from tests.proxy.wire_strategies import (
+    capture_limits,
+    delimited,
+    examples,
+    grpc_stream,
+    inner_cut_response,
+    map_entry,
+    message_bodies,
+    names,
+)
 
 native = stream_messages.native_readers
 pytestmark = pytest.mark.skipif(native is None, reason="the C message walker is not built here")
@@ -169,6 +179,72 @@ def test_random_bytes_read_the_same(body: bytes, cuts: list[int]) -> None:
     wire = grpc_message(body)
     for python, c in ((RequestReader(), native[0]()), (ResponseReader(), native[1]())):
         assert read_all(c, wire, cuts) == read_all(python, wire, cuts)
+
+
+def read_both(
+    readers: list, wire: bytes, cuts: list[int]
+) -> None:  # the C walker reads as the Python reader does, after every chunk
+    python, c = (read_all(reader, wire, cuts) for reader in readers)
+    assert c == python
+
+
+@settings(max_examples=examples(600), deadline=None)
+@given(data=st.data(), stream=grpc_stream(message_bodies(responses=False)), picks=answers)
+def test_built_requests_read_the_same(
+    data: st.DataObject, stream: tuple[bytes, list[int], list[int]], picks: list
+) -> None:
+    """Requests built field by field: repeated and out-of-order fields, every wire type, map
+    entries in any order, heads cut inside a field, a capture limit at a message's size."""
+    assert native is not None
+    wire, cuts, sizes = stream
+    limit = data.draw(capture_limits(sizes))
+    readers: list[RequestReading] = [RequestReader(), native[0]()]
+    hooks = [Pick(picks), Pick(picks)]
+    for reader, hook in zip(readers, hooks, strict=True):
+        reader.capture_limit = limit
+        reader.pick = hook
+    read_both(readers, wire, cuts)
+    assert hooks[0].asked == hooks[1].asked
+
+
+@settings(max_examples=examples(600), deadline=None)
+@given(stream=grpc_stream(message_bodies(responses=True) | inner_cut_response()))
+def test_built_responses_read_the_same(stream: tuple[bytes, list[int], list[int]]) -> None:
+    """Responses built field by field, infer_response repeated, cut, or holding any piece."""
+    assert native is not None
+    wire, cuts, _ = stream
+    read_both([ResponseReader(), native[1]()], wire, cuts)
+
+
+@settings(max_examples=examples(500), deadline=None)
+@given(
+    entries=st.lists(map_entry(), min_size=1, max_size=4),
+    model=names,
+    cuts=st.lists(st.integers(1, 30), max_size=4),
+)
+def test_parameter_entries_read_the_same(
+    entries: list[bytes], model: bytes, cuts: list[int]
+) -> None:
+    """Messages of parameters-map entries alone (the final flags' fast path and its edges)."""
+    assert native is not None
+    params = b"".join(delimited(4, entry) for entry in entries)
+    request = grpc_message(delimited(1, model) + params)
+    response = grpc_message(delimited(2, params + delimited(1, model) + delimited(6, b"")))
+    read_both([RequestReader(), native[0]()], request, cuts)
+    read_both([ResponseReader(), native[1]()], response, cuts)
+
+
+def test_a_pick_that_raises_stops_the_read() -> None:
+    """The hook's exception reaches the caller from both readers."""
+    assert native is not None
+
+    def pick(size: int) -> None:
+        raise LookupError(size)
+
+    for reader in (RequestReader(), native[0]()):
+        reader.pick = pick
+        with pytest.raises(LookupError):
+            reader.read(grpc_message(b"\x0a\x01a") * 2)
 
 
 def test_reads_what_protobuf_wrote() -> None:
