@@ -21,9 +21,12 @@ from tests.harness.triton.tracing import traced_server
 # Hypothesis: `ci` (the default) draws the same examples in every run, so a test that passes
 # passes again and a mutant one run catches every run catches (scripts/mutate_c.py relies on
 # it); `long` draws ten times as many, fresh each run, for a search by hand or a script:
-# `HYPOTHESIS_PROFILE=long pytest tests/proxy/test_messagewalk.py`.
+# `HYPOTHESIS_PROFILE=long pytest tests/proxy/test_messagewalk.py`; `mutate`, a fifth, for
+# mutate_c.py's first pass. Tests that size their own max_examples scale it with
+# tests/proxy/wire_strategies.examples().
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("long", max_examples=4000, derandomize=False, print_blob=True)
+settings.register_profile("mutate", derandomize=True, max_examples=20)  # a first, quick pass
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 

@@ -141,7 +141,7 @@ def read_all(reader: RequestReading | ResponseReading, wire: bytes, cuts: list[i
     return out
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(stream=streams(requests()), picks=st.one_of(st.none(), answers), limit=st.integers(0, 5000))
 def test_requests_read_the_same(
     stream: tuple[bytes, list[int]], picks: list | None, limit: int
@@ -162,7 +162,7 @@ def test_requests_read_the_same(
         assert hooks[0].asked == hooks[1].asked
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(stream=streams(responses()))
 def test_responses_read_the_same(stream: tuple[bytes, list[int]]) -> None:
     assert native is not None
@@ -172,7 +172,7 @@ def test_responses_read_the_same(stream: tuple[bytes, list[int]]) -> None:
     assert c == python
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(body=st.binary(max_size=80), cuts=st.lists(st.integers(1, 40), max_size=5))
 def test_random_bytes_read_the_same(body: bytes, cuts: list[int]) -> None:
     assert native is not None

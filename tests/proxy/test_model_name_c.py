@@ -17,6 +17,7 @@ from tritonclient.grpc import service_pb2
 from sidecar.proxy.model_name import HEAD_LIMIT, NEED_MORE, extract_model_name
 from tests.proxy.proxy_h2build import grpc_message
 from tests.proxy.test_proxy_model_name import _varint, field_bytes, tf_predict_request
+from tests.proxy.wire_strategies import examples
 
 framewalk = pytest.importorskip("sidecar.proxy._framewalk", reason="the C walker is not built")
 
@@ -76,7 +77,7 @@ def messages(draw: st.DrawFn) -> bytes:
     return head
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(
     messages(),
     st.sampled_from([(1,), (1, 1), (2,), (1, 2), (1, 1, 1), (0,), (2**60,), (3, 1)]),
@@ -85,7 +86,7 @@ def test_random_and_corrupted_messages(head: bytes, path: tuple[int, ...]) -> No
     same(head, path)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.binary(max_size=HEAD_LIMIT + 20), st.sampled_from([(1,), (1, 1)]))
 def test_random_bytes(head: bytes, path: tuple[int, ...]) -> None:
     same(head, path)

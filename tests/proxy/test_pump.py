@@ -43,6 +43,7 @@ from tests.proxy.test_framewalk_streams import (
     untimed_metrics,
 )
 from tests.proxy.test_proxy_relay import INFER, echo, infer_bytes
+from tests.proxy.wire_strategies import examples
 
 pytestmark = pytest.mark.skipif(
     relay.native_pump is None or frames.native_walk is None or streams._NativeStream is None,
@@ -124,7 +125,7 @@ def sent(steps: list[tuple[bool, bytes]], client: bool) -> bytes:
     return b"".join(data for side, data in steps if side == client)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(connections(), st.data())
 def test_every_result_is_the_same_through_the_pump_and_through_python(
     steps: list[tuple[bool, bytes]], draw: st.DataObject
@@ -141,7 +142,7 @@ def test_every_result_is_the_same_through_the_pump_and_through_python(
     assert calls > 0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     connections(),
     st.sampled_from([60, 1 << 20]),

@@ -19,13 +19,14 @@ from hypothesis import strategies as st
 
 from sidecar.proxy.stream_messages import ENABLE_FINAL, FINAL, MESSAGE_HEAD
 
-# the `long` profile (tests/conftest.py) multiplies the examples of tests that size their own
-LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
+# the profiles (tests/conftest.py) scale the examples of tests that size their own
+_SCALE = {"long": 10.0, "mutate": 0.2}.get(os.environ.get("HYPOTHESIS_PROFILE", "ci"), 1.0)
 
 
 def examples(n: int) -> int:
-    """A test's max_examples: `n`, or ten times it under the `long` profile."""
-    return n * 10 if LONG else n
+    """A test's max_examples: `n`; ten times it under the `long` profile, a fifth under
+    `mutate` (scripts/mutate_c.py's first pass)."""
+    return max(10, int(n * _SCALE))
 
 
 def varint(n: int) -> bytes:
