@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis import Phase, settings
 
 from tests.harness.process import free_port
 from tests.harness.tfserving.models import build_model_base
@@ -26,7 +26,12 @@ from tests.harness.triton.tracing import traced_server
 # tests/proxy/wire_strategies.examples().
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("long", max_examples=4000, derandomize=False, print_blob=True)
-settings.register_profile("mutate", derandomize=True, max_examples=20)  # a first, quick pass
+# scripts/mutate_c.py: a quick first pass, then all the examples; neither shrinks a failure
+_no_shrink = [Phase.explicit, Phase.reuse, Phase.generate]
+settings.register_profile(
+    "mutate", derandomize=True, max_examples=20, phases=_no_shrink, database=None
+)
+settings.register_profile("mutate-all", derandomize=True, phases=_no_shrink, database=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 

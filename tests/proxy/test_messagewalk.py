@@ -10,6 +10,10 @@ flipped, cut short, random bytes, compressed), on streams cut inside a message, 
 
 from __future__ import annotations
 
+import gc
+import sys
+import tracemalloc
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -271,3 +275,59 @@ def test_reads_what_protobuf_wrote() -> None:
     cut = native[1]()
     assert cut.read(response_wire[:7]) == [] and cut.mid_message
     assert native[1]().read(grpc_message(b"\x0a\x05ab")) == [(9, "", None, "", None, False)]
+
+
+def _leak_wires() -> list[tuple[bytes, list[int]]]:
+    """Requests and responses that take every path of the walker (whole, split, kept, empty,
+    compressed, unreadable, past the head), with sizes past the small ints CPython caches."""
+    name = delimited(1, b"model-" + bytes(300)) + delimited(3, b"id" * 150)
+    param = delimited(4, delimited(1, b"triton_enable_empty_final_response") + b"\x12\x02\x08\x01")
+    final = delimited(4, delimited(1, b"triton_final_response") + delimited(2, b"\x08\x01"))
+    big = delimited(7, bytes(MESSAGE_HEAD + 300))
+    bodies = [
+        name + param,
+        b"",
+        delimited(1, b"") + delimited(3, b""),
+        name + big,
+        b"\x07\x07" + bytes(300),  # unreadable
+        delimited(1, b"") + delimited(2, name + final + delimited(5, b"")),
+        delimited(2, name + final + big),
+    ]
+    wire = b"".join(grpc_message(b) for b in bodies) + grpc_message(name, compressed=True)
+    return [(wire, []), (wire, [3, 2, 700, 1, 5000, 4])]
+
+
+def test_reads_leak_no_references() -> None:
+    """Reading does not leak or over-release references: the shared singletons' counts end
+    where they began, and thousands of reads keep no memory (tokens, names, kept messages)."""
+    assert native is not None
+    shared = (None, True, False, "")
+
+    def pick(size: int) -> tuple[object, bool]:
+        return ([size], size % 2 == 0)  # a fresh token each time
+
+    def run(times: int) -> None:
+        for _ in range(times):
+            for wire, cuts in _leak_wires():
+                request = native[0]()
+                request.capture_limit = 1 << 20
+                request.pick = pick
+                read_all(request, wire, cuts)
+                read_all(native[1](), wire, cuts)
+
+    run(5)
+    gc.collect()
+    before = [sys.getrefcount(x) for x in shared]
+    tracemalloc.start()
+    try:
+        run(5)
+        gc.collect()
+        start = tracemalloc.get_traced_memory()[0]
+        run(300)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    after = [sys.getrefcount(x) for x in shared]
+    assert all(abs(a - b) < 50 for a, b in zip(after, before, strict=True)), (before, after)
+    assert grown < 64 * 1024, grown
