@@ -28,6 +28,7 @@ import argparse
 import os
 import random
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -38,6 +39,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PROXY = "sidecar/proxy"
@@ -252,6 +254,11 @@ def _compile_command(source: Path, target: Path) -> list[str]:
     ]
 
 
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 class Scratch:
     """A copy of the repo whose extension one mutant at a time is rebuilt in."""
 
@@ -281,26 +288,38 @@ class Scratch:
             os.replace(tmp, target)  # a new inode: no process maps the old one
         return done
 
-    def test(self, file: str, timeout: float, profile: str) -> tuple[str, float]:
+    def test(self, file: str, limit: tuple[float, float], profile: str) -> tuple[str, float, float]:
+        """The tests' outcome, wall and CPU seconds. `limit`: (CPU, wall) seconds; a mutant
+        that loops for ever is stopped by the CPU limit (a busy machine slows the wall clock,
+        not the CPU a run takes), the wall limit is a backstop."""
         env = dict(os.environ, PYTHONPATH=str(self.root), HYPOTHESIS_PROFILE=profile)
         env.pop("PYTEST_ADDOPTS", None)
         cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
         cmd += ["-o", "addopts=", *TESTS[file]]
+        cpu = int(limit[0]) + 1
+
+        def cap() -> None:
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+
         start = time.monotonic()
+        used = _children_cpu()
         try:
             done = subprocess.run(
-                cmd, cwd=self.root, env=env, capture_output=True, text=True, timeout=timeout
-            )
+                cmd, cwd=self.root, env=env, capture_output=True, text=True,
+                timeout=limit[1], preexec_fn=cap,
+            )  # fmt: skip
         except subprocess.TimeoutExpired:
-            return "timeout", time.monotonic() - start
-        took = time.monotonic() - start
+            return "timeout", time.monotonic() - start, _children_cpu() - used
+        took, cpu_took = time.monotonic() - start, _children_cpu() - used
         if done.returncode == 0:
-            return "survived", took
+            return "survived", took, cpu_took
+        if done.returncode in (-signal.SIGXCPU, -signal.SIGKILL):
+            return "timeout", took, cpu_took
         if done.returncode < 0:
-            return "crashed", took
+            return "crashed", took, cpu_took
         if done.returncode in (2, 3, 4):  # interrupted / internal / usage error: the import
-            return "error", took
-        return "killed", took
+            return "error", took, cpu_took
+        return "killed", took, cpu_took
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -319,7 +338,7 @@ def main() -> int:
     parser.add_argument(
         "--jobs", type=int, default=1, help="mutants run at once (one scratch each)"
     )
-    parser.add_argument("--timeout", type=float, default=0, help="per mutant (default 3x baseline)")
+    parser.add_argument("--timeout", type=float, default=0, help="CPU s per run (4x baseline)")
     parser.add_argument("--list", action="store_true", help="print the mutants and stop")
     parser.add_argument("--report", type=Path, help="also write the markdown table here")
     parser.add_argument("--scratch", type=Path, default=None, help="where the scratch copies go")
@@ -350,18 +369,25 @@ def main() -> int:
     scratches = [Scratch(base) for _ in range(max(1, args.jobs))]
     results: dict[Mutant, tuple[str, float]] = {}
     try:
-        timeouts: dict[tuple[str, str], float] = {}
+        limits: dict[tuple[str, str], tuple[float, float]] = {}
         for file in files:  # the unmutated sources must build and pass first
             built = scratches[0].build(file, (ROOT / PROXY / file).read_text())
             if built.returncode:
                 print(built.stderr, file=sys.stderr)
                 raise SystemExit(f"{file}: the unmutated source does not build")
             for profile in ("mutate", "mutate-all"):
-                outcome, took = scratches[0].test(file, 1800, profile)
+                outcome, took, cpu = scratches[0].test(file, (3600, 3600), profile)
                 if outcome != "survived":
                     raise SystemExit(f"{file}: the tests fail without a mutant ({outcome})")
-                timeouts[file, profile] = args.timeout or max(20.0, 3 * took)
-                print(f"baseline {file} ({profile} profile): tests pass in {took:.1f}s")
+                limits[file, profile] = (
+                    args.timeout or max(20.0, 4 * cpu),
+                    max(120.0, 10 * took, 2 * args.timeout),
+                )
+                print(
+                    f"baseline {file} ({profile} profile): tests pass in {took:.1f}s, "
+                    f"{cpu:.1f}s CPU; limits {limits[file, profile][0]:.0f}s CPU, "
+                    f"{limits[file, profile][1]:.0f}s"
+                )
         for scratch in scratches[1:]:
             for file in files:
                 scratch.build(file, (ROOT / PROXY / file).read_text())
@@ -380,17 +406,17 @@ def main() -> int:
                 if built.returncode:
                     return "no-compile", 0.0
                 # first the `mutate` profile's fifth of the examples; a survivor then faces all
-                outcome, took = scratch.test(m.file, timeouts[m.file, "mutate"], "mutate")
+                outcome, took, _ = scratch.test(m.file, limits[m.file, "mutate"], "mutate")
                 if outcome != "survived":
                     return outcome, took
-                outcome, more = scratch.test(m.file, timeouts[m.file, "mutate-all"], "mutate-all")
+                outcome, more, _ = scratch.test(m.file, limits[m.file, "mutate-all"], "mutate-all")
                 return outcome, took + more
             finally:
                 scratch.build(m.file, (ROOT / PROXY / m.file).read_text())
 
         free = list(scratches)
         with ThreadPoolExecutor(len(scratches)) as pool:
-            pending = {}
+            pending: dict[Any, tuple[Mutant, Scratch]] = {}
             queue = list(todo)
             while queue or pending:
                 while queue and free:
@@ -429,7 +455,13 @@ def main() -> int:
     return 1 if any(o == "survived" for o, _ in results.values()) else 0
 
 
-def render(files, counts, plan, results, equivalent) -> str:  # type: ignore[no-untyped-def]
+def render(
+    files: list[str],
+    counts: dict[str, dict[str, int]],
+    plan: list[Mutant],
+    results: dict[Mutant, tuple[str, float]],
+    equivalent: dict[tuple[str, str, str, str], str],
+) -> str:
     rows = ["| file | generated | planned | run | killed | equivalent | no compile | survived |"]
     rows.append("|---|---|---|---|---|---|---|---|")
     for file in files:
