@@ -166,7 +166,16 @@ def infer_parameter(draw: st.DrawFn) -> bytes:
 @st.composite
 def map_entry(draw: st.DrawFn) -> bytes:
     """A parameters-map entry: key (1) then value (2), as serializers write it, or the value
-    first, the key twice, either missing, a key that is a prefix of a read one, junk."""
+    first, the key twice, either missing, a key that is a prefix of a read one, junk; one in
+    five cut anywhere (down to nothing, or the key's tag alone)."""
+    entry = draw(_map_entry())
+    if draw(st.integers(0, 4)) == 0:
+        return entry[: draw(st.integers(0, len(entry)))]
+    return entry
+
+
+@st.composite
+def _map_entry(draw: st.DrawFn) -> bytes:
     exact = st.sampled_from(KEYS)
     near = st.sampled_from(KEYS).map(lambda k: k[:-1]) | exact.map(lambda k: k + b"x")
     key = draw(st.one_of(exact, exact, exact, near, names))
