@@ -57,6 +57,9 @@ ints = st.one_of(st.sampled_from(LIMIT_INTS), st.integers(0, 2**64 + 5), st.inte
 bad_varints = st.sampled_from([b"\xff" * 10 + b"\x01", b"\x80" * 10, b"\x80", b"\xff\xff"])
 
 KEYS = [ENABLE_FINAL, FINAL]
+# bytes the map entries' fast path tests (the value's tag 0x12, length 2, bool_param's tag 8),
+# their neighbours, and values at the one-byte varint's limit
+FAST_BYTES = [b"\x12", b"\x02", b"\x08", b"\x1a", b"\x10", b"\x03", b"\x00", b"\x01", b"\x80"]
 names = st.one_of(
     st.text(max_size=8).map(str.encode),
     st.binary(max_size=8),  # invalid UTF-8 too
@@ -196,15 +199,18 @@ def _map_entry(draw: st.DrawFn) -> bytes:
     )
     if shape == "fast":  # the serializers' bytes for a bool value: 0a len key 12 02 08 b
         value = draw(st.sampled_from([b"\x00", b"\x01", b"\x02", b"\x7f", b"\x80", b"\x80\x01"]))
-        body = b"\x08" + value
-        if draw(st.integers(0, 4)) == 0:  # the value's length byte wrong
-            return (
-                delimited(1, key)
-                + b"\x12"
-                + bytes([len(body) + draw(st.sampled_from([-1, 1]))])
-                + body
-            )
-        return delimited(1, key) + delimited(2, body)
+        tail = bytearray(b"\x12" + bytes([len(value) + 1]) + b"\x08" + value)
+        if draw(st.integers(0, 2)) == 0:  # near misses: a byte of the shape changed
+            for _ in range(draw(st.integers(1, 2))):
+                tail[draw(st.integers(0, len(tail) - 1))] = draw(st.sampled_from(FAST_BYTES))[0]
+        if draw(st.integers(0, 3)) == 0:  # a byte before it (the last maybe dropped)
+            tail = bytearray(draw(st.sampled_from(FAST_BYTES))) + tail
+            if draw(st.booleans()):
+                del tail[-1]
+        if draw(st.integers(0, 3)) == 0:  # more after it
+        if draw(st.integers(0, 3)) == 0:
+            tail += draw(piece(field_numbers([1, 2]), st.binary(max_size=3)))
+        return delimited(1, key) + bytes(tail)
     value = delimited(2, draw(infer_parameter()))
     if shape == "key value":
         return delimited(1, key) + value
