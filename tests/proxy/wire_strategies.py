@@ -208,7 +208,6 @@ def _map_entry(draw: st.DrawFn) -> bytes:
             if draw(st.booleans()):
                 del tail[-1]
         if draw(st.integers(0, 3)) == 0:  # more after it
-        if draw(st.integers(0, 3)) == 0:
             tail += draw(piece(field_numbers([1, 2]), st.binary(max_size=3)))
         return delimited(1, key) + bytes(tail)
     value = delimited(2, draw(infer_parameter()))
