@@ -251,6 +251,35 @@ def test_a_pick_that_raises_stops_the_read() -> None:
             reader.read(grpc_message(b"\x0a\x01a") * 2)
 
 
+class Untrue:
+    def __bool__(self) -> bool:
+        raise ArithmeticError("no truth")
+
+
+def test_what_pick_may_answer() -> None:
+    """None, or a 2-tuple (token, keep): anything else is a TypeError in C; keep's truth is
+    asked as Python asks it (its exception propagates from both); a None token is None."""
+    assert native is not None
+    wire = grpc_message(b"\x0a\x01a")
+    for answer in ([1, True], (1, True, 0), 7):
+        walker = native[0]()
+        walker.pick = lambda size, answer=answer: answer
+        with pytest.raises(TypeError):
+            walker.read(wire)
+    for reader in (RequestReader(), native[0]()):
+        reader.pick = lambda size: ("t", Untrue())
+        with pytest.raises(ArithmeticError):
+            reader.read(wire)
+        reader.pick = lambda size: (None, True)
+        reader.capture_limit = 10
+        assert reader.read(wire) == [(len(wire), None, wire[5:], "a", "", False)]
+    for walker_type in native:
+        with pytest.raises(TypeError):
+            walker_type(1)
+        with pytest.raises(TypeError):
+            walker_type(pick=None)
+
+
 def test_reads_what_protobuf_wrote() -> None:
     """The walker's own fields of known messages (not only agreement with the reference)."""
     assert native is not None
@@ -294,7 +323,8 @@ def _leak_wires() -> list[tuple[bytes, list[int]]]:
         delimited(2, name + final + big),
     ]
     wire = b"".join(grpc_message(b) for b in bodies) + grpc_message(name, compressed=True)
-    return [(wire, []), (wire, [3, 2, 700, 1, 5000, 4])]
+    cut = wire + grpc_message(big)[:-7]  # the walker dropped inside a message it copies
+    return [(wire, []), (wire, [3, 2, 700, 1, 5000, 4]), (cut, [6000])]
 
 
 def test_reads_leak_no_references() -> None:
@@ -317,7 +347,7 @@ def test_reads_leak_no_references() -> None:
 
     run(5)
     gc.collect()
-    before = [sys.getrefcount(x) for x in shared]
+    before = [sys.getrefcount(x) for x in (*shared, pick)]
     tracemalloc.start()
     try:
         run(5)
@@ -328,6 +358,7 @@ def test_reads_leak_no_references() -> None:
         grown = tracemalloc.get_traced_memory()[0] - start
     finally:
         tracemalloc.stop()
-    after = [sys.getrefcount(x) for x in shared]
+    after = [sys.getrefcount(x) for x in (*shared, pick)]
+    assert after[-1] == before[-1]
     assert all(abs(a - b) < 50 for a, b in zip(after, before, strict=True)), (before, after)
     assert grown < 64 * 1024, grown
