@@ -524,3 +524,33 @@ def test_chunks_leak_no_references(hold: bool) -> None:
     assert after[3:] == before[3:]
     if not hold:  # (the hook keeps its records' flags)
         assert all(abs(a - b) < 20 for a, b in zip(after[:3], before[:3], strict=True)), after
+
+
+def test_the_pumps_arguments_are_checked() -> None:
+    """Pump(fallback, lost) takes two callables; route(transport, scanner, walk) three
+    arguments, the last callable, and not once released; a call takes one argument; deleting
+    `armed` disarms."""
+    for args in ((1, never_lost), (never_lost, 1)):
+        with pytest.raises(TypeError):
+            Pump(*args)
+    pump, tracker, fallback = routed(Peer())
+    scanner = tracker.request_scanner
+    for bad in ((Peer(), scanner), (Peer(), scanner, 1), (Peer(), scanner, frames.native_walk, 1)):
+        with pytest.raises(TypeError):
+            pump.route(*bad)
+    with pytest.raises(AttributeError):  # a transport without write
+        pump.route(object(), scanner, frames.native_walk)
+    assert pump.armed  # a failed route changed nothing
+    with pytest.raises(TypeError):
+        pump()
+    with pytest.raises(TypeError):
+        pump(b"a", b"b")
+    with pytest.raises(TypeError):
+        pump(data=b"a")
+    del pump.armed
+    assert not pump.armed
+    pump(b"x")
+    assert fallback == [b"x"]
+    pump.release()
+    with pytest.raises(ValueError, match="released"):
+        pump.route(Peer(), scanner, frames.native_walk)
