@@ -11,6 +11,7 @@ flipped, cut short, random bytes, compressed), on streams cut inside a message, 
 from __future__ import annotations
 
 import gc
+import itertools
 import sys
 import tracemalloc
 
@@ -21,6 +22,8 @@ from tritonclient.grpc import service_pb2
 
 from sidecar.proxy import stream_messages
 from sidecar.proxy.stream_messages import (
+    ENABLE_FINAL,
+    FINAL,
     MESSAGE_HEAD,
     RequestReader,
     RequestReading,
@@ -145,110 +148,23 @@ def read_all(reader: RequestReading | ResponseReading, wire: bytes, cuts: list[i
     return out
 
 
-@settings(max_examples=examples(400), deadline=None)
-@given(stream=streams(requests()), picks=st.one_of(st.none(), answers), limit=st.integers(0, 5000))
-def test_requests_read_the_same(
-    stream: tuple[bytes, list[int]], picks: list | None, limit: int
-) -> None:
+# -- fixed inputs first (quick to fail) ------------------------------------------------------
+
+
+def test_every_entry_near_the_fast_path_reads_the_same() -> None:
+    """Every parameters entry `0a len key` + 3, 4 or 5 bytes drawn from the bytes the fast
+    path tests (0x12, 2, 8) and their neighbours, for both keys, in requests and responses;
+    a field follows each entry (a byte the fast path must not read)."""
     assert native is not None
-    wire, cuts = stream
-    readers: list[RequestReading] = [RequestReader(), native[0]()]
-    hooks = []
-    for reader in readers:
-        reader.capture_limit = limit
-        if picks is not None:
-            hook = Pick(picks)
-            hooks.append(hook)
-            reader.pick = hook
-    python, c = (read_all(reader, wire, cuts) for reader in readers)
-    assert c == python
-    if hooks:
-        assert hooks[0].asked == hooks[1].asked
-
-
-@settings(max_examples=examples(400), deadline=None)
-@given(stream=streams(responses()))
-def test_responses_read_the_same(stream: tuple[bytes, list[int]]) -> None:
-    assert native is not None
-    wire, cuts = stream
-    readers: list[ResponseReading] = [ResponseReader(), native[1]()]
-    python, c = (read_all(reader, wire, cuts) for reader in readers)
-    assert c == python
-
-
-@settings(max_examples=examples(300), deadline=None)
-@given(body=st.binary(max_size=80), cuts=st.lists(st.integers(1, 40), max_size=5))
-def test_random_bytes_read_the_same(body: bytes, cuts: list[int]) -> None:
-    assert native is not None
-    wire = grpc_message(body)
-    for python, c in ((RequestReader(), native[0]()), (ResponseReader(), native[1]())):
-        assert read_all(c, wire, cuts) == read_all(python, wire, cuts)
-
-
-def read_both(
-    readers: list, wire: bytes, cuts: list[int]
-) -> None:  # the C walker reads as the Python reader does, after every chunk
-    python, c = (read_all(reader, wire, cuts) for reader in readers)
-    assert c == python
-
-
-@settings(max_examples=examples(600), deadline=None)
-@given(data=st.data(), stream=grpc_stream(message_bodies(responses=False)), picks=answers)
-def test_built_requests_read_the_same(
-    data: st.DataObject, stream: tuple[bytes, list[int], list[int]], picks: list
-) -> None:
-    """Requests built field by field: repeated and out-of-order fields, every wire type, map
-    entries in any order, heads cut inside a field, a capture limit at a message's size."""
-    assert native is not None
-    wire, cuts, sizes = stream
-    limit = data.draw(capture_limits(sizes))
-    readers: list[RequestReading] = [RequestReader(), native[0]()]
-    hooks = [Pick(picks), Pick(picks)]
-    for reader, hook in zip(readers, hooks, strict=True):
-        reader.capture_limit = limit
-        reader.pick = hook
-    read_both(readers, wire, cuts)
-    assert hooks[0].asked == hooks[1].asked
-
-
-@settings(max_examples=examples(600), deadline=None)
-@given(stream=grpc_stream(message_bodies(responses=True) | inner_cut_response()))
-def test_built_responses_read_the_same(stream: tuple[bytes, list[int], list[int]]) -> None:
-    """Responses built field by field, infer_response repeated, cut, or holding any piece."""
-    assert native is not None
-    wire, cuts, _ = stream
-    read_both([ResponseReader(), native[1]()], wire, cuts)
-
-
-@settings(max_examples=examples(500), deadline=None)
-@given(
-    entries=st.lists(map_entry(), min_size=1, max_size=4),
-    model=names,
-    cuts=st.lists(st.integers(1, 30), max_size=4),
-)
-def test_parameter_entries_read_the_same(
-    entries: list[bytes], model: bytes, cuts: list[int]
-) -> None:
-    """Messages of parameters-map entries alone (the final flags' fast path and its edges)."""
-    assert native is not None
-    params = b"".join(delimited(4, entry) for entry in entries)
-    request = grpc_message(delimited(1, model) + params)
-    response = grpc_message(delimited(2, params + delimited(1, model) + delimited(6, b"")))
-    read_both([RequestReader(), native[0]()], request, cuts)
-    read_both([ResponseReader(), native[1]()], response, cuts)
-
-
-def test_a_pick_that_raises_stops_the_read() -> None:
-    """The hook's exception reaches the caller from both readers."""
-    assert native is not None
-
-    def pick(size: int) -> None:
-        raise LookupError(size)
-
-    for reader in (RequestReader(), native[0]()):
-        reader.pick = pick
-        with pytest.raises(LookupError):
-            reader.read(grpc_message(b"\x0a\x01a") * 2)
+    alphabet = [b"\x12", b"\x02", b"\x08", b"\x1a", b"\x00", b"\x01", b"\x80"]
+    tails = [b"".join(t) for n in (3, 4) for t in itertools.product(alphabet, repeat=n)]
+    tails += [b"".join(t) for t in itertools.product([*alphabet[:3], b"\x01"], repeat=5)]
+    for key in (ENABLE_FINAL, FINAL):
+        entries = [delimited(4, delimited(1, key) + tail) + delimited(1, b"m") for tail in tails]
+        requests = b"".join(grpc_message(entry) for entry in entries)
+        responses = b"".join(grpc_message(delimited(2, entry)) for entry in entries)
+        assert native[0]().read(requests) == RequestReader().read(requests)
+        assert native[1]().read(responses) == ResponseReader().read(responses)
 
 
 class Untrue:
@@ -362,3 +278,112 @@ def test_reads_leak_no_references() -> None:
     assert after[-1] == before[-1]
     assert all(abs(a - b) < 50 for a, b in zip(after, before, strict=True)), (before, after)
     assert grown < 64 * 1024, grown
+
+
+# -- random inputs ----------------------------------------------------------------------------
+
+
+@settings(max_examples=examples(400), deadline=None)
+@given(stream=streams(requests()), picks=st.one_of(st.none(), answers), limit=st.integers(0, 5000))
+def test_requests_read_the_same(
+    stream: tuple[bytes, list[int]], picks: list | None, limit: int
+) -> None:
+    assert native is not None
+    wire, cuts = stream
+    readers: list[RequestReading] = [RequestReader(), native[0]()]
+    hooks = []
+    for reader in readers:
+        reader.capture_limit = limit
+        if picks is not None:
+            hook = Pick(picks)
+            hooks.append(hook)
+            reader.pick = hook
+    python, c = (read_all(reader, wire, cuts) for reader in readers)
+    assert c == python
+    if hooks:
+        assert hooks[0].asked == hooks[1].asked
+
+
+@settings(max_examples=examples(400), deadline=None)
+@given(stream=streams(responses()))
+def test_responses_read_the_same(stream: tuple[bytes, list[int]]) -> None:
+    assert native is not None
+    wire, cuts = stream
+    readers: list[ResponseReading] = [ResponseReader(), native[1]()]
+    python, c = (read_all(reader, wire, cuts) for reader in readers)
+    assert c == python
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(body=st.binary(max_size=80), cuts=st.lists(st.integers(1, 40), max_size=5))
+def test_random_bytes_read_the_same(body: bytes, cuts: list[int]) -> None:
+    assert native is not None
+    wire = grpc_message(body)
+    for python, c in ((RequestReader(), native[0]()), (ResponseReader(), native[1]())):
+        assert read_all(c, wire, cuts) == read_all(python, wire, cuts)
+
+
+def read_both(
+    readers: list, wire: bytes, cuts: list[int]
+) -> None:  # the C walker reads as the Python reader does, after every chunk
+    python, c = (read_all(reader, wire, cuts) for reader in readers)
+    assert c == python
+
+
+@settings(max_examples=examples(600), deadline=None)
+@given(data=st.data(), stream=grpc_stream(message_bodies(responses=False)), picks=answers)
+def test_built_requests_read_the_same(
+    data: st.DataObject, stream: tuple[bytes, list[int], list[int]], picks: list
+) -> None:
+    """Requests built field by field: repeated and out-of-order fields, every wire type, map
+    entries in any order, heads cut inside a field, a capture limit at a message's size."""
+    assert native is not None
+    wire, cuts, sizes = stream
+    limit = data.draw(capture_limits(sizes))
+    readers: list[RequestReading] = [RequestReader(), native[0]()]
+    hooks = [Pick(picks), Pick(picks)]
+    for reader, hook in zip(readers, hooks, strict=True):
+        reader.capture_limit = limit
+        reader.pick = hook
+    read_both(readers, wire, cuts)
+    assert hooks[0].asked == hooks[1].asked
+
+
+@settings(max_examples=examples(600), deadline=None)
+@given(stream=grpc_stream(message_bodies(responses=True) | inner_cut_response()))
+def test_built_responses_read_the_same(stream: tuple[bytes, list[int], list[int]]) -> None:
+    """Responses built field by field, infer_response repeated, cut, or holding any piece."""
+    assert native is not None
+    wire, cuts, _ = stream
+    read_both([ResponseReader(), native[1]()], wire, cuts)
+
+
+@settings(max_examples=examples(500), deadline=None)
+@given(
+    entries=st.lists(map_entry(), min_size=1, max_size=4),
+    model=names,
+    cuts=st.lists(st.integers(1, 30), max_size=4),
+)
+def test_parameter_entries_read_the_same(
+    entries: list[bytes], model: bytes, cuts: list[int]
+) -> None:
+    """Messages of parameters-map entries alone (the final flags' fast path and its edges)."""
+    assert native is not None
+    params = b"".join(delimited(4, entry) for entry in entries)
+    request = grpc_message(delimited(1, model) + params)
+    response = grpc_message(delimited(2, params + delimited(1, model) + delimited(6, b"")))
+    read_both([RequestReader(), native[0]()], request, cuts)
+    read_both([ResponseReader(), native[1]()], response, cuts)
+
+
+def test_a_pick_that_raises_stops_the_read() -> None:
+    """The hook's exception reaches the caller from both readers."""
+    assert native is not None
+
+    def pick(size: int) -> None:
+        raise LookupError(size)
+
+    for reader in (RequestReader(), native[0]()):
+        reader.pick = pick
+        with pytest.raises(LookupError):
+            reader.read(grpc_message(b"\x0a\x01a") * 2)
