@@ -167,6 +167,25 @@ def test_every_entry_near_the_fast_path_reads_the_same() -> None:
         assert native[1]().read(responses) == ResponseReader().read(responses)
 
 
+def test_the_last_occurrence_wins_as_in_protobuf() -> None:
+    """Issue 44's survivors, by value: a repeated model name or id (the last wins), the
+    capture limit (a message of exactly the limit is kept), raw_output_contents (field 6)
+    as the first field past the parameters (an output)."""
+    assert native is not None
+    body = delimited(1, b"a") + delimited(3, b"1") + delimited(1, b"b") + delimited(3, b"2")
+    wire = grpc_message(body)
+    for reader in (RequestReader(), native[0]()):
+        reader.capture_limit = len(body)
+        reader.pick = lambda size: ("t", True)
+        assert reader.read(wire) == [(len(wire), "t", body, "b", "2", False)]
+        reader.capture_limit = len(body) - 1
+        assert reader.read(wire) == [(len(wire), "t", None, "b", "2", False)]
+    inner = delimited(1, b"a") + delimited(3, b"1")
+    twice = grpc_message(delimited(2, inner) + delimited(2, delimited(1, b"b") + delimited(6, b"")))
+    for response in (ResponseReader(), native[1]()):
+        assert response.read(twice) == [(len(twice), "", "b", "1", None, True)]
+
+
 class Untrue:
     def __bool__(self) -> bool:
         raise ArithmeticError("no truth")
