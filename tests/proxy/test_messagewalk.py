@@ -152,15 +152,29 @@ def read_all(reader: RequestReading | ResponseReading, wire: bytes, cuts: list[i
 
 
 def test_every_entry_near_the_fast_path_reads_the_same() -> None:
-    """Every parameters entry `0a len key` + 3, 4 or 5 bytes drawn from the bytes the fast
-    path tests (0x12, 2, 8) and their neighbours, for both keys, in requests and responses;
-    a field follows each entry (a byte the fast path must not read)."""
+    """Every parameters entry `0a len key` + the fast path's `12 02 08 b` with up to two of
+    its bytes changed to one of those the fast path tests or a neighbour (one either side),
+    or shifted by a byte, for both keys, in requests and responses; a field follows each
+    entry (a byte the fast path must not read)."""
     assert native is not None
-    alphabet = [b"\x12", b"\x02", b"\x08", b"\x1a", b"\x00", b"\x01", b"\x80"]
-    tails = [b"".join(t) for n in (3, 4) for t in itertools.product(alphabet, repeat=n)]
-    tails += [b"".join(t) for t in itertools.product([*alphabet[:3], b"\x01"], repeat=5)]
+    alphabet = [0x12, 0x11, 0x13, 0x02, 0x01, 0x03, 0x08, 0x07, 0x09, 0x1A, 0x00, 0x7F, 0x80]
+    tails = set()
+    for last in (0x00, 0x01, 0x7F, 0x80):
+        shape = [0x12, 0x02, 0x08, last]
+        tails.add(bytes(shape))
+        for i, j in itertools.combinations(range(4), 2):
+            for a, b in itertools.product(alphabet, repeat=2):
+                changed = list(shape)
+                changed[i], changed[j] = a, b
+                tails.add(bytes(changed))
+        for first in alphabet:
+            tails.add(bytes([first, *shape[:3]]))
+            tails.add(bytes([first, *shape]))
+        tails.add(bytes(shape[:3]))
     for key in (ENABLE_FINAL, FINAL):
-        entries = [delimited(4, delimited(1, key) + tail) + delimited(1, b"m") for tail in tails]
+        entries = [
+            delimited(4, delimited(1, key) + tail) + delimited(1, b"m") for tail in sorted(tails)
+        ]
         requests = b"".join(grpc_message(entry) for entry in entries)
         responses = b"".join(grpc_message(delimited(2, entry)) for entry in entries)
         assert native[0]().read(requests) == RequestReader().read(requests)
