@@ -210,15 +210,22 @@ def test_what_pick_may_answer() -> None:
     asked as Python asks it (its exception propagates from both); a None token is None."""
     assert native is not None
     wire = grpc_message(b"\x0a\x01a")
-    for answer in ([1, True], (1, True, 0), 7):
+    for answer in ([1, True], (1, True, 0), 7.5):
         walker = native[0]()
         walker.pick = lambda size, answer=answer: answer
+        held = sys.getrefcount(answer)
         with pytest.raises(TypeError):
             walker.read(wire)
+        assert sys.getrefcount(answer) == held  # the answer is released on the error path
+    untrue = ("t", Untrue())
     for reader in (RequestReader(), native[0]()):
-        reader.pick = lambda size: ("t", Untrue())
+        reader.pick = lambda size: untrue
         with pytest.raises(ArithmeticError):
             reader.read(wire)
+        held = sys.getrefcount(untrue)
+        with pytest.raises(ArithmeticError):
+            reader.read(wire)
+        assert sys.getrefcount(untrue) == held
         reader.pick = lambda size: (None, True)
         reader.capture_limit = 10
         assert reader.read(wire) == [(len(wire), None, wire[5:], "a", "", False)]
@@ -282,7 +289,9 @@ def test_reads_leak_no_references() -> None:
     assert native is not None
     shared = (None, True, False, "")
 
-    def pick(size: int) -> tuple[object, bool]:
+    def pick(size: int) -> tuple[object, bool] | None:
+        if size % 3 == 0:
+            return None
         return ([size], size % 2 == 0)  # a fresh token each time
 
     def run(times: int) -> None:
