@@ -344,7 +344,9 @@ def grpc_stream(
     cuts = draw(
         st.lists(
             st.one_of(
-                st.integers(1, 7), st.integers(1, 700), st.sampled_from([MESSAGE_HEAD, 4101])
+                st.integers(1, 7),
+                st.integers(1, 700),
+                st.sampled_from([MESSAGE_HEAD, MESSAGE_HEAD + 3, MESSAGE_HEAD + 4, 4101]),
             ),
             max_size=12,
         )
