@@ -4,10 +4,12 @@ models."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import Phase, settings
 
 from tests.harness.process import free_port
 from tests.harness.tfserving.models import build_model_base
@@ -15,6 +17,22 @@ from tests.harness.tfserving.process import TfServingServer
 from tests.harness.triton.model_repo import build_model_repository
 from tests.harness.triton.server import TritonServer
 from tests.harness.triton.tracing import traced_server
+
+# Hypothesis: `ci` (the default) draws the same examples in every run, so a test that passes
+# passes again and a mutant one run catches every run catches (scripts/mutate_c.py relies on
+# it); `long` draws ten times as many, fresh each run, for a search by hand or a script:
+# `HYPOTHESIS_PROFILE=long pytest tests/proxy/test_messagewalk.py`; `mutate`, a fifth, for
+# mutate_c.py's first pass. Tests that size their own max_examples scale it with
+# tests/proxy/wire_strategies.examples().
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("long", max_examples=4000, derandomize=False, print_blob=True)
+# scripts/mutate_c.py: a quick first pass, then all the examples; neither shrinks a failure
+_no_shrink = [Phase.explicit, Phase.reuse, Phase.generate]
+settings.register_profile(
+    "mutate", derandomize=True, max_examples=20, phases=_no_shrink, database=None
+)
+settings.register_profile("mutate-all", derandomize=True, phases=_no_shrink, database=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")

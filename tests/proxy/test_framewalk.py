@@ -22,6 +22,7 @@ from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.streams import ConnectionTracker, HeaderDecision, RequestStart, StreamEnd
 from tests.proxy.proxy_h2build import Conversation, rst_stream, window_update
 from tests.proxy.test_proxy_frames import INFER, infer_request
+from tests.proxy.wire_strategies import examples
 
 pytestmark = pytest.mark.skipif(
     frames.native_walk is None, reason="the C frame walker is not built here"
@@ -111,7 +112,7 @@ def observe_all(data: bytes, cuts: list[int], walker: Any) -> tuple[list[tuple[A
         frames.native_walk = saved
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(frame_sequences(), st.lists(st.integers(0, 600), max_size=4))
 def test_the_walker_makes_the_same_calls_as_the_python_scanner(
     data: bytes, cuts: list[int]
@@ -201,7 +202,7 @@ def process_all(
         frames.native_walk = saved
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(
     frame_sequences(),
     st.lists(st.integers(0, 600), max_size=4),
@@ -363,7 +364,7 @@ def relay_all(data: bytes, cuts: list[int], walker: Any) -> tuple[Any, ...]:
         frames.native_walk = saved
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(grpc_exchanges(), st.lists(st.integers(0, 30000), max_size=4), st.data())
 def test_real_exchanges_in_hold_mode_make_the_same_calls_and_pieces(
     data: bytes, cuts: list[int], draw: st.DataObject

@@ -61,6 +61,7 @@ from tests.proxy.test_framewalk import DATA_CALLS, Recorder, snapshot, untimed
 from tests.proxy.test_proxy_model_name import field_bytes, tf_predict_request
 from tests.proxy.test_stream_inferences import request as stream_request
 from tests.proxy.test_stream_inferences import response as stream_response
+from tests.proxy.wire_strategies import examples
 
 pytestmark = pytest.mark.skipif(
     frames.native_walk is None or streams._NativeStream is None,
@@ -379,7 +380,7 @@ def cut_at_random(
     return cut_steps
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=examples(250), deadline=None)
 @given(connections(), st.sampled_from([None, 60, 1 << 20]), st.data())
 def test_every_result_is_the_same_with_the_walker_on_and_off(
     steps: list[tuple[bool, bytes]], limit: int | None, draw: st.DataObject
@@ -395,7 +396,7 @@ def test_every_result_is_the_same_with_the_walker_on_and_off(
     assert calls > 0  # the connection's calls were counted
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=examples(250), deadline=None)
 @given(
     connections(),
     st.sampled_from([60, 1 << 20]),

@@ -10,6 +10,11 @@ flipped, cut short, random bytes, compressed), on streams cut inside a message, 
 
 from __future__ import annotations
 
+import gc
+import itertools
+import sys
+import tracemalloc
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,6 +22,8 @@ from tritonclient.grpc import service_pb2
 
 from sidecar.proxy import stream_messages
 from sidecar.proxy.stream_messages import (
+    ENABLE_FINAL,
+    FINAL,
     MESSAGE_HEAD,
     RequestReader,
     RequestReading,
@@ -24,6 +31,16 @@ from sidecar.proxy.stream_messages import (
     ResponseReading,
 )
 from tests.proxy.proxy_h2build import grpc_message
+from tests.proxy.wire_strategies import (
+    capture_limits,
+    delimited,
+    examples,
+    grpc_stream,
+    inner_cut_response,
+    map_entry,
+    message_bodies,
+    names,
+)
 
 native = stream_messages.native_readers
 pytestmark = pytest.mark.skipif(native is None, reason="the C message walker is not built here")
@@ -131,44 +148,92 @@ def read_all(reader: RequestReading | ResponseReading, wire: bytes, cuts: list[i
     return out
 
 
-@settings(max_examples=400, deadline=None)
-@given(stream=streams(requests()), picks=st.one_of(st.none(), answers), limit=st.integers(0, 5000))
-def test_requests_read_the_same(
-    stream: tuple[bytes, list[int]], picks: list | None, limit: int
-) -> None:
+# -- fixed inputs first (quick to fail) ------------------------------------------------------
+
+
+def test_every_entry_near_the_fast_path_reads_the_same() -> None:
+    """Every parameters entry `0a len key` + the fast path's `12 02 08 b` with up to two of
+    its bytes changed to one of those the fast path tests or a neighbour (one either side),
+    or shifted by a byte, for both keys, in requests and responses; a field follows each
+    entry (a byte the fast path must not read)."""
     assert native is not None
-    wire, cuts = stream
-    readers: list[RequestReading] = [RequestReader(), native[0]()]
-    hooks = []
-    for reader in readers:
-        reader.capture_limit = limit
-        if picks is not None:
-            hook = Pick(picks)
-            hooks.append(hook)
-            reader.pick = hook
-    python, c = (read_all(reader, wire, cuts) for reader in readers)
-    assert c == python
-    if hooks:
-        assert hooks[0].asked == hooks[1].asked
+    alphabet = [0x12, 0x11, 0x13, 0x02, 0x01, 0x03, 0x08, 0x07, 0x09, 0x1A, 0x00, 0x7F, 0x80]
+    tails = set()
+    for last in (0x00, 0x01, 0x7F, 0x80):
+        shape = [0x12, 0x02, 0x08, last]
+        tails.add(bytes(shape))
+        for i, j in itertools.combinations(range(4), 2):
+            for a, b in itertools.product(alphabet, repeat=2):
+                changed = list(shape)
+                changed[i], changed[j] = a, b
+                tails.add(bytes(changed))
+        for first in alphabet:
+            tails.add(bytes([first, *shape[:3]]))
+            tails.add(bytes([first, *shape]))
+        tails.add(bytes(shape[:3]))
+    for key in (ENABLE_FINAL, FINAL):
+        entries = [
+            delimited(4, delimited(1, key) + tail) + delimited(1, b"m") for tail in sorted(tails)
+        ]
+        requests = b"".join(grpc_message(entry) for entry in entries)
+        responses = b"".join(grpc_message(delimited(2, entry)) for entry in entries)
+        assert native[0]().read(requests) == RequestReader().read(requests)
+        assert native[1]().read(responses) == ResponseReader().read(responses)
 
 
-@settings(max_examples=400, deadline=None)
-@given(stream=streams(responses()))
-def test_responses_read_the_same(stream: tuple[bytes, list[int]]) -> None:
+def test_the_last_occurrence_wins_as_in_protobuf() -> None:
+    """Issue 44's survivors, by value: a repeated model name or id (the last wins), the
+    capture limit (a message of exactly the limit is kept), raw_output_contents (field 6)
+    as the first field past the parameters (an output)."""
     assert native is not None
-    wire, cuts = stream
-    readers: list[ResponseReading] = [ResponseReader(), native[1]()]
-    python, c = (read_all(reader, wire, cuts) for reader in readers)
-    assert c == python
-
-
-@settings(max_examples=300, deadline=None)
-@given(body=st.binary(max_size=80), cuts=st.lists(st.integers(1, 40), max_size=5))
-def test_random_bytes_read_the_same(body: bytes, cuts: list[int]) -> None:
-    assert native is not None
+    body = delimited(1, b"a") + delimited(3, b"1") + delimited(1, b"b") + delimited(3, b"2")
     wire = grpc_message(body)
-    for python, c in ((RequestReader(), native[0]()), (ResponseReader(), native[1]())):
-        assert read_all(c, wire, cuts) == read_all(python, wire, cuts)
+    for reader in (RequestReader(), native[0]()):
+        reader.capture_limit = len(body)
+        reader.pick = lambda size: ("t", True)
+        assert reader.read(wire) == [(len(wire), "t", body, "b", "2", False)]
+        reader.capture_limit = len(body) - 1
+        assert reader.read(wire) == [(len(wire), "t", None, "b", "2", False)]
+    inner = delimited(1, b"a") + delimited(3, b"1")
+    twice = grpc_message(delimited(2, inner) + delimited(2, delimited(1, b"b") + delimited(6, b"")))
+    for response in (ResponseReader(), native[1]()):
+        assert response.read(twice) == [(len(twice), "", "b", "1", None, True)]
+
+
+class Untrue:
+    def __bool__(self) -> bool:
+        raise ArithmeticError("no truth")
+
+
+def test_what_pick_may_answer() -> None:
+    """None, or a 2-tuple (token, keep): anything else is a TypeError in C; keep's truth is
+    asked as Python asks it (its exception propagates from both); a None token is None."""
+    assert native is not None
+    wire = grpc_message(b"\x0a\x01a")
+    for answer in ([1, True], (1, True, 0), 7.5):
+        walker = native[0]()
+        walker.pick = lambda size, answer=answer: answer
+        held = sys.getrefcount(answer)
+        with pytest.raises(TypeError):
+            walker.read(wire)
+        assert sys.getrefcount(answer) == held  # the answer is released on the error path
+    untrue = ("t", Untrue())
+    for reader in (RequestReader(), native[0]()):
+        reader.pick = lambda size: untrue
+        with pytest.raises(ArithmeticError):
+            reader.read(wire)
+        held = sys.getrefcount(untrue)
+        with pytest.raises(ArithmeticError):
+            reader.read(wire)
+        assert sys.getrefcount(untrue) == held
+        reader.pick = lambda size: (None, True)
+        reader.capture_limit = 10
+        assert reader.read(wire) == [(len(wire), None, wire[5:], "a", "", False)]
+    for walker_type in native:
+        with pytest.raises(TypeError):
+            walker_type(1)
+        with pytest.raises(TypeError):
+            walker_type(pick=None)
 
 
 def test_reads_what_protobuf_wrote() -> None:
@@ -195,3 +260,172 @@ def test_reads_what_protobuf_wrote() -> None:
     cut = native[1]()
     assert cut.read(response_wire[:7]) == [] and cut.mid_message
     assert native[1]().read(grpc_message(b"\x0a\x05ab")) == [(9, "", None, "", None, False)]
+
+
+def _leak_wires() -> list[tuple[bytes, list[int]]]:
+    """Requests and responses that take every path of the walker (whole, split, kept, empty,
+    compressed, unreadable, past the head), with sizes past the small ints CPython caches."""
+    name = delimited(1, b"model-" + bytes(300)) + delimited(3, b"id" * 150)
+    param = delimited(4, delimited(1, b"triton_enable_empty_final_response") + b"\x12\x02\x08\x01")
+    final = delimited(4, delimited(1, b"triton_final_response") + delimited(2, b"\x08\x01"))
+    big = delimited(7, bytes(MESSAGE_HEAD + 300))
+    bodies = [
+        name + param,
+        b"",
+        delimited(1, b"") + delimited(3, b""),
+        name + big,
+        b"\x07\x07" + bytes(300),  # unreadable
+        delimited(1, b"") + delimited(2, name + final + delimited(5, b"")),
+        delimited(2, name + final + big),
+    ]
+    wire = b"".join(grpc_message(b) for b in bodies) + grpc_message(name, compressed=True)
+    cut = wire + grpc_message(big)[:-7]  # the walker dropped inside a message it copies
+    return [(wire, []), (wire, [3, 2, 700, 1, 5000, 4]), (cut, [6000])]
+
+
+def test_reads_leak_no_references() -> None:
+    """Reading does not leak or over-release references: the shared singletons' counts end
+    where they began, and thousands of reads keep no memory (tokens, names, kept messages)."""
+    assert native is not None
+    shared = (None, True, False, "")
+
+    def pick(size: int) -> tuple[object, bool] | None:
+        if size % 3 == 0:
+            return None
+        return ([size], size % 2 == 0)  # a fresh token each time
+
+    def run(times: int) -> None:
+        for _ in range(times):
+            for wire, cuts in _leak_wires():
+                request = native[0]()
+                request.capture_limit = 1 << 20
+                request.pick = pick
+                read_all(request, wire, cuts)
+                read_all(native[1](), wire, cuts)
+
+    run(5)
+    gc.collect()
+    before = [sys.getrefcount(x) for x in (*shared, pick)]
+    tracemalloc.start()
+    try:
+        run(5)
+        gc.collect()
+        start = tracemalloc.get_traced_memory()[0]
+        run(300)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    after = [sys.getrefcount(x) for x in (*shared, pick)]
+    assert after[-1] == before[-1]
+    assert all(abs(a - b) < 50 for a, b in zip(after, before, strict=True)), (before, after)
+    assert grown < 64 * 1024, grown
+
+
+# -- random inputs ----------------------------------------------------------------------------
+
+
+@settings(max_examples=examples(400), deadline=None)
+@given(stream=streams(requests()), picks=st.one_of(st.none(), answers), limit=st.integers(0, 5000))
+def test_requests_read_the_same(
+    stream: tuple[bytes, list[int]], picks: list | None, limit: int
+) -> None:
+    assert native is not None
+    wire, cuts = stream
+    readers: list[RequestReading] = [RequestReader(), native[0]()]
+    hooks = []
+    for reader in readers:
+        reader.capture_limit = limit
+        if picks is not None:
+            hook = Pick(picks)
+            hooks.append(hook)
+            reader.pick = hook
+    python, c = (read_all(reader, wire, cuts) for reader in readers)
+    assert c == python
+    if hooks:
+        assert hooks[0].asked == hooks[1].asked
+
+
+@settings(max_examples=examples(400), deadline=None)
+@given(stream=streams(responses()))
+def test_responses_read_the_same(stream: tuple[bytes, list[int]]) -> None:
+    assert native is not None
+    wire, cuts = stream
+    readers: list[ResponseReading] = [ResponseReader(), native[1]()]
+    python, c = (read_all(reader, wire, cuts) for reader in readers)
+    assert c == python
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(body=st.binary(max_size=80), cuts=st.lists(st.integers(1, 40), max_size=5))
+def test_random_bytes_read_the_same(body: bytes, cuts: list[int]) -> None:
+    assert native is not None
+    wire = grpc_message(body)
+    for python, c in ((RequestReader(), native[0]()), (ResponseReader(), native[1]())):
+        assert read_all(c, wire, cuts) == read_all(python, wire, cuts)
+
+
+def read_both(
+    readers: list, wire: bytes, cuts: list[int]
+) -> None:  # the C walker reads as the Python reader does, after every chunk
+    python, c = (read_all(reader, wire, cuts) for reader in readers)
+    assert c == python
+
+
+@settings(max_examples=examples(600), deadline=None)
+@given(data=st.data(), stream=grpc_stream(message_bodies(responses=False)), picks=answers)
+def test_built_requests_read_the_same(
+    data: st.DataObject, stream: tuple[bytes, list[int], list[int]], picks: list
+) -> None:
+    """Requests built field by field: repeated and out-of-order fields, every wire type, map
+    entries in any order, heads cut inside a field, a capture limit at a message's size."""
+    assert native is not None
+    wire, cuts, sizes = stream
+    limit = data.draw(capture_limits(sizes))
+    readers: list[RequestReading] = [RequestReader(), native[0]()]
+    hooks = [Pick(picks), Pick(picks)]
+    for reader, hook in zip(readers, hooks, strict=True):
+        reader.capture_limit = limit
+        reader.pick = hook
+    read_both(readers, wire, cuts)
+    assert hooks[0].asked == hooks[1].asked
+
+
+@settings(max_examples=examples(600), deadline=None)
+@given(stream=grpc_stream(message_bodies(responses=True) | inner_cut_response()))
+def test_built_responses_read_the_same(stream: tuple[bytes, list[int], list[int]]) -> None:
+    """Responses built field by field, infer_response repeated, cut, or holding any piece."""
+    assert native is not None
+    wire, cuts, _ = stream
+    read_both([ResponseReader(), native[1]()], wire, cuts)
+
+
+@settings(max_examples=examples(500), deadline=None)
+@given(
+    entries=st.lists(map_entry(), min_size=1, max_size=4),
+    model=names,
+    cuts=st.lists(st.integers(1, 30), max_size=4),
+)
+def test_parameter_entries_read_the_same(
+    entries: list[bytes], model: bytes, cuts: list[int]
+) -> None:
+    """Messages of parameters-map entries alone (the final flags' fast path and its edges)."""
+    assert native is not None
+    params = b"".join(delimited(4, entry) for entry in entries)
+    request = grpc_message(delimited(1, model) + params)
+    response = grpc_message(delimited(2, params + delimited(1, model) + delimited(6, b"")))
+    read_both([RequestReader(), native[0]()], request, cuts)
+    read_both([ResponseReader(), native[1]()], response, cuts)
+
+
+def test_a_pick_that_raises_stops_the_read() -> None:
+    """The hook's exception reaches the caller from both readers."""
+    assert native is not None
+
+    def pick(size: int) -> None:
+        raise LookupError(size)
+
+    for reader in (RequestReader(), native[0]()):
+        reader.pick = pick
+        with pytest.raises(LookupError):
+            reader.read(grpc_message(b"\x0a\x01a") * 2)

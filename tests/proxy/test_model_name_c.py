@@ -17,6 +17,7 @@ from tritonclient.grpc import service_pb2
 from sidecar.proxy.model_name import HEAD_LIMIT, NEED_MORE, extract_model_name
 from tests.proxy.proxy_h2build import grpc_message
 from tests.proxy.test_proxy_model_name import _varint, field_bytes, tf_predict_request
+from tests.proxy.wire_strategies import delimited, examples, field_numbers, names, piece
 
 framewalk = pytest.importorskip("sidecar.proxy._framewalk", reason="the C walker is not built")
 
@@ -76,7 +77,7 @@ def messages(draw: st.DrawFn) -> bytes:
     return head
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(
     messages(),
     st.sampled_from([(1,), (1, 1), (2,), (1, 2), (1, 1, 1), (0,), (2**60,), (3, 1)]),
@@ -85,7 +86,7 @@ def test_random_and_corrupted_messages(head: bytes, path: tuple[int, ...]) -> No
     same(head, path)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.binary(max_size=HEAD_LIMIT + 20), st.sampled_from([(1,), (1, 1)]))
 def test_random_bytes(head: bytes, path: tuple[int, ...]) -> None:
     same(head, path)
@@ -102,3 +103,34 @@ def test_a_tag_beyond_64_bits_is_not_a_small_field_number() -> None:
     tag = _varint(1 << 64 | 1 << 3 | 2)
     head = grpc_message(tag + b"\x03abc" + field_bytes(1, b"real"))
     assert same(head, (1,)) == "real"
+
+
+@st.composite
+def built_heads(draw: st.DrawFn) -> tuple[bytes, tuple[int, ...]]:
+    """A request head built field by field down a model path: the path's fields among others
+    of every wire type (well formed or not), repeated, in any order, the name maybe not
+    UTF-8; the prefix's size the body's or one either side; maybe compressed; maybe cut."""
+    path = draw(st.sampled_from([(1,), (1, 1), (2,), (1, 2), (3, 1)]))
+
+    def level(depth: int) -> bytes:
+        target = path[depth] if depth < len(path) else 1
+        others = piece(field_numbers([target, target + 1]), names)
+        parts = [draw(others) for _ in range(draw(st.integers(0, 3)))]
+        for _ in range(draw(st.integers(1, 2)) if depth < len(path) else 0):
+            inner = level(depth + 1) if depth + 1 < len(path) else draw(names)
+            parts.insert(draw(st.integers(0, len(parts))), delimited(target, inner))
+        return b"".join(parts)
+
+    body = level(0)
+    size = max(0, len(body) + draw(st.sampled_from([0, 0, 0, -1, 1, 1000])))
+    flag = draw(st.sampled_from([0, 0, 0, 1, 2]))
+    head = bytes([flag]) + size.to_bytes(4, "big") + body
+    if draw(st.booleans()):
+        head = head[: draw(st.integers(0, len(head)))]
+    return head, path
+
+
+@settings(max_examples=examples(1500), deadline=None)
+@given(built_heads())
+def test_heads_built_down_the_path(case: tuple[bytes, tuple[int, ...]]) -> None:
+    same(*case)

@@ -14,6 +14,7 @@ Python relay does.
 from __future__ import annotations
 
 import gc
+import sys
 import weakref
 from collections import Counter
 from collections.abc import Iterator
@@ -43,6 +44,7 @@ from tests.proxy.test_framewalk_streams import (
     untimed_metrics,
 )
 from tests.proxy.test_proxy_relay import INFER, echo, infer_bytes
+from tests.proxy.wire_strategies import examples
 
 pytestmark = pytest.mark.skipif(
     relay.native_pump is None or frames.native_walk is None or streams._NativeStream is None,
@@ -61,16 +63,22 @@ class Peer:
 
     def __init__(self) -> None:
         self.chunks: list[bytes] = []
+        self.calls: list[tuple[str, int]] = []  # ("write" / "writelines", pieces)
         self.error: BaseException | None = None
 
     def write(self, data: bytes) -> None:
-        if self.error is not None:
-            raise self.error
-        self.chunks.append(data)
+        self._keep("write", [data])
 
     def writelines(self, pieces: list[bytes]) -> None:
-        for piece in pieces:
-            self.write(piece)
+        self._keep("writelines", pieces)
+
+    def _keep(self, how: str, pieces: list[bytes]) -> None:
+        if self.error is not None:
+            raise self.error
+        if pieces == [b""]:  # nothing, as a transport's write(b"") does
+            return
+        self.calls.append((how, len(pieces)))
+        self.chunks += pieces
 
 
 def observed(
@@ -78,8 +86,9 @@ def observed(
 ) -> tuple[Any, ...]:
     """Feed the chunks to a fresh tracker, sampling on where `limit` is given (a `Hook`; with
     `quick`, (seed, pick rate), a `QuickHook`): through a routed pump per direction, or with the
-    C walk off through `observe` / `process`. Every result the sinks and the hook are left
-    with, and the bytes forwarded each way."""
+    C walk off through `observe` / `process` (the pieces written as the relay's Python
+    `data_received` writes them). Every result the sinks and the hook are left with, and the
+    pieces forwarded each way and how (`write`, `writelines`)."""
     saved = frames.native_walk
     if not pumped:
         frames.native_walk = None
@@ -104,8 +113,12 @@ def observed(
             for chunk in chunks(data, cuts):
                 if pumped:
                     pumps[client](chunk)
-                elif scanners[client].hold:
-                    peers[client].writelines(scanners[client].process(chunk))
+                elif scanners[client].hold:  # as the relay's data_received writes the pieces
+                    pieces = scanners[client].process(chunk)
+                    if len(pieces) == 1:
+                        peers[client].write(pieces[0])
+                    elif pieces:
+                        peers[client].writelines(pieces)
                 else:
                     peers[client].write(chunk)
                     scanners[client].observe(chunk)
@@ -114,7 +127,7 @@ def observed(
                 )
         failed = (tracker.request_scanner.failed, tracker.response_scanner.failed)
         tracker.close("CANCELLED")
-        forwarded = {side: b"".join(peer.chunks) for side, peer in peers.items()}
+        forwarded = {side: (peer.chunks, peer.calls) for side, peer in peers.items()}
         return records, hook_records(hook), untimed_metrics(registry), failed, forwarded
     finally:
         frames.native_walk = saved
@@ -124,7 +137,7 @@ def sent(steps: list[tuple[bool, bytes]], client: bool) -> bytes:
     return b"".join(data for side, data in steps if side == client)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(connections(), st.data())
 def test_every_result_is_the_same_through_the_pump_and_through_python(
     steps: list[tuple[bool, bytes]], draw: st.DataObject
@@ -136,12 +149,13 @@ def test_every_result_is_the_same_through_the_pump_and_through_python(
     assert pumped[:4] == reference[:4]
     assert pumped[3] == (False, False)  # observation never stopped
     for client in (True, False):  # every byte written, in order
-        assert pumped[4][client] == reference[4][client] == sent(steps, client)
+        assert pumped[4][client] == reference[4][client]  # the same pieces, written alike
+        assert b"".join(pumped[4][client][0]) == sent(steps, client)
     calls = sum(v for (name, _), v in pumped[2].items() if name == "xsp_requests_total")
     assert calls > 0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     connections(),
     st.sampled_from([60, 1 << 20]),
@@ -163,7 +177,7 @@ def test_sampling_on_every_result_is_the_same_through_the_pump_and_through_pytho
     assert pumped[:4] == reference[:4]
     assert pumped[3] == (False, False)
     assert pumped[4] == reference[4]
-    assert pumped[4][False] == sent(steps, False)
+    assert b"".join(pumped[4][False][0]) == sent(steps, False)
 
 
 # -- the pump's own rules --------------------------------------------------------------------
@@ -395,3 +409,146 @@ def test_steady_unary_calls_never_reach_pythons_data_received(
         assert seen[0] == seen[1] and hooks[0].ended == hooks[1].ended
         bodies = [seen for seen in hooks[0].seen if seen[0] == "body"]
         assert len(bodies) == 20  # streams 1, 7, 13, ...: every third call sampled
+
+
+# -- which side runs each chunk ---------------------------------------------------------------
+
+
+def entered_from_pump(pump: Any, chunk: bytes) -> Counter[str]:
+    """The modules whose Python the pump itself called while it took `chunk` (the scanner's,
+    frames.py; the sink's, streams.py; the peer's): Python called by Python is not counted."""
+    here = sys._getframe()
+    seen = Counter[str]()
+
+    def profile(frame: Any, event: str, arg: object) -> None:
+        if event == "call" and frame.f_back is here:
+            seen[frame.f_code.co_filename.rsplit("/", 1)[-1]] += 1
+
+    sys.setprofile(profile)
+    try:
+        pump(chunk)
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def frame_aligned_calls(calls: int) -> list[bytes]:
+    """A client's preface and settings, then `calls` unary requests, one chunk each."""
+    conv = Conversation()
+    out = [bytes(conv.client)]
+    for sid in range(1, 2 * calls, 2):
+        start = len(conv.client)
+        conv.request(sid, INFER, infer_bytes("m"))
+        out.append(bytes(conv.client[start:]))
+    return out
+
+
+def test_chunks_at_frame_boundaries_are_walked_in_c() -> None:
+    """Observe mode: the first chunk is the scanner's Python's (the pump has not seen where it
+    stands), every later one ending at a frame boundary the C walk's alone; re-arming, or a
+    chunk handed to the fallback, sends the next one to Python again."""
+    peer = Peer()
+    pump, tracker, fallback = routed(peer)
+    first, *rest = frame_aligned_calls(6)
+    assert entered_from_pump(pump, first)["frames.py"] == 1
+    for chunk in rest[:3]:
+        assert entered_from_pump(pump, chunk)["frames.py"] == 0
+    pump.armed = True
+    assert entered_from_pump(pump, rest[3])["frames.py"] == 1
+    assert entered_from_pump(pump, rest[4])["frames.py"] == 0
+    pump(bytearray())  # not bytes: to the fallback, which may scan
+    assert fallback == [bytearray()]
+    assert entered_from_pump(pump, rest[5])["frames.py"] == 1
+    assert peer.calls == [("write", 1)] * 7 and b"".join(peer.chunks) == b"".join([first, *rest])
+    assert tracker.last_stream_id == 11
+
+
+def test_hold_mode_writes_a_chunk_whole_without_pythons_scanner() -> None:
+    """Hold mode: a chunk the walk took whole with nothing to add to a header block is written
+    whole, in one `write`, and the scanner's Python never runs for it; a sampled request's
+    chunk goes through the scanner's Python and is written in pieces."""
+    peer = Peer()
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=Hook(60))
+    scanner = tracker.request_scanner
+    pump = Pump(lambda data: pytest.fail("disarmed"), never_lost)
+    pump.route(peer, scanner, frames.native_walk)
+    scanner.pump = pump
+    pump.armed = True
+    assert pump.hold
+    for i, chunk in enumerate(frame_aligned_calls(12)):
+        calls, pieces = len(peer.calls), len(peer.chunks)
+        python = entered_from_pump(pump, chunk)["frames.py"]
+        made = peer.calls[calls:]
+        if i == 0:
+            assert python == 1 and made == [("write", 1)]
+        elif made == [("write", 1)] and peer.chunks[pieces:] == [chunk]:
+            assert python == 0
+        else:
+            assert python >= 1 and made[0][0] == "writelines"
+    assert ("write", 1) in peer.calls[1:] and ("writelines", 2) in peer.calls
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["observe mode", "hold mode"])
+def test_chunks_leak_no_references(hold: bool) -> None:
+    """A chunk's references (the peer, the scanner, the walk, the walk's arguments) are all
+    dropped again, on every path: the walk, the scanner's Python, a closed peer, the
+    fallback."""
+    peer = Peer()
+    tracker = ConnectionTracker(
+        ProxyMetrics(CollectorRegistry()), observer=Hook(60) if hold else None
+    )
+    scanner = tracker.request_scanner
+    lost = Counter[str]()
+    pump = Pump(lambda data: None, lambda: lost.update(["lost"]))
+    pump.route(peer, scanner, frames.native_walk)
+    scanner.pump = pump
+    pump.armed = True
+    chunks_ = frame_aligned_calls(40)
+    watched = (peer, scanner, frames.native_walk, scanner.sink, scanner.tracker)
+    pump(chunks_[0])
+    for chunk in chunks_[1:5]:
+        pump(chunk)
+    gc.collect()
+    before = [sys.getrefcount(x) for x in watched]
+    for chunk in chunks_[5:35]:
+        pump(chunk)
+    pump.armed = True  # the next chunk to the scanner's Python
+    pump(chunks_[35])
+    pump(bytearray(chunks_[36]))  # to the fallback
+    peer.error = RuntimeError("closed")
+    pump(chunks_[37])
+    assert lost and not pump.armed
+    tracker.close("CANCELLED")
+    gc.collect()
+    after = [sys.getrefcount(x) for x in watched]
+    assert after == before
+
+
+def test_the_pumps_arguments_are_checked() -> None:
+    """Pump(fallback, lost) takes two callables; route(transport, scanner, walk) three
+    arguments, the last callable, and not once released; a call takes one argument; deleting
+    `armed` disarms."""
+    for args in ((1, never_lost), (never_lost, 1)):
+        with pytest.raises(TypeError):
+            Pump(*args)
+    pump, tracker, fallback = routed(Peer())
+    scanner = tracker.request_scanner
+    for bad in ((Peer(), scanner), (Peer(), scanner, 1), (Peer(), scanner, frames.native_walk, 1)):
+        with pytest.raises(TypeError):
+            pump.route(*bad)
+    with pytest.raises(AttributeError):  # a transport without write
+        pump.route(object(), scanner, frames.native_walk)
+    assert pump.armed  # a failed route changed nothing
+    with pytest.raises(TypeError):
+        pump()
+    with pytest.raises(TypeError):
+        pump(b"a", b"b")
+    with pytest.raises(TypeError):
+        pump(data=b"a")
+    del pump.armed
+    assert not pump.armed
+    pump(b"x")
+    assert fallback == [b"x"]
+    pump.release()
+    with pytest.raises(ValueError, match="released"):
+        pump.route(Peer(), scanner, frames.native_walk)
