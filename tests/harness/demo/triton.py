@@ -35,7 +35,7 @@ PROFILES = "xsp_profiles_total"
 DROPPED = "xsp_samples_dropped_total"
 BUDGET_PER_MINUTE = 60
 DUTY_CYCLE = 0.5
-FORCEABLE = ("simple_cnn", "add_sub", "ens_cnn")
+FORCEABLE: tuple[str, ...] = ("simple_cnn", "add_sub", "ens_cnn")
 MODEL_FOLDER = "triton-models"  # in the output folder; the TF-Serving demo has its own
 
 
