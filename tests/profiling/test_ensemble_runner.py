@@ -108,3 +108,41 @@ def test_ens_cnn_profiles_as_ensemble_then_steps_then_their_levels(tmp_path: Pat
     assert owners == {"pre", "simple_cnn"}  # each step's layers hang under that step
     assert profile.stats(Level.LAYER).trimmed_mean_ns > 0  # L timed in its own run
     assert "ens_cnn/simple_cnn" in profile.trace.attributes["ensemble_steps_layer"]
+
+
+def test_a_replay_job_of_an_ensemble_with_a_step_it_cannot_run_stores_the_step_and_why(
+    tmp_path: Path,
+) -> None:
+    from sidecar.replay.context import ReplayContext
+    from sidecar.replay.job_records import ProfileJob
+    from sidecar.replay.options import ReplayOptions
+    from sidecar.replay.replay_job import replay_job
+    from sidecar.trace.spans import new_span_id, new_trace_id
+    from sidecar.trace.store import TraceStore
+
+    repo = _chain(tmp_path / "models", second="engine")
+    (write_model(repo, "engine", TRT_STEP) / "model.plan").write_bytes(b"\0")
+    db = tmp_path / "t.db"
+    options = ReplayOptions(
+        model_repository=repo, db_path=db, levels=(Level.MODEL,), iterations=3, warmup=1,
+        store_raw_inputs=False, device="cpu",
+    )  # fmt: skip
+    job = ProfileJob(new_trace_id(), new_span_id(), "chain", "ModelInfer", b"", "forced", 0)
+    result = replay_job(job, ReplayContext(options))
+    assert result.outcome == "error"
+    trace = TraceStore(db).get_trace(job.trace_id)
+    assert trace is not None and trace.status == "error"
+    assert trace.error.startswith("StepNotReplayableError: ensemble 'chain' step 2 ('engine')")
+
+
+def test_a_step_that_fails_while_running_stops_the_replay_naming_it(tmp_path: Path) -> None:
+    repo = _chain(tmp_path / "models")
+    failing = STEP_PY.replace(
+        'return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", (x OP).astype(np.float32))])]',
+        'return [pb_utils.InferenceResponse(error=pb_utils.TritonError("bad input"))]',
+    )
+    write_model(repo, "times3", STEP_CONFIG.replace("NAME", "times3"), failing)
+    location = find_model(repo, "chain")
+    ens = EnsembleRunner(location, lambda loc: runner_for(loc.path, loc.format, name=loc.name))
+    with pytest.raises(StepNotReplayableError, match=r"step 2 \('times3'\) failed.*bad input"):
+        ens.run({"IN": np.zeros(4, np.float32)}, Level.MODEL, 3, 1)
