@@ -11,8 +11,10 @@ model span per step, named after the step's model and keyed `<ensemble>/<step mo
 (attribute `ensemble_step`), holding that step's layers and kernels. The replay has no
 ensemble scheduler, so no time passes between steps.
 
-A step that cannot be replayed (its model is not found, or no runner loads it) stops the
-replay at that step: `StepNotReplayableError` names the step and says why.
+A step that cannot be replayed (its model is not found, no runner loads it, or it answers with
+an error) stops the replay at that step: `StepNotReplayableError` names the step and says why.
+Not supported here: a decoupled step, and steps other than ONNX and Python models (the data
+flow runs a step as a BLS call does); an ensemble replays on the CPU (`replay.device`).
 """
 
 from __future__ import annotations
