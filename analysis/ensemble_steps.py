@@ -201,8 +201,10 @@ def replayed_steps(fr: Frames) -> pd.DataFrame:
     rep = fr.at("model")
     if "source" in rep.columns:
         rep = rep[rep["source"].astype(str) == "replay"]
-    if "run_level" in rep.columns:  # the model level's own run, where the levels were split
-        rep = rep[rep["run_level"].astype(str).isin(["model", "nan", "None", ""])]
+    if "run_level" in rep.columns:  # the model level's own run, where the levels were split;
+        # else the timeline's model spans (their duration is the M run's statistic too)
+        own = rep["run_level"].astype(str).isin(["model", "nan", "None", ""])
+        rep = rep[own | ~rep["tkey"].map(own.groupby(rep["tkey"]).any())]
     rep = pd.DataFrame(
         {
             "tkey": rep["tkey"].to_numpy(),

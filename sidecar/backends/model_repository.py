@@ -12,6 +12,9 @@ counts as that format: it is how the sample `simple_cnn` is served. One with onl
 `runners.python_model`); where the operator turned that off (`--replay-python-models off`),
 a backend's lookup is wrapped by `python_models(find, False)`, which refuses it with the
 reason.
+An ensemble (`platform: "ensemble"`) resolves to its `config.pbtxt` (format `ensemble`): the
+replay runs its steps as a graph (`runners.ensemble`); under `--replay-python-models off` one
+with a Python-backend step is refused, the step named.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ if TYPE_CHECKING:  # loaded on first use: the relay's process asks only `model_i
     from tritonclient.grpc import model_config_pb2
 
 CONFIG_FILE = "config.pbtxt"
+ENSEMBLE_PLATFORM = "ensemble"
 PYTHON_BACKEND = "python"
 PYTHON_MODEL_FILE = "model.py"
 PYTHON_MODELS_OFF = "--replay-python-models is off"
@@ -56,7 +60,6 @@ _UNSUPPORTED = {
     "openvino": "OpenVINO models",
     "fil": "FIL (tree) models",
     "dali": "DALI pipelines",
-    "ensemble": "ensembles (profile their composing models instead)",
 }
 
 
@@ -193,6 +196,8 @@ def _resolve_file(
     model: str, version_dir: Path, config: model_config_pb2.ModelConfig | None
 ) -> tuple[Path, ModelFormat]:
     kind = ((config.platform or config.backend) if config is not None else "").lower()
+    if kind == ENSEMBLE_PLATFORM:
+        return version_dir.parent / CONFIG_FILE, ModelFormat.ENSEMBLE
     if kind in _UNSUPPORTED:
         raise UnsupportedModelFormatError(
             f"model {model!r} is served by {kind!r}: {_UNSUPPORTED[kind]} cannot be replayed "
@@ -286,6 +291,27 @@ def python_models(find: Find, allowed: bool) -> Find:
             raise UnsupportedModelFormatError(
                 f"model {model!r} is a Python-backend model (its model.py): {PYTHON_MODELS_OFF}"
             )
+        if location.format is ModelFormat.ENSEMBLE:
+            _refuse_python_steps(refusing, root, location)
         return location
 
     return refusing
+
+
+def _refuse_python_steps(find: Find, root: Path, location: ModelLocation) -> None:
+    """Refuse an ensemble with a step `find` refuses (a Python-backend step), naming it."""
+    from sidecar.profiling.ensemble.graph import EnsembleGraphError, steps_of
+
+    try:
+        steps = steps_of(location.config)
+    except EnsembleGraphError:
+        return  # the replay records the fault
+    for step in steps:
+        try:
+            find(root, step.model, None if step.version < 0 else step.version)
+        except UnsupportedModelFormatError as exc:
+            raise UnsupportedModelFormatError(
+                f"ensemble {location.name!r} step {step.model!r}: {exc}"
+            ) from None
+        except ModelRepositoryError:
+            continue

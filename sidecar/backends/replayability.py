@@ -2,16 +2,18 @@
 
 A model is replayable when its backend's repository lookup (`Repository.find`) resolves a
 file a replay runner loads (ONNX, TorchScript, SavedModel; a Python-backend model whose
-version folder holds one of them, or its own `model.py`). A model the lookup cannot resolve
-for that reason (`UnsupportedModelFormatError`: an ensemble, a Python-backend model with only
-its `model.py` under `--replay-python-models off`, TensorRT, an unknown backend) is not: its
+version folder holds one of them, or its own `model.py`; an ensemble, by its `config.pbtxt`).
+A model the lookup cannot resolve for that reason (`UnsupportedModelFormatError`: a
+Python-backend model with only its `model.py`, or an ensemble with such a step, under
+`--replay-python-models off`, TensorRT, an unknown backend) is not: its
 sampled requests become live-only traces (the relay's span, the backend's spans, the batch
 window; `status=live_only`, `replay` says why) and no job goes to the profiling worker. Other
 lookup failures (a `config.pbtxt` that does not parse, a missing version folder) are left to
 the replay, which records them as a failed profile: they are faults to fix, not a kind of model.
 
-A new replayer plugs in by making the lookup resolve what it runs, as the one running a
-Python-backend model's own `model.py` did: the decision flips to replayable with no change here.
+A new replayer plugs in by making the lookup resolve what it runs, as the ones running a
+Python-backend model's own `model.py` and an ensemble's graph did: the decision flips to
+replayable with no change here.
 
 The relay's process asks `ReplayabilityCache.of` once per sample (the budget bounds how
 often); the answer is kept per model for `ttl_s`, so a model added or changed in the

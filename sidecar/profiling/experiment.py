@@ -5,7 +5,8 @@ with profilers enabled down to that level. Model latency statistics of each run 
 `LevelStats` with its overhead ratio (run latency / M latency). The timeline is the deepest
 run's representative iteration (model latency closest to its median); each span on it gets
 `duration_ns` = trimmed mean (20%) of that span over the iterations of the run where its
-level is deepest: model spans from M, layers from L, kernels from K. Parents come from
+level is deepest: model spans from M (an ensemble's step spans: each step's own trimmed mean
+in M, children of the ensemble's span), layers from L, kernels from K. Parents come from
 interval containment one level up (the innermost of nested module calls); GPU activity is
 placed through its launch, and on a GPU the layers of the timeline are then moved from
 their host interval (kept as `host_start_ns`/`host_end_ns`) to their kernels' interval.
@@ -34,7 +35,13 @@ from sidecar.profiling.gpu.metrics_level import record_overhead
 from sidecar.profiling.gpu.owner import MODEL_LEVEL_AFTER_CUPTI, PROCESS_OWNER
 from sidecar.profiling.peak import Peak
 from sidecar.profiling.stats import median, representative_index, trimmed_mean
-from sidecar.profiling.vocabulary import Iteration, LevelRun, ProfilingError, Runner
+from sidecar.profiling.vocabulary import (
+    ENSEMBLE_STEP,
+    Iteration,
+    LevelRun,
+    ProfilingError,
+    Runner,
+)
 from sidecar.trace.spans import (
     REPLAY_LEVELS,
     Level,
@@ -47,6 +54,7 @@ from sidecar.trace.spans import (
 )
 
 Progress = Callable[[Level], None]
+STEP = ENSEMBLE_STEP  # a model span that is an ensemble's step (`runners.ensemble`)
 
 
 @dataclass
@@ -85,7 +93,8 @@ class LeveledProfile:
             for s in self.level_stats
         ]
         for span in self.spans_at(Level.MODEL):
-            span.duration_ns = round(base)
+            if STEP not in span.attributes:
+                span.duration_ns = round(base)
         self.trace.attributes["model_runs"] = int(self.trace.attributes.get("model_runs", 1)) + 1
 
 
@@ -158,6 +167,7 @@ def run_experiment(
     rep = representative_index(deepest.latencies_ns)
     spans = _timeline(trace_id, deepest, rep, runs)
     assign_parents(spans)
+    nest_steps(spans)
     attach_gpu_activity(spans)
     retime_layers(spans)
     number_siblings(spans)
@@ -241,17 +251,29 @@ def _durations(run: LevelRun | None, level: Level) -> dict[str, int]:
     return {k: round(trimmed_mean(v)) for k, v in samples.items()}
 
 
+def nest_steps(spans: Sequence[Span]) -> None:
+    """An ensemble's step model spans (attribute `ensemble_step`) are children of the
+    ensemble's own model span (the model span that is no step)."""
+    models = [s for s in spans if s.level is Level.MODEL]
+    top = next((s for s in models if STEP not in s.attributes), None)
+    if top is None:
+        return
+    for span in models:
+        if STEP in span.attributes:
+            span.parent_id = top.span_id
+
+
 def _timeline(
     trace_id: str, deepest: LevelRun, rep: int, runs: Mapping[Level, LevelRun]
 ) -> list[Span]:
     model_ns = round(trimmed_mean(runs[Level.MODEL].latencies_ns))
-    stats = {lv: _durations(runs.get(lv), lv) for lv in (Level.LAYER, Level.KERNEL)}
+    stats = {lv: _durations(runs.get(lv), lv) for lv in REPLAY_LEVELS}
     spans: list[Span] = []
     for raw in deepest.iterations[rep].spans:
         attrs = dict(raw.attributes)
-        if raw.level is Level.MODEL:
+        if raw.level is Level.MODEL and STEP not in attrs:
             duration = model_ns
-        else:
+        else:  # an ensemble's step: its own trimmed mean over the M run, as a layer's
             found = stats[raw.level].get(raw.key)
             duration = found if found is not None else raw.duration_ns
             if found is None:

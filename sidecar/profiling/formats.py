@@ -2,7 +2,8 @@
 
 `format_of(path)` infers the format (`xsp-sidecar profile`); a SavedModel folder, or a
 TF-Serving model folder of numbered versions, is found by its `saved_model.pb`; a `.py` file is
-a Triton Python-backend model (`<repo>/<model>/<version>/model.py`). Which runner
+a Triton Python-backend model (`<repo>/<model>/<version>/model.py`); an ensemble is found by
+the repository lookup only (its `config.pbtxt`, format `ensemble`). Which runner
 profiles each format is `runners.select`'s business; this module imports no runtime.
 """
 
@@ -21,6 +22,7 @@ class ModelFormat(StrEnum):
     TORCHSCRIPT = "torchscript"
     SAVEDMODEL = "savedmodel"
     PYTHON = "python"  # a Triton Python-backend model's own model.py
+    ENSEMBLE = "ensemble"  # a Triton ensemble: its config.pbtxt's ensemble_scheduling
 
 
 SUFFIXES: dict[ModelFormat, tuple[str, ...]] = {
@@ -31,7 +33,7 @@ SUFFIXES: dict[ModelFormat, tuple[str, ...]] = {
 }
 SUPPORTED = (
     "ONNX through ONNX Runtime, TorchScript through PyTorch, SavedModel through TensorFlow, "
-    "a Triton Python-backend model.py in its repository"
+    "a Triton Python-backend model.py or an ensemble's config.pbtxt in its repository"
 )
 
 

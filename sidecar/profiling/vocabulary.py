@@ -18,6 +18,8 @@ import numpy as np
 
 from sidecar.trace.spans import Level
 
+ENSEMBLE_STEP = "ensemble_step"  # attribute of an ensemble step's model span: its step key
+
 
 class ProfilingError(Exception):
     """A profile could not be taken; the message says what to change."""

@@ -145,12 +145,14 @@ def test_a_long_wait_between_steps_is_a_finding(tmp_path: Path) -> None:
     assert "threshold 20%" in gap["evidence"]
 
 
+@pytest.mark.parametrize("run_level", [Level.MODEL, Level.LAYER])
 def test_steps_that_overlap_add_no_gap_and_each_replayed_step_meets_its_live_compute(
-    tmp_path: Path,
+    tmp_path: Path, run_level: Level
 ) -> None:
     """Triton stamps a step's ends after it sent its outputs on: the next step starts first.
     A replay of the steps (model spans named after each step's model) is set against each
-    step's live compute_infer, keyed `<ensemble>/<step>`."""
+    step's live compute_infer, keyed `<ensemble>/<step>`; the step spans may be the M run's
+    own or the timeline's (a deeper run's, whose model spans carry the M statistic)."""
     path = tmp_path / "overlap.db"
     with TraceStore(path) as store:
         tid = new_trace_id()
@@ -158,7 +160,7 @@ def test_steps_that_overlap_add_no_gap_and_each_replayed_step_meets_its_live_com
         for model, ms in (("pre", 0.6), ("simple_cnn", 3.0)):
             spans.append(Span(tid, new_span_id(), None, Level.MODEL, model, "model", T0,
                               T0 + int(ms * MS), Source.REPLAY, duration_ns=int(ms * MS),
-                              run_level=Level.MODEL))  # fmt: skip
+                              run_level=run_level))  # fmt: skip
         store.append_spans(tid, spans)
         store.write_trace(Trace(tid, "ens_cnn", T0, batch_size=1, sample_reason="forced"), [])
     fr = Frames(load_traces([path], TraceFilter()))

@@ -71,7 +71,9 @@ def test_python_model_is_unsupported_when_python_replay_is_off(sample_repo: Path
 
 
 def test_unknown_model_lists_known_ones(sample_repo: Path) -> None:
-    with pytest.raises(ModelNotFoundError, match=r"'resnet'.*add_sub, simple_cnn, sleep"):
+    with pytest.raises(
+        ModelNotFoundError, match=r"'resnet'.*add_sub, ens_cnn, pre, simple_cnn, sleep"
+    ):
         find_model(sample_repo, "resnet")
     with pytest.raises(ModelNotFoundError, match="not a valid model name"):
         find_model(sample_repo, "../etc")

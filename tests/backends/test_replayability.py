@@ -44,7 +44,7 @@ FIND = backend_named("triton").repository.find
         ("simple_cnn", True, ""),  # a Python backend that keeps its model.onnx beside model.py
         ("add_sub", True, ""),  # its model.py only: the worker runs it (runners.python_model)
         ("sleep", True, ""),
-        ("pipeline", False, "ensembles (profile their composing models instead)"),
+        ("pipeline", True, ""),  # an ensemble: its steps replayed as a graph (runners.ensemble)
         ("odd", False, "backend my_custom_backend"),
         ("broken", True, ""),  # a config that does not parse is a failed profile, not a kind
     ],
@@ -66,6 +66,15 @@ def test_python_models_are_live_only_when_their_replay_is_off(repo: Path) -> Non
         "model 'add_sub' is a Python-backend model (its model.py): --replay-python-models is off"
     )
     assert replayability(python_models(FIND, False), repo, "simple_cnn").replayable
+
+
+def test_an_ensemble_with_a_python_step_is_live_only_when_python_replay_is_off(
+    repo: Path,
+) -> None:
+    answer = replayability(python_models(FIND, False), repo, "pipeline")
+    assert not answer.replayable
+    assert answer.reason.startswith("ensemble 'pipeline' step 'add_sub': ")
+    assert "--replay-python-models is off" in answer.reason
 
 
 def test_answers_are_kept_per_model_for_their_time_to_live(tmp_path: Path) -> None:
@@ -91,4 +100,4 @@ def test_warm_asks_for_every_model_folder_beforehand(repo: Path) -> None:
     cache = ReplayabilityCache(find, repo)
     cache.warm()
     assert sorted(asked) == sorted(p.name for p in repo.iterdir())
-    assert not cache.of("pipeline").replayable and len(asked) == len(list(repo.iterdir()))
+    assert not cache.of("odd").replayable and len(asked) == len(list(repo.iterdir()))

@@ -17,17 +17,18 @@ from tests.harness.metrics_text import sample_sum, sums_by
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
-REQUESTS, FORCED = 30, 2
+REQUESTS, FORCED = 30, 3
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, Path]:
     """(console, metrics.txt, output folder) of one small demo run whose forced requests go to
-    simple_cnn and then add_sub (a Python model, profiled by running its own model.py)."""
+    simple_cnn, add_sub (a Python model, profiled by running its own model.py) and the
+    ensemble ens_cnn (replayed as its steps, pre then simple_cnn)."""
     out = tmp_path_factory.mktemp("demo") / "demo-out"
     cmd = [
         sys.executable, "-m", "tests.harness.demo", "--requests", str(REQUESTS),
-        "--forced", str(FORCED), "--forced-models", "simple_cnn,add_sub", "--out", str(out),
+        "--forced", str(FORCED), "--forced-models", "simple_cnn,add_sub,ens_cnn", "--out", str(out),
     ]  # fmt: skip
     run = subprocess.run(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, timeout=240
@@ -89,7 +90,8 @@ def test_profiles_add_up_and_failures_show_their_error(demo: tuple[str, str, Pat
     assert {o: int(n) for o, n in terms.items()} == outcomes
     assert outcomes.get("error", 0) == 0  # add_sub replays through its own model.py
     assert outcomes.get("live_only", 0) == 0
-    _one(rf"forced profile {FORCED}/{FORCED} \(add_sub\): ok$", console)
+    _one(rf"forced profile 2/{FORCED} \(add_sub\): ok$", console)
+    _one(rf"forced profile {FORCED}/{FORCED} \(ens_cnn\): ok$", console)
     assert not re.search(r"^ +failed \d+ \(add_sub\)", console, re.MULTILINE), console
     _one(rf"forced profile 1/{FORCED} \(simple_cnn\): ok$", console)
     m = _one(r"^ +traces stored: (\d+) \((\d+) ok, (\d+) failed\)$", console)
@@ -114,6 +116,7 @@ def test_progress_bars_count_each_profile_not_the_store(demo: tuple[str, str, Pa
     assert forced == {
         f"forced profile 1/{FORCED} (simple_cnn)",
         f"forced profile 2/{FORCED} (add_sub)",
+        f"forced profile 3/{FORCED} (ens_cnn)",
     }
     sampled_traffic = (
         round(sample_sum(metrics, "xsp_sampling_decisions_total", decision="sampled")) - FORCED

@@ -37,7 +37,7 @@ def test_both_demos_run_in_one_folder_in_either_order(
         assert "Traceback" not in run.stdout, run.stdout[-4000:]
         assert "==> done. Results:" in run.stdout, run.stdout[-4000:]
     assert sorted(p.name for p in (out / "triton-models").iterdir()) == [
-        "add_sub", "simple_cnn", "sleep",
+        "add_sub", "ens_cnn", "pre", "simple_cnn", "sleep",
     ]  # fmt: skip
     assert sorted(p.name for p in (out / "tfserving-models").iterdir()) == [
         "keras_cnn", "keras_transformer",

@@ -68,6 +68,8 @@ def runner_for(
         return _savedmodel_runner(path, device, optimizations, threads, name)
     if fmt is ModelFormat.PYTHON:
         return _python_runner(path, device)
+    if fmt is ModelFormat.ENSEMBLE:
+        return _ensemble_runner(path, device, optimizations, threads)
     raise UnsupportedFormatError(
         f"profiling {fmt.value} models is not supported (supported: {SUPPORTED})"
     )
@@ -178,6 +180,33 @@ def _python_runner(path: Path, device: str) -> Runner:
     if location.format is not ModelFormat.PYTHON:  # e.g. a model.py beside its model.onnx
         location = dataclasses.replace(location, path=path, format=ModelFormat.PYTHON)
     return PythonModelRunner(location)
+
+
+def _ensemble_runner(path: Path, device: str, optimizations: bool, threads: int | None) -> Runner:
+    """A Triton ensemble, found by its `config.pbtxt` (or its folder) in the repository; each
+    step's runner is loaded here as the step's model alone would be."""
+    from sidecar.backends.model_repository import CONFIG_FILE, ModelRepositoryError, find_model
+    from sidecar.profiling.runners.ensemble import EnsembleRunner
+
+    model_dir = path.resolve().parent if path.name == CONFIG_FILE else path.resolve()
+    try:
+        location = find_model(model_dir.parent, model_dir.name)
+    except ModelRepositoryError as exc:
+        raise ProfilingError(str(exc)) from None
+    if location.format is not ModelFormat.ENSEMBLE:
+        raise ProfilingError(f'{path} is not a Triton ensemble (platform: "ensemble")')
+
+    def step_runner(step: Any) -> Runner:
+        return runner_for(
+            step.path,
+            step.format,
+            device=device,
+            optimizations=optimizations,
+            threads=threads,
+            name=step.name,
+        )
+
+    return EnsembleRunner(location, step_runner)
 
 
 def _savedmodel_runner(

@@ -17,7 +17,7 @@ DESCRIPTION = (
     "`bash scripts/demo.sh [OPTIONS]` sets up the environment and runs this."
 )
 BACKENDS = ("triton", "tfserving")
-DEFAULT_FORCED = {"triton": "simple_cnn", "tfserving": "keras_cnn,keras_transformer"}
+DEFAULT_FORCED = {"triton": "simple_cnn,ens_cnn", "tfserving": "keras_cnn,keras_transformer"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--forced-models",
         default=None,
         help="comma-separated models the forced requests go to in turn: with triton, of "
-        "simple_cnn,add_sub (add_sub is profiled by running its own model.py; default: "
-        "simple_cnn); with tfserving, of keras_cnn,keras_transformer "
+        "simple_cnn,add_sub,ens_cnn (add_sub is profiled by running its own model.py; the "
+        "ensemble ens_cnn as its steps, pre then simple_cnn; default: simple_cnn,ens_cnn); "
+        "with tfserving, of keras_cnn,keras_transformer "
         "(default: both)",
     )
     parser.add_argument(

@@ -35,7 +35,7 @@ PROFILES = "xsp_profiles_total"
 DROPPED = "xsp_samples_dropped_total"
 BUDGET_PER_MINUTE = 60
 DUTY_CYCLE = 0.5
-FORCEABLE = ("simple_cnn", "add_sub")
+FORCEABLE: tuple[str, ...] = ("simple_cnn", "add_sub", "ens_cnn")
 MODEL_FOLDER = "triton-models"  # in the output folder; the TF-Serving demo has its own
 
 
@@ -61,7 +61,12 @@ def say(message: str) -> None:
 
 
 def _inputs(model: str, i: int, rng: np.random.Generator) -> list[grpcclient.InferInput]:
-    """One request's inputs: `simple_cnn` at batch 1-4 (by `i`) or `add_sub` of 16 floats."""
+    """One request's inputs: `simple_cnn` at batch 1-4 (by `i`), `add_sub` of 16 floats, or
+    `ens_cnn` (pre -> simple_cnn) on one image of pixel values 0-255."""
+    if model == "ens_cnn":
+        raw = grpcclient.InferInput("RAW", [1, 3, 32, 32], "FP32")
+        raw.set_data_from_numpy(rng.random((1, 3, 32, 32), dtype=np.float32) * 255)
+        return [raw]
     if model == "add_sub":
         a = rng.random(16, dtype=np.float32)
         inputs = [
@@ -378,7 +383,10 @@ def run_demo(options: DemoOptions) -> int:
     otlp_port, admin_port = free_port(), free_port()
 
     repo = out / MODEL_FOLDER
-    say(f"building the sample model repository (add_sub, simple_cnn, sleep) in {repo}")
+    say(
+        "building the sample model repository (add_sub, simple_cnn, sleep, and the ensemble "
+        f"ens_cnn: pre -> simple_cnn) in {repo}"
+    )
     shutil.rmtree(repo, ignore_errors=True)  # Triton serves every model in it: only ours
     build_model_repository(repo)
     say("starting Triton (OpenTelemetry tracing to the sidecar's OTLP receiver)")

@@ -4,8 +4,8 @@
 `RAW` (pixel values 0-255, [N, 3, 32, 32]) goes to `pre`, which scales it to `SCALED`
 (x / 255 - 0.5); that tensor is `simple_cnn`'s `input`, whose `output` is the ensemble's
 `LOGITS`. In Triton's OpenTelemetry trace mode a request to it gives one model span per step,
-each with its queue and compute phases. `add_ensemble` adds it to a repository that
-`model_repo.build_model_repository` wrote (it needs `simple_cnn`).
+each with its queue and compute phases. `model_repo.build_model_repository` adds it to every
+sample repository (`add_ensemble`: it needs `simple_cnn`).
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ output [ { name: "PROBS" data_type: TYPE_FP32 dims: [ -1, 10 ] } ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
 """
 
-SAMPLE_MODELS = ("add_sub", "simple_cnn", "sleep")
+SAMPLE_MODELS = ("add_sub", "simple_cnn", "sleep", "pre", "ens_cnn")  # ens_cnn: pre -> simple_cnn
 TEMPLATES = Path(__file__).resolve().parent / "models"  # the Python backend's model.py files
 
 
@@ -107,13 +107,16 @@ def write_model(repo: Path, name: str, config: str, model_py: str | None = None)
 
 
 def build_model_repository(repo: Path) -> Path:
-    """Write the sample models (`add_sub`, `simple_cnn`, `sleep`) into `repo` and return it."""
+    """Write the sample models (`add_sub`, `simple_cnn`, `sleep`, and the ensemble `ens_cnn`
+    with its Python step `pre`: `ensemble_models`) into `repo` and return it."""
+    from tests.harness.triton.ensemble_models import add_ensemble  # it writes with write_model
+
     repo.mkdir(parents=True, exist_ok=True)
     write_model(repo, "add_sub", ADD_SUB_CONFIG, _template("add_sub.py.tmpl"))
     cnn_dir = write_model(repo, "simple_cnn", SIMPLE_CNN_CONFIG, _template("onnx_runner.py.tmpl"))
     onnx.save(simple_cnn(), str(cnn_dir / "model.onnx"))
     write_model(repo, "sleep", SLEEP_CONFIG, _template("sleep.py.tmpl"))
-    return repo
+    return add_ensemble(repo)
 
 
 def add_token_stream(repo: Path) -> Path:

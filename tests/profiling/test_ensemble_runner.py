@@ -1,0 +1,148 @@
+"""The ensemble runner on real repositories: real `config.pbtxt` parsing, the steps' own
+`model.py` files and ONNX Runtime, the real leveled experiment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sidecar.backends.model_repository import find_model
+from sidecar.profiling.ensemble.graph import EnsembleGraphError, in_order, steps_of
+from sidecar.profiling.experiment import run_experiment
+from sidecar.profiling.runners.ensemble import EnsembleRunner, StepNotReplayableError
+from sidecar.profiling.runners.select import runner_for
+from sidecar.trace.spans import Level
+from tests.harness.triton.ensemble_models import ENSEMBLE, add_ensemble
+from tests.harness.triton.model_repo import build_model_repository, write_model
+
+STEP_CONFIG = (
+    'name: "NAME"\nbackend: "python"\nmax_batch_size: 0\n'
+    'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+    'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+)
+STEP_PY = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        x = pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", (x OP).astype(np.float32))])]
+"""
+# listed out of order: `times3` reads `a`, which `plus1` writes; `times3` writes OUT
+CHAIN = """\
+name: "chain"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "times3" model_version: -1
+    input_map { key: "X" value: "a" } output_map { key: "Y" value: "OUT" } },
+  { model_name: "plus1" model_version: -1
+    input_map { key: "X" value: "IN" } output_map { key: "Y" value: "a" } }
+] }
+"""
+TRT_STEP = 'name: "engine"\nplatform: "tensorrt_plan"\nmax_batch_size: 0\n'
+
+
+def _chain(repo: Path, second: str = "times3") -> Path:
+    write_model(repo, "plus1", STEP_CONFIG.replace("NAME", "plus1"), STEP_PY.replace("OP", "+ 1"))
+    write_model(repo, "times3", STEP_CONFIG.replace("NAME", "times3"), STEP_PY.replace("OP", "* 3"))
+    write_model(repo, "chain", CHAIN.replace('"times3"', f'"{second}"'))
+    return repo
+
+
+def test_steps_run_in_dependency_order_not_config_order(tmp_path: Path) -> None:
+    location = find_model(_chain(tmp_path / "models"), "chain")
+    steps = steps_of(location.config)
+    assert [s.model for s in steps] == ["times3", "plus1"]
+    assert [s.model for s in in_order(steps, ["IN"])] == ["plus1", "times3"]
+    with pytest.raises(EnsembleGraphError, match=r"step 'times3' can never run: .* a"):
+        in_order(steps[:1], ["IN"])
+
+
+def test_tensors_go_through_input_and_output_maps(tmp_path: Path) -> None:
+    location = find_model(_chain(tmp_path / "models"), "chain")
+    ens = EnsembleRunner(location, lambda loc: runner_for(loc.path, loc.format, name=loc.name))
+    x = np.array([1, 2, 3, 4], np.float32)
+    fed = ens.flow({"IN": x})
+    np.testing.assert_array_equal(fed[0]["X"], x)  # plus1 reads IN as X
+    np.testing.assert_array_equal(fed[1]["X"], x + 1)  # times3 reads plus1's Y (a) as X
+
+
+def test_a_step_that_cannot_be_replayed_stops_the_replay_naming_it(tmp_path: Path) -> None:
+    repo = _chain(tmp_path / "models", second="engine")
+    (write_model(repo, "engine", TRT_STEP) / "model.plan").write_bytes(b"\0")
+    with pytest.raises(StepNotReplayableError) as caught:
+        runner_for(repo / "chain" / "config.pbtxt", find_model(repo, "chain").format)
+    message = str(caught.value)
+    assert "ensemble 'chain' step 2 ('engine') cannot be replayed" in message
+    assert "stopped at that step" in message and "TensorRT plans" in message
+
+
+def test_ens_cnn_profiles_as_ensemble_then_steps_then_their_levels(tmp_path: Path) -> None:
+    repo = add_ensemble(build_model_repository(tmp_path / "models"))
+    location = find_model(repo, ENSEMBLE)
+    runner = runner_for(location.path, location.format)
+    raw = np.random.default_rng(0).uniform(0, 255, (2, 3, 32, 32)).astype(np.float32)
+    profile = run_experiment(runner, {"RAW": raw}, model=ENSEMBLE, iterations=5, warmup=1)
+
+    models = profile.spans_at(Level.MODEL)
+    top = [s for s in models if s.parent_id is None]
+    assert [s.name for s in top] == [ENSEMBLE]
+    steps = sorted((s for s in models if s.parent_id == top[0].span_id), key=lambda s: s.start_ns)
+    assert [s.name for s in steps] == ["pre", "simple_cnn"]
+    assert [s.attributes["ensemble_step"] for s in steps] == ["ens_cnn/pre", "ens_cnn/simple_cnn"]
+    assert steps[0].end_ns <= steps[1].start_ns
+    # each step's duration is its own M statistic; the ensemble's is the M run's (level_stats)
+    m = profile.stats(Level.MODEL)
+    assert top[0].duration_ns == m.trimmed_mean_ns
+    assert all(0 < (s.duration_ns or 0) < m.trimmed_mean_ns for s in steps)
+    layers = profile.spans_at(Level.LAYER)
+    by_id = {s.span_id: s.name for s in steps}
+    owners = {by_id.get(layer.parent_id or "") for layer in layers}
+    assert owners == {"pre", "simple_cnn"}  # each step's layers hang under that step
+    assert profile.stats(Level.LAYER).trimmed_mean_ns > 0  # L timed in its own run
+    assert "ens_cnn/simple_cnn" in profile.trace.attributes["ensemble_steps_layer"]
+
+
+def test_a_replay_job_of_an_ensemble_with_a_step_it_cannot_run_stores_the_step_and_why(
+    tmp_path: Path,
+) -> None:
+    from sidecar.replay.context import ReplayContext
+    from sidecar.replay.job_records import ProfileJob
+    from sidecar.replay.options import ReplayOptions
+    from sidecar.replay.replay_job import replay_job
+    from sidecar.trace.spans import new_span_id, new_trace_id
+    from sidecar.trace.store import TraceStore
+
+    repo = _chain(tmp_path / "models", second="engine")
+    (write_model(repo, "engine", TRT_STEP) / "model.plan").write_bytes(b"\0")
+    db = tmp_path / "t.db"
+    options = ReplayOptions(
+        model_repository=repo, db_path=db, levels=(Level.MODEL,), iterations=3, warmup=1,
+        store_raw_inputs=False, device="cpu",
+    )  # fmt: skip
+    job = ProfileJob(new_trace_id(), new_span_id(), "chain", "ModelInfer", b"", "forced", 0)
+    result = replay_job(job, ReplayContext(options))
+    assert result.outcome == "error"
+    trace = TraceStore(db).get_trace(job.trace_id)
+    assert trace is not None and trace.status == "error"
+    assert trace.error.startswith("StepNotReplayableError: ensemble 'chain' step 2 ('engine')")
+
+
+def test_a_step_that_fails_while_running_stops_the_replay_naming_it(tmp_path: Path) -> None:
+    repo = _chain(tmp_path / "models")
+    failing = STEP_PY.replace(
+        'return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", (x OP).astype(np.float32))])]',
+        'return [pb_utils.InferenceResponse(error=pb_utils.TritonError("bad input"))]',
+    )
+    write_model(repo, "times3", STEP_CONFIG.replace("NAME", "times3"), failing)
+    location = find_model(repo, "chain")
+    ens = EnsembleRunner(location, lambda loc: runner_for(loc.path, loc.format, name=loc.name))
+    with pytest.raises(StepNotReplayableError, match=r"step 2 \('times3'\) failed.*bad input"):
+        ens.run({"IN": np.zeros(4, np.float32)}, Level.MODEL, 3, 1)
