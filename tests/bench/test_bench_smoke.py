@@ -156,6 +156,11 @@ SMOKE: dict[str, Smoke] = {
         triton=True,
         timeout=400.0,
     ),
+    "python_models.py": Smoke(
+        # offline only: the live and ensemble modes need Triton and tens of seconds
+        ("--iterations", "3", "--warmup", "1"),
+        ("offline, 3 timed runs per level", "L/M", "add_sub", "bls_cnn"),
+    ),
     "relay_breakdown.py": Smoke(
         # four clients (the bench's default): with one or two, every recorded connection
         # sometimes replayed no whole call (seen on a quiet 2-core machine, not diagnosed)

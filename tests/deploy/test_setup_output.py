@@ -50,8 +50,13 @@ def setup_inputs() -> list[str]:
 )
 def test_second_setup_run_is_quiet(tmp_path: Path) -> None:
     for name in setup_inputs():
+        if name.startswith("sidecar/"):
+            continue  # the package itself, linked below
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes((ROOT / name).read_bytes())
+    # the C sources it hashes, and the package whose built extensions its last check imports
+    # (`python -m sidecar.proxy.native_check` runs in the copy)
+    (tmp_path / "sidecar").symlink_to(ROOT / "sidecar", target_is_directory=True)
     (tmp_path / ".venv").symlink_to(VENV, target_is_directory=True)
     # its last step runs `python -m tests.harness.triton.environment`, which finds the
     # checkout's `.triton/` through the link
