@@ -80,7 +80,7 @@ def test_forced_profiles_of_an_ensemble_are_replayed_as_its_steps_in_the_report(
         assert wait_until(done, 180), proc.log_tail()
         assert len(store.list_traces()) == FORCED, proc.log_tail()
         # Triton 2.51 now and then exports no trace at all (see tests/live/)
-        assert wait_until(lambda: len(with_steps()) >= 2, 30), proc.log_tail()
+        assert wait_until(lambda: len(with_steps()) >= 2, 120), proc.log_tail()
         assert proc.metric("xsp_profiles_total", model=ENSEMBLE, outcome="error") == 0
         assert proc.metric("xsp_profiles_total", model=ENSEMBLE, outcome="ok") == FORCED
         for trace in store.list_traces():
