@@ -26,7 +26,8 @@ from sidecar.config import TF_PROFILER_AT_BACKEND, ConfigError, ServeConfig
 from sidecar.endpoint import Endpoint, PortInUseError, translate_bind_errors
 from sidecar.health import BackendChecker, HealthServer, add_port, tcp_accepts
 from sidecar.proxy import native
-from sidecar.proxy.metrics import NativeInfo, ProxyMetrics
+from sidecar.proxy.metrics import ProxyMetrics
+from sidecar.proxy.native_paths import NativeInfo, describe, paths
 from sidecar.proxy.relay import Relay
 from sidecar.proxy.streams import ObserverFactory
 from sidecar.replay.device import CudaProbe, driver_devices
@@ -138,9 +139,9 @@ class Sidecar:
             self.listen, backend, config.backend_protocol, self.metrics_port, self.grpc_port,
         )  # fmt: skip
         # which relay paths run in C (also xsp_relay_native_info); off where not built is news
-        all_on = all(native.paths().values())
+        all_on = all(paths().values())
         log.log(logging.INFO if all_on or not native.ENABLED else logging.WARNING, "%s",
-                native.describe())  # fmt: skip
+                describe())  # fmt: skip
 
     async def shutdown(self, grace_period: float | None = None) -> None:
         grace = self.config.grace_period if grace_period is None else grace_period

@@ -22,7 +22,6 @@ from itertools import accumulate
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import (
     CounterMetricFamily,
-    GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
@@ -31,7 +30,6 @@ from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from sidecar.backends import METHODS
-from sidecar.proxy import native
 from sidecar.proxy.model_name import UNKNOWN_MODEL
 from sidecar.proxy.stream_metrics import StreamMetrics
 
@@ -121,24 +119,6 @@ class _CallCollector(Collector):
         for hook in OBSERVER_HOOKS:
             observer.add_metric([hook], observer_errors.get(hook, 0))
         return [requests, duration, request_bytes, response_bytes, observer]
-
-
-class NativeInfo(Collector):
-    """`xsp_relay_native_info`: which of the relay's C paths run (`native.paths`), read at
-    scrape time, and whether `XSP_NATIVE` switched them off. `serve` registers it on
-    /metrics' registry (one per process: the paths are the process's)."""
-
-    def collect(self) -> list[Metric]:
-        labels = {path: "on" if on else "off" for path, on in native.paths().items()}
-        labels["switch"] = "on" if native.ENABLED else "off"
-        info = GaugeMetricFamily(
-            "xsp_relay_native_info",
-            "The relay's C paths: the frame walk, the pump (a direction's data_received) and "
-            "the message walk, each on or off (off: not built, or XSP_NATIVE=off); always 1.",
-            labels=list(labels),
-        )
-        info.add_metric(list(labels.values()), 1)
-        return [info]
 
 
 def _buckets(

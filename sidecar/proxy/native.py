@@ -101,29 +101,3 @@ def load(name: str) -> ModuleType | None:
     except ImportError as exc:  # not built: no C compiler at install time
         errors[name] = str(exc)
         return None
-
-
-def paths() -> dict[str, bool]:
-    """Which of the relay's C paths run now: `walk`, `pump` and `message_walk` (a test may
-    have set a module's switch to None since import; the pump runs only with the walk)."""
-    from sidecar.proxy import frames, relay, stream_messages
-
-    walk = frames.native_walk is not None
-    return {
-        "walk": walk,
-        "pump": walk and relay.native_pump is not None,
-        "message_walk": stream_messages.native_readers is not None,
-    }
-
-
-def describe() -> str:
-    """One line for the log: each path on or off, and why where off."""
-    now = paths()
-    why = {"walk": "_framewalk", "pump": "_pump", "message_walk": "_messagewalk"}
-    parts = []
-    for path, on in now.items():
-        reason = errors.get(why[path], "switched off by the caller")
-        if path == "pump" and not now["walk"] and "_pump" not in errors:
-            reason = "needs the walk"
-        parts.append(f"{path} on" if on else f"{path} off ({reason})")
-    return "relay C paths: " + ", ".join(parts)

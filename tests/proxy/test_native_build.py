@@ -24,7 +24,8 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.proxy import frames, native, native_check, relay, stream_messages
 from sidecar.proxy.frames import FrameScanner
-from sidecar.proxy.metrics import NativeInfo, ProxyMetrics
+from sidecar.proxy.metrics import ProxyMetrics
+from sidecar.proxy.native_paths import NativeInfo, describe, paths
 from sidecar.proxy.streams import ConnectionTracker
 from sidecar.sampling.sampler import Sampler
 from sidecar.sampling.settings import SamplingSettings
@@ -89,7 +90,7 @@ def test_every_extension_imports_where_a_compiler_exists(extension: str) -> None
 
 def test_the_relay_runs_every_c_path_unless_switched_off() -> None:
     on = native.ENABLED and HAS_CC
-    assert native.paths() == {"walk": on, "pump": on, "message_walk": on}
+    assert paths() == {"walk": on, "pump": on, "message_walk": on}
     assert (frames.native_walk is not None) is on
     assert (relay.native_pump is not None) is on
     assert (stream_messages.native_readers is not None) is on
@@ -126,23 +127,23 @@ def test_the_check_passes_here_and_names_a_missing_extension_with_its_error(
 def test_the_info_gauge_says_which_paths_run(monkeypatch: pytest.MonkeyPatch) -> None:
     registry = CollectorRegistry()
     registry.register(NativeInfo())
-    on = "on" if native.paths()["walk"] else "off"
+    on = "on" if paths()["walk"] else "off"
     switch = "on" if native.ENABLED else "off"
     labels = {"walk": on, "pump": on, "message_walk": on, "switch": switch}
     assert registry.get_sample_value("xsp_relay_native_info", labels) == 1
     monkeypatch.setattr(frames, "native_walk", None)  # no walk: no pump either
     off = {**labels, "walk": "off", "pump": "off"}
     assert registry.get_sample_value("xsp_relay_native_info", off) == 1
-    assert "walk off" in native.describe() and "pump off" in native.describe()
+    assert "walk off" in describe() and "pump off" in describe()
 
 
 def test_xsp_native_off_switches_every_c_path_off() -> None:
     script = (
         "from prometheus_client import CollectorRegistry, generate_latest\n"
         "from sidecar.proxy import native\n"
-        "from sidecar.proxy.metrics import NativeInfo\n"
+        "from sidecar.proxy.native_paths import NativeInfo, describe\n"
         "registry = CollectorRegistry(); registry.register(NativeInfo())\n"
-        "print(native.describe()); print(generate_latest(registry).decode())\n"
+        "print(describe()); print(generate_latest(registry).decode())\n"
     )
     env = {**os.environ, native.ENV: "off"}
     run = subprocess.run(
@@ -169,11 +170,20 @@ def test_serve_logs_the_paths_once_and_exports_the_gauge() -> None:
     )  # fmt: skip
     try:
         wait_listening(listen, proc)
+        # the start line comes after the listener is up: read up to it before stopping serve
+        # (a loaded machine's SIGTERM once came first); pytest's timeout bounds the wait
+        assert proc.stdout is not None
+        seen = []
+        while not seen or "relay C paths:" not in seen[-1]:
+            line = proc.stdout.readline()
+            assert line, "".join(seen)  # serve ended without its start line
+            seen.append(line)
         url = f"http://127.0.0.1:{metrics}/metrics"
         with urllib.request.urlopen(url, timeout=10) as response:
             exposition = response.read().decode()
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=20)
+        rest, _ = proc.communicate(timeout=20)
+        out = "".join(seen) + rest
     finally:
         if proc.poll() is None:
             proc.kill()
