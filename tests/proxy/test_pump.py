@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import time
 import weakref
 from collections import Counter
 from collections.abc import Iterator
@@ -368,6 +369,13 @@ def relayed_calls(
             call = channel.unary_unary(INFER, None, None)
             for _ in range(calls):
                 call(infer_bytes("add_sub"))
+        # the channel is closed; the relay counts the connection's end when it reads the close
+        # (under ASan that read once came after the snapshot)
+        deadline = time.monotonic() + 10.0
+        while side.registry.get_sample_value("xsp_connections_active") and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.01)
         return ran, untimed_metrics(side.registry)
     finally:
         side.run(side.relay.shutdown(1.0))
