@@ -10,7 +10,7 @@ enclosing ones; shares, A3-A7 and every sum over layers use the leaves only, so 
 counted twice; each result says how many containers it left out.
 
 An ensemble's replay holds its steps' layers, each step's under its own model span
-(`ensemble_steps.replay_steps`): there A2 and A3 have a `step` column (the step's model; ""
+(`ensemble_steps.replay_steps`): there A2, A3 and A4 have a `step` column (the step's model; ""
 for the rows of other models), rows per step in the steps' order, and latency_share is of the
 step's leaves' time.
 
@@ -215,9 +215,8 @@ def layer_memory(fr: Frames) -> AnalysisResult:
             reason="layer memory not captured: no layer span carries allocated_bytes",
         )
     agg["allocated_mib"] = agg["allocated_bytes"] / 2**20
-    return AnalysisResult(
-        "A4", TITLES["A4"], agg[[*GROUP, "idx", "name", "type", "allocated_bytes", "allocated_mib"]]
-    )
+    cols = [*by_step(agg), "idx", "name", "type", "allocated_bytes", "allocated_mib"]
+    return AnalysisResult("A4", TITLES["A4"], agg[cols])
 
 
 def _by_type(agg: pd.DataFrame, value: str) -> pd.DataFrame:
