@@ -166,9 +166,11 @@ def test_the_live_breakdown_places_spans_as_the_report_does(tmp_path: Path) -> N
     traces.append(("add_sub", [relay_request(tid, rid, None), *server_spans(tid, rid, {})]))
     db = tmp_path / "marks.db"
     write_live(db, traces)
-    export_parquet([db], tmp_path / "fleet")
+    dbs = [db, DATA / "live" / "traces.sqlite"]  # beside models that are no ensemble
+    export_parquet(dbs, tmp_path / "fleet")
     live = fleet_tables(tmp_path / "fleet")["live_breakdown"]
-    store = TraceAnalysis.from_paths([db]).result("live_breakdown").table
+    store = TraceAnalysis.from_paths(dbs).result("live_breakdown")
+    assert {"ens_cnn", "small_cnn"} <= set(live["model"]).table
     cols = ["requests", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "share_of_client"]
     same(live, store, ["model", "phase"], cols)
     assert "server_after_response" in set(live["phase"]) and (live["mean_ms"] >= 0).all()
@@ -183,15 +185,17 @@ def test_an_ensembles_steps_have_rows_as_in_the_report(tmp_path: Path) -> None:
     with TraceStore(db) as store:
         for i, gap_us in enumerate((400, 3000, -490, 250)):
             write_ensemble(store, T0 + i * 30 * MS, gap_us=gap_us)
-    export_parquet([db], tmp_path / "fleet")
+    dbs = [db, DATA / "live" / "traces.sqlite"]  # beside models that are no ensemble
+    export_parquet(dbs, tmp_path / "fleet")
     live = fleet_tables(tmp_path / "fleet")["live_breakdown"]
-    store = TraceAnalysis.from_paths([db]).result("live_breakdown")
+    store = TraceAnalysis.from_paths(dbs).result("live_breakdown")
+    assert {"ens_cnn", "small_cnn"} <= set(live["model"])
     cols = ["requests", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "share_of_client"]
     pd.testing.assert_frame_equal(
         live[["model", "step", "phase", *cols]], store.table[["model", "step", "phase", *cols]],
         check_dtype=False, rtol=1e-9,
     )  # fmt: skip
-    rows = live.set_index(["step", "phase"])
+    rows = live[live["model"] == "ens_cnn"].set_index(["step", "phase"])
     assert rows.at[("2. simple_cnn", "compute_infer"), "requests"] == 4
     assert rows.at[("", "steps_overlap"), "p99_ms"] == pytest.approx(0.49, rel=0.05)
     assert live.attrs[NOTES] == [STEPS_NOTE]
