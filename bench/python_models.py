@@ -34,6 +34,7 @@ from analysis.common import Frames
 from analysis.ensemble_steps import step_fidelity
 from analysis.trace_filter import TraceFilter
 from analysis.tracedb import load_traces
+from sidecar.backends.model_repository import find_model
 from sidecar.profiling.experiment import run_experiment
 from sidecar.profiling.runners.select import runner_for
 from sidecar.trace.spans import Level
@@ -61,7 +62,7 @@ def offline(repo: Path, iterations: int, warmup: int) -> None:
     for model, inputs in INPUTS.items():
         if model == "ens_cnn":
             continue  # an ensemble: `--ensemble`
-        runner = runner_for(repo / model / "1" / "model.py")
+        runner = runner_for(repo / model / "1" / "model.py", find=find_model)
         profile = run_experiment(runner, inputs, model=model, iterations=iterations, warmup=warmup)
         m = profile.stats(Level.MODEL).trimmed_mean_ns / 1e3
         layer = profile.stats(Level.LAYER)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from sidecar.profiling.ensemble.graph import EnsembleGraphError, in_order, steps
 from sidecar.profiling.experiment import run_experiment
 from sidecar.profiling.runners.ensemble import EnsembleRunner, StepNotReplayableError
 from sidecar.profiling.runners.select import runner_for
+from sidecar.profiling.vocabulary import Runner
 from sidecar.trace.spans import Level
 from tests.harness.triton.ensemble_models import ENSEMBLE, add_ensemble
 from tests.harness.triton.model_repo import build_model_repository, write_model
@@ -49,6 +51,10 @@ ensemble_scheduling { step [
 TRT_STEP = 'name: "engine"\nplatform: "tensorrt_plan"\nmax_batch_size: 0\n'
 
 
+def _step_runner(loc: Any) -> Runner:
+    return runner_for(loc.path, loc.format, name=loc.name, find=find_model)
+
+
 def _chain(repo: Path, second: str = "times3") -> Path:
     write_model(repo, "plus1", STEP_CONFIG.replace("NAME", "plus1"), STEP_PY.replace("OP", "+ 1"))
     write_model(repo, "times3", STEP_CONFIG.replace("NAME", "times3"), STEP_PY.replace("OP", "* 3"))
@@ -67,27 +73,48 @@ def test_steps_run_in_dependency_order_not_config_order(tmp_path: Path) -> None:
 
 def test_tensors_go_through_input_and_output_maps(tmp_path: Path) -> None:
     location = find_model(_chain(tmp_path / "models"), "chain")
-    ens = EnsembleRunner(location, lambda loc: runner_for(loc.path, loc.format, name=loc.name))
+    ens = EnsembleRunner(location, _step_runner, find_model)
     x = np.array([1, 2, 3, 4], np.float32)
     fed = ens.flow({"IN": x})
     np.testing.assert_array_equal(fed[0]["X"], x)  # plus1 reads IN as X
     np.testing.assert_array_equal(fed[1]["X"], x + 1)  # times3 reads plus1's Y (a) as X
 
 
-def test_a_step_that_cannot_be_replayed_stops_the_replay_naming_it(tmp_path: Path) -> None:
-    repo = _chain(tmp_path / "models", second="engine")
+def test_a_first_step_that_cannot_be_replayed_stops_the_replay_naming_it(tmp_path: Path) -> None:
+    repo = _chain(tmp_path / "models")
+    write_model(repo, "chain", CHAIN.replace('"plus1"', '"engine"'))  # engine reads IN: first
     (write_model(repo, "engine", TRT_STEP) / "model.plan").write_bytes(b"\0")
     with pytest.raises(StepNotReplayableError) as caught:
-        runner_for(repo / "chain" / "config.pbtxt", find_model(repo, "chain").format)
+        runner_for(
+            repo / "chain" / "config.pbtxt", find_model(repo, "chain").format, find=find_model
+        )
     message = str(caught.value)
-    assert "ensemble 'chain' step 2 ('engine') cannot be replayed" in message
+    assert "ensemble 'chain' step 1 ('engine') cannot be replayed" in message
     assert "stopped at that step" in message and "TensorRT plans" in message
+
+
+def test_a_later_step_that_cannot_be_loaded_gives_a_partial_profile(tmp_path: Path) -> None:
+    repo = _chain(tmp_path / "models", second="engine")
+    (write_model(repo, "engine", TRT_STEP) / "model.plan").write_bytes(b"\0")
+    runner = runner_for(
+        repo / "chain" / "config.pbtxt", find_model(repo, "chain").format, find=find_model
+    )
+    x = np.zeros(4, np.float32)
+    profile = run_experiment(runner, {"IN": x}, model="chain", iterations=3, warmup=1)
+    assert profile.trace.status == "error"
+    assert "ensemble 'chain' step 2 ('engine') cannot be replayed" in profile.trace.error
+    assert "TensorRT plans" in profile.trace.error
+    failed = profile.trace.attributes["ensemble_failed_step"]
+    assert (failed["step"], failed["index"], failed["model"]) == ("chain/engine", 1, "engine")
+    names = {s.name for s in profile.spans_at(Level.MODEL)}
+    assert names == {"chain", "plus1"}  # the step before the failure keeps its spans
+    assert profile.spans_at(Level.LAYER)  # and its levels below
 
 
 def test_ens_cnn_profiles_as_ensemble_then_steps_then_their_levels(tmp_path: Path) -> None:
     repo = add_ensemble(build_model_repository(tmp_path / "models"))
     location = find_model(repo, ENSEMBLE)
-    runner = runner_for(location.path, location.format)
+    runner = runner_for(location.path, location.format, find=find_model)
     raw = np.random.default_rng(0).uniform(0, 255, (2, 3, 32, 32)).astype(np.float32)
     profile = run_experiment(runner, {"RAW": raw}, model=ENSEMBLE, iterations=5, warmup=1)
 
@@ -130,19 +157,43 @@ def test_a_replay_job_of_an_ensemble_with_a_step_it_cannot_run_stores_the_step_a
     job = ProfileJob(new_trace_id(), new_span_id(), "chain", "ModelInfer", b"", "forced", 0)
     result = replay_job(job, ReplayContext(options))
     assert result.outcome == "error"
-    trace = TraceStore(db).get_trace(job.trace_id)
+    assert "ensemble 'chain' step 2 ('engine')" in result.error
+    store = TraceStore(db)
+    trace = store.get_trace(job.trace_id)
     assert trace is not None and trace.status == "error"
-    assert trace.error.startswith("StepNotReplayableError: ensemble 'chain' step 2 ('engine')")
+    assert trace.error.startswith("ensemble 'chain' step 2 ('engine') cannot be replayed")
+    assert trace.attributes["ensemble_failed_step"]["step"] == "chain/engine"
+    spans = store.spans(job.trace_id, Level.MODEL)
+    assert {s.name for s in spans} == {"chain", "plus1"}
+    (top,) = [s for s in spans if s.name == "chain"]
+    assert top.parent_id == job.parent_span_id  # hung under the request, as a full replay
+    assert [s.level for s in store.level_stats(job.trace_id)] == [Level.MODEL]
 
 
-def test_a_step_that_fails_while_running_stops_the_replay_naming_it(tmp_path: Path) -> None:
-    repo = _chain(tmp_path / "models")
+def _failing(repo: Path, name: str) -> None:
     failing = STEP_PY.replace(
         'return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", (x OP).astype(np.float32))])]',
         'return [pb_utils.InferenceResponse(error=pb_utils.TritonError("bad input"))]',
     )
-    write_model(repo, "times3", STEP_CONFIG.replace("NAME", "times3"), failing)
+    write_model(repo, name, STEP_CONFIG.replace("NAME", name), failing)
+
+
+def test_a_step_that_fails_while_running_keeps_the_steps_before_it(tmp_path: Path) -> None:
+    repo = _chain(tmp_path / "models")
+    _failing(repo, "times3")
     location = find_model(repo, "chain")
-    ens = EnsembleRunner(location, lambda loc: runner_for(loc.path, loc.format, name=loc.name))
-    with pytest.raises(StepNotReplayableError, match=r"step 2 \('times3'\) failed.*bad input"):
+    ens = EnsembleRunner(location, _step_runner, find_model)
+    run = ens.run({"IN": np.zeros(4, np.float32)}, Level.MODEL, 3, 1)
+    assert run.attributes["partial_replay"].startswith("ensemble 'chain' step 2 ('times3') failed")
+    assert "bad input" in run.attributes["partial_replay"]
+    assert [s.name for s in run.iterations[0].spans] == ["chain", "plus1"]
+
+
+def test_a_first_step_that_fails_while_running_stops_the_replay(tmp_path: Path) -> None:
+    repo = _chain(tmp_path / "models")
+    write_model(repo, "chain", CHAIN.replace('"plus1"', '"bad"'))  # bad reads IN: first
+    _failing(repo, "bad")
+    location = find_model(repo, "chain")
+    ens = EnsembleRunner(location, _step_runner, find_model)
+    with pytest.raises(StepNotReplayableError, match=r"step 1 \('bad'\) failed.*bad input"):
         ens.run({"IN": np.zeros(4, np.float32)}, Level.MODEL, 3, 1)

@@ -14,6 +14,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from sidecar.backends.model_repository import find_model
 from sidecar.profiling.runners.python_model import PythonModelRunner
 from sidecar.profiling.runners.select import runner_for
 from tests.harness.triton.model_repo import (
@@ -82,7 +83,7 @@ def client(triton: TritonServer) -> Iterator[grpcclient.InferenceServerClient]:
 
 
 def replay(triton: TritonServer, model: str) -> PythonModelRunner:
-    runner = runner_for(triton.model_repository / model / "1" / "model.py")
+    runner = runner_for(triton.model_repository / model / "1" / "model.py", find=find_model)
     assert isinstance(runner, PythonModelRunner)
     return runner
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
+from sidecar.backends.model_repository import find_model
 from sidecar.profiling.experiment import run_experiment
 from sidecar.profiling.python_backend import pb_utils
 from sidecar.profiling.python_backend.loader import MODULE, PythonModel
@@ -24,6 +25,7 @@ from sidecar.trace.spans import Level, new_span_id, new_trace_id
 from sidecar.trace.store import TraceStore
 from tests.harness.triton.model_repo import (
     add_bls_cnn,
+    add_py_cnn,
     add_token_stream,
     build_model_repository,
     write_model,
@@ -70,13 +72,14 @@ class TritonPythonModel:
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = add_bls_cnn(add_token_stream(build_model_repository(tmp_path_factory.mktemp("r") / "m")))
+    add_py_cnn(root)
     write_model(root, "bls_missing", CONFIG_X.replace("NAME", "bls_missing"), BLS_MISSING)
     write_model(root, "args_echo", CONFIG_X.replace("NAME", "args_echo"), ARGS_ECHO)
     return root
 
 
 def test_add_sub_answers_through_its_own_model_py(repo: Path) -> None:
-    runner = runner_for(repo / "add_sub" / "1" / "model.py")
+    runner = runner_for(repo / "add_sub" / "1" / "model.py", find=find_model)
     assert isinstance(runner, Runner) and isinstance(runner, PythonModelRunner)
     a, b = np.arange(8, dtype=np.float32), np.full(8, 3, dtype=np.float32)
     (response,) = runner.respond({"INPUT0": a, "INPUT1": b}).with_data()
@@ -88,7 +91,7 @@ def test_add_sub_answers_through_its_own_model_py(repo: Path) -> None:
 
 
 def test_initialize_gets_triton_args_with_the_config_as_json(repo: Path) -> None:
-    runner = runner_for(repo / "args_echo" / "1" / "model.py")
+    runner = runner_for(repo / "args_echo" / "1" / "model.py", find=find_model)
     assert isinstance(runner, PythonModelRunner)
     args = runner.model.instance.args
     assert args["model_name"] == "args_echo" and args["model_version"] == "1"
@@ -98,12 +101,17 @@ def test_initialize_gets_triton_args_with_the_config_as_json(repo: Path) -> None
     assert response.outputs()["Y"].dtype == np.float32
 
 
+CNN_OPS = {"Conv", "MaxPool", "Gemm"}  # among `simple_cnn`'s nodes as ORT runs it (fused)
+
+
 def test_levels_m_and_l_the_models_functions_and_bls_to_onnx(repo: Path) -> None:
-    runner = runner_for(repo / "bls_cnn" / "1" / "model.py")
+    runner = runner_for(repo / "bls_cnn" / "1" / "model.py", find=find_model)
     image = np.random.default_rng(0).random((2, 3, 32, 32), dtype=np.float32) * 255
     (response,) = runner.respond({"IMAGE": image}).with_data()
     np.testing.assert_allclose(response.outputs()["PROBS"].sum(axis=1), 1.0, rtol=1e-5)
-    profile = run_experiment(runner, {"IMAGE": image}, model="bls_cnn", iterations=5, warmup=1)
+    profile = run_experiment(
+        runner, {"IMAGE": image}, model="bls_cnn", levels=(Level.LAYER,), iterations=5, warmup=1
+    )
     assert [s.level for s in profile.level_stats] == [Level.MODEL, Level.LAYER]
     assert profile.stats(Level.LAYER).overhead_ratio >= 1.0
     (model,) = profile.spans_at(Level.MODEL)
@@ -113,11 +121,55 @@ def test_levels_m_and_l_the_models_functions_and_bls_to_onnx(repo: Path) -> None
     assert bls.kind == "bls" and bls.attributes["bls_format"] == "onnx"
     assert layers["_scale"].kind == "python_function"
     assert all(s.parent_id == model.span_id for s in layers.values())
-    assert profile.trace.attributes["kernel_level"].startswith("not captured")
+    assert profile.trace.attributes["kernel_level"] == "not requested"
+
+
+def test_k_of_a_bls_call_is_the_onnx_nodes_of_the_called_model(repo: Path) -> None:
+    runner = runner_for(repo / "bls_cnn" / "1" / "model.py", find=find_model)
+    image = np.random.default_rng(0).random((2, 3, 32, 32), dtype=np.float32) * 255
+    profile = run_experiment(runner, {"IMAGE": image}, model="bls_cnn", iterations=4, warmup=1)
+    assert [s.level for s in profile.level_stats] == [Level.MODEL, Level.LAYER, Level.KERNEL]
+    (bls,) = [s for s in profile.spans_at(Level.LAYER) if s.name == "bls:simple_cnn"]
+    nodes = profile.spans_at(Level.KERNEL)
+    assert {n.attributes["op_type"] for n in nodes} >= CNN_OPS
+    assert all(n.parent_id == bls.span_id and n.kind == "cpu_op" for n in nodes)
+    assert profile.trace.attributes["kernel_level"] == "captured"
+
+
+def test_k_is_the_onnx_runtime_nodes_below_the_python_call_that_ran_them(repo: Path) -> None:
+    runner = runner_for(repo / "py_cnn" / "1" / "model.py", find=find_model)
+    assert isinstance(runner, PythonModelRunner)
+    x = np.random.default_rng(3).random((2, 3, 32, 32), dtype=np.float32)
+    profile = run_experiment(runner, {"input": x}, model="py_cnn", iterations=5, warmup=1)
+    assert [s.level for s in profile.level_stats] == [Level.MODEL, Level.LAYER, Level.KERNEL]
+    (run_call,) = [s for s in profile.spans_at(Level.LAYER) if s.name.endswith("Session.run")]
+    nodes = profile.spans_at(Level.KERNEL)
+    assert {n.attributes["op_type"] for n in nodes} >= CNN_OPS
+    assert all(n.parent_id == run_call.span_id for n in nodes), [n.attributes for n in nodes]
+    conv = next(n for n in nodes if n.attributes["op_type"] == "Conv")
+    assert conv.attributes["input_shapes"][0] == [2, 3, 32, 32] and conv.duration_ns > 0
+    assert profile.trace.attributes["kernel_level"] == "captured"
+    assert profile.trace.attributes["python_kernel_sessions"] == 1
+    # the model's own session is back as it made it: unprofiled for the next M run
+    (made,) = runner.model.sessions.live()
+    session = made.session()
+    assert session is runner.model.instance.session
+    assert session.get_session_options().enable_profiling is False
+    assert session.end_profiling() == ""
+    (response,) = runner.respond({"input": x}).with_data()
+    assert response.outputs()["output"].shape == (2, 10)
+
+
+def test_k_of_a_model_that_runs_no_onnx_runtime_says_so(repo: Path) -> None:
+    runner = runner_for(repo / "add_sub" / "1" / "model.py", find=find_model)
+    a = np.arange(4, dtype=np.float32)
+    profile = run_experiment(runner, {"INPUT0": a, "INPUT1": a}, model="add_sub", iterations=2)
+    assert profile.spans_at(Level.KERNEL) == []
+    assert profile.trace.attributes["kernel_level"].startswith("not captured: the model's code")
 
 
 def test_a_bls_call_to_a_model_no_replay_finds_answers_with_an_error(repo: Path) -> None:
-    runner = runner_for(repo / "bls_missing" / "1" / "model.py")
+    runner = runner_for(repo / "bls_missing" / "1" / "model.py", find=find_model)
     (response,) = runner.respond({"X": np.ones(2, dtype=np.float32)}).with_data()
     assert response.error is not None
     assert "BLS call to 'no_such_model' cannot be replayed" in response.error
@@ -125,7 +177,7 @@ def test_a_bls_call_to_a_model_no_replay_finds_answers_with_an_error(repo: Path)
 
 
 def test_a_decoupled_model_records_every_response_and_their_gaps(repo: Path) -> None:
-    runner = runner_for(repo / "token_stream" / "1" / "model.py")
+    runner = runner_for(repo / "token_stream" / "1" / "model.py", find=find_model)
     inputs = {
         "COUNT": np.array([3], np.int32),
         "FIRST_MS": np.array([20], np.int32),
@@ -151,7 +203,7 @@ def test_exec_without_a_replay_handler_answers_with_an_error() -> None:
 def test_a_model_py_that_fails_to_import_says_so(tmp_path: Path) -> None:
     write_model(tmp_path, "broken", CONFIG_X.replace("NAME", "broken"), "import no_such_module\n")
     with pytest.raises(Exception, match=r"broken: importing model\.py failed: ModuleNotFound"):
-        runner_for(tmp_path / "broken" / "1" / "model.py")
+        runner_for(tmp_path / "broken" / "1" / "model.py", find=find_model)
     assert "PythonModel" in PythonModel.__name__
 
 

@@ -12,7 +12,11 @@ model span per step, named after the step's model and keyed `<ensemble>/<step mo
 ensemble scheduler, so no time passes between steps.
 
 A step that cannot be replayed (its model is not found, no runner loads it, or it answers with
-an error) stops the replay at that step: `StepNotReplayableError` names the step and says why.
+an error) stops the replay at that step, as Triton stops the ensemble's request. When it is the
+first step there is nothing to profile: `StepNotReplayableError` names it and says why. A later
+one gives a partial profile: the steps before it are profiled as above, and the runs carry
+`partial_replay` (the failed step and why: the experiment makes the trace `status = error`
+with that reason, spans kept) and `ensemble_failed_step` (`step`, `index`, `model`, `reason`).
 Not supported here: a decoupled step, and steps other than ONNX and Python models (the data
 flow runs a step as a BLS call does); an ensemble replays on the CPU (`replay.device`).
 """
@@ -30,8 +34,10 @@ from sidecar.profiling.python_backend import pb_utils
 from sidecar.profiling.python_backend.bls import BlsRouter
 from sidecar.profiling.vocabulary import (
     ENSEMBLE_STEP,
+    PARTIAL_REPLAY,
     Iteration,
     LevelRun,
+    ModelLookup,
     ProfilingError,
     RawSpan,
     Runner,
@@ -50,6 +56,19 @@ class StepNotReplayableError(ProfilingError):
     """A step of the ensemble cannot be replayed: the replay stops at it."""
 
 
+@dataclasses.dataclass(frozen=True)
+class StepFailure:
+    """The step the replay stopped at (`index` from 0) and why."""
+
+    index: int
+    model: str
+    key: str
+    message: str  # the whole sentence: ensemble, step, why
+
+    def record(self) -> dict[str, Any]:
+        return {"step": self.key, "index": self.index, "model": self.model, "reason": self.message}
+
+
 @dataclasses.dataclass
 class _Step:
     step: EnsembleStep
@@ -62,7 +81,7 @@ class EnsembleRunner:
     """Replay an ensemble (`ModelLocation` of format `ensemble`) step by step.
 
     `step_runner(location)` loads a step's runner (`select.runner_for`); `find(repository,
-    model, version)` resolves a step's model (`find_model`)."""
+    model, version)` resolves a step's model (the repository's lookup)."""
 
     name = "ensemble"
 
@@ -70,27 +89,31 @@ class EnsembleRunner:
         self,
         location: Any,
         step_runner: Callable[[Any], Runner],
-        find: Callable[..., Any] | None = None,
+        find: ModelLookup,
     ) -> None:
-        from sidecar.backends.model_repository import find_model
-
         self.location = location
         self.ensemble: str = location.name
         repository = location.path.parent.parent
-        self.find = find or find_model
+        self.find = find
         inputs = [t.name for t in location.inputs]
         self.steps: list[_Step] = []
+        self.unloadable: StepFailure | None = None  # a step no runner loads: the steps end there
         for index, step in enumerate(in_order(steps_of(location.config), inputs)):
             key = step.key(self.ensemble)
             try:
                 found = self.find(repository, step.model, _version(step))
                 runner = step_runner(found)
             except Exception as exc:
-                raise StepNotReplayableError(
+                message = (
                     f"ensemble {self.ensemble!r} step {index + 1} ({step.model!r}) cannot be "
                     f"replayed, so the replay stopped at that step: {type(exc).__name__}: {exc}"
-                ) from None
+                )
+                if index == 0:
+                    raise StepNotReplayableError(message) from None
+                self.unloadable = StepFailure(index, step.model, key, message)
+                break
             self.steps.append(_Step(step, index, key, runner))
+        self.failure = self.unloadable  # where the last `flow` stopped, if it did
         self.router = BlsRouter(repository, find=self.find)
 
     def describe(self) -> RuntimeInfo:
@@ -111,16 +134,33 @@ class EnsembleRunner:
         found = {lv for s in self.steps for lv in s.runner.supported_levels()}
         return tuple(lv for lv in REPLAY_LEVELS if lv in found)
 
+    def close(self) -> None:
+        """Close each step's runner and the Python models the data flow loaded (their
+        `finalize`)."""
+        for s in self.steps:
+            close = getattr(s.runner, "close", None)
+            if callable(close):
+                close()
+        for model in self.router.python_models():
+            model.finalize()
+
     def flow(self, inputs: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
         """One unprofiled pass through the graph: each step's inputs, in order (the last
         step's outputs included in the ensemble's tensors)."""
         self.router.calls.clear()  # the router records each call: none are kept here
+        self.failure = self.unloadable
         tensors = dict(inputs)
         fed: list[dict[str, np.ndarray]] = []
         for s in self.steps:
             feed = s.step.feed(tensors)
+            try:
+                s.step.publish(self._outputs(s, feed), tensors)
+            except StepNotReplayableError as exc:
+                if s.index == 0:
+                    raise
+                self.failure = StepFailure(s.index, s.step.model, s.key, str(exc))
+                break
             fed.append(feed)
-            s.step.publish(self._outputs(s, feed), tensors)
         return fed
 
     def run(
@@ -128,7 +168,7 @@ class EnsembleRunner:
     ) -> LevelRun:
         fed = self.flow(inputs)
         runs: list[tuple[_Step, LevelRun]] = []
-        for s, feed in zip(self.steps, fed, strict=True):
+        for s, feed in zip(self.steps, fed, strict=False):  # up to a step that failed
             runs.append((s, s.runner.run(feed, _level_for(s.runner, level), iterations, warmup)))
         count = min(len(r.iterations) for _, r in runs)
         its = [self._iteration([(s, r.iterations[i]) for s, r in runs]) for i in range(count)]
@@ -138,6 +178,9 @@ class EnsembleRunner:
                 s.key: {"level": r.level.value, **_json_safe(r.attributes)} for s, r in runs
             },
         }
+        if self.failure is not None:
+            attrs[PARTIAL_REPLAY] = self.failure.message
+            attrs["ensemble_failed_step"] = self.failure.record()
         return LevelRun(level, its, warmup, attrs)
 
     # -- internals ----------------------------------------------------------------------

@@ -4,8 +4,13 @@ M is the time of `execute` on the sampled request (for a decoupled model, until 
 response). L adds the Python calls inside `execute` (`python_backend.calls`: the model's own
 functions and the calls they make, by `sys.setprofile`; its overhead is L's overhead ratio)
 and one span per BLS call (`python_backend.bls`: the called model replayed, ONNX in ONNX
-Runtime, Python recursively). K is not captured: a Python model's kernels would be those of
-the runtime it calls, which this runner does not profile below the call.
+Runtime, Python recursively). K adds the layers of the runtime below those calls: the nodes
+ONNX Runtime ran for every session the model's code made (its own `InferenceSession`s and the
+ONNX models it calls over BLS; `python_backend.runtime_sessions`), each a child of the call
+that ran it. Each level is timed in its own run: M unprofiled, L with the call tracer, K with
+the call tracer and ONNX Runtime's profiler. A model whose code runs no ONNX Runtime session
+has no K spans (`kernel_level` says so); other runtimes below a model.py (PyTorch) are not
+profiled.
 
 A decoupled model's responses are all collected: each model span carries `responses`,
 `time_to_first_response_ns` and `response_gaps_ns`, and the M run's trimmed means go to the
@@ -14,9 +19,10 @@ trace (`decoupled_*` attributes), for fidelity to compare with the live stream.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -26,6 +32,7 @@ from sidecar.profiling.python_backend import pb_utils
 from sidecar.profiling.python_backend.bls import BlsRouter
 from sidecar.profiling.python_backend.calls import CallTracer
 from sidecar.profiling.python_backend.loader import Execution, PythonModel
+from sidecar.profiling.python_backend.runtime_sessions import Profiles
 from sidecar.profiling.runners.timing import (
     check_iterations,
     epoch_offset_ns,
@@ -37,6 +44,7 @@ from sidecar.profiling.vocabulary import (
     Iteration,
     LevelNotSupportedError,
     LevelRun,
+    ModelLookup,
     RawSpan,
     RuntimeInfo,
     keyed,
@@ -44,11 +52,15 @@ from sidecar.profiling.vocabulary import (
 )
 from sidecar.trace.spans import Level
 
-KERNEL_NOTE = (
-    "not captured: a Python-backend model's replay times its Python calls (L); the runtimes "
-    "it calls are not profiled below the call"
+NO_SESSION_NOTE = (
+    "not captured: the model's code ran no ONNX Runtime session (K of a Python-backend model "
+    "is the ONNX Runtime nodes below its calls)"
 )
 LAYER_METHOD = "sys.setprofile: the model's own functions and the calls they make"
+KERNEL_METHOD = (
+    "ONNX Runtime's profiler, in a twin of each session the model's code made; each node a "
+    "child of the Python call that ran it"
+)
 
 
 class PythonModelRunner:
@@ -56,10 +68,12 @@ class PythonModelRunner:
 
     name = "python_backend"
 
-    def __init__(self, location: Any) -> None:
+    def __init__(self, location: Any, find: ModelLookup) -> None:
+        """`location`: the model's `ModelLocation`; `find`: its repository's lookup, for the
+        models it calls over BLS."""
         self.location = location
         self.model = PythonModel(location)
-        self.router = BlsRouter(location.path.parent.parent.parent)
+        self.router = BlsRouter(location.path.parent.parent.parent, find)
         self.model.bls_router = self.router
 
     def describe(self) -> RuntimeInfo:
@@ -69,11 +83,16 @@ class PythonModelRunner:
             version,
             "model.py (triton_python_backend_utils stand-in)",
             cpu_name(),
-            {Level.KERNEL.value: KERNEL_NOTE},
         )
 
     def supported_levels(self) -> tuple[Level, ...]:
-        return (Level.MODEL, Level.LAYER)
+        return (Level.MODEL, Level.LAYER, Level.KERNEL)
+
+    def close(self) -> None:
+        """`finalize` the model and the Python models it called over BLS (the worker evicts
+        the runner or stops), as Triton finalizes a model it unloads."""
+        for model in [self.model, *self.router.python_models()]:
+            model.finalize()
 
     def respond(self, inputs: Mapping[str, np.ndarray]) -> Execution:
         """One `execute` of the model on `inputs`, unprofiled: its responses (for tests)."""
@@ -83,24 +102,61 @@ class PythonModelRunner:
         self, inputs: Mapping[str, np.ndarray], level: Level, iterations: int, warmup: int
     ) -> LevelRun:
         check_iterations(iterations, warmup)
-        if level not in (Level.MODEL, Level.LAYER):
-            raise LevelNotSupportedError(f"level {level.value}: {KERNEL_NOTE}")
-        warm_up(lambda: self._execute(inputs), warmup)
-        offset = epoch_offset_ns()
-        layers = level is Level.LAYER
+        if level not in (Level.MODEL, Level.LAYER, Level.KERNEL):
+            raise LevelNotSupportedError(f"level {level.value!r} is not a replay level")
+        layers = level is not Level.MODEL
+        kernels = level is Level.KERNEL
+        with self._profiling(kernels) as profiles:
+            warm_up(lambda: self._execute(inputs), warmup)
+            offset = epoch_offset_ns()
 
-        def once() -> tuple[Iteration, int]:
-            return self._iteration(inputs, offset, layers)
+            def once() -> tuple[Iteration, int]:
+                return self._iteration(inputs, offset, layers)
 
-        its = paced_runs(once, iterations)
+            its = paced_runs(once, iterations)
         attrs: dict[str, Any] = {"python_backend": str(self.location.path.name)}
         if layers:
             attrs["python_layer_method"] = LAYER_METHOD
         elif self.model.decoupled:
             attrs.update(_decoupled_summary(its))
+        if kernels:
+            attrs.update(self._add_nodes(its, profiles))
         return LevelRun(level, its, warmup, attrs)
 
     # -- internals ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _profiling(self, kernels: bool) -> Iterator[list[Profiles]]:
+        """While open (K only), every ONNX Runtime session the model and its BLS Python
+        callees made runs with the profiler on."""
+        found: list[Profiles] = []
+        with contextlib.ExitStack() as stack:
+            if kernels:
+                for model in [self.model, *self.router.python_models()]:
+                    found.append(stack.enter_context(model.sessions.profiling()))
+            yield found
+
+    def _add_nodes(self, its: list[Iteration], profiles: list[Profiles]) -> dict[str, Any]:
+        """Each iteration's ONNX Runtime nodes as its kernel spans; the K run's attributes."""
+        nodes = 0
+        for it in its:
+            head = it.spans[0]
+            found = sorted(
+                (n for p in profiles for n in p.within(head.start_ns, head.end_ns)),
+                key=lambda n: n.start_ns,
+            )
+            for span, key in zip(found, keyed([n.name for n in found]), strict=True):
+                span.key = key
+            it.spans += found
+            nodes += len(found)
+        sessions = sum(p.sessions for p in profiles)
+        if sessions == 0:
+            return {"kernel_level": NO_SESSION_NOTE}
+        return {
+            "kernel_level": "captured",
+            "python_kernel_method": KERNEL_METHOD,
+            "python_kernel_sessions": sessions,
+        }
+
     def _execute(self, inputs: Mapping[str, np.ndarray]) -> Execution:
         previous = pb_utils.bls_handler()
         pb_utils.set_bls_handler(self.router)
