@@ -24,6 +24,7 @@ from sidecar.replay.replay_job import replay_job
 from sidecar.trace.spans import Level, new_span_id, new_trace_id
 from sidecar.trace.store import TraceStore
 from tests.harness.triton.model_repo import (
+    add_async_bls,
     add_bls_cnn,
     add_py_cnn,
     add_token_stream,
@@ -68,11 +69,32 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", (x * 2).astype(self.dtype))])]
 """
 
+# Writes `finalized` beside its model.py when Triton (or the replay) finalizes it.
+FINALIZER = """\
+import os
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.mark = os.path.join(args["model_repository"], args["model_version"], "finalized")
+
+    def execute(self, requests):
+        x = pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", x)])]
+
+    def finalize(self):
+        with open(self.mark, "a") as f:
+            f.write("finalized\\n")
+"""
+
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = add_bls_cnn(add_token_stream(build_model_repository(tmp_path_factory.mktemp("r") / "m")))
-    add_py_cnn(root)
+    add_py_cnn(add_async_bls(root))
+    write_model(root, "finalizer", CONFIG_X.replace("NAME", "finalizer"), FINALIZER)
     write_model(root, "bls_missing", CONFIG_X.replace("NAME", "bls_missing"), BLS_MISSING)
     write_model(root, "args_echo", CONFIG_X.replace("NAME", "args_echo"), ARGS_ECHO)
     return root
@@ -284,3 +306,71 @@ def test_xsp_sidecar_profile_runs_a_model_py_with_its_configs_inputs(
     (image,) = trace.attributes["inputs"]
     assert image["name"] == "IMAGE" and image["shape"] == [1, 3, 32, 32]
     assert "bls:simple_cnn" in {s.name for s in store.spans(trace.trace_id, Level.LAYER)}
+
+
+def test_async_execute_awaits_bls_calls_in_flight_together(repo: Path) -> None:
+    runner = runner_for(repo / "async_bls" / "1" / "model.py", find=find_model)
+    a, b = np.arange(5, dtype=np.float32), np.full(5, 2, dtype=np.float32)
+    (response,) = runner.respond({"INPUT0": a, "INPUT1": b}).with_data()
+    assert response.error is None, response.error
+    np.testing.assert_array_equal(response.outputs()["OUTPUT0"], a + b)
+    np.testing.assert_array_equal(
+        response.outputs()["OUTPUT1"], b - a
+    )  # the second call, inputs swapped
+    profile = run_experiment(
+        runner, {"INPUT0": a, "INPUT1": b}, model="async_bls", levels=(Level.LAYER,), iterations=3
+    )
+    calls = [s for s in profile.spans_at(Level.LAYER) if s.name == "bls:add_sub"]
+    assert len(calls) == 2 and all("bls_error" not in s.attributes for s in calls)
+
+
+def test_async_exec_is_a_future_of_the_running_loop_as_in_triton() -> None:
+    import asyncio
+
+    request = pb_utils.InferenceRequest(model_name="m", inputs=[])
+    with pytest.raises(RuntimeError, match="no running event loop"):
+        request.async_exec()
+
+    async def call() -> pb_utils.InferenceResponse:
+        future = request.async_exec()
+        assert isinstance(future, asyncio.Future)
+        return await future
+
+    answer = asyncio.run(call())
+    assert answer.has_error() and "no replay handles BLS calls" in answer.error().message()
+
+
+def _finalize_job(model: str, inputs: dict[str, np.ndarray]) -> ProfileJob:
+    return ProfileJob(
+        trace_id=new_trace_id(),
+        parent_span_id=new_span_id(),
+        model=model,
+        method="ModelInfer",
+        reason="forced",
+        received_ns=0,
+        request_message=_infer_request(model, inputs),
+    )
+
+
+def test_the_worker_finalizes_a_python_model_it_evicts_and_at_its_stop(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sidecar.replay import replay_job as replay_module
+
+    monkeypatch.setattr(replay_module, "RUNNER_CACHE_SIZE", 1)
+    mark = repo / "finalizer" / "1" / "finalized"
+    mark.unlink(missing_ok=True)
+    options = ReplayOptions(
+        model_repository=repo, db_path=tmp_path / "t.db", levels=(Level.MODEL,), iterations=2,
+        warmup=0, store_raw_inputs=False, device="cpu",
+    )  # fmt: skip
+    context = ReplayContext(options)
+    x = np.ones(3, dtype=np.float32)
+    assert replay_job(_finalize_job("finalizer", {"X": x}), context).outcome == "ok"
+    assert not mark.exists()  # loaded and kept: not finalized
+    assert replay_job(_finalize_job("add_sub", {"INPUT0": x, "INPUT1": x}), context).outcome == "ok"
+    assert mark.read_text() == "finalized\n"  # evicted by add_sub: finalized once
+    assert replay_job(_finalize_job("finalizer", {"X": x}), context).outcome == "ok"
+    context.close()  # the worker stops
+    assert mark.read_text() == "finalized\n" * 2
+    assert not context.runners
