@@ -197,3 +197,149 @@ def test_a_first_step_that_fails_while_running_stops_the_replay(tmp_path: Path) 
     ens = EnsembleRunner(location, _step_runner, find_model)
     with pytest.raises(StepNotReplayableError, match=r"step 1 \('bad'\) failed.*bad input"):
         ens.run({"IN": np.zeros(4, np.float32)}, Level.MODEL, 3, 1)
+
+
+TS_CONFIG = """\
+name: "double_ts"
+platform: "pytorch_libtorch"
+max_batch_size: 0
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+TF_CONFIG = """\
+name: "add10_tf"
+platform: "tensorflow_savedmodel"
+max_batch_size: 0
+input [ { name: "x" data_type: TYPE_FP32 dims: [ -1, 4 ] } ]
+output [ { name: "output_0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+# plus1 (Python) -> double_ts (TorchScript) -> add10_tf (SavedModel): OUT = (IN + 1) * 2 + 10
+FORMATS_CHAIN = """\
+name: "formats"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "plus1" model_version: -1
+    input_map { key: "X" value: "IN" } output_map { key: "Y" value: "a" } },
+  { model_name: "double_ts" model_version: -1
+    input_map { key: "INPUT__0" value: "a" } output_map { key: "OUTPUT__0" value: "b" } },
+  { model_name: "add10_tf" model_version: -1
+    input_map { key: "x" value: "b" } output_map { key: "output_0" value: "OUT" } }
+] }
+"""
+
+
+def _torchscript_and_savedmodel_steps(repo: Path) -> Path:
+    import tensorflow as tf
+    import torch
+
+    class Double(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.act = torch.nn.ReLU()  # a module: a layer of the step
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.act(x) * 2
+
+    ts_dir = write_model(repo, "double_ts", TS_CONFIG)
+    torch.jit.script(Double()).save(str(ts_dir / "model.pt"))
+
+    add10 = tf.keras.Sequential(  # y = x + 10: an identity kernel, a bias of 10
+        [
+            tf.keras.Input(shape=(4,), name="x"),
+            tf.keras.layers.Dense(
+                4,
+                kernel_initializer="identity",
+                bias_initializer=tf.keras.initializers.Constant(10.0),
+            ),
+        ]
+    )
+    add10.export(str(write_model(repo, "add10_tf", TF_CONFIG) / "model.savedmodel"), verbose=False)
+    write_model(repo, "formats", FORMATS_CHAIN)
+    return repo
+
+
+def test_torchscript_and_savedmodel_steps_run_in_the_ensembles_replay(tmp_path: Path) -> None:
+    repo = _torchscript_and_savedmodel_steps(_chain(tmp_path / "models"))
+    runner = runner_for(repo / "formats" / "config.pbtxt", find_model(repo, "formats").format,
+                        find=find_model)  # fmt: skip
+    x = np.array([[1, 2, 3, 4]], np.float32)  # [1, 4]: the Keras model's batch of one
+    assert isinstance(runner, EnsembleRunner)
+    fed = runner.flow({"IN": x})
+    assert runner.failure is None, runner.failure
+    np.testing.assert_array_equal(fed[1]["INPUT__0"], x + 1)  # TorchScript reads plus1's Y
+    np.testing.assert_array_equal(fed[2]["x"], (x + 1) * 2)  # SavedModel reads TorchScript's
+    np.testing.assert_array_equal(
+        runner.steps[2].runner.outputs(fed[2])["output_0"], (x + 1) * 2 + 10
+    )  # type: ignore[attr-defined]
+    profile = run_experiment(runner, {"IN": x}, model="formats", iterations=3, warmup=1)
+    assert profile.trace.status == "ok"
+    steps = [s for s in profile.spans_at(Level.MODEL) if "ensemble_step" in s.attributes]
+    assert [s.name for s in sorted(steps, key=lambda s: s.start_ns)] == [
+        "plus1", "double_ts", "add10_tf"
+    ]  # fmt: skip
+    parent = {s.span_id: s.parent_id for s in profile.spans}
+    names = {s.span_id: s.name for s in steps}
+
+    def step_of(span_id: str | None) -> str | None:
+        while span_id is not None and span_id not in names:
+            span_id = parent.get(span_id)
+        return names.get(span_id or "")
+
+    assert "add10_tf" in {step_of(s.parent_id) for s in profile.spans_at(Level.LAYER)}
+    (ts,) = [s for s in steps if s.name == "double_ts"]
+    inside = [
+        k
+        for k in profile.spans_at(Level.KERNEL)
+        if ts.start_ns <= k.start_ns <= k.end_ns <= ts.end_ns
+    ]
+    assert inside  # the TorchScript step's own ops, from its own runner's K run
+
+
+TOKEN_IN = (
+    'input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] }, '
+    '{ name: "FIRST_MS" data_type: TYPE_INT32 dims: [ 1 ] }, '
+    '{ name: "SLEEP_MS" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+)
+TOKEN_MAPS = (
+    'input_map { key: "COUNT" value: "COUNT" } input_map { key: "FIRST_MS" value: "FIRST_MS" } '
+    'input_map { key: "SLEEP_MS" value: "SLEEP_MS" } output_map { key: "TOKEN" value: "T" }'
+)
+
+
+def _stream_ensemble(repo: Path, then: str) -> None:
+    after = (
+        f', {{ model_name: "{then}" model_version: -1 '
+        'input_map { key: "X" value: "T" } output_map { key: "Y" value: "OUT" } }'
+        if then
+        else ""
+    )
+    write_model(
+        repo,
+        "streamer",
+        'name: "streamer"\nplatform: "ensemble"\nmax_batch_size: 0\n' + TOKEN_IN
+        + 'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        + 'ensemble_scheduling { step [ { model_name: "token_stream" model_version: -1 '
+        + f"{TOKEN_MAPS} }}{after} ] }}\n",
+    )  # fmt: skip
+
+
+def test_a_decoupled_last_step_is_replayed_one_feeding_others_is_not(tmp_path: Path) -> None:
+    from tests.harness.triton.model_repo import add_token_stream
+
+    repo = add_token_stream(_chain(tmp_path / "models"))
+    _stream_ensemble(repo, then="")
+    runner = runner_for(repo / "streamer", find_model(repo, "streamer").format, find=find_model)
+    inputs = {
+        n: np.array([v], np.int32) for n, v in (("COUNT", 3), ("FIRST_MS", 1), ("SLEEP_MS", 1))
+    }
+    profile = run_experiment(runner, inputs, model="streamer", levels=(Level.MODEL,), iterations=2)
+    (step,) = [s for s in profile.spans_at(Level.MODEL) if "ensemble_step" in s.attributes]
+    assert step.name == "token_stream" and step.attributes["responses"] == 3
+
+    _stream_ensemble(repo, then="plus1")
+    with pytest.raises(StepNotReplayableError, match=r"'token_stream' is a decoupled model") as e:
+        runner_for(repo / "streamer", find_model(repo, "streamer").format, find=find_model)
+    assert "each of its responses on to them as a request of its own" in str(e.value)

@@ -17,8 +17,12 @@ first step there is nothing to profile: `StepNotReplayableError` names it and sa
 one gives a partial profile: the steps before it are profiled as above, and the runs carry
 `partial_replay` (the failed step and why: the experiment makes the trace `status = error`
 with that reason, spans kept) and `ensemble_failed_step` (`step`, `index`, `model`, `reason`).
-Not supported here: a decoupled step, and steps other than ONNX and Python models (the data
-flow runs a step as a BLS call does); an ensemble replays on the CPU (`replay.device`).
+ONNX and Python steps run in the data flow as a BLS call runs them, TorchScript and SavedModel
+steps by their own runner (`ensemble.step_outputs`). A decoupled step is supported as the last
+step (no step reads its outputs: its runner collects all its responses); one whose outputs
+another step reads is not: Triton sends each of its responses on to the next steps as a request
+of its own, so the ensemble answers with a stream, while this replay runs each step once. An
+ensemble replays on the CPU (`replay.device`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from sidecar.profiling.ensemble.graph import EnsembleStep, in_order, steps_of
+from sidecar.profiling.ensemble.step_outputs import RUNNER_FORMATS, ordered_feed, step_outputs
 from sidecar.profiling.python_backend import pb_utils
 from sidecar.profiling.python_backend.bls import BlsRouter
 from sidecar.profiling.vocabulary import (
@@ -75,6 +80,8 @@ class _Step:
     index: int
     key: str
     runner: Runner
+    location: Any  # the step model's `ModelLocation`
+    last: bool = False  # no later step reads its outputs
 
 
 class EnsembleRunner:
@@ -98,10 +105,12 @@ class EnsembleRunner:
         inputs = [t.name for t in location.inputs]
         self.steps: list[_Step] = []
         self.unloadable: StepFailure | None = None  # a step no runner loads: the steps end there
-        for index, step in enumerate(in_order(steps_of(location.config), inputs)):
+        ordered = in_order(steps_of(location.config), inputs)
+        for index, step in enumerate(ordered):
             key = step.key(self.ensemble)
             try:
                 found = self.find(repository, step.model, _version(step))
+                _check_decoupled(found, step, ordered[index + 1 :])
                 runner = step_runner(found)
             except Exception as exc:
                 message = (
@@ -112,7 +121,7 @@ class EnsembleRunner:
                     raise StepNotReplayableError(message) from None
                 self.unloadable = StepFailure(index, step.model, key, message)
                 break
-            self.steps.append(_Step(step, index, key, runner))
+            self.steps.append(_Step(step, index, key, runner, found))
         self.failure = self.unloadable  # where the last `flow` stopped, if it did
         self.router = BlsRouter(repository, find=self.find)
 
@@ -152,9 +161,11 @@ class EnsembleRunner:
         tensors = dict(inputs)
         fed: list[dict[str, np.ndarray]] = []
         for s in self.steps:
-            feed = s.step.feed(tensors)
+            feed = ordered_feed(s.location, s.step.feed(tensors))
             try:
-                s.step.publish(self._outputs(s, feed), tensors)
+                outputs = self._outputs(s, feed)
+                if outputs is not None:
+                    s.step.publish(outputs, tensors)
             except StepNotReplayableError as exc:
                 if s.index == 0:
                     raise
@@ -184,7 +195,17 @@ class EnsembleRunner:
         return LevelRun(level, its, warmup, attrs)
 
     # -- internals ----------------------------------------------------------------------
-    def _outputs(self, s: _Step, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _outputs(self, s: _Step, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """The step's outputs (None for a decoupled last step: nothing reads them)."""
+        if _decoupled(s.location):  # `_check_decoupled`: the last step
+            return None
+        if s.location.format in RUNNER_FORMATS:
+            try:
+                return step_outputs(s.location, s.runner, feed)
+            except Exception as exc:
+                raise StepNotReplayableError(
+                    self._stopped(s, f"{type(exc).__name__}: {exc}")
+                ) from None
         request = pb_utils.InferenceRequest(
             model_name=s.step.model,
             inputs=[pb_utils.Tensor(n, np.asarray(a)) for n, a in feed.items()],
@@ -257,6 +278,26 @@ class EnsembleRunner:
             raw.end_ns + shift,
             key=f"{s.key}:{raw.key}",
             attributes=attrs,
+        )
+
+
+def _decoupled(location: Any) -> bool:
+    config = getattr(location, "config", None)
+    return bool(config is not None and config.model_transaction_policy.decoupled)
+
+
+def _check_decoupled(location: Any, step: EnsembleStep, later: list[EnsembleStep]) -> None:
+    """A decoupled step whose outputs a later step reads is not supported (module doc)."""
+    if not _decoupled(location):
+        return
+    written = {outer for _, outer in step.output_map}
+    readers = [s.model for s in later if written & {outer for _, outer in s.input_map}]
+    if readers:
+        raise NotImplementedError(
+            f"{step.model!r} is a decoupled model and step(s) {', '.join(map(repr, readers))} "
+            "read its outputs: Triton sends each of its responses on to them as a request of "
+            "its own (the ensemble answers with a stream), and this replay runs each step once "
+            "(a decoupled step is supported as the last step)"
         )
 
 
