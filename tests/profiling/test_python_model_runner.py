@@ -89,12 +89,34 @@ class TritonPythonModel:
             f.write("finalized\\n")
 """
 
+# PyTorch inside a model.py: a small MLP built in initialize, run in execute.
+TORCH_MLP = """\
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)
+        ).eval()
+
+    def execute(self, requests):
+        x = pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()
+        with torch.no_grad():
+            y = self.net(torch.from_numpy(x.reshape(-1, 4))).numpy().reshape(x.shape)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", y.astype(np.float32))])]
+"""
+
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = add_bls_cnn(add_token_stream(build_model_repository(tmp_path_factory.mktemp("r") / "m")))
     add_py_cnn(add_async_bls(root))
     write_model(root, "finalizer", CONFIG_X.replace("NAME", "finalizer"), FINALIZER)
+    write_model(root, "torch_mlp", CONFIG_X.replace("NAME", "torch_mlp"), TORCH_MLP)
     write_model(root, "bls_missing", CONFIG_X.replace("NAME", "bls_missing"), BLS_MISSING)
     write_model(root, "args_echo", CONFIG_X.replace("NAME", "args_echo"), ARGS_ECHO)
     return root
@@ -180,6 +202,22 @@ def test_k_is_the_onnx_runtime_nodes_below_the_python_call_that_ran_them(repo: P
     assert session.end_profiling() == ""
     (response,) = runner.respond({"input": x}).with_data()
     assert response.outputs()["output"].shape == (2, 10)
+
+
+def test_k_of_a_model_py_running_pytorch_is_its_aten_ops_below_the_call(repo: Path) -> None:
+    runner = runner_for(repo / "torch_mlp" / "1" / "model.py", find=find_model)
+    x = np.arange(8, dtype=np.float32)
+    profile = run_experiment(runner, {"X": x}, model="torch_mlp", iterations=4, warmup=1)
+    assert profile.trace.attributes["kernel_level"] == "captured"
+    assert profile.trace.attributes["python_kernel_torch"] is True
+    layers = {s.span_id: s for s in profile.spans_at(Level.LAYER)}
+    ops = profile.spans_at(Level.KERNEL)
+    assert "aten::linear" in {k.name for k in ops}
+    linear = [k for k in ops if k.name == "aten::linear"]
+    assert len(linear) == 2 and all(k.kind == "cpu_op" for k in linear)
+    parents = {layers[k.parent_id].name for k in linear if k.parent_id in layers}
+    assert len(parents) == 1 and parents.pop().startswith("torch.nn.modules.module.")
+    assert linear[0].attributes["input_shapes"][0] == [2, 4]
 
 
 def test_k_of_a_model_that_runs_no_onnx_runtime_says_so(repo: Path) -> None:

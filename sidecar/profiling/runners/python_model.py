@@ -9,8 +9,9 @@ ONNX Runtime ran for every session the model's code made (its own `InferenceSess
 ONNX models it calls over BLS; `python_backend.runtime_sessions`), each a child of the call
 that ran it. Each level is timed in its own run: M unprofiled, L with the call tracer, K with
 the call tracer and ONNX Runtime's profiler. A model whose code runs no ONNX Runtime session
-has no K spans (`kernel_level` says so); other runtimes below a model.py (PyTorch) are not
-profiled.
+and, where the model's module imports torch, the outermost ATen ops of every execute
+(`python_backend.torch_ops`). A model whose code runs neither has no K spans (`kernel_level`
+says so).
 
 A decoupled model's responses are all collected: each model span carries `responses`,
 `time_to_first_response_ns` and `response_gaps_ns`, and the M run's trimmed means go to the
@@ -22,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ from sidecar.profiling.python_backend.bls import BlsRouter
 from sidecar.profiling.python_backend.calls import CallTracer
 from sidecar.profiling.python_backend.loader import Execution, PythonModel
 from sidecar.profiling.python_backend.runtime_sessions import Profiles
+from sidecar.profiling.python_backend.torch_ops import TorchOps, imports_torch
 from sidecar.profiling.runners.timing import (
     check_iterations,
     epoch_offset_ns,
@@ -53,13 +55,14 @@ from sidecar.profiling.vocabulary import (
 from sidecar.trace.spans import Level
 
 NO_SESSION_NOTE = (
-    "not captured: the model's code ran no ONNX Runtime session (K of a Python-backend model "
-    "is the ONNX Runtime nodes below its calls)"
+    "not captured: the model's code ran no ONNX Runtime session and imports no torch (K of a "
+    "Python-backend model is the ONNX Runtime nodes and PyTorch ops below its calls)"
 )
 LAYER_METHOD = "sys.setprofile: the model's own functions and the calls they make"
 KERNEL_METHOD = (
-    "ONNX Runtime's profiler, in a twin of each session the model's code made; each node a "
-    "child of the Python call that ran it"
+    "ONNX Runtime's profiler, in a twin of each session the model's code made, and "
+    "torch.profiler where its module imports torch; each node or op a child of the Python "
+    "call that ran it"
 )
 
 
@@ -106,12 +109,20 @@ class PythonModelRunner:
             raise LevelNotSupportedError(f"level {level.value!r} is not a replay level")
         layers = level is not Level.MODEL
         kernels = level is Level.KERNEL
-        with self._profiling(kernels) as profiles:
-            warm_up(lambda: self._execute(inputs), warmup)
+        models = [self.model, *self.router.python_models()]
+        torch_ops = TorchOps() if kernels and imports_torch(m.module for m in models) else None
+        mark = torch_ops.mark if torch_ops is not None else contextlib.nullcontext
+        with self._profiling(kernels) as profiles, self._torch(torch_ops):
+
+            def execute() -> Execution:
+                with mark():
+                    return self._execute(inputs)
+
+            warm_up(execute, warmup)
             offset = epoch_offset_ns()
 
             def once() -> tuple[Iteration, int]:
-                return self._iteration(inputs, offset, layers)
+                return self._iteration(execute, offset, layers)
 
             its = paced_runs(once, iterations)
         attrs: dict[str, Any] = {"python_backend": str(self.location.path.name)}
@@ -120,7 +131,7 @@ class PythonModelRunner:
         elif self.model.decoupled:
             attrs.update(_decoupled_summary(its))
         if kernels:
-            attrs.update(self._add_nodes(its, profiles))
+            attrs.update(self._add_nodes(its, profiles, torch_ops))
         return LevelRun(level, its, warmup, attrs)
 
     # -- internals ----------------------------------------------------------------------
@@ -135,26 +146,34 @@ class PythonModelRunner:
                     found.append(stack.enter_context(model.sessions.profiling()))
             yield found
 
-    def _add_nodes(self, its: list[Iteration], profiles: list[Profiles]) -> dict[str, Any]:
-        """Each iteration's ONNX Runtime nodes as its kernel spans; the K run's attributes."""
-        nodes = 0
-        for it in its:
+    @staticmethod
+    def _torch(torch_ops: TorchOps | None) -> contextlib.AbstractContextManager[Any]:
+        return torch_ops.profiling() if torch_ops is not None else contextlib.nullcontext()
+
+    def _add_nodes(
+        self, its: list[Iteration], profiles: list[Profiles], torch_ops: TorchOps | None
+    ) -> dict[str, Any]:
+        """Each iteration's ONNX Runtime nodes and PyTorch ops as its kernel spans; the K
+        run's attributes."""
+        walls = [(it.spans[0].start_ns, it.spans[0].end_ns) for it in its]
+        ops = torch_ops.spans(walls) if torch_ops is not None else [[] for _ in its]
+        for it, found_ops in zip(its, ops, strict=True):
             head = it.spans[0]
             found = sorted(
-                (n for p in profiles for n in p.within(head.start_ns, head.end_ns)),
+                [*(n for p in profiles for n in p.within(head.start_ns, head.end_ns)), *found_ops],
                 key=lambda n: n.start_ns,
             )
             for span, key in zip(found, keyed([n.name for n in found]), strict=True):
                 span.key = key
             it.spans += found
-            nodes += len(found)
         sessions = sum(p.sessions for p in profiles)
-        if sessions == 0:
+        if sessions == 0 and torch_ops is None:
             return {"kernel_level": NO_SESSION_NOTE}
         return {
             "kernel_level": "captured",
             "python_kernel_method": KERNEL_METHOD,
             "python_kernel_sessions": sessions,
+            "python_kernel_torch": torch_ops is not None,
         }
 
     def _execute(self, inputs: Mapping[str, np.ndarray]) -> Execution:
@@ -166,7 +185,7 @@ class PythonModelRunner:
             pb_utils.set_bls_handler(previous)
 
     def _iteration(
-        self, inputs: Mapping[str, np.ndarray], offset: int, layers: bool
+        self, execute: Callable[[], Execution], offset: int, layers: bool
     ) -> tuple[Iteration, int]:
         self.router.calls.clear()
         tracer = None
@@ -177,7 +196,7 @@ class PythonModelRunner:
             )
             tracer.__enter__()
         try:
-            execution = self._execute(inputs)
+            execution = execute()
         finally:
             if tracer is not None:
                 tracer.__exit__(None, None, None)
