@@ -24,6 +24,7 @@ from sidecar.replay.replay_job import replay_job
 from sidecar.trace.spans import Level, new_span_id, new_trace_id
 from sidecar.trace.store import TraceStore
 from tests.harness.triton.model_repo import (
+    PY_CNN_CONFIG,
     add_async_bls,
     add_bls_cnn,
     add_py_cnn,
@@ -110,6 +111,30 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", y.astype(np.float32))])]
 """
 
+# An ONNX Runtime session whose model file is gone once it is made: no twin can be made of it.
+ORT_FILE_GONE = """\
+import os
+import shutil
+import tempfile
+
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        source = os.path.join(args["model_repository"], "..", "py_cnn", "1", "cnn.onnx")
+        folder = tempfile.mkdtemp()
+        path = shutil.copy(source, os.path.join(folder, "gone.onnx"))
+        self.session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        shutil.rmtree(folder)
+
+    def execute(self, requests):
+        x = pb_utils.get_input_tensor_by_name(requests[0], "input").as_numpy()
+        (y,) = self.session.run(["output"], {"input": x})
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("output", y)])]
+"""
+
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -117,6 +142,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     add_py_cnn(add_async_bls(root))
     write_model(root, "finalizer", CONFIG_X.replace("NAME", "finalizer"), FINALIZER)
     write_model(root, "torch_mlp", CONFIG_X.replace("NAME", "torch_mlp"), TORCH_MLP)
+    gone = PY_CNN_CONFIG.replace('name: "py_cnn"', 'name: "ort_gone"')
+    write_model(root, "ort_gone", gone, ORT_FILE_GONE)
     write_model(root, "bls_missing", CONFIG_X.replace("NAME", "bls_missing"), BLS_MISSING)
     write_model(root, "args_echo", CONFIG_X.replace("NAME", "args_echo"), ARGS_ECHO)
     return root
@@ -218,6 +245,16 @@ def test_k_of_a_model_py_running_pytorch_is_its_aten_ops_below_the_call(repo: Pa
     parents = {layers[k.parent_id].name for k in linear if k.parent_id in layers}
     assert len(parents) == 1 and parents.pop().startswith("torch.nn.modules.module.")
     assert linear[0].attributes["input_shapes"][0] == [2, 4]
+
+
+def test_a_session_no_twin_can_be_made_of_runs_unprofiled_and_says_why(repo: Path) -> None:
+    runner = runner_for(repo / "ort_gone" / "1" / "model.py", find=find_model)
+    x = np.random.default_rng(4).random((1, 3, 32, 32), dtype=np.float32)
+    profile = run_experiment(runner, {"input": x}, model="ort_gone", iterations=2, warmup=0)
+    assert profile.trace.status == "ok" and profile.spans_at(Level.KERNEL) == []
+    assert profile.trace.attributes["kernel_level"].startswith("not captured: no profiling twin")
+    (why,) = profile.trace.attributes["python_kernel_sessions_failed"]
+    assert "gone.onnx" in why
 
 
 def test_k_of_a_model_that_runs_no_onnx_runtime_says_so(repo: Path) -> None:

@@ -74,7 +74,11 @@ class Sessions:
                     session = made.session()
                     if session is None:
                         continue
-                    twin = _profiling_twin(made, os.path.join(tmp, f"s{i}"))
+                    try:
+                        twin = _profiling_twin(made, os.path.join(tmp, f"s{i}"))
+                    except Exception as exc:  # ORT's own types: that session runs unprofiled
+                        profiles.failed.append(f"{type(exc).__name__}: {exc}"[:300])
+                        continue
                     swapped.append((session, session.__dict__, twin))
                     session.__dict__ = twin.__dict__
                 yield profiles
@@ -90,6 +94,7 @@ class Profiles:
 
     nodes: list[RawSpan] = field(default_factory=list)
     sessions: int = 0  # how many sessions ran with the profiler on
+    failed: list[str] = field(default_factory=list)  # why a session's twin could not be made
 
     def add(self, twin: Any) -> None:
         self.sessions += 1

@@ -167,9 +167,15 @@ class PythonModelRunner:
                 span.key = key
             it.spans += found
         sessions = sum(p.sessions for p in profiles)
+        failed = [why for p in profiles for why in p.failed]
+        extra: dict[str, Any] = {"python_kernel_sessions_failed": failed} if failed else {}
         if sessions == 0 and torch_ops is None:
-            return {"kernel_level": NO_SESSION_NOTE}
+            note = NO_SESSION_NOTE
+            if failed:
+                note = f"not captured: no profiling twin of its ONNX Runtime session: {failed[0]}"
+            return {"kernel_level": note, **extra}
         return {
+            **extra,
             "kernel_level": "captured",
             "python_kernel_method": KERNEL_METHOD,
             "python_kernel_sessions": sessions,
