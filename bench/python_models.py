@@ -58,7 +58,10 @@ INPUTS = {
 
 def offline(repo: Path, iterations: int, warmup: int) -> None:
     print(f"offline, {iterations} timed runs per level after {warmup} warm-up")
-    print(f"{'model.py of':<12} {'M us':>9} {'L us':>9} {'L/M':>6}  L spans per execute")
+    print(
+        f"{'model.py of':<12} {'M us':>9} {'L us':>9} {'L/M':>6} {'K us':>9} {'K/M':>6}  "
+        "K spans (ONNX Runtime nodes below a call)  L spans per execute"
+    )
     for model, inputs in INPUTS.items():
         if model == "ens_cnn":
             continue  # an ensemble: `--ensemble`
@@ -68,9 +71,12 @@ def offline(repo: Path, iterations: int, warmup: int) -> None:
         layer = profile.stats(Level.LAYER)
         names = sorted({s.name for s in profile.spans_at(Level.LAYER)})
         count = len(profile.spans_at(Level.LAYER))
+        kernel = profile.stats(Level.KERNEL)
+        nodes = len(profile.spans_at(Level.KERNEL))
         print(
             f"{model:<12} {m:9.1f} {layer.trimmed_mean_ns / 1e3:9.1f} "
-            f"{layer.overhead_ratio:6.2f}  {count}: {', '.join(names)}"
+            f"{layer.overhead_ratio:6.2f} {kernel.trimmed_mean_ns / 1e3:9.1f} "
+            f"{kernel.overhead_ratio:6.2f}  {nodes:>5}  {count}: {', '.join(names)}"
         )
 
 
