@@ -22,6 +22,7 @@ from analysis.once import OncePerKey
 from analysis.store_file import TRACE_IDENTITY
 from analysis.tracedb import TraceData
 from sidecar.profiling.stats import TRIM
+from sidecar.trace.schema import Level
 from sidecar.trace.spans import LIVE_ONLY
 
 T = TypeVar("T")
@@ -335,10 +336,10 @@ class Frames:
 
     def _model_latency(self) -> pd.DataFrame:
         ls = self.data.level_stats
-        from_stats = ls[ls["level"] == "model"][["tkey", "trimmed_mean_ns"]]
+        from_stats = ls[ls["level"] == Level.MODEL][["tkey", "trimmed_mean_ns"]]
         from_stats = from_stats.rename(columns={"trimmed_mean_ns": "latency_ns"})
-        ms = self.at("model")
-        ms = ms.assign(_pref=(ms["run_level"] != "model").astype(int)).sort_values(
+        ms = self.at(Level.MODEL)
+        ms = ms.assign(_pref=(ms["run_level"] != Level.MODEL).astype(int)).sort_values(
             ["tkey", "_pref", "start_ns"]
         )
         from_spans = ms.drop_duplicates("tkey")[["tkey", "duration_ns"]]
@@ -353,7 +354,7 @@ class Frames:
         ls = self.data.level_stats
         if "samples_ns" not in ls.columns:
             return {}
-        rows = ls[(ls["level"] == "model") & ls["samples_ns"].notna()]
+        rows = ls[(ls["level"] == Level.MODEL) & ls["samples_ns"].notna()]
         return {int(k): list(v) for k, v in zip(rows["tkey"], rows["samples_ns"], strict=True)}
 
     def kernel_reason(self) -> str:

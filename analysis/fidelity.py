@@ -42,6 +42,7 @@ from analysis.fidelity_attrs import (  # noqa: F401  (the rules per trace, as `f
     number,
     request_fields,
 )
+from sidecar.trace.schema import Level
 from sidecar.trace.spans import LIVE_ONLY
 
 TITLE = "Fidelity of the replay (replay's model time vs the server's own compute time)"
@@ -96,7 +97,7 @@ def per_request(fr: Frames) -> pd.DataFrame:
 def _live_from_spans(fr: Frames) -> dict[int, dict[str, Any]]:
     """Per trace: the live compute time from its backend spans, as `sidecar.trace.fidelity`
     records it (for traces stored before the store kept the `fidelity` attribute)."""
-    srv = fr.at("server")
+    srv = fr.at(Level.SERVER)
     out: dict[int, dict[str, Any]] = {}
     infer = srv[srv["kind"] == "compute_infer"]
     for tkey, ns in (

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sidecar.trace import schema
+
 PYTHON_BACKEND = "python"
 ONNXRUNTIME_BACKEND = "onnxruntime"
 
@@ -19,7 +21,7 @@ def request_fields(attrs: dict[str, Any]) -> dict[str, Any]:
     """What one trace's attributes say for its row of `per_request` (the fleet export keeps
     these as columns): whether the store kept its `fidelity` attribute, the live compute time
     and its source, the server's batch window and the causes (`_causes`)."""
-    fid = _attrs(attrs.get("fidelity"))
+    fid = _attrs(attrs.get(schema.FIDELITY))
     window = _attrs(fid.get("server_batch_window"))
     return {
         "fidelity_kept": bool(fid),
@@ -41,10 +43,10 @@ def number(value: Any) -> float:
 def _causes(attrs: dict[str, Any]) -> list[tuple[str, bool]]:
     """What the trace says differs between the server and the replay: (cause, whether the
     server and the replay still run the same kernels)."""
-    server = _attrs(attrs.get("server_config"))
+    server = _attrs(attrs.get(schema.SERVER_CONFIG))
     out: list[tuple[str, bool]] = []
-    backend = str(server.get("backend") or attrs.get("backend") or "")
-    if backend == PYTHON_BACKEND and attrs.get("model_format") == PYTHON_BACKEND:
+    backend = str(server.get("backend") or attrs.get(schema.BACKEND) or "")
+    if backend == PYTHON_BACKEND and attrs.get(schema.MODEL_FORMAT) == PYTHON_BACKEND:
         out.append((
             "the server runs model.py in the Python backend's stub process (IPC and tensor "
             "copies through shared memory); the replay runs the same model.py in the "
@@ -56,21 +58,21 @@ def _causes(attrs: dict[str, Any]) -> list[tuple[str, bool]]:
             "and tensor copies); the replay runs only the model file", True,
         ))  # fmt: skip
     kind = str(server.get("instance_kind") or "")
-    replay_device = str(attrs.get("replay_device") or "")
+    replay_device = str(attrs.get(schema.REPLAY_DEVICE) or "")
     on_gpu = replay_device.startswith("cuda")
     if kind == "KIND_GPU" and not on_gpu and replay_device:
         out.append(("the server runs on a GPU (KIND_GPU), the replay on the CPU", False))
     elif kind == "KIND_CPU" and on_gpu:
         out.append(("the server runs on the CPU (KIND_CPU), the replay on a GPU", False))
-    threads = attrs.get("intra_op_threads")
-    settings = [_attrs(x) for x in attrs.get("replay_settings") or []]
+    threads = attrs.get(schema.INTRA_OP_THREADS)
+    settings = [_attrs(x) for x in attrs.get(schema.REPLAY_SETTINGS) or []]
     set_threads = any(x.get("setting", "").endswith("intra_op_thread_count") for x in settings)
     if backend == ONNXRUNTIME_BACKEND and not set_threads and isinstance(threads, int) and threads:
         out.append((
             "the server's ONNX Runtime runs with its default intra-op threads (config.pbtxt "
             f"sets none: one per core), the replay with {threads}", True,
         ))  # fmt: skip
-    for setting in attrs.get("replay_settings") or []:
+    for setting in attrs.get(schema.REPLAY_SETTINGS) or []:
         s = _attrs(setting)
         if s and not s.get("applied", True):
             name, why = str(s.get("setting", "?")), str(s.get("reason", ""))

@@ -29,6 +29,7 @@ import duckdb
 
 from analysis import columnar, fidelity_attrs
 from analysis.store_file import TraceDatabaseError
+from sidecar.trace import schema
 
 TABLES = ("traces", "spans", "level_stats")
 DESCRIPTION = (
@@ -153,7 +154,7 @@ def fidelity_fields(attributes: str) -> str:
         attrs = {}
     attrs = attrs if isinstance(attrs, dict) else {}
     got = fidelity_attrs.request_fields(attrs)
-    stored = attrs.get("fidelity")
+    stored = attrs.get(schema.FIDELITY)
     fid = stored if isinstance(stored, dict) else {}
     out = {
         "fidelity_kept": got["fidelity_kept"],

@@ -39,6 +39,7 @@ import pandas as pd
 from analysis import ensemble_steps
 from analysis.common import AnalysisResult, Frames, empty_result, not_captured
 from analysis.tracedb import RELAY_OFFSET_COLUMNS
+from sidecar.trace.schema import Level
 
 TITLE = "Live request breakdown (client latency at the proxy vs backend phases)"
 BACKEND_PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
@@ -77,7 +78,7 @@ def request_phases(fr: Frames) -> pd.DataFrame:
     """One row per sampled request (trace): model, trace id, every phase in ns (NaN if
     unknown), `relay_marks` (the store has the relay's marks of the call) and `unplaced` (why
     its backend spans cannot be placed; None when they can, or when it has none)."""
-    req = fr.at("request").sort_values(["tkey", "start_ns"]).drop_duplicates("tkey")
+    req = fr.at(Level.REQUEST).sort_values(["tkey", "start_ns"]).drop_duplicates("tkey")
     out = pd.DataFrame(
         {
             "tkey": req["tkey"].to_numpy(),
@@ -91,7 +92,7 @@ def request_phases(fr: Frames) -> pd.DataFrame:
     # where the backend's spans are cut: the response's first byte, else (an older store)
     # the response's end at the relay
     cut = out["response_start"].where(out["relay_marks"], out["client_total"])
-    srv = fr.at("server")
+    srv = fr.at(Level.SERVER)
     srv = srv[srv["tkey"].isin(out.index)]
     t0 = req.set_index("tkey")["start_ns"]
     start = (srv["start_ns"] - srv["tkey"].map(t0)).astype("float64")  # exact: int64 first

@@ -19,6 +19,7 @@ import pandas as pd
 
 from analysis.common import AnalysisResult, Frames, empty_result, not_captured
 from analysis.store_file import RELAY_OFFSET_COLUMNS
+from sidecar.trace.schema import Level
 
 KEY = "stream_responses"
 TITLE = "Streamed responses (time to first response, gaps, responses per request)"
@@ -52,7 +53,7 @@ def stream_requests(fr: Frames) -> tuple[pd.DataFrame, int]:
     """One row per sampled stream message: model, trace id, `latency_ns`, `first_ns` (its
     first response after the message; NaN: none), `responses`, `gaps` (list of ns); and how
     many stream spans were left out because their values are not numbers."""
-    req = fr.at("request")
+    req = fr.at(Level.REQUEST)
     cols = ("responses", "response_gaps_ns")
     if req.empty or any(c not in req.columns for c in cols) or FIRST_RESPONSE not in req.columns:
         return pd.DataFrame(), 0

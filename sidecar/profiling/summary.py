@@ -8,6 +8,7 @@ from typing import Any
 
 from sidecar.profiling.experiment import LeveledProfile
 from sidecar.profiling.stats import BatchDecision
+from sidecar.trace import schema
 from sidecar.trace.spans import Level
 
 NAME_WIDTH = 48  # layer names longer than this are cut (marked with an ellipsis)
@@ -20,7 +21,7 @@ def cut(text: str, width: int) -> str:
 
 def fused_ops(attributes: dict[str, Any]) -> str:
     """`Conv+Relu` for a layer that computes several original graph nodes, else ""."""
-    kinds = attributes.get("original_op_types") or []
+    kinds = attributes.get(schema.ORIGINAL_OP_TYPES) or []
     return "+".join(str(k) for k in kinds) if len(kinds) > 1 else ""
 
 
@@ -28,7 +29,7 @@ def layer_type_shares(result: LeveledProfile) -> list[tuple[str, float]]:
     """(op type, share of summed layer time), largest first."""
     totals: dict[str, int] = {}
     for span in result.spans_at(Level.LAYER):
-        op = str(span.attributes.get("op_type", span.kind))
+        op = str(span.attributes.get(schema.OP_TYPE, span.kind))
         totals[op] = totals.get(op, 0) + int(span.duration_ns or 0)
     whole = sum(totals.values()) or 1
     return sorted(((k, v / whole) for k, v in totals.items()), key=lambda kv: -kv[1])
@@ -44,8 +45,8 @@ def as_dict(result: LeveledProfile, top: int = 10) -> dict[str, Any]:
         "batch_size": result.trace.batch_size,
         "runtime": result.trace.runtime,
         "device": result.trace.device,
-        "kernel_level": result.trace.attributes.get("kernel_level"),
-        "layer_names": result.trace.attributes.get("layer_names"),
+        "kernel_level": result.trace.attributes.get(schema.KERNEL_LEVEL),
+        "layer_names": result.trace.attributes.get(schema.LAYER_NAMES),
         "levels": {
             s.level.value: {
                 "trimmed_mean_ms": s.trimmed_mean_ns / 1e6,
@@ -59,11 +60,11 @@ def as_dict(result: LeveledProfile, top: int = 10) -> dict[str, Any]:
         "top_layers": [
             {
                 "name": s.name,
-                "op_type": s.attributes.get("op_type", s.kind),
+                "op_type": s.attributes.get(schema.OP_TYPE, s.kind),
                 "fused": fused_ops(s.attributes),
-                "original_nodes": list(s.attributes.get("original_nodes") or []),
+                "original_nodes": list(s.attributes.get(schema.ORIGINAL_NODES) or []),
                 "ms": (s.duration_ns or 0) / 1e6,
-                "flops": s.attributes.get("flops"),
+                "flops": s.attributes.get(schema.FLOPS),
             }
             for s in layers[:top]
         ],

@@ -39,6 +39,7 @@ from sidecar.replay.context import ReplayContext
 from sidecar.replay.device import DeviceChoice, driver_device_name, resolve
 from sidecar.replay.job_records import JobResult, ProfileJob
 from sidecar.replay.options import ReplayOptions
+from sidecar.trace import schema
 from sidecar.trace.errors import TraceStoreError
 from sidecar.trace.spans import Level, LevelStats, Span, Trace
 
@@ -273,7 +274,7 @@ def replay_job(job: ProfileJob, context: ReplayContext) -> JobResult:
     if request is not None and request.attributes:
         profile.trace.attributes.update(request.attributes)
     if options.store_raw_inputs:
-        profile.trace.attributes["raw_inputs"] = _raw_inputs(inputs)
+        profile.trace.attributes[schema.RAW_INPUTS] = _raw_inputs(inputs)
     store_error = _write(context, profile.trace, profile.spans, profile.level_stats)
     if store_error is not None:
         return JobResult(
@@ -296,7 +297,7 @@ def _link(profile: LeveledProfile, job: ProfileJob, location: ModelLocation, sou
         request_span_id=job.parent_span_id,
         received_ns=job.received_ns,
     )
-    trace.attributes.setdefault("inputs", describe_inputs({}))
+    trace.attributes.setdefault(schema.INPUTS, describe_inputs({}))
     for span in profile.spans:
         if span.level is Level.MODEL and span.parent_id is None:
             span.parent_id = job.parent_span_id

@@ -130,10 +130,14 @@ def uses(path: Path, rel: str) -> Iterator[Use]:
                         for k in kw.value.keywords:
                             if k.arg is not None:
                                 yield attr(kw.value, k.arg, literal=False)
-            if isinstance(func, ast.Attribute) and func.attr == "at" and len(node.args) == 1:
-                if (s := _str(node.args[0])) is not None:  # `frames.at(level)` (analysis)
-                    yield level(node.args[0], s)
-            if isinstance(func, ast.Attribute) and func.attr == "isin" and _level_holder(func.value):
+            is_at = isinstance(func, ast.Attribute) and func.attr == "at" and len(node.args) == 1
+            if is_at and (s := _str(node.args[0])) is not None:  # `frames.at(level)`
+                yield level(node.args[0], s)
+            if (
+                isinstance(func, ast.Attribute)
+                and func.attr == "isin"
+                and _level_holder(func.value)
+            ):
                 for arg in node.args:
                     for elt in getattr(arg, "elts", []):
                         if (s := _str(elt)) is not None:
@@ -155,9 +159,9 @@ def uses(path: Path, rel: str) -> Iterator[Use]:
                         if (s := _str(elt)) is not None:
                             yield level(elt, s)
             for op, right in zip(node.ops, node.comparators, strict=True):
-                if isinstance(op, (ast.In, ast.NotIn)) and _holder(right):
-                    if (s := _str(node.left)) is not None:
-                        yield attr(node.left, s)
+                is_in = isinstance(op, (ast.In, ast.NotIn)) and _holder(right)
+                if is_in and (s := _str(node.left)) is not None:
+                    yield attr(node.left, s)
         if isinstance(node, (ast.Constant, ast.JoinedStr)) and id(node) not in in_fstring:
             for line, text in _strings(node):
                 for name in JSON_PATH.findall(text):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.trace import schema
-from sidecar.trace.migrations import MIGRATIONS  # noqa
+from sidecar.trace.migrations import MIGRATIONS
 from tests.trace import schema_literals
 from tests.trace.schema_literals import Use
 
@@ -46,7 +46,7 @@ def _where(uses: list[Use]) -> str:
 
 
 def test_schema_version_is_the_latest_migration() -> None:
-    assert schema.SCHEMA_VERSION == MIGRATIONS.latest_version
+    assert MIGRATIONS.latest_version == schema.SCHEMA_VERSION
 
 
 def test_every_attribute_and_level_used_is_declared() -> None:

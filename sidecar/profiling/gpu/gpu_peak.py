@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.profiling.peak import Peak, cache_dir, write_cache
+from sidecar.trace import schema
 
 TERA = 1e12
 
@@ -125,7 +126,7 @@ def datasheet_peak(device_name: str, compute: str = "fp32") -> GpuPeak:
 def ran_on_tensor_pipe(spans: Iterable[Any]) -> bool:
     """Did any kernel among `spans` execute tensor-pipe instructions (Nsight Compute's
     `tensor_pipe_instructions` on the kernel spans)?"""
-    return any(float(s.attributes.get("tensor_pipe_instructions") or 0) > 0 for s in spans)
+    return any(float(s.attributes.get(schema.TENSOR_PIPE_INSTRUCTIONS) or 0) > 0 for s in spans)
 
 
 def roof_attributes(gpu_peak: GpuPeak, spans: Iterable[Any]) -> dict[str, Any]:
@@ -138,7 +139,7 @@ def roof_attributes(gpu_peak: GpuPeak, spans: Iterable[Any]) -> dict[str, Any]:
     if spec is None or not ran_on_tensor_pipe(spans):
         return attrs
     keys = ("peak_flops_per_s", "peak_dram_bytes_per_s", "peak_source")
-    attrs["peak_measured"] = {k: attrs[k] for k in keys}
+    attrs[schema.PEAK_MEASURED] = {k: attrs[k] for k in keys}
     attrs.update(
         peak_flops_per_s=spec.tf32_tensor_flops,
         peak_dram_bytes_per_s=spec.dram_bytes_per_s,

@@ -42,6 +42,7 @@ from sidecar.profiling.vocabulary import (
     keyed,
     model_span,
 )
+from sidecar.trace import schema
 from sidecar.trace.spans import Level
 
 KERNEL_NOTE = (
@@ -93,9 +94,9 @@ class PythonModelRunner:
             return self._iteration(inputs, offset, layers)
 
         its = paced_runs(once, iterations)
-        attrs: dict[str, Any] = {"python_backend": str(self.location.path.name)}
+        attrs: dict[str, Any] = {schema.PYTHON_BACKEND: str(self.location.path.name)}
         if layers:
-            attrs["python_layer_method"] = LAYER_METHOD
+            attrs[schema.PYTHON_LAYER_METHOD] = LAYER_METHOD
         elif self.model.decoupled:
             attrs.update(_decoupled_summary(its))
         return LevelRun(level, its, warmup, attrs)
@@ -140,21 +141,21 @@ class PythonModelRunner:
             span.key = key
         if tracer.dropped:
             for span in layer[:1]:
-                span.attributes["calls_not_recorded"] = tracer.dropped
+                span.attributes[schema.CALLS_NOT_RECORDED] = tracer.dropped
         return layer
 
 
 def _response_attributes(execution: Execution, decoupled: bool) -> dict[str, Any]:
     data = execution.with_data()
-    attrs: dict[str, Any] = {"responses": len(data)}
+    attrs: dict[str, Any] = {schema.RESPONSES: len(data)}
     errors = [r.error for r in data if r.error is not None]
     if errors:
-        attrs["response_error"] = errors[0]
+        attrs[schema.RESPONSE_ERROR] = errors[0]
     if decoupled:
         times = [r.at_ns for r in data]
-        attrs["time_to_first_response_ns"] = times[0] if times else None
-        attrs["response_gaps_ns"] = [b - a for a, b in itertools.pairwise(times)]
-        attrs["execute_returned_ns"] = execution.returned_ns
+        attrs[schema.TIME_TO_FIRST_RESPONSE_NS] = times[0] if times else None
+        attrs[schema.RESPONSE_GAPS_NS] = [b - a for a, b in itertools.pairwise(times)]
+        attrs[schema.EXECUTE_RETURNED_NS] = execution.returned_ns
     return attrs
 
 
@@ -163,10 +164,10 @@ def _decoupled_summary(iterations: list[Iteration]) -> dict[str, Any]:
     firsts, gaps, counts = [], [], []
     for it in iterations:
         attrs = it.spans[0].attributes
-        if attrs.get("time_to_first_response_ns") is not None:
-            firsts.append(attrs["time_to_first_response_ns"])
-        gaps += attrs.get("response_gaps_ns", [])
-        counts.append(attrs.get("responses", 0))
+        if attrs.get(schema.TIME_TO_FIRST_RESPONSE_NS) is not None:
+            firsts.append(attrs[schema.TIME_TO_FIRST_RESPONSE_NS])
+        gaps += attrs.get(schema.RESPONSE_GAPS_NS, [])
+        counts.append(attrs.get(schema.RESPONSES, 0))
     return {
         "decoupled": True,
         "decoupled_responses": max(counts, default=0),

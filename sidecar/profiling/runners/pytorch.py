@@ -56,6 +56,7 @@ from sidecar.profiling.vocabulary import (
     keyed,
     model_span,
 )
+from sidecar.trace import schema
 from sidecar.trace.spans import Level
 
 MODEL_MARK = "xsp::model"
@@ -151,9 +152,9 @@ class PyTorchRunner:
                 its = self._profiled_run(args, iterations, warmup, kernels=level is Level.KERNEL)
             else:
                 raise LevelNotSupportedError(f"level {level.value!r} is not a replay level")
-        attrs: dict[str, Any] = {"layer_names": "original", "transformer_fastpath": False}
+        attrs: dict[str, Any] = {schema.LAYER_NAMES: "original", schema.TRANSFORMER_FASTPATH: False}
         if self.scripted:
-            attrs["torchscript_optimized_execution"] = False
+            attrs[schema.TORCHSCRIPT_OPTIMIZED_EXECUTION] = False
         return LevelRun(level, its, warmup, attrs)
 
     # -- internals ----------------------------------------------------------------------
@@ -184,7 +185,7 @@ class PyTorchRunner:
         with self._context():
             if level is Level.MODEL:
                 its = levels.model_run(args, iterations, warmup)
-                gpu = [int(it.spans[0].attributes["gpu_time_ns"]) for it in its]
+                gpu = [int(it.spans[0].attributes[schema.GPU_TIME_NS]) for it in its]
                 extra["model_gpu_time_ns"] = round(trimmed_mean(gpu))  # CUDA events around M
             elif level is Level.LAYER and not self.scripted:
                 its = levels.layer_run(args, iterations, warmup)
@@ -423,17 +424,17 @@ class PyTorchRunner:
                         ns(ev.time_range.end) + offset,
                         key=key,
                         attributes={
-                            "input_shapes": [list(s) for s in (ev.input_shapes or [])],
-                            "allocated_bytes": mem,
-                            "device": "cpu",
-                            "dominant_op": _dominant(ev),
+                            schema.INPUT_SHAPES: [list(s) for s in (ev.input_shapes or [])],
+                            schema.ALLOCATED_BYTES: mem,
+                            schema.DEVICE: "cpu",
+                            schema.DOMINANT_OP: _dominant(ev),
                         },
                     )
                     spans.append(k)
                     for layer in layer_spans:
                         if layer.start_ns <= k.start_ns and k.end_ns <= layer.end_ns:
-                            layer.attributes["allocated_bytes"] = (
-                                layer.attributes.get("allocated_bytes", 0) + mem
+                            layer.attributes[schema.ALLOCATED_BYTES] = (
+                                layer.attributes.get(schema.ALLOCATED_BYTES, 0) + mem
                             )
                             break
             out.append(Iteration(w1 - w0, spans))

@@ -47,6 +47,7 @@ from sidecar.profiling.vocabulary import (
     keyed,
     model_span,
 )
+from sidecar.trace import schema
 from sidecar.trace.spans import Level
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -212,7 +213,7 @@ class TensorFlowRunner:
             tf_scope_uniquifier_removed=self.names.uniquified,
         )
         if kernels:
-            attrs["kernel_level"] = "captured"
+            attrs[schema.KERNEL_LEVEL] = "captured"
         return LevelRun(level, its, warmup, attrs)
 
     def _spans(self, ops: list[TFEvent], w0: int, w1: int, kernels: bool) -> list[RawSpan]:
@@ -247,9 +248,13 @@ class TensorFlowRunner:
             scope = tf_ops.scope_of(op.name)
             scopes = [self.names.name(p) for p in path[1:-1]]
             name = "/".join([*scopes, path[-1]] if scope else path)
-            attrs = {"op_type": op.op_type, "provider": "cpu", "outside_layers": True}
+            attrs = {
+                schema.OP_TYPE: op.op_type,
+                schema.PROVIDER: "cpu",
+                schema.OUTSIDE_LAYERS: True,
+            }
             if scope is not None:
-                attrs["layer"] = self.names.name(scope[1])
+                attrs[schema.LAYER] = self.names.name(scope[1])
             layers.append(
                 RawSpan(Level.LAYER, name, op.op_type, op.start_ns, op.end_ns, attributes=attrs)
             )
@@ -290,16 +295,16 @@ class TensorFlowRunner:
         cls = tf_ops.keras_class([*types, *graph_types], len(first[0][1]) if first else None)
         dominant = max(compute, key=lambda o: o.end_ns - o.start_ns)
         attrs: dict[str, Any] = {
-            "op_type": cls or "Layer",
-            "runtime_op_type": dominant.op_type,
-            "tf_op_types": types,
-            "tf_ops": len(members),
-            "scope": scope,
-            "provider": "cpu",
-            "input_shapes": [s for _, s in first],
+            schema.OP_TYPE: cls or "Layer",
+            schema.RUNTIME_OP_TYPE: dominant.op_type,
+            schema.TF_OP_TYPES: types,
+            schema.TF_OPS: len(members),
+            schema.SCOPE: scope,
+            schema.PROVIDER: "cpu",
+            schema.INPUT_SHAPES: [s for _, s in first],
         }
         if first:
-            attrs["dtype"] = first[0][0]
+            attrs[schema.DTYPE] = first[0][0]
         work = [self._op_work(o) for o in compute]
         known = [w for w in work if w is not None]
         if known:
@@ -313,8 +318,10 @@ class TensorFlowRunner:
             )
             last = next((w.output_shape for w in reversed(work) if w and w.output_shape), None)
             if last is not None:
-                attrs["output_shapes"] = [last]
-        return RawSpan(Level.LAYER, name, attrs["op_type"], start, end, key=name, attributes=attrs)
+                attrs[schema.OUTPUT_SHAPES] = [last]
+        return RawSpan(
+            Level.LAYER, name, attrs[schema.OP_TYPE], start, end, key=name, attributes=attrs
+        )
 
     def _op_work(self, op: TFEvent) -> tf_ops.OpWork | None:
         shapes = tf_ops.parse_shapes(op.shapes)
@@ -351,9 +358,9 @@ class TensorFlowRunner:
             op.end_ns,
             key=path,
             attributes={
-                "tf_node": path,
-                "input_shapes": [s for _, s in tf_ops.parse_shapes(op.shapes)],
-                "device": "cpu",
+                schema.TF_NODE: path,
+                schema.INPUT_SHAPES: [s for _, s in tf_ops.parse_shapes(op.shapes)],
+                schema.DEVICE: "cpu",
             },
         )
 
