@@ -249,11 +249,13 @@ def annotate(attributes: dict[str, Any], op_type: str, dtype_bytes: int = 4) -> 
     if est is None:
         return False
     attributes.update(
-        flops=est.flops,
-        flops_estimated=True,
-        dram_read_bytes=est.read_bytes,
-        dram_write_bytes=est.write_bytes,
-        bytes_estimated=True,
+        {
+            schema.FLOPS: est.flops,
+            schema.FLOPS_ESTIMATED: True,
+            schema.DRAM_READ_BYTES: est.read_bytes,
+            schema.DRAM_WRITE_BYTES: est.write_bytes,
+            schema.BYTES_ESTIMATED: True,
+        }
     )
     return True
 

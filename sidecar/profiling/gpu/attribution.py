@@ -95,7 +95,7 @@ def group_graph_replays(spans: Sequence[RawSpan]) -> list[RawSpan]:
             schema.GRAPH_NODE_LAYERS: GRAPH_NODES_NOT_OBSERVED,
         }
         if launch is not None:
-            attrs.update(host_start_ns=launch.start_ns, host_end_ns=launch.end_ns)
+            attrs.update({schema.HOST_START_NS: launch.start_ns, schema.HOST_END_NS: launch.end_ns})
         name = f"cuda_graph[{attrs[schema.GRAPH_ID]}]"
         out.append(
             RawSpan(

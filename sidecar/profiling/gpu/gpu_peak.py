@@ -138,12 +138,14 @@ def roof_attributes(gpu_peak: GpuPeak, spans: Iterable[Any]) -> dict[str, Any]:
     spec = gpu_peak.datasheet
     if spec is None or not ran_on_tensor_pipe(spans):
         return attrs
-    keys = ("peak_flops_per_s", "peak_dram_bytes_per_s", "peak_source")
+    keys = (schema.PEAK_FLOPS_PER_S, schema.PEAK_DRAM_BYTES_PER_S, schema.PEAK_SOURCE)
     attrs[schema.PEAK_MEASURED] = {k: attrs[k] for k in keys}
     attrs.update(
-        peak_flops_per_s=spec.tf32_tensor_flops,
-        peak_dram_bytes_per_s=spec.dram_bytes_per_s,
-        peak_source=f"gpu-spec (tf32, {spec.source})",
+        {
+            schema.PEAK_FLOPS_PER_S: spec.tf32_tensor_flops,
+            schema.PEAK_DRAM_BYTES_PER_S: spec.dram_bytes_per_s,
+            schema.PEAK_SOURCE: f"gpu-spec (tf32, {spec.source})",
+        }
     )
     return attrs
 

@@ -49,12 +49,14 @@ def call_spans(
         attrs = dict(call.attributes)
         attrs.setdefault(schema.OP_TYPE, call.type)
         attrs.update(
-            module=call.name,
-            depth=call.depth,
-            leaf=call.leaf,
-            host_start_ns=host0,
-            host_end_ns=host1,
-            parent_layer=names[call.parent] if call.parent is not None else None,
+            {
+                schema.MODULE: call.name,
+                schema.DEPTH: call.depth,
+                schema.LEAF: call.leaf,
+                schema.HOST_START_NS: host0,
+                schema.HOST_END_NS: host1,
+                schema.PARENT_LAYER: names[call.parent] if call.parent is not None else None,
+            }
         )
         start, end = host0, host1
         if call.gpu_ms is not None:

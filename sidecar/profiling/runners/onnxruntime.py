@@ -202,7 +202,7 @@ class OnnxRuntimeRunner:
             schema.INTRA_OP_THREADS: self.intra_op_threads,
         }
         if self._on_gpu:
-            attrs.update(device=self.device, layer_time_base="host")
+            attrs.update({schema.DEVICE: self.device, schema.LAYER_TIME_BASE: "host"})
         return attrs
 
     def input_metadata(self) -> list[tuple[str, list[int | str | None], str]]:
@@ -254,10 +254,13 @@ class OnnxRuntimeRunner:
             for it, spans in zip(iterations_out, split_spans(spans_all, walls), strict=True):
                 it.spans.extend(spans)
             attrs.update(
-                kernel_level="captured",
-                cupti_api_records=tracer.api_filter,
-                cupti_records=len(records),
-                clock_check=f"ok ({check.gpu_records} GPU, {check.api_records} API records)",
+                {
+                    schema.KERNEL_LEVEL: "captured",
+                    schema.CUPTI_API_RECORDS: tracer.api_filter,
+                    schema.CUPTI_RECORDS: len(records),
+                    schema.CLOCK_CHECK: f"ok ({check.gpu_records} GPU, "
+                    f"{check.api_records} API records)",
+                }
             )
         return LevelRun(Level.KERNEL if kernels else Level.LAYER, iterations_out, warmup, attrs)
 

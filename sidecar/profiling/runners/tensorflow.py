@@ -208,9 +208,11 @@ class TensorFlowRunner:
         ]
         attrs = self._attributes()
         attrs.update(
-            layer_class_source="op_types",
-            tf_profiler_clock=assigned.clock,
-            tf_scope_uniquifier_removed=self.names.uniquified,
+            {
+                schema.LAYER_CLASS_SOURCE: "op_types",
+                schema.TF_PROFILER_CLOCK: assigned.clock,
+                schema.TF_SCOPE_UNIQUIFIER_REMOVED: self.names.uniquified,
+            }
         )
         if kernels:
             attrs[schema.KERNEL_LEVEL] = "captured"
@@ -309,12 +311,14 @@ class TensorFlowRunner:
         known = [w for w in work if w is not None]
         if known:
             attrs.update(
-                flops=sum(w.estimate.flops for w in known),
-                flops_estimated=True,
-                dram_read_bytes=sum(w.estimate.read_bytes for w in known),
-                dram_write_bytes=sum(w.estimate.write_bytes for w in known),
-                bytes_estimated=True,
-                flops_ops_estimated=f"{len(known)} of {len(compute)}",
+                {
+                    schema.FLOPS: sum(w.estimate.flops for w in known),
+                    schema.FLOPS_ESTIMATED: True,
+                    schema.DRAM_READ_BYTES: sum(w.estimate.read_bytes for w in known),
+                    schema.DRAM_WRITE_BYTES: sum(w.estimate.write_bytes for w in known),
+                    schema.BYTES_ESTIMATED: True,
+                    schema.FLOPS_OPS_ESTIMATED: f"{len(known)} of {len(compute)}",
+                }
             )
             last = next((w.output_shape for w in reversed(work) if w and w.output_shape), None)
             if last is not None:
@@ -400,17 +404,17 @@ def _graph_nodes(
             continue
         data |= _data_dependent(fdef)
         for node in fdef.node_def:
-            attrs: dict[str, Any] = {"_op": node.op}
+            node_attrs: dict[str, Any] = {"_op": node.op}
             for key in ("strides", "dilations"):
                 if key in node.attr:
-                    attrs[key] = list(node.attr[key].list.i)
+                    node_attrs[key] = list(node.attr[key].list.i)
             for key in ("padding", "data_format", "equation"):
                 if key in node.attr:
-                    attrs[key] = _text(node.attr[key].s)
+                    node_attrs[key] = _text(node.attr[key].s)
             for key in ("transpose_a", "transpose_b", "adj_x", "adj_y"):
                 if key in node.attr:
-                    attrs[key] = bool(node.attr[key].b)
-            nodes[node.name] = attrs
+                    node_attrs[key] = bool(node.attr[key].b)
+            nodes[node.name] = node_attrs
             scope = tf_ops.scope_of(node.name)
             if scope is not None:
                 scopes.add(scope)
