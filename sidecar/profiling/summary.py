@@ -45,8 +45,8 @@ def as_dict(result: LeveledProfile, top: int = 10) -> dict[str, Any]:
         "batch_size": result.trace.batch_size,
         "runtime": result.trace.runtime,
         "device": result.trace.device,
-        "kernel_level": result.trace.attributes.get(schema.KERNEL_LEVEL),
-        "layer_names": result.trace.attributes.get(schema.LAYER_NAMES),
+        schema.KERNEL_LEVEL: result.trace.attributes.get(schema.KERNEL_LEVEL),
+        schema.LAYER_NAMES: result.trace.attributes.get(schema.LAYER_NAMES),
         "levels": {
             s.level.value: {
                 "trimmed_mean_ms": s.trimmed_mean_ns / 1e6,
@@ -60,15 +60,15 @@ def as_dict(result: LeveledProfile, top: int = 10) -> dict[str, Any]:
         "top_layers": [
             {
                 "name": s.name,
-                "op_type": s.attributes.get(schema.OP_TYPE, s.kind),
+                schema.OP_TYPE: s.attributes.get(schema.OP_TYPE, s.kind),
                 "fused": fused_ops(s.attributes),
-                "original_nodes": list(s.attributes.get(schema.ORIGINAL_NODES) or []),
+                schema.ORIGINAL_NODES: list(s.attributes.get(schema.ORIGINAL_NODES) or []),
                 "ms": (s.duration_ns or 0) / 1e6,
                 "flops": s.attributes.get(schema.FLOPS),
             }
             for s in layers[:top]
         ],
-        "layer_types": [{"op_type": k, "share": v} for k, v in layer_type_shares(result)],
+        "layer_types": [{schema.OP_TYPE: k, "share": v} for k, v in layer_type_shares(result)],
         "kernel_spans": len(result.spans_at(Level.KERNEL)),
     }
 
@@ -78,7 +78,7 @@ def render(result: LeveledProfile, top: int = 10) -> str:
     d = as_dict(result, top)
     lines = [
         f"{d['model']}  batch={d['batch_size']}  {d['runtime']}  on {d['device']}",
-        f"trace {d['trace_id']}  layer names: {d['layer_names']}",
+        f"trace {d['trace_id']}  layer names: {d[schema.LAYER_NAMES]}",
         "",
         f"  {'level':<8}{'latency ms':>12}{'median ms':>12}{'overhead':>10}",
     ]
@@ -88,12 +88,12 @@ def render(result: LeveledProfile, top: int = 10) -> str:
             f"{s['overhead_ratio']:>9.2f}x"
         )
     if "kernel" not in d["levels"]:
-        lines.append(f"  kernel  {d['kernel_level']}")
+        lines.append(f"  kernel  {d[schema.KERNEL_LEVEL]}")
     if d["throughput_per_s"]:
         lines.append(f"  throughput {d['throughput_per_s']:.1f} inputs/s (model level)")
     if d["top_layers"]:
         tops = d["top_layers"]
-        types = [t["fused"] or str(t["op_type"]) for t in tops]
+        types = [t["fused"] or str(t[schema.OP_TYPE]) for t in tops]
         nw = min(NAME_WIDTH, max(len("layer"), *(len(t["name"]) for t in tops)))
         tw = max(len("type"), *(len(t) for t in types))
         lines += [
@@ -107,10 +107,10 @@ def render(result: LeveledProfile, top: int = 10) -> str:
         fused = [t for t in tops if t["fused"]]
         if fused:
             lines.append("  fused layers compute these graph nodes:")
-            lines += [f"    {t['name']}: {', '.join(t['original_nodes'])}" for t in fused]
+            lines += [f"    {t['name']}: {', '.join(t[schema.ORIGINAL_NODES])}" for t in fused]
         lines += ["", "  layer type shares"]
         for t in d["layer_types"][:top]:
-            lines.append(f"  {t['op_type']!s:<24}{t['share'] * 100:>6.1f}%")
+            lines.append(f"  {t[schema.OP_TYPE]!s:<24}{t['share'] * 100:>6.1f}%")
     if d["kernel_spans"]:
         lines.append(f"\n  kernel spans: {d['kernel_spans']}")
     return "\n".join(lines)

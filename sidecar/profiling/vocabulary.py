@@ -16,9 +16,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from sidecar.trace import schema
 from sidecar.trace.spans import Level
 
-ENSEMBLE_STEP = "ensemble_step"  # attribute of an ensemble step's model span: its step key
+ENSEMBLE_STEP = schema.ENSEMBLE_STEP  # attribute of an ensemble step's model span: its step key
 
 
 class ProfilingError(Exception):

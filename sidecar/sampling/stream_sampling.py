@@ -116,7 +116,7 @@ class StreamSampling:
         request = RelayedRequest(
             self._method, self._path, sample.model, self._ns(end.start), self._ns(end.end),
             end.end - end.start, end.code, end.error, end.request_bytes, end.response_bytes,
-            {"stream_message": True, **self._marks(end)},
+            {schema.STREAM_MESSAGE: True, **self._marks(end)},
         )  # fmt: skip
         store_request_span(self._hub, sample.trace_id, sample.span_id, request)
 

@@ -5,6 +5,7 @@ docs/trace-schema.md's tables are generated from it."""
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,9 @@ OTHER_MEANINGS: dict[str, tuple[str, ...]] = {
         "graph_node_id",
         "copy_kind",
     ),
+    # config.pbtxt's own field names (the protobuf's, a config's setting path)
+    "sidecar/profiling/server_config.py": ("max_batch_size", "dynamic_batching"),
+    "sidecar/profiling/python_backend/loader.py": ("max_batch_size",),
     "sidecar/commands/profile.py": ("model_path",),  # the command's positional argument
     "sidecar/profiling/runners/python_model.py": ("python_backend",),  # the runner's name
 }
@@ -51,6 +55,7 @@ def _other_meaning(rel: str, name: str) -> bool:
     return any(rel.startswith(p) and name in names for p, names in OTHER_MEANINGS.items())
 
 
+@functools.cache
 def _uses() -> list[Use]:
     return [
         u

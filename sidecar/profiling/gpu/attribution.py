@@ -215,7 +215,9 @@ class Attribution(Generic[S]):
 def host_interval(span: Traced) -> tuple[int, int]:
     """Where a layer ran on the host (its kernels' launches lie inside)."""
     a = span.attributes
-    return int(a.get("host_start_ns", span.start_ns)), int(a.get("host_end_ns", span.end_ns))
+    return int(a.get(schema.HOST_START_NS, span.start_ns)), int(
+        a.get(schema.HOST_END_NS, span.end_ns)
+    )
 
 
 def is_graph_layer(span: Traced) -> bool:

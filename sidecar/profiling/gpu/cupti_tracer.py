@@ -150,7 +150,11 @@ def record_to_span(record: Any, offset_ns: int) -> RawSpan | None:
             attrs[schema.MANGLED_NAME] = mangled
         attrs[schema.GRID] = [int(field(record, f"grid_{a}", 0) or 0) for a in "xyz"]
         attrs[schema.BLOCK] = [int(field(record, f"block_{a}", 0) or 0) for a in "xyz"]
-        for key in ("registers_per_thread", "static_shared_memory", "dynamic_shared_memory"):
+        for key in (
+            schema.REGISTERS_PER_THREAD,
+            schema.STATIC_SHARED_MEMORY,
+            schema.DYNAMIC_SHARED_MEMORY,
+        ):
             if field(record, key) is not None:
                 attrs[key] = int(field(record, key))
     elif kind == "memcpy":

@@ -85,9 +85,9 @@ class GpuPeak:
 
     def trace_attributes(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "peak_flops_per_s": self.peak.flops_per_s,
-            "peak_dram_bytes_per_s": self.peak.dram_bytes_per_s,
-            "peak_source": self.peak.source,
+            schema.PEAK_FLOPS_PER_S: self.peak.flops_per_s,
+            schema.PEAK_DRAM_BYTES_PER_S: self.peak.dram_bytes_per_s,
+            schema.PEAK_SOURCE: self.peak.source,
         }
         if self.datasheet is not None:
             d = self.datasheet

@@ -59,7 +59,7 @@ NCU_NOT_REQUESTED = (
     "not captured: the Nsight Compute metrics level was not requested (profile --ncu-metrics)"
 )
 NCU_FAILED = "not captured: the Nsight Compute run failed: "
-SUMMED = ("flops", "dram_read_bytes", "dram_write_bytes")
+SUMMED = (schema.FLOPS, schema.DRAM_READ_BYTES, schema.DRAM_WRITE_BYTES)
 
 
 def level_status(metrics_level: str) -> dict[str, str]:
@@ -121,7 +121,7 @@ def live_metrics_level(
         **level_status(
             f"captured: Nsight Compute (ncu, live), {len(profiled)} kernels of one forward"
         ),
-        "metrics_run": {
+        schema.METRICS_RUN: {
             "source": "ncu",
             "kernels": len(profiled),
             "metrics": list(METRICS),

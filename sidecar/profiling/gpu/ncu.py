@@ -170,9 +170,9 @@ def kernel_attributes(k: NcuKernel) -> dict[str, Any]:
     if seen:
         attrs[schema.FLOPS] = flops
     for metric, key in (
-        ("dram__bytes_read.sum", "dram_read_bytes"),
-        ("dram__bytes_write.sum", "dram_write_bytes"),
-        ("gpu__time_duration.sum", "ncu_duration_ns"),
+        ("dram__bytes_read.sum", schema.DRAM_READ_BYTES),
+        ("dram__bytes_write.sum", schema.DRAM_WRITE_BYTES),
+        ("gpu__time_duration.sum", schema.NCU_DURATION_NS),
     ):
         if (v := k.value(metric)) is not None:
             attrs[key] = v

@@ -143,7 +143,7 @@ class TensorFlowRunner:
 
     # -- internals ----------------------------------------------------------------------
     def _attributes(self) -> dict[str, Any]:
-        return {"layer_names": "original", "graph_optimizations": "enabled"}
+        return {schema.LAYER_NAMES: "original", schema.GRAPH_OPTIMIZATIONS: "enabled"}
 
     def _feed(self, inputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
         expected = set(self.input_signature)
