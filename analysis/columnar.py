@@ -42,6 +42,7 @@ from analysis.store_file import (
     TraceDatabaseError,
     connect_ro,
 )
+from sidecar.trace import schema
 
 if TYPE_CHECKING:  # (the export, which imports this module, needs no filter)
     from analysis.trace_filter import TraceFilter
@@ -368,15 +369,31 @@ def select_sql(table: str, source: str, relation: str, extra: str = "") -> str:
 # `_bad` reason) and joins a kernel's layer; DuckDB checks the attribute JSON and reads the
 # attributes the analyses use, as typed columns; pandas gets the columns, not the rows.
 
-LAYER_NUMBERS = ("allocated_bytes", "leaf", "flops", "dram_read_bytes", "dram_write_bytes")
-LAYER_FLAGS = ("flops_estimated", "bytes_estimated", "outside_layers")
-LAYER_OBJECTS = ("op_type", "original_nodes", "original_op_types")
-LAYER_JSON = ("input_shapes", "output_shapes")  # kept as JSON text
-WORK_NUMBERS = ("flops", "dram_read_bytes", "dram_write_bytes", "achieved_occupancy")
-WORK_FLAGS = ("metrics_estimated",)
-NUMBERS = ("allocated_bytes", "flops", "dram_read_bytes", "dram_write_bytes",
-           "achieved_occupancy", "leaf")  # fmt: skip
-FLAGS = ("flops_estimated", "bytes_estimated", "metrics_estimated", "outside_layers")
+LAYER_NUMBERS = (
+    schema.ALLOCATED_BYTES,
+    schema.LEAF,
+    schema.FLOPS,
+    schema.DRAM_READ_BYTES,
+    schema.DRAM_WRITE_BYTES,
+)
+LAYER_FLAGS = (schema.FLOPS_ESTIMATED, schema.BYTES_ESTIMATED, schema.OUTSIDE_LAYERS)
+LAYER_OBJECTS = (schema.OP_TYPE, schema.ORIGINAL_NODES, schema.ORIGINAL_OP_TYPES)
+LAYER_JSON = (schema.INPUT_SHAPES, schema.OUTPUT_SHAPES)  # kept as JSON text
+WORK_NUMBERS = (
+    schema.FLOPS,
+    schema.DRAM_READ_BYTES,
+    schema.DRAM_WRITE_BYTES,
+    schema.ACHIEVED_OCCUPANCY,
+)
+WORK_FLAGS = (schema.METRICS_ESTIMATED,)
+NUMBERS = (schema.ALLOCATED_BYTES, schema.FLOPS, schema.DRAM_READ_BYTES,
+           schema.DRAM_WRITE_BYTES, schema.ACHIEVED_OCCUPANCY, schema.LEAF)  # fmt: skip
+FLAGS = (
+    schema.FLOPS_ESTIMATED,
+    schema.BYTES_ESTIMATED,
+    schema.METRICS_ESTIMATED,
+    schema.OUTSIDE_LAYERS,
+)
 OBJECTS = LAYER_OBJECTS
 _LAYER_KEYS = (*LAYER_NUMBERS, *LAYER_FLAGS, *LAYER_OBJECTS, *LAYER_JSON)
 _WORK_KEYS = (*WORK_NUMBERS, *WORK_FLAGS)

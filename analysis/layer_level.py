@@ -22,6 +22,7 @@ import pandas as pd
 from analysis.common import GROUP, AnalysisResult, Frames, container_note, empty_result
 from analysis.kernel_rows import KernelRows, kernel_rows
 from analysis.trimmed_sql import across_traces_sql
+from sidecar.trace import schema
 
 TITLES = {
     "A2": "Layer table",
@@ -86,15 +87,22 @@ def across_layers(
 
 
 def _layer_frame(fr: Frames) -> pd.DataFrame:
-    first = ["idx", "type", "container", "original_nodes", "input_shapes", "output_shapes"]
+    first = [
+        "idx",
+        "type",
+        "container",
+        schema.ORIGINAL_NODES,
+        schema.INPUT_SHAPES,
+        schema.OUTPUT_SHAPES,
+    ]
     agg = across_layers(
-        kernel_rows(fr), [*GROUP, "name"], ["duration_ns", "allocated_bytes"], first
+        kernel_rows(fr), [*GROUP, "name"], ["duration_ns", schema.ALLOCATED_BYTES], first
     )
     # of each group's first row, as carried: once per row of the table, not per layer span
     # (the relation holds the list as JSON text)
-    agg["original_nodes"] = [
+    agg[schema.ORIGINAL_NODES] = [
         original_nodes(n, json.loads(o) if isinstance(o, str) else o)
-        for n, o in zip(agg["name"], agg["original_nodes"], strict=True)
+        for n, o in zip(agg["name"], agg[schema.ORIGINAL_NODES], strict=True)
     ]
     agg["container"] = agg["container"].astype(bool)
     agg["latency_ms"] = agg["duration_ns"] / 1e6
@@ -125,21 +133,21 @@ def layer_table(fr: Frames) -> AnalysisResult:
         "name",
         "type",
         "container",
-        "original_nodes",
-        "input_shapes",
-        "output_shapes",
+        schema.ORIGINAL_NODES,
+        schema.INPUT_SHAPES,
+        schema.OUTPUT_SHAPES,
         "latency_ms",
         "latency_share",
-        "allocated_bytes",
+        schema.ALLOCATED_BYTES,
         "n_traces",
     ]
     res = AnalysisResult("A2", TITLES["A2"], agg[cols])
-    if agg["original_nodes"].astype(bool).any():
+    if agg[schema.ORIGINAL_NODES].astype(bool).any():
         res.notes.append(
             "original_nodes: the graph nodes a layer computes where the runtime fused or "
             "renamed them (type names what it fused, e.g. Conv+Relu)"
         )
-    if agg["allocated_bytes"].isna().all():
+    if agg[schema.ALLOCATED_BYTES].isna().all():
         res.notes.append("layer memory not recorded (no allocated_bytes attribute)")
     if (n := int(agg.drop_duplicates(["model", "name"])["container"].sum())) > 0:
         res.notes.append(
@@ -156,7 +164,7 @@ def layer_latency(fr: Frames) -> AnalysisResult:
     res = AnalysisResult("A3", TITLES["A3"])
     agg = leaf_frame(fr, res)
     res.table = agg[
-        [*GROUP, "idx", "name", "type", "original_nodes", "latency_ms", "latency_share"]
+        [*GROUP, "idx", "name", "type", schema.ORIGINAL_NODES, "latency_ms", "latency_share"]
     ]
     return res
 
@@ -166,16 +174,18 @@ def layer_memory(fr: Frames) -> AnalysisResult:
     if (miss := _missing("A4", fr)) is not None:
         return miss
     agg = leaf_frame(fr)
-    if agg["allocated_bytes"].isna().all():
+    if agg[schema.ALLOCATED_BYTES].isna().all():
         return AnalysisResult(
             "A4",
             TITLES["A4"],
             status="not_captured",
             reason="layer memory not captured: no layer span carries allocated_bytes",
         )
-    agg["allocated_mib"] = agg["allocated_bytes"] / 2**20
+    agg["allocated_mib"] = agg[schema.ALLOCATED_BYTES] / 2**20
     return AnalysisResult(
-        "A4", TITLES["A4"], agg[[*GROUP, "idx", "name", "type", "allocated_bytes", "allocated_mib"]]
+        "A4",
+        TITLES["A4"],
+        agg[[*GROUP, "idx", "name", "type", schema.ALLOCATED_BYTES, "allocated_mib"]],
     )
 
 
@@ -219,12 +229,12 @@ def memory_by_type(fr: Frames) -> AnalysisResult:
     if (miss := _missing("A7", fr)) is not None:
         return miss
     agg = leaf_frame(fr)
-    if agg["allocated_bytes"].isna().all():
+    if agg[schema.ALLOCATED_BYTES].isna().all():
         return AnalysisResult(
             "A7",
             TITLES["A7"],
             status="not_captured",
             reason="layer memory not captured: no layer span carries allocated_bytes",
         )
-    g = _by_type(agg, "allocated_bytes").rename(columns={"total": "allocated_bytes"})
+    g = _by_type(agg, schema.ALLOCATED_BYTES).rename(columns={"total": schema.ALLOCATED_BYTES})
     return AnalysisResult("A7", TITLES["A7"], g)

@@ -305,7 +305,7 @@ def _meta(ta: TraceAnalysis, args: argparse.Namespace) -> dict[str, Any]:
         meta["filters"] = "; ".join(
             f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in filters.items()
         )
-    peaks = sorted({peak_line(a) for a in t["attributes"] if a.get("peak_flops_per_s")})
+    peaks = sorted({peak_line(a) for a in t["attributes"] if a.get(schema.PEAK_FLOPS_PER_S)})
     if peaks:
         meta["peaks"] = " | ".join(peaks)
     synthetic = sorted({str(a["synthetic"]) for a in t["attributes"] if a.get("synthetic")})

@@ -6,6 +6,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from sidecar.trace import schema
+
 REQUIRED_TABLES = ("traces", "spans", "level_stats")
 # The columns that name one trace's run: its store, its id, the model and what it ran on
 TRACE_IDENTITY = (
@@ -19,11 +21,11 @@ TRACE_IDENTITY = (
 )
 # The relay's marks of a live call, stored on its request span (epoch ns), and the columns
 # the loaders give them: offsets from the span's start, exact in float64.
-RELAY_MARKS: tuple[str, ...] = ("relay_request_end_ns", "relay_response_start_ns")
+RELAY_MARKS: tuple[str, ...] = (schema.RELAY_REQUEST_END_NS, schema.RELAY_RESPONSE_START_NS)
 RELAY_OFFSET_COLUMNS = {k: k.removesuffix("_ns") + "_offset_ns" for k in RELAY_MARKS}
 # A sampled stream message's responses on its request span (docs/contracts.md), loaded as the
 # JSON text of their values (NULL where a span has none): the report's store only.
-STREAM_RESPONSE_COLUMNS: tuple[str, ...] = ("responses", "response_gaps_ns")
+STREAM_RESPONSE_COLUMNS: tuple[str, ...] = (schema.RESPONSES, schema.RESPONSE_GAPS_NS)
 
 
 class TraceDatabaseError(Exception):

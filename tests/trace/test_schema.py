@@ -47,6 +47,13 @@ OTHER_MEANINGS: dict[str, tuple[str, ...]] = {
     "sidecar/profiling/server_config.py": ("max_batch_size", "dynamic_batching"),
     "sidecar/profiling/python_backend/loader.py": ("max_batch_size",),
     "sidecar/commands/profile.py": ("model_path",),  # the command's positional argument
+    # the analyses' own columns and keys: the report header's batch sizes, the live
+    # breakdown's TensorFlow phase, the GPU timeline's kernel time, an analysis' memo key
+    "analysis/compare.py": ("batch_sizes",),
+    "analysis/report.py": ("batch_sizes",),
+    "analysis/live.py": ("tf_ops",),
+    "analysis/time_breakdown.py": ("kernel_ns",),
+    "analysis/ensemble_steps.py": ("ensemble_steps",),
     "sidecar/profiling/runners/python_model.py": ("python_backend",),  # the runner's name
 }
 
