@@ -43,9 +43,14 @@ from analysis.store_file import (
     connect_ro,
 )
 from sidecar.trace import schema
+from sidecar.trace.schema import KernelKind, Level, json_path
 
 if TYPE_CHECKING:  # (the export, which imports this module, needs no filter)
     from analysis.trace_filter import TraceFilter
+
+# CUDA runtime and driver calls: kernel-level spans that are API records, not work
+_API_KINDS = f"('{KernelKind.RUNTIME}', '{KernelKind.DRIVER}')"
+_RESPONSES, _GAPS = json_path(schema.RESPONSES), json_path(schema.RESPONSE_GAPS_NS)
 
 BATCH_ROWS = 16_384  # rows per Arrow record batch: a few MB of spans
 PART_ROWS = 200_000  # the export reads a store's spans in parallel parts of at least this many rows
@@ -152,7 +157,7 @@ SPANS_SQL = (
     + ", ".join(_text(f"s.{c}") for c in ("span_id", "level", "name", "kind", "run_level"))
     + f", s.start_ns, s.end_ns, {_rint('s.duration_ns')}, {_int('s.idx')}, "
     "CAST(s.attributes AS TEXT) FROM spans s "
-    "WHERE NOT (s.level = 'kernel' AND s.kind IN ('runtime', 'driver')) "
+    f"WHERE NOT (s.level = '{Level.KERNEL}' AND s.kind IN {_API_KINDS}) "
     f"AND {_span_ok()}"
 )
 # a span of a damaged trace, or of none, is left out (needless where `all_in_sound_traces`)
@@ -303,9 +308,9 @@ _MEMBERS = (
     '"outside_layers": "DOUBLE"}'
 )
 _MEMBERS_SQL = _MEMBERS.replace("{", "{{").replace("}", "}}")  # SPANS_DUCKDB is formatted
-_IS_WORK = "level = 'kernel' AND kind NOT IN ('runtime', 'driver')"
+_IS_WORK = f"level = '{Level.KERNEL}' AND kind NOT IN {_API_KINDS}"
 _RELAY_EXPORT = ",\n".join(
-    f"       CASE WHEN level = 'request' AND try(json_type(attributes, '$.{k}')) IN "
+    f"       CASE WHEN level = '{Level.REQUEST}' AND try(json_type(attributes, '$.{k}')) IN "
     f"('BIGINT', 'UBIGINT') THEN try(json_extract(attributes, '$.{k}')::BIGINT) - start_ns "
     f"END AS {col}"
     for k, col in RELAY_OFFSET_COLUMNS.items()
@@ -315,26 +320,26 @@ _NUMBER_TYPES = "('BIGINT', 'UBIGINT', 'DOUBLE')"  # a JSON number (not a boolea
 # request span has a `responses` (not null), the count as a number and the gaps as a list of
 # numbers (empty when absent), each NULL where it is something else.
 _STREAM_EXPORT = f"""
-       CASE WHEN level = 'request' THEN
-           coalesce(try(json_type(attributes, '$.responses')), 'NULL') <> 'NULL'
+       CASE WHEN level = '{Level.REQUEST}' THEN
+           coalesce(try(json_type(attributes, '{_RESPONSES}')), 'NULL') <> 'NULL'
        END AS stream_span,
-       CASE WHEN level = 'request' AND try(json_type(attributes, '$.responses'))
+       CASE WHEN level = '{Level.REQUEST}' AND try(json_type(attributes, '{_RESPONSES}'))
                  IN {_NUMBER_TYPES}
-            THEN try(json_extract(attributes, '$.responses')::DOUBLE) END AS responses,
-       CASE WHEN level = 'request' THEN
-           CASE WHEN coalesce(try(json_type(attributes, '$.response_gaps_ns')), 'NULL') = 'NULL'
+            THEN try(json_extract(attributes, '{_RESPONSES}')::DOUBLE) END AS responses,
+       CASE WHEN level = '{Level.REQUEST}' THEN
+           CASE WHEN coalesce(try(json_type(attributes, '{_GAPS}')), 'NULL') = 'NULL'
                 THEN []::DOUBLE[]
-                WHEN try(json_type(attributes, '$.response_gaps_ns')) = 'ARRAY'
+                WHEN try(json_type(attributes, '{_GAPS}')) = 'ARRAY'
                      AND list_bool_and(list_transform(
-                         try(json_extract(attributes, '$.response_gaps_ns[*]')),
+                         try(json_extract(attributes, '{_GAPS}[*]')),
                          lambda x: json_type(x) IN {_NUMBER_TYPES})) IS NOT FALSE
-                THEN try(json_extract(attributes, '$.response_gaps_ns')::DOUBLE[]) END
+                THEN try(json_extract(attributes, '{_GAPS}')::DOUBLE[]) END
        END AS response_gaps_ns"""
 _STREAM_SQL = _STREAM_EXPORT.replace("{", "{{").replace("}", "}}")  # SPANS_DUCKDB is formatted
 SPANS_DUCKDB = f"""
 SELECT {{source}} AS source_db, trace_id, span_id, level, name, kind, run_level, start_ns,
        end_ns, duration_ns, idx,
-       CASE WHEN level = 'layer' THEN
+       CASE WHEN level = '{Level.LAYER}' THEN
            CASE WHEN json_type(j.original_op_types) = 'ARRAY'
                      AND json_array_length(j.original_op_types) > 1
                 THEN array_to_string(json_extract_string(j.original_op_types, '$[*]'), '+')
@@ -343,12 +348,12 @@ SELECT {{source}} AS source_db, trace_id, span_id, level, name, kind, run_level,
        j.flops AS flops,
 {_RELAY_EXPORT},{_STREAM_SQL}
 FROM (
-    SELECT *, CASE WHEN level = 'layer' OR ({_IS_WORK})
+    SELECT *, CASE WHEN level = '{Level.LAYER}' OR ({_IS_WORK})
                    THEN try(from_json(attributes, '{_MEMBERS_SQL}')) END AS j
     FROM {{relation}} WHERE _first = 0
 )
 WHERE (attributes IS NULL OR j IS NOT NULL OR json_valid(attributes))
-  AND NOT (level = 'layer' AND coalesce(j.outside_layers > 0, false))
+  AND NOT (level = '{Level.LAYER}' AND coalesce(j.outside_layers > 0, false))
 """
 
 
@@ -416,26 +421,26 @@ def report_spans_sql(span_checks: str, trace_subquery: str | None) -> str:
         + ", ".join(_text(f"s.{c}") for c in ("span_id", "level", "name", "kind"))
         + f", {_int('s.start_ns')}, {_int('s.end_ns')}, {_rint('s.duration_ns')}, "
         f"{_text('s.run_level')}, {_int('s.idx')}, {_text('s.attributes')}, "
-        "CASE WHEN p.level = 'layer' THEN CAST(p.name AS TEXT) "
-        "WHEN g.level = 'layer' THEN CAST(g.name AS TEXT) END, "
+        f"CASE WHEN p.level = '{Level.LAYER}' THEN CAST(p.name AS TEXT) "
+        f"WHEN g.level = '{Level.LAYER}' THEN CAST(g.name AS TEXT) END, "
         f"{span_checks}, "
         + ", ".join(  # the relay's marks as offsets from the span's start (request spans)
-            f"CASE WHEN s.level = 'request' AND json_valid(s.attributes) AND "
+            f"CASE WHEN s.level = '{Level.REQUEST}' AND json_valid(s.attributes) AND "
             f"json_type(s.attributes, '$.{k}') = 'integer' AND typeof(s.start_ns) = 'integer' "
             f"THEN json_extract(s.attributes, '$.{k}') - s.start_ns END"
             for k in RELAY_OFFSET_COLUMNS
         )
         + "".join(  # a stream message's responses (request spans), as JSON text
-            f", CASE WHEN s.level = 'request' AND json_valid(s.attributes) THEN "
+            f", CASE WHEN s.level = '{Level.REQUEST}' AND json_valid(s.attributes) THEN "
             f"json_quote(json_extract(s.attributes, '$.{k}')) END"
             for k in STREAM_RESPONSE_COLUMNS
         )
         + " FROM spans s "
-        "LEFT JOIN spans p ON s.level = 'kernel' AND p.trace_id = s.trace_id "
+        f"LEFT JOIN spans p ON s.level = '{Level.KERNEL}' AND p.trace_id = s.trace_id "
         "AND p.span_id = s.parent_id "
-        "LEFT JOIN spans g ON p.level = 'kernel' AND g.trace_id = p.trace_id "
+        f"LEFT JOIN spans g ON p.level = '{Level.KERNEL}' AND g.trace_id = p.trace_id "
         "AND g.span_id = p.parent_id "
-        "WHERE NOT (s.level = 'kernel' AND s.kind IN ('runtime', 'driver'))"
+        f"WHERE NOT (s.level = '{Level.KERNEL}' AND s.kind IN {_API_KINDS})"
         + (f" AND s.trace_id IN ({trace_subquery})" if trace_subquery else "")
     )
 
@@ -454,9 +459,9 @@ def _attribute(key: str) -> str:
     """DuckDB: attribute `key` of a span, from the JSON array `a` its level's paths read."""
     refs = []
     if key in _LAYER_KEYS:
-        refs.append(f"WHEN level = 'layer' THEN a[{_LAYER_KEYS.index(key) + 1}]")
+        refs.append(f"WHEN level = '{Level.LAYER}' THEN a[{_LAYER_KEYS.index(key) + 1}]")
     if key in _WORK_KEYS:
-        refs.append(f"WHEN level != 'layer' THEN a[{_WORK_KEYS.index(key) + 1}]")
+        refs.append(f"WHEN level != '{Level.LAYER}' THEN a[{_WORK_KEYS.index(key) + 1}]")
     return f"(CASE {' '.join(refs)} END)"
 
 
@@ -495,10 +500,10 @@ FROM (
            {values}
     FROM (
       SELECT * EXCLUDE (attributes),
-             CASE WHEN level IN ('layer', 'kernel') OR NOT json_valid(attributes)
+             CASE WHEN level IN ('{Level.LAYER}', '{Level.KERNEL}') OR NOT json_valid(attributes)
                   THEN attributes END AS attributes,
-             CASE WHEN level = 'layer' THEN try(json_extract(attributes, {layer_paths}))
-                  WHEN level = 'kernel' THEN try(json_extract(attributes, {work_paths})) END
+             CASE WHEN level = '{Level.LAYER}' THEN try(json_extract(attributes, {layer_paths}))
+                  WHEN level = '{Level.KERNEL}' THEN try(json_extract(attributes, {work_paths})) END
                AS a
       FROM batches WHERE _first = 0
     )

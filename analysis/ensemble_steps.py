@@ -27,9 +27,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.common import Frames
-from sidecar.trace.schema import Level
+from sidecar.trace.schema import TRITON_PHASES, Level
 
-STEP_PHASES = ("queue", "compute_input", "compute_infer", "compute_output", "step_other")
+STEP_PHASES = (*TRITON_PHASES, "step_other")
 # the ensemble's own rows (step ""): time no step holds, then time two steps hold at once
 GAP_PHASES = ("between_steps", "ensemble_overhead", "steps_overlap")
 _MEASURED = STEP_PHASES[:-1]

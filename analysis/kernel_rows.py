@@ -70,6 +70,7 @@ import pandas as pd
 
 from analysis.layer_type import layer_type
 from sidecar.trace import schema
+from sidecar.trace.schema import Level
 
 T = TypeVar("T")
 
@@ -404,7 +405,7 @@ class KernelRows:
             WITH keras AS (
                 SELECT * FROM {calls} WHERE outside_layers IS DISTINCT FROM true
             ), runs AS (
-                SELECT tkey, first(run_level ORDER BY run_level IS DISTINCT FROM 'layer',
+                SELECT tkey, first(run_level ORDER BY run_level IS DISTINCT FROM '{Level.LAYER}',
                                    run_level NULLS LAST) AS run_level
                 FROM keras GROUP BY tkey
             )

@@ -39,11 +39,11 @@ import pandas as pd
 from analysis import ensemble_steps
 from analysis.common import AnalysisResult, Frames, empty_result, not_captured
 from analysis.tracedb import RELAY_OFFSET_COLUMNS
-from sidecar.trace.schema import Level
+from sidecar.trace.schema import TF_OP, TRITON_PHASES, Level
 
 TITLE = "Live request breakdown (client latency at the proxy vs backend phases)"
-BACKEND_PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
-TF_OP_KIND = "tf_op"  # sidecar.live.tf_profiler.SPAN_KIND
+BACKEND_PHASES = TRITON_PHASES
+TF_OP_KIND = TF_OP
 # Per request, the phases after client_total up to outside_tf_ops that a backend's spans give
 # add up to client_total; backend_response (the relay's view) and server_after_response
 # (after the client had its answer) are shown apart.

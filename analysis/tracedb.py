@@ -37,6 +37,7 @@ from analysis.store_file import connect_ro as _connect_ro
 from analysis.trace_filter import LOADED_SQL, TraceFilter, selection, span_checks, sql_where
 from analysis.trace_filter import parse_since as parse_since  # (re-exported)
 from sidecar.trace import schema
+from sidecar.trace.schema import Level
 
 # Copy-on-write (pandas 3's default): the analyses derive many frames from the spans
 # (filters, `assign`, `reset_index`); without it each derivation copies every column of a
@@ -195,7 +196,8 @@ def _load_one(path: Path, flt: TraceFilter, guard_json: bool = False) -> Loaded:
         narrow = selection(flt)
         stats = pd.read_sql_query(
             "SELECT trace_id, level, iterations, warmup, trimmed_mean_ns, median_ns, min_ns, "
-            "max_ns, overhead_ratio, CASE WHEN level = 'model' THEN samples_ns END AS samples_ns, "
+            "max_ns, overhead_ratio, "
+            f"CASE WHEN level = '{Level.MODEL}' THEN samples_ns END AS samples_ns, "
             f"{_stats_checks()} AS _bad FROM level_stats"
             + (f" WHERE trace_id IN ({narrow[0]})" if narrow else ""),
             conn,

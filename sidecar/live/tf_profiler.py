@@ -49,7 +49,7 @@ from sidecar.trace.spans import Level, Source, Span
 
 log = logging.getLogger(__name__)
 
-SPAN_KIND = "tf_op"
+SPAN_KIND = schema.TF_OP
 HOST_NAME = "xsp"  # the XSpace file's name on the server: <host_name>.xplane.pb
 CLOCK_TOLERANCE_NS = 50_000_000
 _LOG_INTERVAL_S = 60.0

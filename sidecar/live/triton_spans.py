@@ -40,11 +40,11 @@ COMPUTE_SPAN_NAME = "compute"
 MODEL_NAME_ATTRIBUTE = "triton.model_name"
 MODEL_VERSION_ATTRIBUTE = "triton.model_version"
 
-PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
+PHASES = schema.TRITON_PHASES
 # derived compute phases: (kind, start event, end event), all on the `compute` span
 _COMPUTE_PHASES = (
     ("compute_input", "COMPUTE_START", "COMPUTE_INPUT_END"),
-    ("compute_infer", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START"),
+    (schema.COMPUTE_INFER, "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START"),
     ("compute_output", "COMPUTE_OUTPUT_START", "COMPUTE_END"),
 )
 

@@ -70,8 +70,10 @@ class KernelKind(StrEnum):
     CPU_OP = "cpu_op"  # a CPU library op a layer calls
 
 
-# Server-level span kinds the fidelity rule reads
-COMPUTE_INFER = "compute_infer"  # Triton's compute span of the model's execution
+# Server-level span kinds: Triton's phases of a request (`live.triton_spans`), the compute span
+# of the model's execution among them, and TF-Serving's op spans (`live.tf_profiler`)
+COMPUTE_INFER = "compute_infer"
+TRITON_PHASES = ("queue", "compute_input", COMPUTE_INFER, "compute_output")
 TF_OP = "tf_op"  # one TensorFlow op kernel of a TF-Serving request's run
 
 
