@@ -25,6 +25,7 @@ first row of each result is a typed sentinel that DuckDB drops.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from collections import deque
@@ -303,9 +304,13 @@ def span_ranges(db: str | Path, parts: int) -> list[tuple[int, int] | None]:
 # value that is not a number where one is expected reads as NULL, true as 1), which costs a
 # fraction of SQLite's parser. A text that is not JSON fails `from_json` (NULL by `try`) and
 # then `json_valid`.
-_MEMBERS = (
-    '{"op_type": "VARCHAR", "original_op_types": "JSON", "flops": "DOUBLE", '
-    '"outside_layers": "DOUBLE"}'
+_MEMBERS = json.dumps(
+    {
+        schema.OP_TYPE: "VARCHAR",
+        schema.ORIGINAL_OP_TYPES: "JSON",
+        schema.FLOPS: "DOUBLE",
+        schema.OUTSIDE_LAYERS: "DOUBLE",
+    }
 )
 _MEMBERS_SQL = _MEMBERS.replace("{", "{{").replace("}", "}}")  # SPANS_DUCKDB is formatted
 _IS_WORK = f"level = '{Level.KERNEL}' AND kind NOT IN {_API_KINDS}"

@@ -39,6 +39,7 @@ import pandas as pd
 from analysis import ensemble_steps
 from analysis.common import AnalysisResult, Frames, empty_result, not_captured
 from analysis.tracedb import RELAY_OFFSET_COLUMNS
+from sidecar.trace import schema
 from sidecar.trace.schema import TF_OP, TRITON_PHASES, Level
 
 TITLE = "Live request breakdown (client latency at the proxy vs backend phases)"
@@ -70,8 +71,8 @@ STEPS_NOTE = (
     "is empty: the ensemble's span = its steps + between_steps + ensemble_overhead - "
     "steps_overlap"
 )
-REQUEST_END = RELAY_OFFSET_COLUMNS["relay_request_end_ns"]
-RESPONSE_START = RELAY_OFFSET_COLUMNS["relay_response_start_ns"]
+REQUEST_END = RELAY_OFFSET_COLUMNS[schema.RELAY_REQUEST_END_NS]
+RESPONSE_START = RELAY_OFFSET_COLUMNS[schema.RELAY_RESPONSE_START_NS]
 
 
 def request_phases(fr: Frames) -> pd.DataFrame:

@@ -1,5 +1,7 @@
 """Opening a trace store read-only for the analyses, and the one error a person reads when a
-file is not one. Below `tracedb` and `columnar`, which both open stores."""
+file is not one, or is a store of a newer schema than this analysis knows (`PRAGMA
+user_version` above `sidecar.trace.schema.SCHEMA_VERSION`). Below `tracedb` and `columnar`,
+which both open stores."""
 
 from __future__ import annotations
 
@@ -32,6 +34,10 @@ class TraceDatabaseError(Exception):
     """A database could not be read as an xsp-sidecar trace store."""
 
 
+class SchemaTooNewError(TraceDatabaseError):
+    """The store was written by a newer xsp-sidecar, with a schema this analysis does not know."""
+
+
 def connect_ro(path: Path) -> sqlite3.Connection:
     if not path.is_file():
         raise TraceDatabaseError(f"{path}: no such file (expected an xsp-sidecar trace database)")
@@ -58,4 +64,17 @@ def connect_ro(path: Path) -> sqlite3.Connection:
             f"{path}: not an xsp-sidecar trace store (missing tables: {', '.join(missing)}); "
             "produce one with `xsp-sidecar profile --db FILE` or `xsp-sidecar serve --db FILE`"
         )
+    check_version(conn, path)
     return conn
+
+
+def check_version(conn: sqlite3.Connection, path: Path) -> None:
+    """Refuse (and close) a store whose schema is newer than `schema.SCHEMA_VERSION`: its
+    columns or attributes may mean what this analysis cannot know. Older stores are read."""
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > schema.SCHEMA_VERSION:
+        conn.close()
+        raise SchemaTooNewError(
+            f"{path} has trace schema version {version}; this analysis reads versions up to "
+            f"{schema.SCHEMA_VERSION}: upgrade xsp-sidecar"
+        )
