@@ -44,10 +44,10 @@ _DEPTH = {Level.MODEL: 0, Level.LAYER: 1, Level.KERNEL: 2}
 LEVEL_CODES = {"M": Level.MODEL, "L": Level.LAYER, "K": Level.KERNEL}
 LEVEL_MEANINGS: dict[Level, str] = {
     Level.REQUEST: "the gRPC call as the proxy saw it; `kind` = gRPC method",
-    Level.SERVER: "the backend's own spans (Triton's OTLP spans, TF-Serving's `tf_op`s)",
-    Level.MODEL: "one model execution in the leveled replay (XSP M)",
-    Level.LAYER: "a framework node / op / module; `kind` = op type (XSP L)",
-    Level.KERNEL: "GPU kernel, memcpy, memset, CUDA API call or CPU library op (XSP K)",
+    Level.SERVER: "the backend's own spans (Triton's, TF-Serving's `tf_op`s; see below)",
+    Level.MODEL: "one model execution in the leveled replay",
+    Level.LAYER: "a framework node / op / module; `kind` = op type (`Conv`, `aten::addmm`, ...)",
+    Level.KERNEL: "GPU kernel, memcpy, memset, CUDA runtime/driver call, or a CPU library op",
 }
 
 
@@ -337,14 +337,30 @@ APPLIED = _key(REPLAY_SETTINGS, "applied", "bool", "the replay ran with it")
 REASON = _key(REPLAY_SETTINGS, "reason", "str", "why not, or a note")
 
 
+def _level_row(level: Level) -> str:
+    xsp = next((code for code, lv in LEVEL_CODES.items() if lv is level), "-")
+    source = (
+        f"`{Source.REPLAY}`"
+        if level in REPLAY_LEVELS
+        else f"`{Source.PROXY if level is Level.REQUEST else Source.BACKEND}` (live)"
+    )
+    meaning = LEVEL_MEANINGS[level]
+    if level is Level.KERNEL:
+        meaning += "; `kind` = " + ", ".join(f"`{k}`" for k in KernelKind)
+    return f"| `{level}` | {xsp} | {source} | {meaning} |"
+
+
 def markdown() -> str:
-    """The levels' and the attributes' tables of `docs/trace-schema.md`."""
+    """The version, levels and attributes of `docs/trace-schema.md` (its generated part)."""
     lines = [
         f"Schema version: **{SCHEMA_VERSION}**.",
         "",
-        "| level | what a span is |",
-        "|---|---|",
-        *(f"| `{level.value}` | {LEVEL_MEANINGS[level]} |" for level in Level),
+        "| level | XSP | source | what a span is |",
+        "|---|---|---|---|",
+        *(_level_row(level) for level in Level),
+        "",
+        "Every attribute key (`on`: the level(s) of the spans that carry it, `trace` for the "
+        "trace's own attributes, or the attribute whose object holds it):",
         "",
         "| key | on | type | meaning |",
         "|---|---|---|---|",
