@@ -75,8 +75,8 @@ def _strings(node: ast.AST) -> Iterator[tuple[int, str]]:
         for part in node.values:
             if (s := _str(part)) is not None:
                 yield node.lineno, s
-    elif (s := _str(node)) is not None:
-        yield node.lineno, s
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+        yield node.lineno, node.value
 
 
 def _sql_levels(text: str) -> Iterator[str]:
