@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -165,6 +166,21 @@ def test_the_doc_holds_the_generated_tables() -> None:
         "docs/trace-schema.md is out of date: replace its generated section with the output "
         "of `python -m sidecar.trace.schema --markdown`"
     )
+
+
+def test_the_docs_attribute_tables_name_declared_keys() -> None:
+    """The hand-written tables of attributes' objects (`replay_settings`, `server_config`,
+    `fidelity`, ...) name keys the schema declares."""
+    text = DOC.read_text()
+    part = text[text.index("## Attributes (JSON keys)") : text.index("## Example queries")]
+    keys = {
+        name
+        for line in part.splitlines()
+        if line.startswith("| `")
+        for name in re.findall(r"`([a-z_]+)`", line.split("|")[1])
+    }
+    assert len(keys) > 20
+    assert sorted(keys - set(schema.ATTRIBUTES)) == []
 
 
 def test_the_command_prints_the_tables() -> None:
