@@ -93,6 +93,7 @@ _SPANS = "span"  # any level
 
 
 def _key(on: str, name: str, type_: str, meaning: str) -> str:
+    """Declare one attribute key (once); its name is the constant's value."""
     if name in ATTRIBUTES:
         raise ValueError(f"attribute {name!r} declared twice")
     ATTRIBUTES[name] = Attribute(name, on, type_, meaning)
@@ -264,8 +265,8 @@ MODEL_PATH = _key(TRACE, "model_path", "str", "the model file replayed")
 MODEL_FORMAT = _key(TRACE, "model_format", "str", "its format (onnx, torchscript, python, ...)")
 BACKEND = _key(TRACE, "backend", "str", "the serving backend of the model")
 REPLAY_DEVICE = _key(TRACE, "replay_device", "str", "where the replay ran (cpu, cuda:0, ...)")
-REPLAY_DEVICE_REASON = _key(TRACE, "replay_device_reason", "str", "why there")
-DEVICE_REASON = _key(TRACE, "device_reason", "str", "why the replay device was chosen")
+REPLAY_DEVICE_REASON = _key(TRACE, "replay_device_reason", "str", "why the replay ran there")
+DEVICE_REASON = _key(_M, "device_reason", "str", "why the replay ran on that device")
 REPLAY_SETTINGS = _key(TRACE, "replay_settings", "list", "config.pbtxt's settings, applied or not")
 SERVER_CONFIG = _key(TRACE, "server_config", "object", "how the server runs the model")
 INTRA_OP_THREADS = _key(TRACE, "intra_op_threads", "int", "the replay's intra-op threads")
