@@ -300,6 +300,14 @@ EXPERIMENT_WALL_S = _key(TRACE, "experiment_wall_s", "float", "the profile's wal
 CLOCK_CHECK = _key(TRACE, "clock_check", "str", "CUPTI records vs the host clock: `ok (...)`")
 CUPTI_RECORDS = _key(TRACE, "cupti_records", "int", "CUPTI activity records")
 CUPTI_API_RECORDS = _key(TRACE, "cupti_api_records", "int", "CUPTI API records")
+DECOUPLED = _key(TRACE, "decoupled", "bool", "Python model: a decoupled model (a stream)")
+DECOUPLED_RESPONSES = _key(TRACE, "decoupled_responses", "int", "its most responses to one call")
+DECOUPLED_TIME_TO_FIRST_RESPONSE_NS = _key(
+    TRACE, "decoupled_time_to_first_response_ns", "int", "its first response (M, trimmed mean)"
+)
+DECOUPLED_RESPONSE_GAP_NS = _key(
+    TRACE, "decoupled_response_gap_ns", "int", "between its responses (M, trimmed mean)"
+)
 CALLS_NOT_RECORDED = _key(TRACE, "calls_not_recorded", "int", "Python model: calls not recorded")
 PYTHON_BACKEND = _key(TRACE, "python_backend", "str", "Python model: how it was run")
 RECORDING = _key(TRACE, "recording", "str", "the GPU recording runner's mode")

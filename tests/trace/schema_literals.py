@@ -142,6 +142,13 @@ def uses(path: Path, rel: str) -> Iterator[Use]:
                     for elt in getattr(arg, "elts", []):
                         if (s := _str(elt)) is not None:
                             yield level(elt, s)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+            "attributes" in node.name
+        ):  # `def _trace_attributes(self): return {...}`
+            for ret in ast.walk(node):
+                if isinstance(ret, ast.Return) and ret.value is not None:
+                    for key in _dict_keys(ret.value):
+                        yield attr(key, str(key.value))
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if node.value is not None and any(_holder(t) for t in targets):

@@ -169,8 +169,10 @@ def _decoupled_summary(iterations: list[Iteration]) -> dict[str, Any]:
         gaps += attrs.get(schema.RESPONSE_GAPS_NS, [])
         counts.append(attrs.get(schema.RESPONSES, 0))
     return {
-        "decoupled": True,
-        "decoupled_responses": max(counts, default=0),
-        "decoupled_time_to_first_response_ns": round(trimmed_mean(firsts)) if firsts else None,
-        "decoupled_response_gap_ns": round(trimmed_mean(gaps)) if gaps else None,
+        schema.DECOUPLED: True,
+        schema.DECOUPLED_RESPONSES: max(counts, default=0),
+        schema.DECOUPLED_TIME_TO_FIRST_RESPONSE_NS: (
+            round(trimmed_mean(firsts)) if firsts else None
+        ),
+        schema.DECOUPLED_RESPONSE_GAP_NS: round(trimmed_mean(gaps)) if gaps else None,
     }

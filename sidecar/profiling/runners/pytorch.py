@@ -177,7 +177,7 @@ class PyTorchRunner:
         )
         extra: dict[str, Any] = {
             schema.LAYER_NAMES: "original",
-            "device": str(self.device),
+            schema.DEVICE: str(self.device),
             schema.TRANSFORMER_FASTPATH: False,
         }
         if self.scripted:
@@ -260,7 +260,7 @@ class PyTorchRunner:
             schema.OP_TYPE: module.original_name if self.scripted else type(module).__name__,
             schema.INPUT_SHAPES: in_shapes,
             schema.OUTPUT_SHAPES: out_shapes,
-            "provider": "cpu",
+            schema.PROVIDER: "cpu",
             schema.PARAMETER_BYTES: sum(p.numel() * p.element_size() for p in params),
             schema.ACTIVATION_BYTES: sum(int(np.prod(s)) for s in shapes(inputs)) * elem,
             schema.OUTPUT_BYTES: sum(int(np.prod(s)) for s in out_shapes) * elem,
