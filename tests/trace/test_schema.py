@@ -54,7 +54,8 @@ OTHER_MEANINGS: dict[str, tuple[str, ...]] = {
     "analysis/report.py": ("batch_sizes",),
     "analysis/live.py": ("tf_ops",),
     "analysis/time_breakdown.py": ("kernel_ns",),
-    "analysis/ensemble_steps.py": ("ensemble_steps",),
+    "analysis/ensemble_steps.py": ("ensemble_steps", "step_index"),
+    "analysis/layer_level.py": ("step_index",),  # a replayed step's order, computed
     "sidecar/profiling/runners/python_model.py": ("python_backend",),  # the runner's name
 }
 
