@@ -69,6 +69,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.layer_type import layer_type
+from sidecar.trace import schema
+from sidecar.trace.schema import Level
 
 T = TypeVar("T")
 
@@ -111,27 +113,30 @@ _SCHEMAS = itertools.count(1)  # numbers the schemas of `KernelRows.of`
 STORED = {
     "kernel": {"row": "BIGINT", "tkey": "BIGINT", "run_level": "VARCHAR", "layer": "VARCHAR",
                "idx": "BIGINT", "name": "VARCHAR", "kind": "VARCHAR", "start_ns": "BIGINT",
-               "end_ns": "BIGINT", "duration_ns": "BIGINT", "flops": "DOUBLE",
-               "dram_read_bytes": "DOUBLE", "dram_write_bytes": "DOUBLE",
-               "achieved_occupancy": "DOUBLE", "metrics_estimated": "BOOLEAN"},
+               "end_ns": "BIGINT", "duration_ns": "BIGINT", schema.FLOPS: "DOUBLE",
+               schema.DRAM_READ_BYTES: "DOUBLE", schema.DRAM_WRITE_BYTES: "DOUBLE",
+               schema.ACHIEVED_OCCUPANCY: "DOUBLE", schema.METRICS_ESTIMATED: "BOOLEAN"},
     "layer": {"row": "BIGINT", "tkey": "BIGINT", "run_level": "VARCHAR", "name": "VARCHAR",
               "kind": "VARCHAR", "idx": "BIGINT", "start_ns": "BIGINT", "end_ns": "BIGINT",
-              "duration_ns": "BIGINT", "allocated_bytes": "DOUBLE", "leaf": "DOUBLE",
-              "flops": "DOUBLE", "dram_read_bytes": "DOUBLE", "dram_write_bytes": "DOUBLE",
-              "flops_estimated": "BOOLEAN", "bytes_estimated": "BOOLEAN",
-              "outside_layers": "BOOLEAN", "op_type": "VARCHAR", "type": "VARCHAR",
-              "original_nodes": "VARCHAR", "input_shapes": "VARCHAR",
-              "output_shapes": "VARCHAR"},
+              "duration_ns": "BIGINT", schema.ALLOCATED_BYTES: "DOUBLE", schema.LEAF: "DOUBLE",
+              schema.FLOPS: "DOUBLE", schema.DRAM_READ_BYTES: "DOUBLE",
+              schema.DRAM_WRITE_BYTES: "DOUBLE",
+              schema.FLOPS_ESTIMATED: "BOOLEAN", schema.BYTES_ESTIMATED: "BOOLEAN",
+              schema.OUTSIDE_LAYERS: "BOOLEAN", schema.OP_TYPE: "VARCHAR", "type": "VARCHAR",
+              schema.ORIGINAL_NODES: "VARCHAR", schema.INPUT_SHAPES: "VARCHAR",
+              schema.OUTPUT_SHAPES: "VARCHAR"},
 }  # fmt: skip
-JSON_TEXT = ("original_nodes",)  # layer attributes kept as the stored JSON text
+JSON_TEXT = (schema.ORIGINAL_NODES,)  # layer attributes kept as the stored JSON text
 COLUMNS = ("row", "tkey", "model", "batch_size", "run_level", "layer", "layer_type", "idx",
-           "name", "kind", "start_ns", "end_ns", "duration_ns", "flops", "dram_read_bytes",
-           "dram_write_bytes", "achieved_occupancy", "metrics_estimated")  # fmt: skip
+           "name", "kind", "start_ns", "end_ns", "duration_ns", schema.FLOPS,
+           schema.DRAM_READ_BYTES, schema.DRAM_WRITE_BYTES, schema.ACHIEVED_OCCUPANCY,
+           schema.METRICS_ESTIMATED)  # fmt: skip
 LAYER_COLUMNS = ("row", "tkey", "model", "batch_size", "run_level", "module", "name", "kind",
-                 "op_type", "type", "idx", "container", "start_ns", "end_ns", "duration_ns",
-                 "allocated_bytes", "flops", "dram_read_bytes", "dram_write_bytes", "leaf",
-                 "flops_estimated", "bytes_estimated", "original_nodes", "input_shapes",
-                 "output_shapes")  # fmt: skip
+                 schema.OP_TYPE, "type", "idx", "container", "start_ns", "end_ns", "duration_ns",
+                 schema.ALLOCATED_BYTES, schema.FLOPS, schema.DRAM_READ_BYTES,
+                 schema.DRAM_WRITE_BYTES, schema.LEAF, schema.FLOPS_ESTIMATED,
+                 schema.BYTES_ESTIMATED, schema.ORIGINAL_NODES, schema.INPUT_SHAPES,
+                 schema.OUTPUT_SHAPES)  # fmt: skip
 
 
 class SpanStore:
@@ -400,7 +405,7 @@ class KernelRows:
             WITH keras AS (
                 SELECT * FROM {calls} WHERE outside_layers IS DISTINCT FROM true
             ), runs AS (
-                SELECT tkey, first(run_level ORDER BY run_level IS DISTINCT FROM 'layer',
+                SELECT tkey, first(run_level ORDER BY run_level IS DISTINCT FROM '{Level.LAYER}',
                                    run_level NULLS LAST) AS run_level
                 FROM keras GROUP BY tkey
             )

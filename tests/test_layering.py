@@ -26,7 +26,8 @@ ALLOWED: dict[str, set[str]] = {
     "sidecar": set(),
     "sidecar.trace": set(),
     "sidecar.endpoint": set(),
-    "sidecar.backends": units("profiling"),
+    # trace: the request span's attribute names a backend adds (`trace.schema`)
+    "sidecar.backends": units("profiling", "trace"),
     "sidecar.proxy": units("backends", "endpoint"),
     "sidecar.profiling": units("trace"),
     "sidecar.live": units("endpoint", "trace"),
