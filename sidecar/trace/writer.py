@@ -11,6 +11,8 @@ full, lock timeout, I/O error) are not retried item by item.
 `on_stored` (optional, e.g. the OTLP export) sees every committed item on the writer thread,
 after its commit; `submit_stored_elsewhere` asks the thread to read back what another process
 (the profiling worker) stored for a trace and pass its replay part to `on_stored` too.
+`submit_write` queues any `PendingWrite`, such as the trace assembler's events (`assembly`),
+which are written in the same transactions as the parts around them.
 
 Guarantee on `kill -9`: every committed trace is whole; what was still queued or in the batch
 being committed is lost (it only ever lived in this process's memory).
@@ -131,6 +133,11 @@ class TraceWriter:
         """Queue late spans for a trace (its row may not exist yet)."""
         return self._offer(PendingWrite(trace_id, None, tuple(spans)))
 
+    def submit_write(self, item: PendingWrite) -> bool:
+        """Queue any write, e.g. one carrying a trace assembly's event (`PendingWrite.assembly`).
+        An item without records (an event alone) is not counted in `written` or `dropped`."""
+        return self._offer(item)
+
     def submit_stored_elsewhere(self, trace_id: str) -> bool:
         """Pass the replay part of a trace another process stored to `on_stored` (read back on
         the writer thread); False when there is no `on_stored` or the queue is full."""
@@ -154,7 +161,7 @@ class TraceWriter:
                 else:
                     self._accepted += 1
                     return True
-            self.dropped += 1
+            self.dropped += _records(item)
             return False
 
     @property
@@ -240,7 +247,7 @@ class TraceWriter:
                 stored = batch
             except Exception as exc:
                 if len(batch) == 1 or _store_wide(exc):
-                    failed = len(batch)
+                    failed = sum(_records(item) for item in batch)
                     self._report(exc, f"write of {failed} item(s)")
                 else:  # find the bad item(s); the rest are written
                     for item in batch:
@@ -248,12 +255,12 @@ class TraceWriter:
                             self.store.write_batch([item])
                             stored.append(item)
                         except Exception as item_exc:
-                            failed += 1
+                            failed += _records(item)
                             self._report(item_exc, "write of 1 item")
         finally:
             for item in stored:  # before `flush` can return: it covers the hand-off too
                 self._stored(item)
-            written = len(stored)
+            written = sum(_records(item) for item in stored)
             with self._cond:
                 self.written += written
                 self.failed += failed
@@ -319,6 +326,11 @@ class TraceWriter:
             except Exception:
                 self.callback_errors += 1
                 log.exception("trace writer on_error callback raised")
+
+
+def _records(item: PendingWrite) -> int:
+    """1 for an item that writes records, 0 for an assembly event alone (not counted)."""
+    return int(item.trace is not None or bool(item.spans) or bool(item.level_stats))
 
 
 def _store_wide(exc: BaseException) -> bool:
