@@ -92,11 +92,10 @@ class State:
         return {"state": self.state, "missing": self.missing, "why": self.why}
 
 
-def advance(
-    conn: sqlite3.Connection, events: Iterable[tuple[str, Event | None, bool]], now_ns: int
-) -> None:
+def advance(conn: sqlite3.Connection, events: Iterable[tuple[str, Event | None, bool]]) -> None:
     """Apply one transaction's writes (inside it). `events`: per write, its trace id (`""`
-    for none), its assembly event (None: none) and whether it wrote the trace row."""
+    for none), its assembly event (None: none) and whether it wrote the trace row. Deadlines
+    pass only by an event's `expire_at_ns` (the assembler's clock)."""
     final: set[str] = set()  # traces whose outcome is (written) again
     legacy: list[str] = []
     for trace_id, event, wrote_row in events:
@@ -120,9 +119,7 @@ def advance(
             state = _load(conn, trace_id)
         if state is None:
             continue
-        if (changed or not was_final) and _settle(
-            conn, state, timed_out=was_final or state.deadline_ns <= now_ns
-        ):
+        if (changed or not was_final) and _settle(conn, state, timed_out=was_final):
             final.add(trace_id)
         elif wrote_row and was_final:
             final.add(trace_id)  # the row was replaced: its outcome goes on again

@@ -17,7 +17,6 @@ import math
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
@@ -162,7 +161,7 @@ class TraceStore:
             if stats_rows:
                 self.db.table("level_stats").insert_all(stats_rows, replace=True)
             events = ((w.trace_id, w.assembly, w.trace is not None) for w in writes)
-            parts.advance(self.db.conn, events, time.time_ns())
+            parts.advance(self.db.conn, events)
 
     def apply_retention(self, policy: RetentionPolicy, *, now_ns: int | None = None) -> int:
         """Delete whole traces beyond `policy` (oldest first); return how many were deleted."""

@@ -68,6 +68,7 @@ class Sampled:
         self.assembler = assembler
         self.trace_id = new_trace_id()
         self.request_id = new_span_id()
+        self.model_id = new_span_id()
 
     def request(self) -> None:
         span = Span(self.trace_id, self.request_id, None, Level.REQUEST, "/x/ModelInfer",
@@ -87,7 +88,7 @@ class Sampled:
         """As the worker does: its process stores the trace, then its result comes."""
         trace = Trace(self.trace_id, "m", T0, batch_size=2, sample_reason="rate",
                       attributes={"method": "ModelInfer"})  # fmt: skip
-        model = Span(self.trace_id, new_span_id(), self.request_id, Level.MODEL, "m", "model",
+        model = Span(self.trace_id, self.model_id, self.request_id, Level.MODEL, "m", "model",
                      T0 + 50_000, T0 + 150_000, Source.REPLAY, run_level=Level.MODEL)  # fmt: skip
         stats = LevelStats(self.trace_id, Level.MODEL, 5, 1, 100_000, 100_000, 90_000, 110_000,
                            1.0)  # fmt: skip
@@ -143,6 +144,7 @@ def _sample(db: Path, assembler: TraceAssembler, **how: Any) -> Sampled:
         live=how.get("live", True), no_backend=how.get("no_backend"), no_replay=how.get("no_replay")
     )
     assert assembler.expect(sampled.trace_id, expected, absent)
+    _settle(assembler)  # the job is queued after its expectation: the worker's write comes later
     return sampled
 
 
