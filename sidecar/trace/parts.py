@@ -9,11 +9,13 @@ restart loses nothing.
 
 A trace is final once no expected part is outstanding: `whole` when every expected part was
 received, `incomplete` when a part is absent (the backend's tracing is off, the replay was
-refused) or its deadline passed first (`timeout`). Then, once, the trace's `fidelity` is
+refused) or its deadline passed first (`timeout`: deadlines pass only by an `Event`'s
+`expire_at_ns`, on the assembler's clock). Then, once, the trace's `fidelity` is
 computed (`fidelity.refresh`) and its outcome is written as trace attribute `assembly`
 (`record`). A part that arrives after that (late) is stored and the trace is final again with
-it. A trace with no `trace_parts` row (written by `xsp-sidecar profile`, or whole in one
-write) gets its `fidelity` refreshed on every write, as before.
+it. A part that comes before its trace's expectation is kept (`expected` NULL) until the
+expectation comes. A trace with no `trace_parts` row (written by `xsp-sidecar profile`, or
+whole in one write) gets its `fidelity` refreshed on every write, as before.
 """
 
 from __future__ import annotations
