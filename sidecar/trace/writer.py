@@ -12,7 +12,9 @@ full, lock timeout, I/O error) are not retried item by item.
 after its commit; `submit_stored_elsewhere` asks the thread to read back what another process
 (the profiling worker) stored for a trace and pass its replay part to `on_stored` too.
 `submit_write` queues any `PendingWrite`, such as the trace assembler's events (`assembly`),
-which are written in the same transactions as the parts around them.
+which are written in the same transactions as the parts around them; an event alone is no
+record: it is not counted, and its failure is logged but not passed to `on_error` (the
+records' writes say whether the store works, as they did before there were events).
 
 Guarantee on `kill -9`: every committed trace is whole; what was still queued or in the batch
 being committed is lost (it only ever lived in this process's memory).
@@ -248,7 +250,7 @@ class TraceWriter:
             except Exception as exc:
                 if len(batch) == 1 or _store_wide(exc):
                     failed = sum(_records(item) for item in batch)
-                    self._report(exc, f"write of {failed} item(s)")
+                    self._report(exc, f"write of {len(batch)} item(s)", notify=failed > 0)
                 else:  # find the bad item(s); the rest are written
                     for item in batch:
                         try:
@@ -256,7 +258,7 @@ class TraceWriter:
                             stored.append(item)
                         except Exception as item_exc:
                             failed += _records(item)
-                            self._report(item_exc, "write of 1 item")
+                            self._report(item_exc, "write of 1 item", notify=_records(item) > 0)
         finally:
             for item in stored:  # before `flush` can return: it covers the hand-off too
                 self._stored(item)
@@ -306,7 +308,9 @@ class TraceWriter:
             self.retention_errors += 1
             self._report(exc, "retention pass")
 
-    def _report(self, exc: Exception, what: str) -> None:
+    def _report(self, exc: Exception, what: str, *, notify: bool = True) -> None:
+        """Log (rate-limited) and keep `exc`; pass it to `on_error` when `notify` (a failed
+        assembly event alone is not: the records around it report the store's state)."""
         self.last_error = exc
         now = time.monotonic()
         if now - self._last_log >= _LOG_EVERY_S:
@@ -320,7 +324,7 @@ class TraceWriter:
             self._last_log, self._unlogged = now, 0
         else:
             self._unlogged += 1
-        if self.on_error is not None:
+        if notify and self.on_error is not None:
             try:
                 self.on_error(exc)
             except Exception:

@@ -183,3 +183,18 @@ def test_an_assembly_event_alone_is_written_but_not_counted(tmp_path: Path) -> N
     with sqlite3.connect(tmp_path / "t.db") as conn:
         state = trace_parts.load(conn, trace.trace_id)
     assert state is not None and state.state == trace_parts.PENDING  # the live parts are due
+
+
+def test_a_failed_assembly_event_alone_does_not_report_the_store_failing(tmp_path: Path) -> None:
+    """The records' writes say whether the store works (the sampler backs off on them)."""
+    errors: list[Exception] = []
+    trace, spans, _ = make_trace(layers=1)
+    with TraceWriter(tmp_path / "t.db", on_error=errors.append) as writer:
+        writer.store.close()  # every write fails from now on
+        event = trace_parts.Event(received=frozenset({trace_parts.Part.REQUEST}))
+        assert writer.submit_write(PendingWrite(trace.trace_id, assembly=event))
+        assert writer.flush(5)
+        assert errors == [] and writer.failed == 0
+        assert writer.submit_spans(trace.trace_id, spans)
+        assert writer.flush(5)
+        assert len(errors) == 1 and writer.failed == 1
