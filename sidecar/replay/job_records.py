@@ -23,6 +23,9 @@ class ProfileJob:
     reason: str
     received_ns: int
     model_version: str = ""
+    # the live request carried this trace's traceparent to the backend, so the backend's own
+    # spans may join the trace (False: a stream's message, a slow sample)
+    traced: bool = True
 
 
 @dataclass

@@ -318,7 +318,7 @@ class SamplingObserver:
         if decision is not Decision.SAMPLED:
             return True
         pending.trace_id, pending.span_id = new_trace_id(), new_span_id()
-        sample = Sample(pending.trace_id, pending.span_id, model, pending.method)
+        sample = Sample(pending.trace_id, pending.span_id, model, pending.method, traced=False)
         pending.queued = take(hub, label, sample, message, "slow", held=held,
                               slowness_s=end.duration_s)  # fmt: skip
         if pending.queued:

@@ -38,6 +38,9 @@ class Sample:
     span_id: str
     model: str
     method: str  # the job's method (`REPLAYABLE`'s value), e.g. ModelInfer
+    # the request carried the trace's traceparent to the backend (its spans may join the
+    # trace); False for a stream's message and a slow sample (its trace is made after it)
+    traced: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +69,7 @@ def _job(sample: Sample, message: bytes, reason: str) -> ProfileJob:
         request_message=message,
         reason=reason,
         received_ns=time.time_ns(),
+        traced=sample.traced,
     )
 
 

@@ -108,7 +108,7 @@ class StreamSampling:
         if stateful:
             hub.drop(label, "sequence_model")
             return None
-        sample = Sample(new_trace_id(), new_span_id(), model, self._job_method)
+        sample = Sample(new_trace_id(), new_span_id(), model, self._job_method, traced=False)
         return sample if take.take(hub, label, sample, full, _REASONS[token]) else None
 
     def ended(self, sample: object, end: InferenceEnd) -> None:
