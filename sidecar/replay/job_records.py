@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,8 +12,8 @@ class ProfileJob:
     """A copy of one sampled request, to be replayed with leveled profiling.
 
     `request_message` is the gRPC message (without the 5-byte prefix) as the client sent it;
-    `parent_span_id` is the proxy span the replay hangs under; `reason` is `random`, `forced`
-    or `admin`.
+    `parent_span_id` is the proxy span the replay hangs under; `reason` is why it was sampled
+    (the trace's `sample_reason`): `rate`, `forced`, `slow` or `admin`.
     """
 
     trace_id: str
@@ -25,14 +26,23 @@ class ProfileJob:
     model_version: str = ""
 
 
+class Outcome(enum.StrEnum):
+    """How a job ended: the `outcome` label of `xsp_profiles_total` (a str, so it is the label)."""
+
+    OK = "ok"  # profiled and stored
+    ERROR = "error"  # the profile failed (stored as an error trace)
+    TIMEOUT = "timeout"  # the worker overran the job timeout and was killed
+    CRASH = "crash"  # the worker process died during the job
+    STORE_ERROR = "store_error"  # the trace could not be written
+
+
 @dataclass
 class JobResult:
-    """Outcome of one job; `outcome` is the `xsp_profiles_total` label (`ok`, `error`,
-    `timeout`, `crash`, `store_error`). The numbers feed the Prometheus aggregates."""
+    """Outcome of one job. The numbers feed the Prometheus aggregates."""
 
     trace_id: str
     model: str
-    outcome: str
+    outcome: Outcome
     busy_s: float
     error: str = ""
     level_latency_s: dict[str, float] = field(default_factory=dict)
@@ -53,7 +63,7 @@ _POISONING = (
 
 def needs_fresh_process(result: JobResult) -> str | None:
     """Why the worker must hand the next job to a fresh process after `result`, or None."""
-    if result.outcome not in ("error", "store_error"):
+    if result.outcome not in (Outcome.ERROR, Outcome.STORE_ERROR):
         return None
     for marker, why in _POISONING:
         if marker in result.error:

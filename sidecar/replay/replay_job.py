@@ -37,7 +37,7 @@ from sidecar.profiling.server_config import ReplaySettings, replay_settings, ser
 from sidecar.profiling.vocabulary import ProfilingError, Runner
 from sidecar.replay.context import ReplayContext
 from sidecar.replay.device import DeviceChoice, driver_device_name, resolve
-from sidecar.replay.job_records import JobResult, ProfileJob
+from sidecar.replay.job_records import JobResult, Outcome, ProfileJob
 from sidecar.replay.options import ReplayOptions
 from sidecar.trace.errors import TraceStoreError
 from sidecar.trace.spans import Level, LevelStats, Span, Trace
@@ -260,9 +260,9 @@ def replay_job(job: ProfileJob, context: ReplayContext) -> JobResult:
             trace.attributes.update(replay_device=choice.device, replay_device_reason=choice.reason)
         if settings is not None:
             _mark_settings(trace, location, settings)
-        outcome, error = "error", trace.error
+        outcome, error = Outcome.ERROR, trace.error
         if (store_error := _write(context, trace, [])) is not None:
-            outcome, error = "store_error", f"{store_error} (the profile failed: {trace.error})"
+            outcome, error = Outcome.STORE_ERROR, f"{store_error} (the profile failed: {trace.error})"
         return JobResult(
             job.trace_id, job.model, outcome, time.perf_counter() - started, error=error
         )
@@ -277,7 +277,7 @@ def replay_job(job: ProfileJob, context: ReplayContext) -> JobResult:
     store_error = _write(context, profile.trace, profile.spans, profile.level_stats)
     if store_error is not None:
         return JobResult(
-            job.trace_id, job.model, "store_error", time.perf_counter() - started, store_error
+            job.trace_id, job.model, Outcome.STORE_ERROR, time.perf_counter() - started, store_error
         )
     return _summary(profile, job, time.perf_counter() - started)
 
@@ -330,7 +330,7 @@ def _summary(profile: LeveledProfile, job: ProfileJob, busy_s: float) -> JobResu
     return JobResult(
         job.trace_id,
         job.model,
-        "ok",
+        Outcome.OK,
         busy_s,
         level_latency_s=latency,
         overhead_ratio=overhead,

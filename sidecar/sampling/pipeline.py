@@ -43,7 +43,7 @@ from sidecar.live.tf_profiler import (
 )
 from sidecar.live.triton_spans import TritonSpanCollector, TritonTrace
 from sidecar.proxy.streams import RequestStart
-from sidecar.replay.job_records import JobResult, ProfileJob
+from sidecar.replay.job_records import JobResult, Outcome, ProfileJob
 from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.batch_windows import ATTRIBUTE as WINDOW_ATTRIBUTE
 from sidecar.sampling.batch_windows import BatchWindows
@@ -335,13 +335,13 @@ class SamplingPipeline:
         self.sampler.duty.record_busy(result.busy_s)
         label = self._model_label(result.model)
         self.metrics.record_result(result, label)
-        if result.outcome == "store_error":
+        if result.outcome is Outcome.STORE_ERROR:
             self._store_failed(TraceStoreError(result.error))
-        elif result.outcome == "ok":
+        elif result.outcome is Outcome.OK:
             self._store_ok()
-        if result.outcome in ("ok", "error") and self.export is not None:
+        if result.outcome in (Outcome.OK, Outcome.ERROR) and self.export is not None:
             self._export_replay(result.trace_id)
-        if result.outcome != "ok":
+        if result.outcome is not Outcome.OK:
             self._log.log(
                 f"profile:{result.outcome}",
                 logging.WARNING,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.replay.context import ReplayContext
-from sidecar.replay.job_records import JobResult, ProfileJob
+from sidecar.replay.job_records import JobResult, Outcome, ProfileJob
 from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.worker import WorkerConfig
 from sidecar.trace.spans import Level
@@ -41,7 +41,7 @@ def echo_pid(job: ProfileJob, context: ReplayContext) -> JobResult:
     return JobResult(
         job.trace_id,
         job.model,
-        "ok",
+        Outcome.OK,
         0.001,
         details={
             "pid": os.getpid(),
@@ -89,7 +89,7 @@ def gate_view(job: ProfileJob, context: ReplayContext) -> JobResult:
     details: dict[str, Any] = {"gate": isinstance(pacer, SliceGate)}
     if isinstance(pacer, SliceGate):
         details["busy"] = pacer.busy()
-    return JobResult(job.trace_id, job.model, "ok", 0.001, details=details)
+    return JobResult(job.trace_id, job.model, Outcome.OK, 0.001, details=details)
 
 
 def one_at_a_time(job: ProfileJob, context: ReplayContext) -> JobResult:
@@ -100,4 +100,4 @@ def one_at_a_time(job: ProfileJob, context: ReplayContext) -> JobResult:
     time.sleep(0.1)
     details = {"pid": os.getpid(), "jobs": jobs, "start": started}
     details["end"] = time.time_ns()
-    return JobResult(job.trace_id, job.model, "ok", 0.0, details=details)
+    return JobResult(job.trace_id, job.model, Outcome.OK, 0.0, details=details)
