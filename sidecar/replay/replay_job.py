@@ -37,7 +37,7 @@ from sidecar.profiling.server_config import ReplaySettings, replay_settings, ser
 from sidecar.profiling.vocabulary import ProfilingError, Runner
 from sidecar.replay.context import ReplayContext
 from sidecar.replay.device import DeviceChoice, driver_device_name, resolve
-from sidecar.replay.job_records import JobResult, Outcome, ProfileJob
+from sidecar.replay.job_records import JobResult, Outcome, ProfileJob, failed
 from sidecar.replay.options import ReplayOptions
 from sidecar.trace.errors import TraceStoreError
 from sidecar.trace.spans import Level, LevelStats, Span, Trace
@@ -260,12 +260,13 @@ def replay_job(job: ProfileJob, context: ReplayContext) -> JobResult:
             trace.attributes.update(replay_device=choice.device, replay_device_reason=choice.reason)
         if settings is not None:
             _mark_settings(trace, location, settings)
-        outcome, error = Outcome.ERROR, trace.error
+        on_gpu = choice is not None and choice.device.startswith("cuda")
+        result = failed(job, Outcome.ERROR, 0.0, exc, on_gpu)
         if (store_error := _write(context, trace, [])) is not None:
-            outcome, error = Outcome.STORE_ERROR, f"{store_error} (the profile failed: {trace.error})"
-        return JobResult(
-            job.trace_id, job.model, outcome, time.perf_counter() - started, error=error
-        )
+            result.outcome = Outcome.STORE_ERROR
+            result.error = f"{store_error} (the profile failed: {trace.error})"
+        result.busy_s = time.perf_counter() - started
+        return result
     _link(profile, job, location, input_source)
     _mark_device(profile, choice)
     if settings is not None:

@@ -48,7 +48,13 @@ from typing import Any
 from sidecar.profiling import pacing
 from sidecar.profiling.gpu.owner import PROCESS_OWNER
 from sidecar.replay.context import ReplayContext
-from sidecar.replay.job_records import JobResult, Outcome, ProfileJob, needs_fresh_process
+from sidecar.replay.job_records import (
+    JobResult,
+    Outcome,
+    ProfileJob,
+    failed,
+    needs_fresh_process,
+)
 from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.pressure import ServingPressure
 from sidecar.sampling.ratelog import RateLimitedLog
@@ -145,7 +151,7 @@ def _worker_main(
             failures.log(
                 type(exc).__name__, logging.ERROR, "profiling %r failed", job.model, exc_info=True
             )
-            result = _unfinished(job, Outcome.ERROR, started, f"{type(exc).__name__}: {exc}")
+            result = failed(job, Outcome.ERROR, time.perf_counter() - started, exc)
         wall = time.perf_counter() - started
         if gate is not None:
             gate.settle()
@@ -417,4 +423,5 @@ class ProfilingWorker:
             self._process.join(2.0)  # the pipe closes a moment before the exit is reaped
             code = self._process.exitcode
         self._restart(f"died (exit code {code})")
-        return _unfinished(job, Outcome.CRASH, started, f"profiling worker died with exit code {code}")
+        why = f"profiling worker died with exit code {code}"
+        return _unfinished(job, Outcome.CRASH, started, why)

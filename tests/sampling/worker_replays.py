@@ -60,10 +60,14 @@ def by_model(job: ProfileJob, context: ReplayContext) -> JobResult:
         time.sleep(3600)
     if job.model == "raise":
         raise ValueError("model exploded")
-    if job.model == "cuda-assert":  # what torch raises after a device-side assert
+    if job.model == "second-cupti-client":  # the real error of `gpu.owner`
+        from sidecar.profiling.gpu.owner import CUPTI_TRACER, TORCH_PROFILER, CuptiOwner
+
+        owner = CuptiOwner()
+        owner.claim(TORCH_PROFILER)
+        owner.claim(CUPTI_TRACER)
+    if job.model == "says-cuda-error":  # no CUDA error, whatever its text says
         raise RuntimeError("CUDA error: device-side assert triggered")
-    if job.model == "oom":  # not sticky: the process goes on
-        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
     if job.model == "slow":
         time.sleep(0.5)
     return echo_pid(job, context)
