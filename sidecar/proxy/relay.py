@@ -371,7 +371,7 @@ class _ClientProtocol(asyncio.Protocol):
 
     def _answered_unavailable(self, path: bytes) -> None:
         metrics = self.relay.metrics
-        method = metrics.method_label(method_info(path).name)
+        method = metrics.method_label(method_info(path, metrics.by_path).name)
         metrics.record(method, UNKNOWN_MODEL, "UNAVAILABLE", 0.0, 0, 0)
 
     def backend_lost(self) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 
 import sidecar.profiling.runners.onnxruntime  # noqa: F401  ONNX Runtime loads at worker start
 from sidecar import __version__
-from sidecar.backends import DECODERS, backend_replaying
+from sidecar.backends import Backend, backend_named
 from sidecar.backends.base import DecodedInputs
 from sidecar.backends.model_repository import ModelLocation, TensorSpec, python_models
 from sidecar.profiling.experiment import LeveledProfile, describe_inputs, run_experiment
@@ -56,26 +56,25 @@ class ReplayError(Exception):
     """The sampled request cannot be replayed; the message says why."""
 
 
-def decode_request(job: ProfileJob) -> DecodedInputs | None:
+def decode_request(job: ProfileJob, backend: Backend) -> DecodedInputs | None:
     """The job's request as arrays (None without a message: an admin profile), by the decoder
-    a backend declares for the job's method."""
+    `backend` (the configured one) declares for the job's method."""
     if not job.request_message:
         return None
-    decoder = DECODERS.get(job.method)
+    decoder = backend.decoders.get(job.method)
     if decoder is None:
-        raise ReplayError(_not_replayable(job.method))
+        raise ReplayError(_not_replayable(job.method, backend))
     return decoder(job.request_message)
 
 
-def _not_replayable(method: str) -> str:
-    return f"cannot decode {method} requests (replayable: {', '.join(DECODERS)})"
+def _not_replayable(method: str, backend: Backend) -> str:
+    known = ", ".join(backend.decoders)
+    return f"{backend.name} requests of {method} cannot be decoded (replayable: {known})"
 
 
 def _find_model(job: ProfileJob, options: ReplayOptions, version: str) -> ModelLocation:
-    """The model in the repository, looked up as the backend that serves the job's method."""
-    backend = backend_replaying(job.method)
-    if backend is None:
-        raise ReplayError(_not_replayable(job.method))
+    """The model in the repository, looked up as the configured backend does."""
+    backend = backend_named(options.backend_protocol)
     find = python_models(backend.repository.find, options.python_models)
     return find(options.model_repository, job.model, version or None)
 
@@ -233,7 +232,7 @@ def replay_job(job: ProfileJob, context: ReplayContext) -> JobResult:
     choice: DeviceChoice | None = None
     settings: ReplaySettings | None = None
     try:
-        request = decode_request(job)
+        request = decode_request(job, backend_named(options.backend_protocol))
         version = job.model_version or (request.version if request else "")
         location = _find_model(job, options, version)
         if request is None:

@@ -30,7 +30,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from sidecar import __version__
-from sidecar.backends import CAPTURE_PATHS, backend_named
+from sidecar.backends import backend_named
 from sidecar.backends.model_repository import model_in_repository, python_models
 from sidecar.backends.replayability import Replayability, ReplayabilityCache
 from sidecar.live.otlp_metrics import OtlpMetricsCollector
@@ -154,8 +154,9 @@ class SamplingPipeline:
                 on_spans=self._on_backend_spans,
             )
             TfCaptureMetricsCollector(self.tf_capture, registry)
-        self.hub = SamplingHub(self.sampler, self.metrics, self, pressure=self.pressure)
         backend = backend_named(config.backend_protocol)
+        self.hub = SamplingHub(self.sampler, self.metrics, self, self.pressure, backend)
+        self._capture_path = backend.capture_path  # None: no capture of the backend's side
         find = python_models(backend.repository.find, config.replay_options.python_models)
         self._replayability = ReplayabilityCache(find, config.model_repository)
         self.batch_windows: BatchWindows | None = None
@@ -278,7 +279,7 @@ class SamplingPipeline:
         of the backend's side."""
         if self.batch_windows is not None:
             self.batch_windows.open(trace_id)
-        if self.tf_capture is None or start.path not in CAPTURE_PATHS:
+        if self.tf_capture is None or start.path != self._capture_path:
             return
         try:
             self.tf_capture.request(SampledRequest(trace_id, span_id, time.time_ns()))

@@ -36,7 +36,7 @@ class Sample:
     trace_id: str
     span_id: str
     model: str
-    method: str  # the job's method (`REPLAYABLE`'s value), e.g. ModelInfer
+    method: str  # the job's method (`Backend.replayable`'s value), e.g. ModelInfer
 
 
 @dataclass(frozen=True, slots=True)
