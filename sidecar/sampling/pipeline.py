@@ -31,7 +31,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from sidecar import __version__
-from sidecar.backends import CAPTURE_PATHS, backend_named
+from sidecar.backends import backend_named
 from sidecar.backends.base import SpanSource
 from sidecar.backends.model_repository import model_in_repository, python_models
 from sidecar.backends.replayability import Replayability, ReplayabilityCache
@@ -45,7 +45,7 @@ from sidecar.live.tf_profiler import (
 )
 from sidecar.live.triton_spans import TritonSpanCollector, TritonTrace
 from sidecar.proxy.streams import RequestStart
-from sidecar.replay.job_records import JobResult, ProfileJob
+from sidecar.replay.job_records import JobResult, Outcome, ProfileJob
 from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.batch_windows import ATTRIBUTE as WINDOW_ATTRIBUTE
 from sidecar.sampling.batch_windows import BatchWindows
@@ -173,8 +173,9 @@ class SamplingPipeline:
                 on_spans=self._on_backend_spans,
             )
             TfCaptureMetricsCollector(self.tf_capture, registry)
-        self.hub = SamplingHub(self.sampler, self.metrics, self, pressure=self.pressure)
         backend = backend_named(config.backend_protocol)
+        self.hub = SamplingHub(self.sampler, self.metrics, self, self.pressure, backend)
+        self._capture_path = backend.capture_path  # None: no capture of the backend's side
         find = python_models(backend.repository.find, config.replay_options.python_models)
         self._replayability = ReplayabilityCache(find, config.model_repository)
         self.batch_windows: BatchWindows | None = None
@@ -313,7 +314,7 @@ class SamplingPipeline:
         of the backend's side."""
         if self.batch_windows is not None:
             self.batch_windows.open(trace_id)
-        if self.tf_capture is None or start.path not in CAPTURE_PATHS:
+        if self.tf_capture is None or start.path != self._capture_path:
             return
         try:
             self.tf_capture.request(SampledRequest(trace_id, span_id, time.time_ns()))
@@ -384,13 +385,13 @@ class SamplingPipeline:
         self.sampler.duty.record_busy(result.busy_s)
         label = self._model_label(result.model)
         self.metrics.record_result(result, label)
-        if result.outcome == "store_error":
+        if result.outcome is Outcome.STORE_ERROR:
             self._store_failed(TraceStoreError(result.error))
-        elif result.outcome == "ok":
+        elif result.outcome is Outcome.OK:
             self._store_ok()
         if self.assembler is not None:
             self.assembler.replay_done(result.trace_id, result.outcome, result.error)
-        if result.outcome != "ok":
+        if result.outcome is not Outcome.OK:
             self._log.log(
                 f"profile:{result.outcome}",
                 logging.WARNING,

@@ -5,7 +5,7 @@ decided on like a unary call: a coin flip at its prefix (`Sampler.at_headers`; n
 copied unless it comes up), then at its end the model's rate, budget and duty cycle
 (`Sampler.at_body`), one decision counted per message in `xsp_sampling_decisions_total`. A
 sampled message (whole, up to the capture limit) becomes a `ProfileJob` replayed as the
-backend's unary method (`REPLAYABLE`: ModelStreamInfer -> ModelInfer); its trace's request
+backend's unary method (`Backend.replayable`: ModelStreamInfer -> ModelInfer); its trace's request
 span is that inference, from its message to its final response, with its responses' times.
 
 A stream forced by the force header has every message forced (budget and duty cycle still

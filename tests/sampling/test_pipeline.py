@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.backends.replayability import Replayability
-from sidecar.replay.job_records import JobResult, ProfileJob
+from sidecar.replay.job_records import JobResult, Outcome, ProfileJob
 from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.pipeline import SamplingConfig, SamplingPipeline
 from sidecar.sampling.sampler import StoreBackoff
@@ -159,7 +159,7 @@ def test_an_ok_result_sets_the_aggregates_under_the_bounded_model_label(
     result = JobResult(
         "ab" * 16,
         "resnet",
-        "ok",
+        Outcome.OK,
         0.25,
         level_latency_s={"model": 0.01, "layer": 0.012},
         overhead_ratio={"model": 1.0, "layer": 1.2},
@@ -179,7 +179,7 @@ def test_an_error_is_counted_and_logged_without_touching_the_store_state(
     pipeline: SamplingPipeline, registry: CollectorRegistry, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="sidecar.sampling.pipeline"):
-        pipeline._on_result(JobResult("ab" * 16, "bert", "error", 0.1, "ValueError: bad"))
+        pipeline._on_result(JobResult("ab" * 16, "bert", Outcome.ERROR, 0.1, "ValueError: bad"))
     assert value(registry, "xsp_profiles_total", model="bert", outcome="error") == 1
     assert "profile of 'bert': error (ValueError: bad)" in caplog.text
     assert not pipeline.sampler.store.failing
@@ -189,7 +189,7 @@ def test_an_error_is_counted_and_logged_without_touching_the_store_state(
 def test_a_store_error_backs_sampling_off_until_a_profile_is_stored(
     pipeline: SamplingPipeline, registry: CollectorRegistry, clock: FakeClock
 ) -> None:
-    pipeline._on_result(JobResult("ab" * 16, "resnet", "store_error", 0.1, "disk full"))
+    pipeline._on_result(JobResult("ab" * 16, "resnet", Outcome.STORE_ERROR, 0.1, "disk full"))
     assert value(registry, "xsp_profiles_total", model="resnet", outcome="store_error") == 1
     assert value(registry, "xsp_trace_store_write_failures_total") == 1
     assert pipeline.state() == "store_failing" and not pipeline.serving()
@@ -197,7 +197,7 @@ def test_a_store_error_backs_sampling_off_until_a_profile_is_stored(
     assert value(registry, "xsp_sampling_disabled", reason="store_failing") == 1
     clock.now += 1.5  # the back-off is over; the store still counts as failing
     assert pipeline.state() is None and not pipeline.serving()
-    pipeline._on_result(JobResult("cd" * 16, "resnet", "ok", 0.1))
+    pipeline._on_result(JobResult("cd" * 16, "resnet", Outcome.OK, 0.1))
     assert pipeline.serving() and not pipeline.sampler.store.failing
     assert value(registry, "xsp_sampling_disabled", reason="store_failing") == 0
 
