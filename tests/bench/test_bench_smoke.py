@@ -156,6 +156,10 @@ SMOKE: dict[str, Smoke] = {
         triton=True,
         timeout=400.0,
     ),
+    "arm_request.py": Smoke(
+        ("--number", "1000", "--repeat", "2"),
+        ("arm_request: best", "ns, median"),
+    ),
     "python_models.py": Smoke(
         # offline only: the live and ensemble modes need Triton and tens of seconds
         ("--iterations", "3", "--warmup", "1"),
