@@ -19,11 +19,9 @@ from typing import Any
 import duckdb
 import pandas as pd
 
-from analysis import (
+from analysis.analyses import (
     compare,
-    damage,
     fidelity,
-    heap,
     kernel_level,
     layer_level,
     live,
@@ -34,13 +32,14 @@ from analysis import (
     time_breakdown,
     timeline,
 )
-from analysis.columnar import SpanBatches
-from analysis.common import AnalysisResult, Frames, failed
+from analysis.analyses.common import AnalysisResult, Frames, failed
+from analysis.analyses.once import OncePerKey
 from analysis.findings import Finding, find
 from analysis.findings import table as findings_table
-from analysis.kernel_rows import PARALLEL_WORKERS, kernel_rows
-from analysis.once import OncePerKey
-from analysis.tracedb import TraceData, TraceFilter, load_traces
+from analysis.load import damage, heap
+from analysis.load.columnar import SpanBatches
+from analysis.load.tracedb import TraceData, TraceFilter, load_traces
+from analysis.relations.kernel_rows import PARALLEL_WORKERS, kernel_rows
 
 Analyzer = Callable[[Frames], AnalysisResult]
 

@@ -316,7 +316,8 @@ def export_stages(args: argparse.Namespace) -> int:
     """`--export --stages`: the export's stages one by one (see the module's docstring)."""
     import pyarrow as pa
 
-    from analysis import columnar, fleet_export
+    from analysis.fleet import export as fleet_export
+    from analysis.load import columnar
 
     with tempfile.TemporaryDirectory() as tmp:
         db, _ = store(args, Path(tmp))
@@ -381,7 +382,7 @@ def export_stages(args: argparse.Namespace) -> int:
                 print(f"    {target.stat().st_size / 1e6:.1f} MB for {spans.num_rows:,} spans")
         finally:
             con.close()
-        code = "import analysis.fleet_export"
+        code = "import analysis.fleet.export"
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         _stage("the command's imports (a new process)", lambda: subprocess.run(
             [sys.executable, "-c", code], check=True, env=env))  # fmt: skip

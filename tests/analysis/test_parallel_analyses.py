@@ -12,11 +12,11 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from analysis.common import AnalysisResult, Frames
-from analysis.kernel_rows import KernelRows, kernel_rows
-from analysis.once import OncePerKey
+from analysis.analyses.common import AnalysisResult, Frames
+from analysis.analyses.once import OncePerKey
+from analysis.load.tracedb import load_traces
+from analysis.relations.kernel_rows import KernelRows, kernel_rows
 from analysis.trace_analysis import ANALYSES, WITHOUT_SPAN_SQL, TraceAnalysis
-from analysis.tracedb import load_traces
 from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB
 
 
@@ -144,7 +144,7 @@ def _relations(kr: KernelRows) -> list[pd.DataFrame]:
 def test_past_parallel_spans_the_relations_are_made_one_after_the_other(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from analysis import kernel_rows as module
+    from analysis.relations import kernel_rows as module
 
     data = load_traces([GPU_DB])
     at_once: list[int] = []
@@ -171,7 +171,7 @@ def test_relations_that_ran_out_of_memory_at_once_are_made_one_after_the_other(
     queries at once over a large store raise it): the tables made again, the same."""
     import duckdb
 
-    from analysis import kernel_rows as module
+    from analysis.relations import kernel_rows as module
 
     data = load_traces([GPU_DB])
     want = _relations(kernel_rows(Frames(data)))

@@ -13,8 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.trace_filter import TraceNotFoundError
-from analysis.tracedb import TraceData, trace_spans
+from analysis.load.trace_filter import TraceNotFoundError
+from analysis.load.tracedb import TraceData, trace_spans
 
 LIVE_PID = 1
 REPLAY_PID = 2

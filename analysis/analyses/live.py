@@ -36,9 +36,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis import ensemble_steps
-from analysis.common import AnalysisResult, Frames, empty_result, not_captured
-from analysis.tracedb import RELAY_OFFSET_COLUMNS
+from analysis.analyses import ensemble_steps
+from analysis.analyses.common import AnalysisResult, Frames, empty_result, not_captured
+from analysis.load.tracedb import RELAY_OFFSET_COLUMNS
 
 TITLE = "Live request breakdown (client latency at the proxy vs backend phases)"
 BACKEND_PHASES = ("queue", "compute_input", "compute_infer", "compute_output")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.common import Frames
+from analysis.analyses.common import Frames
 
 STEP_PHASES = ("queue", "compute_input", "compute_infer", "compute_output", "step_other")
 # the ensemble's own rows (step ""): time no step holds, then time two steps hold at once

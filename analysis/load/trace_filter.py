@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from analysis import damage
+from analysis.load import damage
 from sidecar.trace.spans import LIVE_ONLY, OK
 
 

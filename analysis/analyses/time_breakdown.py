@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.common import (
+from analysis.analyses.common import (
     DEVICE_KINDS,
     GROUP,
     AnalysisResult,
@@ -21,7 +21,7 @@ from analysis.common import (
     kind_in,
     not_captured,
 )
-from analysis.kernel_rows import KernelRows, kernel_rows
+from analysis.relations.kernel_rows import KernelRows, kernel_rows
 
 TITLE = "Model time breakdown (kernel busy / non-kernel / idle)"
 

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.common import AnalysisResult, Frames, empty_result, not_captured
-from analysis.store_file import RELAY_OFFSET_COLUMNS
+from analysis.analyses.common import AnalysisResult, Frames, empty_result, not_captured
+from analysis.load.store_file import RELAY_OFFSET_COLUMNS
 
 KEY = "stream_responses"
 TITLE = "Streamed responses (time to first response, gaps, responses per request)"

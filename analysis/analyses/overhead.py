@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.common import GROUP, AnalysisResult, Frames, across_traces, empty_result
+from analysis.analyses.common import GROUP, AnalysisResult, Frames, across_traces, empty_result
 
 TITLE = "Profiling overhead per level"
 LEVEL_ORDER = ("model", "layer", "kernel")

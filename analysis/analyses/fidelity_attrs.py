@@ -1,7 +1,7 @@
-"""What one trace's attributes say about the replay's fidelity (`analysis.fidelity`'s rules
+"""What one trace's attributes say about the replay's fidelity (`analysis.analyses.fidelity`'s rules
 per trace): the live compute time the store kept, the server's batch window, the differences
 between the server and the replay. Plain Python over the decoded attributes, no pandas: the
-Parquet export (`analysis.fleet_export`) runs it once per trace."""
+Parquet export (`analysis.fleet.export`) runs it once per trace."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ ADBC's SQLite driver runs one query per table and hands its rows over as Arrow r
 (`COPY ... TO parquet`) or aggregates them. Memory stays that of a few batches, whatever the
 store's size, and the Python interpreter touches no row.
 
-The rows are the ones `analysis.tracedb` loads, by the same rules, written here as SQL that
+The rows are the ones `analysis.load.tracedb` loads, by the same rules, written here as SQL that
 SQLite evaluates while it scans:
 
 - a damaged row (a duration that is NULL, negative or not a number, an end before its start,
@@ -15,8 +15,8 @@ SQLite evaluates while it scans:
 - the CUDA runtime/driver API records (which only place kernels under their layers) are not
   carried, nor the ops a TensorFlow profile found outside every Keras layer;
 - a layer's type is what it fused (`Conv+Relu` from `original_op_types`), else its `op_type`,
-  else its kind (`analysis.common.layer_type`); an attribute value that is not a number where
-  one is expected reads as missing.
+  else its kind (`analysis.load.layer_type`); an attribute value that is not a number
+  where one is expected reads as missing.
 
 ADBC infers each column's Arrow type from the first batch and refuses a later value of
 another type, so every column is given one SQLite type (integers, reals or text) and the
@@ -34,8 +34,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from analysis import damage
-from analysis.store_file import (
+from analysis.load import damage
+from analysis.load.store_file import (
     RELAY_OFFSET_COLUMNS,
     STREAM_RESPONSE_COLUMNS,
     TRACE_IDENTITY,
@@ -44,7 +44,7 @@ from analysis.store_file import (
 )
 
 if TYPE_CHECKING:  # (the export, which imports this module, needs no filter)
-    from analysis.trace_filter import TraceFilter
+    from analysis.load.trace_filter import TraceFilter
 
 BATCH_ROWS = 16_384  # rows per Arrow record batch: a few MB of spans
 PART_ROWS = 200_000  # the export reads a store's spans in parallel parts of at least this many rows
@@ -310,7 +310,7 @@ _RELAY_EXPORT = ",\n".join(
     for k, col in RELAY_OFFSET_COLUMNS.items()
 )
 _NUMBER_TYPES = "('BIGINT', 'UBIGINT', 'DOUBLE')"  # a JSON number (not a boolean)
-# A sampled stream message's responses (`analysis.stream_responses`' rules): whether the
+# A sampled stream message's responses (`analysis.analyses.stream_responses`' rules): whether the
 # request span has a `responses` (not null), the count as a number and the gaps as a list of
 # numbers (empty when absent), each NULL where it is something else.
 _STREAM_EXPORT = f"""
@@ -364,7 +364,7 @@ def select_sql(table: str, source: str, relation: str, extra: str = "") -> str:
 
 
 # --- the single-store report's spans ---------------------------------------------------
-# `analysis.tracedb.load_traces` takes its spans from here: SQLite checks each row (the
+# `analysis.load.tracedb.load_traces` takes its spans from here: SQLite checks each row (the
 # `_bad` reason) and joins a kernel's layer; DuckDB checks the attribute JSON and reads the
 # attributes the analyses use, as typed columns; pandas gets the columns, not the rows.
 
@@ -535,7 +535,7 @@ class SpanBatches:
     def started(cls, path: Path, flt: TraceFilter) -> SpanBatches | None:
         """The report's span reads of `path` under `flt`, started now; None where they cannot
         start (no such store, not a trace store: the loader then says why)."""
-        from analysis import trace_filter
+        from analysis.load import trace_filter
 
         sub, params = trace_filter.selection(flt) or (None, ())
         try:

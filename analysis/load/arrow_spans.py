@@ -19,8 +19,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.kernel_rows import LEVELS, SpanStore
-from analysis.layer_type import fused
+from analysis.load.layer_type import fused
+from analysis.relations.kernel_rows import LEVELS, SpanStore
 
 POSITION = "_pos"  # a row's position among all rows read (the store's `row`)
 

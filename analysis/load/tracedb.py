@@ -1,13 +1,13 @@
 """Load one or more SQLite trace stores, read-only: traces, level statistics and the few
 spans of the other levels as pandas DataFrames, the kernel and layer levels (nearly all of a
-store's spans) in DuckDB (`analysis.kernel_rows.SpanStore`).
+store's spans) in DuckDB (`analysis.relations.kernel_rows.SpanStore`).
 
 Each database is one source (e.g. one pod of a fleet). Every row keeps its `source_db`, and
 `tkey` (an integer unique across all loaded databases) identifies a trace even when two
 databases hold the same trace id. A store's spans are read in batches (SQLite checks the rows,
-DuckDB reads the attributes the analyses use: `analysis.columnar`); of each batch the sound
-kernel and layer rows go to DuckDB as they come (`analysis.arrow_spans`), the rest is cut to
-its sound rows and gathered with each level's rows together (`analysis.level_rows`), so that
+DuckDB reads the attributes the analyses use: `analysis.load.columnar`); of each batch the sound
+kernel and layer rows go to DuckDB as they come (`analysis.load.arrow_spans`), the rest is cut to
+its sound rows and gathered with each level's rows together (`analysis.load.level_rows`), so that
 memory does not grow with the kernel and layer levels.
 """
 
@@ -25,24 +25,28 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from analysis import columnar, damage, sparse_columns
-from analysis.arrow_spans import POSITION, store_plain
-from analysis.damage import BadRow
-from analysis.kernel_rows import JSON_TEXT, SpanStore
-from analysis.kernel_rows import LEVELS as STORE_LEVELS
-from analysis.layer_type import layer_type
-from analysis.level_rows import LevelRows
-from analysis.store_file import RELAY_OFFSET_COLUMNS, STREAM_RESPONSE_COLUMNS, TraceDatabaseError
-from analysis.store_file import connect_ro as _connect_ro
-from analysis.trace_filter import LOADED_SQL, TraceFilter, selection, span_checks, sql_where
-from analysis.trace_filter import parse_since as parse_since  # (re-exported)
+from analysis.load import columnar, damage, sparse_columns
+from analysis.load.arrow_spans import POSITION, store_plain
+from analysis.load.damage import BadRow
+from analysis.load.layer_type import layer_type
+from analysis.load.level_rows import LevelRows
+from analysis.load.store_file import (
+    RELAY_OFFSET_COLUMNS,
+    STREAM_RESPONSE_COLUMNS,
+    TraceDatabaseError,
+)
+from analysis.load.store_file import connect_ro as _connect_ro
+from analysis.load.trace_filter import LOADED_SQL, TraceFilter, selection, span_checks, sql_where
+from analysis.load.trace_filter import parse_since as parse_since  # (re-exported)
+from analysis.relations.kernel_rows import JSON_TEXT, SpanStore
+from analysis.relations.kernel_rows import LEVELS as STORE_LEVELS
 
 # Copy-on-write (pandas 3's default): the analyses derive many frames from the spans
 # (filters, `assign`, `reset_index`); without it each derivation copies every column of a
 # frame of half a million rows, with it only the columns written are copied.
 pd.set_option("mode.copy_on_write", True)
 
-# Span attributes the loader reads beyond numbers and flags (`analysis.columnar`): the graph
+# Span attributes the loader reads beyond numbers and flags (`analysis.load.columnar`): the graph
 # nodes a fused layer computes (ONNX Runtime: Conv+Relu -> one Conv node named after its
 # output) decoded, and the shapes kept as JSON text. Attributes no analysis reads (a kernel's
 # stream, a layer's parent_layer) are not loaded; the timeline export reads its trace whole.
@@ -392,7 +396,7 @@ def _store_spans(
     `into`, typed, with `source_db` and `tkey` and without `span_id` (which only names
     damaged rows). Returns the damaged rows and the ignored
     attribute values. SQLite checks each row and joins a kernel's layer (its parent, or its
-    launch's parent); DuckDB reads the attributes (analysis/columnar.py). The CUDA API
+    launch's parent); DuckDB reads the attributes (analysis/load/columnar.py). The CUDA API
     records themselves (runtime/driver) serve only that join and the timeline export (which
     reads its trace in full), so the bulk load leaves them out."""
     bad: list[BadRow] = []

@@ -15,12 +15,12 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
-from analysis import sparse_columns
-from analysis.group_ids import group_ids
-from analysis.kernel_rows import kernel_rows
-from analysis.once import OncePerKey
-from analysis.store_file import TRACE_IDENTITY
-from analysis.tracedb import TraceData
+from analysis.analyses.group_ids import group_ids
+from analysis.analyses.once import OncePerKey
+from analysis.load import sparse_columns
+from analysis.load.store_file import TRACE_IDENTITY
+from analysis.load.tracedb import TraceData
+from analysis.relations.kernel_rows import kernel_rows
 from sidecar.profiling.stats import TRIM
 from sidecar.trace.spans import LIVE_ONLY
 

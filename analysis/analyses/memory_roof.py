@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.common import GROUP, Frames
+from analysis.analyses.common import GROUP, Frames
 
 DRAM = "DRAM"
 SIZES = "cache_sizes_bytes"
@@ -73,9 +73,9 @@ def memory_roof(
     return DRAM, dram_bytes_per_s
 
 
-# SQL over the relation `layers` (`analysis.kernel_rows`): per layer call, inputs + weights +
-# outputs in bytes, from the estimated bytes of its shapes (NULL where the bytes were measured
-# or not recorded)
+# SQL over the relation `layers` (`analysis.relations.kernel_rows`): per layer call, inputs +
+# weights + outputs in bytes, from the estimated bytes of its shapes (NULL where the bytes were
+# measured or not recorded)
 WORKING_SET = (
     "CASE WHEN COALESCE(bytes_estimated, FALSE) "
     "THEN CAST(dram_read_bytes AS DOUBLE) + CAST(dram_write_bytes AS DOUBLE) END"

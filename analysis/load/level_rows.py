@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import heap, sparse_columns
-from analysis.string_codes import StringCodes
+from analysis.load import heap, sparse_columns
+from analysis.load.string_codes import StringCodes
 
 TRIM_BYTES = 32 << 20  # hand freed pages back after letting go of this many bytes (a trim
 # walks the whole heap: once per column would cost a tenth of a second at 2 M spans)

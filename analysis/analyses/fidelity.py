@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import ensemble_steps
-from analysis.common import AnalysisResult, Frames, empty_result, not_captured
-from analysis.fidelity_attrs import (  # noqa: F401  (the rules per trace, as `fidelity` names them)
+from analysis.analyses import ensemble_steps
+from analysis.analyses.common import AnalysisResult, Frames, empty_result, not_captured
+from analysis.analyses.fidelity_attrs import (  # noqa: F401  (the rules per trace, as `fidelity` names them)
     ONNXRUNTIME_BACKEND,
     PYTHON_BACKEND,
     _attrs,

@@ -9,8 +9,8 @@ container's time spans its children's. A2 lists every call with `container` set 
 enclosing ones; shares, A3-A7 and every sum over layers use the leaves only, so no time is
 counted twice; each result says how many containers it left out.
 
-The layer spans are read in SQL (the relation `layers` of `analysis.kernel_rows`); only the
-per-layer table (one row per model, batch size and call) comes back to pandas.
+The layer spans are read in SQL (the relation `layers` of `analysis.relations.kernel_rows`); only
+the per-layer table (one row per model, batch size and call) comes back to pandas.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import json
 
 import pandas as pd
 
-from analysis.common import GROUP, AnalysisResult, Frames, container_note, empty_result
-from analysis.kernel_rows import KernelRows, kernel_rows
-from analysis.trimmed_sql import across_traces_sql
+from analysis.analyses.common import GROUP, AnalysisResult, Frames, container_note, empty_result
+from analysis.relations.kernel_rows import KernelRows, kernel_rows
+from analysis.relations.trimmed_sql import across_traces_sql
 
 TITLES = {
     "A2": "Layer table",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.store_file import RELAY_OFFSET_COLUMNS, STREAM_RESPONSE_COLUMNS
+from analysis.load.store_file import RELAY_OFFSET_COLUMNS, STREAM_RESPONSE_COLUMNS
 
 LEVEL_ONLY: dict[str, tuple[str, ...]] = {
     "request": (*RELAY_OFFSET_COLUMNS.values(), *STREAM_RESPONSE_COLUMNS),

@@ -6,7 +6,7 @@ latency. Something is memory-bound when its intensity is left of the ridge point
 and `peak_dram_bytes_per_s` (a GPU spec sheet, or the CPU microbenchmark on CPU).
 
 A14 judges each layer against the roof of the memory level that holds its working set where
-its traces recorded cache roofs (`analysis.memory_roof`): a cache-resident layer above the
+its traces recorded cache roofs (`analysis.analyses.memory_roof`): a cache-resident layer above the
 DRAM roof is within its own. "Re-measure the peak" is said only of a layer that beat the
 compute roof with a working set larger than the last-level cache (or, for traces without
 cache roofs, of any layer above the roof, as before).
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.common import (
+from analysis.analyses.common import (
     GROUP,
     AnalysisResult,
     Frames,
@@ -28,9 +28,9 @@ from analysis.common import (
     kind_in,
     not_captured,
 )
-from analysis.kernel_rows import kernel_rows
-from analysis.memory_roof import DRAM, WORKING_SET, cache_roofs, with_memory_roofs
-from analysis.trimmed_sql import across_traces_sql
+from analysis.analyses.memory_roof import DRAM, WORKING_SET, cache_roofs, with_memory_roofs
+from analysis.relations.kernel_rows import kernel_rows
+from analysis.relations.trimmed_sql import across_traces_sql
 
 A9_TITLE = "Kernel roofline"
 A14_TITLE = "Layer roofline"

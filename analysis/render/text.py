@@ -10,11 +10,12 @@ from typing import Any
 
 import pandas as pd
 
-from analysis import damage, jsontext
-from analysis.common import AnalysisResult
-from analysis.damage import BadRow
+from analysis.analyses.common import AnalysisResult
 from analysis.findings import Finding
 from analysis.findings import table as findings_table
+from analysis.load import damage
+from analysis.load.damage import BadRow
+from analysis.render import jsontext
 from sidecar.profiling.gpu.demangle import short_name
 
 MAX_ROWS = 40  # per table in text / Markdown; JSON and CSV carry every row

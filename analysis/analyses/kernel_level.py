@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.common import (
+from analysis.analyses.common import (
     DEVICE_KINDS,
     GROUP,
     KERNEL_TABLE_KINDS,
@@ -22,10 +22,10 @@ from analysis.common import (
     kind_in,
     not_captured,
 )
-from analysis.kernel_rows import kernel_rows
-from analysis.layer_level import layer_frame
-from analysis.roofline import classify
-from analysis.trimmed_sql import across_traces_sql
+from analysis.analyses.layer_level import layer_frame
+from analysis.analyses.roofline import classify
+from analysis.relations.kernel_rows import kernel_rows
+from analysis.relations.trimmed_sql import across_traces_sql
 
 TITLES = {
     "A8": "Kernel table",

@@ -6,17 +6,17 @@ import math
 
 import pandas as pd
 
-from analysis import ensemble_steps
-from analysis.common import GROUP, AnalysisResult, Frames, across_traces, empty_result
-from analysis.kernel_rows import kernel_rows
-from analysis.memory_roof import ROOFS
-from analysis.roofline import (
+from analysis.analyses import ensemble_steps
+from analysis.analyses.common import GROUP, AnalysisResult, Frames, across_traces, empty_result
+from analysis.analyses.memory_roof import ROOFS
+from analysis.analyses.roofline import (
     ROOFLINE_MEASURES,
     above_roof_note,
     classify,
     gpu_run_metrics,
     layer_metrics,
 )
+from analysis.relations.kernel_rows import kernel_rows
 from sidecar.profiling.stats import decide_batch, trimmed_mean_rse
 
 A1_TITLE = "Model throughput and latency per batch size"

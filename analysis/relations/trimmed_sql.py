@@ -1,11 +1,11 @@
-"""`analysis.common.across_traces` in SQL: trimmed means over the traces of each group, run
-by DuckDB over the kernel relation (`analysis.kernel_rows`), so that the per-span values stay
-out of pandas. Only the per-group result comes back as a DataFrame.
+"""`analysis.analyses.common.across_traces` in SQL: trimmed means over the traces of each group, run
+by DuckDB over the kernel relation (`analysis.relations.kernel_rows`), so that the per-span values
+stay out of pandas. Only the per-group result comes back as a DataFrame.
 
 The rules are `across_traces`' (and `sidecar.profiling.stats.trimmed_mean`'s):
 
 - groups by `keys`, numbered (and returned) in the keys' sorted order, a missing key value
-  after every other value of that key (`analysis.group_ids`; strings in code point order,
+  after every other value of that key (`analysis.analyses.group_ids`; strings in code point order,
   which DuckDB's byte order of UTF-8 is);
 - `n_traces`: how many distinct traces (`tkey`) a group's rows come from;
 - per value column: the mean of the group's non-missing values (NULL or NaN) left after
@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.kernel_rows import KernelRows
+from analysis.relations.kernel_rows import KernelRows
 from sidecar.profiling.stats import TRIM
 
 PART_ROWS = 200_000  # rows of the source whose groups' values are held at once (a part's)

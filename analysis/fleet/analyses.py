@@ -1,7 +1,7 @@
 """A fleet's traces as Parquet, and the fleet-level analyses over them in DuckDB SQL.
 
 One SQLite store per pod is right for a pod; a fleet of hundreds is analysed columnar:
-`export_parquet` (`analysis.fleet_export`) writes each store's rows as Parquet under
+`export_parquet` (`analysis.fleet.export`) writes each store's rows as Parquet under
 `DIR/{traces,spans,level_stats}/`, each trace with its fidelity fields (`FIDELITY_COLUMNS`),
 each stream message's request span with its responses (`STREAM_COLUMNS`). `fleet_tables` runs
 the per-model analyses over `DIR` with DuckDB in process: traces per model, model latency per
@@ -19,18 +19,8 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from analysis import columnar, fidelity, stream_responses
-from analysis.fleet_export import (  # noqa: F401  (the export, as `fleet` names it)
-    FIDELITY_COLUMNS,
-    ROW_GROUP_ROWS,
-    STREAM_COLUMNS,
-    TABLES,
-    ExportCounts,
-    export_parquet,
-    fidelity_fields,
-    quote,
-)
-from analysis.live import (
+from analysis.analyses import fidelity, stream_responses
+from analysis.analyses.live import (
     BACKEND_PHASES,
     OVERLAP_TOLERANCE,
     PERCENTILES,
@@ -40,8 +30,19 @@ from analysis.live import (
     RESPONSE_START,
     TF_OP_KIND,
 )
-from analysis.store_file import RELAY_OFFSET_COLUMNS
-from analysis.trace_filter import LOADED_SQL
+from analysis.fleet.export import (  # noqa: F401  (the export, as `fleet` names it)
+    FIDELITY_COLUMNS,
+    ROW_GROUP_ROWS,
+    STREAM_COLUMNS,
+    TABLES,
+    ExportCounts,
+    export_parquet,
+    fidelity_fields,
+    quote,
+)
+from analysis.load import columnar
+from analysis.load.store_file import RELAY_OFFSET_COLUMNS
+from analysis.load.trace_filter import LOADED_SQL
 from sidecar.profiling.stats import TRIM
 
 TRACE_COLUMNS = columnar.TRACE_COLUMNS
@@ -187,8 +188,8 @@ _PHASE_SUMS = ", ".join(
 _PHASE_ANY = " OR ".join(f"{p} IS NOT NULL" for p in BACKEND_PHASES)
 _PHASE_TOTAL = " + ".join(f"coalesce({p}, 0)" for p in BACKEND_PHASES)
 _TOL = PLACEMENT_TOLERANCE_NS
-# The rules of analysis.live.request_phases: backend spans placed in the request's window at
-# the relay (cut at the response's first byte, else at its end), traces whose spans cannot be
+# The rules of analysis.analyses.live.request_phases: backend spans placed in the request's window
+# at the relay (cut at the response's first byte, else at its end), traces whose spans cannot be
 # placed left out.
 _LIVE = f"""
 WITH requests AS (
@@ -242,7 +243,7 @@ SELECT model, phase, count(*) AS requests, avg(ns) / 1e6 AS mean_ms,
 FROM long WHERE ns IS NOT NULL AND NOT isnan(ns) GROUP BY model, phase
 """
 
-# The rules of `analysis.fidelity`: per sampled trace the live compute time (the store's
+# The rules of `analysis.analyses.fidelity`: per sampled trace the live compute time (the store's
 # `fidelity` attribute, else, for traces stored before it, the backend's spans: the sum of
 # `compute_infer`, else the `tf_op` envelope) and the replay's model time; per model and batch
 # size the quantiles of their ratio over the live samples, the ratio at the batch the server
@@ -345,7 +346,7 @@ def _quantiles(name: str) -> str:
     return ", ".join(f"q_{name}[{i + 1}] AS {name}_p{p}" for i, p in enumerate(_P))
 
 
-# The rules of `analysis.stream_responses`: per model over the sampled stream messages'
+# The rules of `analysis.analyses.stream_responses`: per model over the sampled stream messages'
 # request spans, linear percentiles of responses per request, time to the first response,
 # the gaps (pooled) and latency, and the median share of latency before the first response.
 _STREAM = f"""
@@ -422,7 +423,7 @@ NOTES = "notes"  # a table's `attrs`: what its numbers leave out or mean
 
 def _fidelity(groups: pd.DataFrame, counts: pd.DataFrame) -> pd.DataFrame:
     """The fidelity table from `_FIDELITY`'s rows (verdict and differences worded by
-    `analysis.fidelity`), its notes and, without rows, why (`_FIDELITY_COUNTS`)."""
+    `analysis.analyses.fidelity`), its notes and, without rows, why (`_FIDELITY_COUNTS`)."""
     rows = []
     for g in groups.itertuples(index=False):
         ok = pd.DataFrame({"server_batch_sizes": [list(g.server_batch_sizes)],

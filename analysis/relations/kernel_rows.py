@@ -68,13 +68,13 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from analysis.layer_type import layer_type
+from analysis.load.layer_type import layer_type
 
 T = TypeVar("T")
 
 
 class SpanFrames(Protocol):
-    """What `kernel_rows` needs of an `analysis.common.Frames` (not imported: common
+    """What `kernel_rows` needs of an `analysis.analyses.common.Frames` (not imported: common
     imports this module)."""
 
     @property

@@ -1,13 +1,13 @@
 """A trace store's rows as Parquet (`report.py export-parquet`), for the fleet report.
 
-`export_parquet` writes each store's rows (as `analysis.tracedb` loads them, so damaged rows
+`export_parquet` writes each store's rows (as `analysis.load.tracedb` loads them, so damaged rows
 are left out the same way, layer types are resolved the same way, and the CUDA runtime/driver
 API records, which only place kernels under their layers, are not carried) to
 `DIR/{traces,spans,level_stats}/NNNN-<db>.parquet`, files that DuckDB, Spark or Trino read as
 they are; each trace carries its fidelity fields (`FIDELITY_COLUMNS`, from its attributes by
-`analysis.fidelity`'s rules), each stream message's request span its responses
+`analysis.analyses.fidelity`'s rules), each stream message's request span its responses
 (`STREAM_COLUMNS`). SQLite's rows reach DuckDB's Parquet writer as Arrow record batches
-(`analysis.columnar`); no Python runs per span, and the command starts without pandas and the
+(`analysis.load.columnar`); no Python runs per span, and the command starts without pandas and the
 analyses (`main`: `report.py` hands `export-parquet` over before it imports them).
 """
 
@@ -27,8 +27,9 @@ from pathlib import Path
 
 import duckdb
 
-from analysis import columnar, fidelity_attrs
-from analysis.store_file import TraceDatabaseError
+from analysis.analyses import fidelity_attrs
+from analysis.load import columnar
+from analysis.load.store_file import TraceDatabaseError
 
 TABLES = ("traces", "spans", "level_stats")
 DESCRIPTION = (
@@ -74,7 +75,7 @@ def export_parquet(
 ) -> ExportCounts:
     """Write every trace of each store (failed profiles included, `status` says so) as
     Parquet under `out`; returns the rows written. Streams: SQLite's rows reach DuckDB's
-    Parquet writer as Arrow record batches (`analysis.columnar`), a few at a time, in
+    Parquet writer as Arrow record batches (`analysis.load.columnar`), a few at a time, in
     `threads` (default: one per core) readers at once, over stores and parts of a large
     store's spans (each part its own file)."""
     for table in TABLES:

@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import damage, ensemble_steps
-from analysis.common import AnalysisResult
-from analysis.render_text import (
+from analysis.analyses import ensemble_steps
+from analysis.analyses.common import AnalysisResult
+from analysis.load import damage
+from analysis.render.text import (
     Front,
     fmt_value,
     for_display,

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.common import AnalysisResult, Frames, across_traces
-from analysis.kernel_rows import kernel_rows
-from analysis.layer_level import across_layers
-from analysis.tracedb import TraceData
+from analysis.analyses.common import AnalysisResult, Frames, across_traces
+from analysis.analyses.layer_level import across_layers
+from analysis.load.tracedb import TraceData
+from analysis.relations.kernel_rows import kernel_rows
 
 TITLE = "Comparison of two trace sets"
 SELECTOR_KEYS = {
