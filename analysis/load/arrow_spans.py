@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.load.layer_type import fused
-from analysis.relations.kernel_rows import LEVELS, SpanStore
+from analysis.load.span_store import LEVELS, SpanStore
 
 POSITION = "_pos"  # a row's position among all rows read (the store's `row`)
 

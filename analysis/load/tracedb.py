@@ -1,6 +1,6 @@
 """Load one or more SQLite trace stores, read-only: traces, level statistics and the few
 spans of the other levels as pandas DataFrames, the kernel and layer levels (nearly all of a
-store's spans) in DuckDB (`analysis.relations.kernel_rows.SpanStore`).
+store's spans) in DuckDB (`analysis.load.span_store.SpanStore`).
 
 Each database is one source (e.g. one pod of a fleet). Every row keeps its `source_db`, and
 `tkey` (an integer unique across all loaded databases) identifies a trace even when two
@@ -30,6 +30,8 @@ from analysis.load.arrow_spans import POSITION, store_plain
 from analysis.load.damage import BadRow
 from analysis.load.layer_type import layer_type
 from analysis.load.level_rows import LevelRows
+from analysis.load.span_store import JSON_TEXT, SpanStore
+from analysis.load.span_store import LEVELS as STORE_LEVELS
 from analysis.load.store_file import (
     RELAY_OFFSET_COLUMNS,
     STREAM_RESPONSE_COLUMNS,
@@ -38,8 +40,6 @@ from analysis.load.store_file import (
 from analysis.load.store_file import connect_ro as _connect_ro
 from analysis.load.trace_filter import LOADED_SQL, TraceFilter, selection, span_checks, sql_where
 from analysis.load.trace_filter import parse_since as parse_since  # (re-exported)
-from analysis.relations.kernel_rows import JSON_TEXT, SpanStore
-from analysis.relations.kernel_rows import LEVELS as STORE_LEVELS
 
 # Copy-on-write (pandas 3's default): the analyses derive many frames from the spans
 # (filters, `assign`, `reset_index`); without it each derivation copies every column of a
@@ -84,7 +84,7 @@ class TraceData:
     skipped_errors: int = 0  # traces left out because their profile failed
     bad_rows: list[BadRow] = field(default_factory=list)  # damaged rows left out (named)
     failed_reasons: dict[str, int] = field(default_factory=dict)  # error -> failed traces
-    # the kernel- and layer-level spans (`kernel_rows.LEVELS`), not held in `spans`
+    # the kernel- and layer-level spans (`span_store.LEVELS`), not held in `spans`
     store: SpanStore | None = None
 
     def span_store(self) -> SpanStore:

@@ -13,8 +13,9 @@ import pyarrow as pa
 
 from analysis.analyses.common import Frames
 from analysis.load.arrow_spans import POSITION, store_plain
+from analysis.load.span_store import SpanStore
 from analysis.load.tracedb import TraceData, load_traces
-from analysis.relations.kernel_rows import COLUMNS, LAYER_COLUMNS, SpanStore, kernel_rows
+from analysis.relations.kernel_rows import COLUMNS, LAYER_COLUMNS, kernel_rows
 from tests.analysis.helpers import CPU_DB, GPU_DB
 
 
