@@ -14,14 +14,19 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# Run as a script, Python puts analysis/ itself first on sys.path, where its module names
-# (timeline, compare, ...) would shadow other packages' modules: drop it, find the package.
-if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-try:
-    import analysis
-except ImportError:  # not installed: use the checkout this script lives in
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# Run by its path (`python analysis/report.py`), this file belongs to no package, and Python
+# puts analysis/ itself on sys.path, not the folder that holds it. Import the package this file
+# sits in, from there (not another `analysis` the environment may hold), under its own name,
+# so that `import analysis.x` finds its modules; sys.path stays as it is.
+if __name__ == "__main__" and not __package__ and "analysis" not in sys.modules:
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "analysis", Path(__file__).resolve().with_name("__init__.py")
+    )
+    assert _spec is not None and _spec.loader is not None
+    sys.modules["analysis"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["analysis"])
 
 if __name__ == "__main__" and sys.argv[1:2] == ["export-parquet"]:
     # the export needs neither pandas nor the analyses: start without them (0.3 s)
