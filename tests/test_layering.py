@@ -53,15 +53,18 @@ ALLOWED: dict[str, set[str]] = {
     "sidecar.__main__": units("cli"),
     # analysis/: the stages of the offline report, bottom to top (SQLite -> Arrow -> DuckDB)
     "analysis": set(),
-    "analysis.load": units("trace"),
-    "analysis.relations": stages("load") | units("profiling"),
+    "analysis.tuning": set(),  # the measured constants, each with its bench, under every stage
+    "analysis.load": stages("tuning") | units("trace"),
+    "analysis.relations": stages("tuning", "load") | units("profiling"),
     "analysis.analyses": stages("load", "relations") | units("profiling", "trace"),
     "analysis.findings": stages("load", "analyses") | units("profiling"),
     "analysis.render": stages("load", "analyses", "findings") | units("profiling"),
     "analysis.fleet": stages("load", "analyses") | units("profiling"),
     "analysis.keys": set(),
     "analysis._extra": set(),
-    "analysis.trace_analysis": stages("load", "relations", "analyses", "findings", "keys"),
+    "analysis.trace_analysis": stages(
+        "tuning", "load", "relations", "analyses", "findings", "keys"
+    ),
     "analysis.report": stages(
         "_extra", "keys", "load", "analyses", "findings", "render", "fleet", "trace_analysis"
     ),

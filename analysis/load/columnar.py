@@ -42,14 +42,12 @@ from analysis.load.store_file import (
     TraceDatabaseError,
     connect_ro,
 )
+from analysis.tuning import BATCH_ROWS, EXPORT_PART_ROWS, REPORT_BATCH_ROWS
 
 if TYPE_CHECKING:  # (the export, which imports this module, needs no filter)
     from analysis.load.trace_filter import TraceFilter
 
-BATCH_ROWS = 16_384  # rows per Arrow record batch: a few MB of spans
-PART_ROWS = 200_000  # the export reads a store's spans in parallel parts of at least this many rows
 BUSY_TIMEOUT_MS = 10_000  # how long a batch reader waits for a lock on the store
-REPORT_BATCH_ROWS = 50_000  # the report reads a store's spans in batches of this many rowids
 
 TRACE_COLUMNS = (*TRACE_IDENTITY, "status", "created_ns", "sample_reason")
 # the traces' columns as SQLite hands them over (attributes as JSON text)
@@ -279,13 +277,13 @@ def _rowid_bounds(db: str | Path) -> tuple[int | None, int | None]:
 
 
 def span_ranges(db: str | Path, parts: int) -> list[tuple[int, int] | None]:
-    """The spans table cut into up to `parts` rowid ranges of about `PART_ROWS` rows or more,
+    """The spans table cut into up to `parts` rowid ranges of about `EXPORT_PART_ROWS` rows or more,
     which separate readers scan at once (`[None]`: one reader for all). The rows are counted
     by their rowid range (two lookups; pruned traces' gaps count as rows), not by a scan."""
     low, high = _rowid_bounds(db)
     if low is None or high is None:
         return [None]
-    parts = min(parts, (high - low + 1) // PART_ROWS)
+    parts = min(parts, (high - low + 1) // EXPORT_PART_ROWS)
     if parts <= 1:
         return [None]
     step = (high - low + parts) // parts

@@ -24,9 +24,8 @@ import pandas as pd
 
 from analysis.load import heap, sparse_columns
 from analysis.load.string_codes import StringCodes
+from analysis.tuning import TRIM_BYTES
 
-TRIM_BYTES = 32 << 20  # hand freed pages back after letting go of this many bytes (a trim
-# walks the whole heap: once per column would cost a tenth of a second at 2 M spans)
 Piece = dict[str, np.ndarray]  # one level's rows of one batch: its columns, and "" its labels
 
 

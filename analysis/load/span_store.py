@@ -2,9 +2,10 @@
 
 The kernel and layer levels are nearly all of a store's spans. The loader does not hold them
 as a pandas frame: it hands each batch's rows of those levels to `SpanStore`, a DuckDB
-database in memory up to `MEMORY_LIMIT`, past which it writes to a temporary folder, so
-that the report's memory does not grow with the store. The relations the analyses read
-(`analysis.relations.kernel_rows`) are tables of the store's second database (`RELATIONS`).
+database in memory up to `MEMORY_LIMIT` (`analysis.tuning`), past which it writes to a
+temporary folder, so that the report's memory does not grow with the store. The relations
+the analyses read (`analysis.relations.kernel_rows`) are tables of the store's second
+database (`RELATIONS`).
 """
 
 from __future__ import annotations
@@ -21,14 +22,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.load.layer_type import layer_type
+from analysis.tuning import INSERT_ROWS, MEMORY_LIMIT, THREADS
 
-# what `SpanStore.add_arrow` inserts at once: a DuckDB row group of kernels (their strings
-# short, their numbers many: a fifth of the insert's time then); layers as they come (their
-# text columns would hold 0.1 GB more at 8 M spans while they wait)
-INSERT_ROWS = {"kernel": 122_880, "layer": 1}
-MEMORY_LIMIT = "128MB"  # DuckDB's memory for the spans; past it, a temporary folder
-# one thread: its sorts and joins then fit the limit (two ran out of it at 8 M spans)
-THREADS = 1
 LEVELS = ("kernel", "layer")  # the levels held here, not in `TraceData.spans`
 CATALOG = "spans"  # the database the spans are in
 # the database of the relations (a schema per `KernelRows`): in memory, not compressed (as

@@ -40,6 +40,7 @@ from analysis.load.store_file import (
 from analysis.load.store_file import connect_ro as _connect_ro
 from analysis.load.trace_filter import LOADED_SQL, TraceFilter, selection, span_checks, sql_where
 from analysis.load.trace_filter import parse_since as parse_since  # (re-exported)
+from analysis.tuning import REST_ROWS
 
 # Copy-on-write (pandas 3's default): the analyses derive many frames from the spans
 # (filters, `assign`, `reset_index`); without it each derivation copies every column of a
@@ -51,9 +52,6 @@ pd.set_option("mode.copy_on_write", True)
 # output) decoded, and the shapes kept as JSON text. Attributes no analysis reads (a kernel's
 # stream, a layer's parent_layer) are not loaded; the timeline export reads its trace whole.
 _LAYER_JSON = ("input_shapes", "output_shapes")
-# the spans the loader takes the pandas way gathered to at least this many rows at a time
-# (`_rest`): a live store's request spans, say, stay in batches of about this size
-REST_ROWS = 50_000
 _LAYER_LISTS = ("original_nodes", "original_op_types")
 # The spans' string columns, held as categoricals (sorted categories): a few thousand
 # distinct strings over millions of rows (`LevelRows`, `string_codes.StringCodes`). The

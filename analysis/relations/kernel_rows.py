@@ -64,6 +64,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.load.span_store import RELATIONS, STORED, SpanStore
+from analysis.tuning import PARALLEL_SPANS
 
 T = TypeVar("T")
 
@@ -81,13 +82,6 @@ class SpanFrames(Protocol):
     def memo(self, key: str, build: Callable[[], T]) -> T: ...
 
 
-# queries run over the spans at once (`workers`: the report's analyses); where two at once
-# run out of DuckDB's memory, what failed runs again alone
-PARALLEL_WORKERS = 2
-# `KernelRows.of` makes `layers` and `kernels` at once where the spans held are at most this
-# many, else one after the other: at once they fit the memory limit at 1.26 M spans, not at
-# 2 M (if they do not all the same, longer rows say, they are made again one after the other)
-PARALLEL_SPANS = 1_000_000
 _SCHEMAS = itertools.count(1)  # numbers the schemas of `KernelRows.of`
 COLUMNS = ("row", "tkey", "model", "batch_size", "run_level", "layer", "layer_type", "idx",
            "name", "kind", "start_ns", "end_ns", "duration_ns", "flops", "dram_read_bytes",

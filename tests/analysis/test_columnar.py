@@ -48,7 +48,7 @@ def test_a_large_stores_spans_are_read_in_parts_with_the_sameparquet_rows(
 ) -> None:
     whole = tmp_path / "whole"
     fleet.export_parquet([GPU_DB], whole, threads=1)
-    monkeypatch.setattr(columnar, "PART_ROWS", 100)
+    monkeypatch.setattr(columnar, "EXPORT_PART_ROWS", 100)
     parts = tmp_path / "parts"
     counts = fleet.export_parquet([GPU_DB], parts, threads=3)
     assert len(list((parts / "spans").glob("*.parquet"))) == 3

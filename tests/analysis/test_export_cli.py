@@ -33,7 +33,7 @@ def test_the_export_module_imports_neither_pandas_nor_the_analyses() -> None:
     assert {m for m in loaded if m.startswith("analysis.")} == {
         "analysis.load", "analysis.load.columnar", "analysis.load.damage",
         "analysis.load.store_file", "analysis.analyses", "analysis.analyses.fidelity_attrs",
-        "analysis.fleet", "analysis.fleet.export",
+        "analysis.fleet", "analysis.fleet.export", "analysis.tuning",
     }  # fmt: skip
 
 
