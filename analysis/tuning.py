@@ -58,11 +58,6 @@ INSERT_ROWS = {"kernel": 122_880, "layer": 1}
 # queries at a time": after the load, prefetch + findings 0.80-0.87 s one at a time,
 # 0.47-0.53 s two at a time.
 PARALLEL_WORKERS = 2
-# `KernelRows.of` makes `layers` and `kernels` at once (two connections) where the spans held
-# are at most this many, else one after the other; where at once runs out of memory all the
-# same, they are made again one after the other. Same section: 0.11 s instead of 0.15 s at
-# 486 k; at once ran out of 128 MB at 3.17 M spans.
-PARALLEL_SPANS = 1_000_000
 # After the analyses that read no span SQL, the slowest first, so that the last to finish is a
 # short one. Same section: A8, A9, A14, A2, A11 and time_breakdown take 0.06-0.15 s each at
 # 486 k; in this order, 0.47 s for them all instead of 0.52 s.

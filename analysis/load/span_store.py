@@ -159,10 +159,6 @@ class SpanStore:
         keys = ", ".join(str(k) for k in sorted(self.tkeys)) or "NULL"
         return f"(SELECT * FROM {name} WHERE tkey IN ({keys}))"
 
-    def held(self) -> int:
-        """The spans held, every level's."""
-        return sum(self.count(level) for level in LEVELS)
-
     def count(self, level: str) -> int:
         """The spans of `level` held (from any thread: on a connection of its own; the
         store's own refuses a second caller while it is busy)."""

@@ -56,7 +56,6 @@ import itertools
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Protocol, TypeVar
 
 import duckdb
@@ -64,7 +63,6 @@ import numpy as np
 import pandas as pd
 
 from analysis.load.span_store import RELATIONS, STORED, SpanStore
-from analysis.tuning import PARALLEL_SPANS
 
 T = TypeVar("T")
 
@@ -249,17 +247,8 @@ class KernelRows:
             LEFT JOIN types t ON t.tkey = k.tkey AND t.name = coalesce(mv.call, k.layer)
             LEFT JOIN _meta m ON m.tkey = k.tkey
             """
-        made = False
-        if store.held() <= PARALLEL_SPANS:  # `layers` and `kernels` at once, two connections
-            try:
-                _at_once(con, schema, frame, layers_sql, kernels_sql)
-                made = True
-            except duckdb.OutOfMemoryException:  # (the two did not fit DuckDB's memory)
-                for name in (layers, kernels):
-                    con.execute(f"DROP TABLE IF EXISTS {name}")
-        if not made:  # one after the other
-            con.execute(layers_sql)
-            con.execute(kernels_sql)
+        con.execute(layers_sql)
+        con.execute(kernels_sql)
         con.unregister("_meta")
         return cls(con, schema)
 
@@ -285,26 +274,6 @@ class KernelRows:
 
     def unregister(self, name: str) -> None:
         self._cursor().unregister(name)
-
-
-def _at_once(
-    con: duckdb.DuckDBPyConnection, schema: str, meta: pd.DataFrame, first: str, second: str
-) -> None:
-    """`first` run on `con` while `second` runs on another connection to the relations'
-    schema (with its own `_meta`); raises what either raised once both are done."""
-    other = con.cursor()
-    try:
-        other.execute(f"USE {RELATIONS}.{schema}")
-        other.register("_meta", meta)
-        with ThreadPoolExecutor(1) as pool:
-            made = pool.submit(other.execute, second)
-            try:
-                con.execute(first)
-            finally:
-                wait([made])
-            made.result()
-    finally:
-        other.close()
 
 
 def kernel_rows(fr: SpanFrames) -> KernelRows:
