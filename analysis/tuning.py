@@ -3,7 +3,8 @@ bench that set it (`docs/benchmarks.md`, the section named) and what it measured
 
 The numbers are this project's 2-vCPU VM's at 486 k spans (`python bench/report_speed.py --db
 STORE --format json`, STORE from `--traces 1000 --keep STORE`) unless a line says otherwise; a
-change here is a change to measure the same way, alternated with main in the same minutes.
+change here is a change to measure the same way, alternated with main in the same minutes
+(`--against MAIN_CHECKOUT --repeat N`).
 Nothing here changes what a report says, only how fast and in how much memory (the goldens in
 `tests/data/golden/` hold the output).
 """
@@ -13,9 +14,9 @@ from __future__ import annotations
 # -- reading a store (`load/columnar.py`) -----------------------------------------------------
 
 # Rows per Arrow record batch from ADBC's SQLite driver. "`export-parquet` at the speed of the
-# data, fifth pass": the whole export at 2 M spans,
-# 2,048 rows 3.69-3.87 s CPU and 0.19 GB, 16,384 3.82-3.93 s and 0.23 GB, 65,536 3.86-4.05 s
-# and 0.34 GB: CPU the same within noise, memory grows past this.
+# data, fifth pass": the whole export at 2 M spans, 2,048 rows 3.69-3.87 s CPU and 0.19 GB,
+# 16,384 3.82-3.93 s and 0.23 GB, 65,536 3.86-4.05 s and 0.34 GB: CPU the same within noise,
+# memory grows past this.
 BATCH_ROWS = 16_384
 # The export reads a store's spans in parallel rowid ranges of at least this many rows, one
 # reader per core; a store under this is one part (a part costs a reader's start). Set with
