@@ -384,23 +384,48 @@ def profiler_overhead(results: Results, data: TraceData) -> list[Finding]:
 
 def live_queue(results: Results, data: TraceData) -> list[Finding]:
     """Live requests wait in the backend's queue for a large share of their latency."""
+    return _live_phase(
+        results,
+        "live_queue",
+        ("queue",),
+        QUEUE_SHARE,
+        lambda row: (
+            f"{row.model}: live requests spend {_pct(row.share_of_client)} of their "
+            "latency waiting in the backend's queue",
+            f" of the client's latency, over {row.requests} sampled requests",
+            "add model instances (Triton instance_group count) or enable dynamic "
+            "batching so that queued requests are served together",
+        ),
+    )
+
+
+def _live_phase(
+    results: Results,
+    rule: str,
+    phases: tuple[str, ...],
+    share: float,
+    words: Callable[[Any], tuple[str, str, str]],
+) -> list[Finding]:
+    """A finding per whole-request row of live_breakdown whose phase is one of `phases` and
+    takes at least `share` of the client's latency. `words(row)`: its finding, its evidence
+    after the phase's mean and p90 (`live_breakdown: queue 1 ms mean (p90 2 ms)`), and its
+    advice."""
     lb = results("live_breakdown")
     if not lb.ok:
         return []
-    out = []
     whole = _whole_requests(lb.table)
-    queue = whole[(whole["phase"] == "queue") & (whole["share_of_client"] >= QUEUE_SHARE)]
-    for row in queue.itertuples(index=False):
+    rows = whole[whole["phase"].isin(phases) & (whole["share_of_client"] >= share)]
+    out = []
+    for row in rows.itertuples(index=False):
+        finding, evidence, advice = words(row)
         out.append(
             Finding(
-                "live_queue",
+                rule,
                 str(row.model),
-                f"{row.model}: live requests spend {_pct(row.share_of_client)} of their "
-                "latency waiting in the backend's queue",
-                f"live_breakdown: queue {row.mean_ms:.3g} ms mean (p90 {row.p90_ms:.3g} ms) of "
-                f"the client's latency, over {row.requests} sampled requests",
-                "add model instances (Triton instance_group count) or enable dynamic "
-                "batching so that queued requests are served together",
+                finding,
+                f"live_breakdown: {row.phase} {row.mean_ms:.3g} ms mean (p90 {row.p90_ms:.3g} "
+                f"ms){evidence}",
+                advice,
                 ("live_breakdown",),
             )
         )
@@ -433,38 +458,42 @@ def _replayed_steps(results: Results) -> dict[str, str]:
 
 def dominant_step(results: Results, data: TraceData) -> list[Finding]:
     """The step of an ensemble that takes most of its steps' time (live, from Triton's spans;
-    its replayed steps' latencies beside, where A1 has them)."""
+    its replayed steps' latencies beside, where A1 has them). A step's time is its phases'
+    medians (p50) summed: one slow request (a cold first one, say) cannot pick the step."""
     lb = results("live_breakdown")
     if not lb.ok:
         return []
     replayed = _replayed_steps(results)
+    whole = _whole_requests(lb.table)
+    client = whole[whole["phase"] == "client_total"].set_index("model")["p50_ms"]
     out = []
     for model, grp in _step_rows(lb.table).groupby("model", sort=True, observed=True):
-        per_step = grp.groupby("step", sort=True)[["mean_ms", "share_of_client"]].sum()
-        total = float(per_step["mean_ms"].sum())
+        per_step = grp.groupby("step", sort=True)["p50_ms"].sum()
+        total = float(per_step.sum())
         if total <= 0:
             continue
-        top = per_step["mean_ms"].idxmax()
-        share = float(per_step.at[top, "mean_ms"]) / total
+        top = per_step.idxmax()
+        share = float(per_step[top]) / total
         if share < DOMINANT_STEP_SHARE:
             continue
         rows = grp[grp["step"] == top].set_index("phase")
-        phase = str(rows["mean_ms"].idxmax())
+        phase = str(rows["p50_ms"].idxmax())
         name = str(top).split(". ", 1)[-1]
         others = ", ".join(
             f"{str(s).split('. ', 1)[-1]} {float(v):.3g} ms"
-            for s, v in per_step["mean_ms"].items()
+            for s, v in per_step.items()
             if s != top
         )
+        of_client = float(per_step[top]) / float(client.get(model, float("nan")))
         out.append(
             Finding(
                 "dominant_step",
                 str(model),
                 f"{model}: step {name} takes {_pct(share)} of the ensemble's step time "
-                f"({_pct(float(per_step.at[top, 'share_of_client']))} of the client's latency)",
-                f"live_breakdown: step {top} {float(per_step.at[top, 'mean_ms']):.3g} ms mean, "
-                f"most of it {phase} ({float(rows.at[phase, 'mean_ms']):.3g} ms); other steps: "
-                f"{others or 'none'}; from Triton's spans; "
+                f"({_pct(of_client)} of the client's median latency), by median",
+                f"live_breakdown: step {top} {float(per_step[top]):.3g} ms (its phases' p50s "
+                f"summed), most of it {phase} ({float(rows.at[phase, 'p50_ms']):.3g} ms p50); "
+                f"other steps: {others or 'none'}; from Triton's spans; "
                 + replayed.get(str(model), "no replay of the steps"),
                 f"profile {name} itself (its own traces, or a replay of it) and speed it up "
                 "first; the other steps cannot shorten the pipeline as much",
@@ -476,64 +505,44 @@ def dominant_step(results: Results, data: TraceData) -> list[Finding]:
 
 def between_steps(results: Results, data: TraceData) -> list[Finding]:
     """An ensemble whose requests spend a large share of their latency outside every step."""
-    lb = results("live_breakdown")
-    if not lb.ok or "step" not in lb.table.columns:
-        return []
-    t = lb.table
-    own = t[(t["step"] == "") & t["phase"].isin(["between_steps", "ensemble_overhead"])]
-    out = []
-    for row in own[own["share_of_client"] >= BETWEEN_STEPS_SHARE].itertuples(index=False):
-        where = (
-            "between its steps (the scheduler handing one step's outputs to the next)"
-            if row.phase == "between_steps"
-            else "in the ensemble itself, before its first step or after its last"
-        )
-        out.append(
-            Finding(
-                "between_steps",
-                str(row.model),
-                f"{row.model}: live requests spend {_pct(row.share_of_client)} of their "
-                f"latency {where}",
-                f"live_breakdown: {row.phase} {row.mean_ms:.3g} ms mean (p90 {row.p90_ms:.3g} "
-                f"ms) over {row.requests} sampled requests; threshold "
-                f"{_pct(BETWEEN_STEPS_SHARE)} of the client's latency",
-                "look for tensor copies between steps (GPU and CPU memory, or outputs a step "
-                "does not need), or fuse small steps into one model",
-                ("live_breakdown",),
-            )
-        )
-    return out
+    return _live_phase(
+        results,
+        "between_steps",
+        ("between_steps", "ensemble_overhead"),
+        BETWEEN_STEPS_SHARE,
+        lambda row: (
+            f"{row.model}: live requests spend {_pct(row.share_of_client)} of their latency "
+            + (
+                "between its steps (the scheduler handing one step's outputs to the next)"
+                if row.phase == "between_steps"
+                else "in the ensemble itself, before its first step or after its last"
+            ),
+            f" over {row.requests} sampled requests; threshold "
+            f"{_pct(BETWEEN_STEPS_SHARE)} of the client's latency",
+            "look for tensor copies between steps (GPU and CPU memory, or outputs a step "
+            "does not need), or fuse small steps into one model",
+        ),
+    )
 
 
 def post_response_work(results: Results, data: TraceData) -> list[Finding]:
     """The backend goes on working after the response left: the instance stays busy, so the
     next request waits although the client already has its answer."""
-    lb = results("live_breakdown")
-    if not lb.ok:
-        return []
-    t = lb.table
-    rows = t[
-        (t["phase"] == "server_after_response") & (t["share_of_client"] >= AFTER_RESPONSE_SHARE)
-    ]
-    out = []
-    for row in rows.itertuples(index=False):
-        out.append(
-            Finding(
-                "post_response_work",
-                str(row.model),
-                f"{row.model}: the backend works {row.mean_ms:.3g} ms per request after the "
-                f"response left ({_pct(row.share_of_client)} of the client's latency), holding "
-                "its instance busy after the answer",
-                f"live_breakdown: server_after_response {row.mean_ms:.3g} ms mean (p90 "
-                f"{row.p90_ms:.3g} ms) over {row.requests} sampled requests, placed on the "
-                "relay's clock",
-                "move cleanup out of the request (a Python backend's per-request teardown, "
-                "large output copies released late) or add instances so the next request "
-                "need not wait for it",
-                ("live_breakdown",),
-            )
-        )
-    return out
+    return _live_phase(
+        results,
+        "post_response_work",
+        ("server_after_response",),
+        AFTER_RESPONSE_SHARE,
+        lambda row: (
+            f"{row.model}: the backend works {row.mean_ms:.3g} ms per request after the "
+            f"response left ({_pct(row.share_of_client)} of the client's latency), holding "
+            "its instance busy after the answer",
+            f" over {row.requests} sampled requests, placed on the relay's clock",
+            "move cleanup out of the request (a Python backend's per-request teardown, "
+            "large output copies released late) or add instances so the next request "
+            "need not wait for it",
+        ),
+    )
 
 
 def stream_first_response(results: Results, data: TraceData) -> list[Finding]:

@@ -34,6 +34,7 @@ from analysis.analyses.common import Frames
 from analysis.analyses.ensemble_steps import step_fidelity
 from analysis.load.trace_filter import TraceFilter
 from analysis.load.tracedb import load_traces
+from sidecar.backends.model_repository import find_model
 from sidecar.profiling.experiment import run_experiment
 from sidecar.profiling.runners.select import runner_for
 from sidecar.trace.spans import Level
@@ -57,19 +58,25 @@ INPUTS = {
 
 def offline(repo: Path, iterations: int, warmup: int) -> None:
     print(f"offline, {iterations} timed runs per level after {warmup} warm-up")
-    print(f"{'model.py of':<12} {'M us':>9} {'L us':>9} {'L/M':>6}  L spans per execute")
+    print(
+        f"{'model.py of':<12} {'M us':>9} {'L us':>9} {'L/M':>6} {'K us':>9} {'K/M':>6}  "
+        "K spans (ONNX Runtime nodes below a call)  L spans per execute"
+    )
     for model, inputs in INPUTS.items():
         if model == "ens_cnn":
             continue  # an ensemble: `--ensemble`
-        runner = runner_for(repo / model / "1" / "model.py")
+        runner = runner_for(repo / model / "1" / "model.py", find=find_model)
         profile = run_experiment(runner, inputs, model=model, iterations=iterations, warmup=warmup)
         m = profile.stats(Level.MODEL).trimmed_mean_ns / 1e3
         layer = profile.stats(Level.LAYER)
         names = sorted({s.name for s in profile.spans_at(Level.LAYER)})
         count = len(profile.spans_at(Level.LAYER))
+        kernel = profile.stats(Level.KERNEL)
+        nodes = len(profile.spans_at(Level.KERNEL))
         print(
             f"{model:<12} {m:9.1f} {layer.trimmed_mean_ns / 1e3:9.1f} "
-            f"{layer.overhead_ratio:6.2f}  {count}: {', '.join(names)}"
+            f"{layer.overhead_ratio:6.2f} {kernel.trimmed_mean_ns / 1e3:9.1f} "
+            f"{kernel.overhead_ratio:6.2f}  {nodes:>5}  {count}: {', '.join(names)}"
         )
 
 

@@ -2,7 +2,7 @@
 
     python scripts/make_report_testdata.py [--out tests/data]
 
-Three scenarios, each a trace store written with `sidecar.trace.store.TraceStore` from the
+Four scenarios, each a trace store written with `sidecar.trace.store.TraceStore` from the
 `Trace` / `Span` / `LevelStats` records of `sidecar.trace.spans`:
 
 - `cpu/traces.sqlite`: REAL profiles made by `xsp-sidecar profile` of the project's small CNN
@@ -17,6 +17,11 @@ Three scenarios, each a trace store written with `sidecar.trace.store.TraceStore
 - `live/traces.sqlite`: sampled live requests of two models: the proxy's request span, the
   backend's server spans (request, queue, compute, compute_input/infer/output) and the M/L
   replay of the same inputs. SYNTHETIC timings.
+- `ensemble/traces.sqlite`: REAL replays of the sample ensemble `ens_cnn` (its Python step
+  `pre`, then the ONNX `simple_cnn`: tests.harness.triton.ensemble_models) by the ensemble
+  runner and the leveled experiment, as the sidecar replays a sampled request: M and L runs at
+  batch sizes 1 and 2, 3 traces each, 10 iterations. Timings are this machine's.
+  `--only ensemble` writes this store alone.
 
 The synthetic records are built by `tests.harness.traces.report_scenarios`, with the ids and
 conventions of `tests.harness.traces.synthetic` (what the trace store's tests build traces with).
@@ -94,6 +99,35 @@ def profile_cpu_db(path: Path, runs: int = 5) -> None:
     conn.close()
 
 
+def profile_ensemble_db(path: Path, runs: int = 3) -> None:
+    """Replay the sample ensemble with the real ensemble runner into `path`."""
+    import tempfile
+
+    import numpy as np
+
+    from sidecar.backends.model_repository import find_model
+    from sidecar.profiling.experiment import run_experiment
+    from sidecar.profiling.runners.select import runner_for
+    from sidecar.trace.spans import Level
+    from tests.harness.triton.ensemble_models import ENSEMBLE, add_ensemble
+    from tests.harness.triton.model_repo import build_model_repository
+
+    records: list[TraceParts] = []
+    rng = np.random.default_rng(4)
+    with tempfile.TemporaryDirectory() as tmp:
+        location = find_model(add_ensemble(build_model_repository(Path(tmp) / "models")), ENSEMBLE)
+        for batch in (1, 2):
+            raw = rng.uniform(0, 255, (batch, 3, 32, 32)).astype(np.float32)
+            for _ in range(runs):
+                runner = runner_for(location.path, location.format)
+                profile = run_experiment(
+                    runner, {"RAW": raw}, model=ENSEMBLE, levels=(Level.MODEL, Level.LAYER),
+                    iterations=10, warmup=3, batch_size=batch,
+                )  # fmt: skip
+                records.append((profile.trace, profile.spans, profile.level_stats))
+    write_db(path, records)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent.parent / "tests/data")
@@ -102,7 +136,13 @@ def main() -> int:
         action="store_true",
         help="write a synthetic CPU store instead of profiling the small CNN for real",
     )
+    parser.add_argument("--only", choices=["ensemble"], help="write this store alone")
     args = parser.parse_args()
+    path = args.out / "ensemble" / "traces.sqlite"
+    profile_ensemble_db(path)
+    print(f"{path}: {path.stat().st_size} bytes")
+    if args.only:
+        return 0
     path = args.out / "cpu" / "traces.sqlite"
     if args.synthetic_cpu:
         write_db(path, cpu_records())

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from sidecar.backends.model_repository import find_model
 from sidecar.profiling.experiment import LeveledProfile, run_experiment
 from sidecar.profiling.formats import ModelFormat, format_of, savedmodel_dir, savedmodel_name
 from sidecar.profiling.gpu.gpu_peak import GpuPeak, get_gpu_peak, roof_attributes
@@ -211,6 +212,7 @@ def _run(options: ProfileOptions) -> int:
         optimizations=options.optimizations,
         ncu_metrics=options.ncu_metrics,
         settings=server.settings if server is not None else None,
+        find=find_model,  # a model.py's BLS callees, an ensemble's steps: Triton's layout
     )
     peak = None
     gpu_peak: GpuPeak | None = None

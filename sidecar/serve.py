@@ -247,6 +247,7 @@ def start_admin(listen: str, sampling: SamplingPipeline) -> tuple[grpc.Server, i
         sampling.last_requests,
         model_repository=sampling.config.model_repository,
         disabled_reason=sampling.disabled_reason,
+        replayability=sampling.replayability,
     )
     name = add_to_server(service, server)
     reflection.enable_server_reflection((name, reflection.SERVICE_NAME), server)

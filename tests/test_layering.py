@@ -33,10 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     "sidecar.endpoint": set(),
     "sidecar.backends": units("profiling"),
     "sidecar.proxy": units("backends", "endpoint"),
-    # backends: the repository lookup (`model_repository.find_model`) that the runners which
-    # follow a model to its repository call (a model.py's BLS callee, an ensemble's steps).
-    # backends imports profiling too (model formats): a seam to invert (issue 41)
-    "sidecar.profiling": units("trace", "backends"),
+    "sidecar.profiling": units("trace"),
     "sidecar.live": units("endpoint", "trace"),
     "sidecar.replay": units("backends", "profiling", "trace"),
     "sidecar.sampling": units("backends", "proxy", "live", "profiling", "replay", "trace"),
@@ -47,7 +44,8 @@ ALLOWED: dict[str, set[str]] = {
     "sidecar.serve": units(
         "admin", "backends", "config", "endpoint", "health", "proxy", "replay", "sampling", "trace"
     ),
-    "sidecar.profile": units("profiling", "trace"),
+    # backends: the repository lookup it hands the runners of a model.py and an ensemble
+    "sidecar.profile": units("backends", "profiling", "trace"),
     "sidecar.commands": units("config", "profile", "serve"),
     "sidecar.cli": units("commands"),
     "sidecar.__main__": units("cli"),

@@ -32,7 +32,7 @@ STEP_PHASES = ("queue", "compute_input", "compute_infer", "compute_output", "ste
 # the ensemble's own rows (step ""): time no step holds, then time two steps hold at once
 GAP_PHASES = ("between_steps", "ensemble_overhead", "steps_overlap")
 _MEASURED = STEP_PHASES[:-1]
-_TOLERANCE_NS = 1_000  # a phase may stick out of its model span by this much (rounding)
+TOLERANCE_NS = 1_000  # a phase may stick out of its model span by this much (rounding)
 
 
 def step_key(ensemble: str, step: str) -> str:
@@ -102,8 +102,8 @@ def _phases_in(fr: Frames, st: pd.DataFrame) -> pd.DataFrame:
     box = st[["tkey", "start", "end"]].assign(row=np.arange(len(st)))
     both = ph.merge(box, on="tkey")
     both = both[
-        (both["pstart"] >= both["start"] - _TOLERANCE_NS)
-        & (both["pend"] <= both["end"] + _TOLERANCE_NS)
+        (both["pstart"] >= both["start"] - TOLERANCE_NS)
+        & (both["pend"] <= both["end"] + TOLERANCE_NS)
     ]
     both = both.assign(ns=(both["pend"] - both["pstart"]).astype("float64"))
     wide = both.pivot_table(index="row", columns="kind", values="ns", aggfunc="sum")
@@ -215,6 +215,43 @@ def replayed_steps(fr: Frames) -> pd.DataFrame:
     rep = rep.groupby(["tkey", "step"], observed=True, as_index=False)["replay"].median()
     named = st[["tkey", "ensemble", "step"]].drop_duplicates()
     return named.merge(rep, on=["tkey", "step"]).dropna(subset=["replay"])[cols]
+
+
+def replay_steps(fr: Frames) -> pd.DataFrame:
+    """Per replayed ensemble trace and step: tkey, step (its model), step_index (order of
+    start), start_ns and end_ns on the replay's timeline: the replay's model spans inside
+    another model span of the trace (the ensemble's: `runners.ensemble` lays its steps end to
+    end inside it, each holding its own layers); empty (with these columns) without one."""
+    return fr.memo("replay_steps", lambda: _replay_steps(fr))
+
+
+def _replay_steps(fr: Frames) -> pd.DataFrame:
+    cols = ["tkey", "step", "step_index", "start_ns", "end_ns"]
+    rep = fr.at("model")
+    if "source" in rep.columns:
+        rep = rep[rep["source"].astype(str) == "replay"]
+    if rep.empty:
+        return pd.DataFrame(columns=cols)
+    ms = pd.DataFrame(
+        {
+            "tkey": rep["tkey"].to_numpy(),
+            "step": rep["name"].astype(str).to_numpy(),
+            "start_ns": rep["start_ns"].to_numpy("int64"),
+            "end_ns": rep["end_ns"].to_numpy("int64"),
+        }
+    ).sort_values(["tkey", "start_ns", "end_ns"], ascending=[True, True, False])
+    first = ms.drop_duplicates("tkey")  # the outermost: the earliest start, the longest first
+    outer = first.set_index("tkey")
+    inner = ms[~ms.index.isin(first.index)]
+    inside = (inner["start_ns"] >= inner["tkey"].map(outer["start_ns"])) & (
+        inner["end_ns"] <= inner["tkey"].map(outer["end_ns"])
+    )
+    st = inner[inside]
+    if st.empty:
+        return pd.DataFrame(columns=cols)
+    st = st.sort_values(["tkey", "start_ns"], kind="stable")
+    st = st.assign(step_index=st.groupby("tkey", observed=True).cumcount())
+    return st[cols].reset_index(drop=True)
 
 
 def fidelity_notes(fr: Frames) -> list[str]:

@@ -200,6 +200,7 @@ def _by_layer(fr: Frames) -> pd.DataFrame:
             ["count", "duration_ns", *METRICS, "achieved_occupancy", "estimated"],
         )
         order = layer_frame(fr)[[*GROUP, "name", "idx", "type"]].rename(columns={"name": "layer"})
+        order = order.drop_duplicates([*GROUP, "layer"])  # a name in two ensemble steps: once
         agg = agg.merge(order, on=[*GROUP, "layer"], how="left")
         agg["latency_ms"] = agg["duration_ns"] / 1e6
         return agg.sort_values([*GROUP, "idx"]).reset_index(drop=True)

@@ -9,6 +9,11 @@ container's time spans its children's. A2 lists every call with `container` set 
 enclosing ones; shares, A3-A7 and every sum over layers use the leaves only, so no time is
 counted twice; each result says how many containers it left out.
 
+An ensemble's replay holds its steps' layers, each step's under its own model span
+(`ensemble_steps.replay_steps`): there A2, A3 and A4 have a `step` column (the step's model; ""
+for the rows of other models), rows per step in the steps' order, and latency_share is of the
+step's leaves' time.
+
 The layer spans are read in SQL (the relation `layers` of `analysis.relations.kernel_rows`); only
 the per-layer table (one row per model, batch size and call) comes back to pandas.
 """
@@ -19,6 +24,7 @@ import json
 
 import pandas as pd
 
+from analysis.analyses import ensemble_steps
 from analysis.analyses.common import GROUP, AnalysisResult, Frames, container_note, empty_result
 from analysis.relations.kernel_rows import KernelRows, kernel_rows
 from analysis.relations.trimmed_sql import across_traces_sql
@@ -34,6 +40,10 @@ TITLES = {
 
 
 _ANY_LAYER = "SELECT EXISTS (SELECT 1 FROM layers)"
+STEPS_NOTE = (
+    "ensembles: a row per replayed step's layer (column step, the step's model), the steps in "
+    "their order; latency_share is of that step's layers' time"
+)
 
 
 def _missing(key: str, fr: Frames) -> AnalysisResult | None:
@@ -65,14 +75,15 @@ def original_nodes(name: str, nodes: object) -> str:
 
 
 def across_layers(
-    kr: KernelRows, keys: list[str], values: list[str], first: list[str]
+    kr: KernelRows, keys: list[str], values: list[str], first: list[str], source: str = "layers"
 ) -> pd.DataFrame:
     """`across_traces` over the relation `layers` (`keys` among them `name`), by SQL over the
     relation `layers`, with the columns typed as `across_traces` gives them over the frame:
     `model` and `type` as strings (objects), `name` a categorical unless some call is a
     repeat (`kernel_rows`' `#n`, an object column then), and without a row the frame
-    `across_traces` makes of no rows."""
-    out = across_traces_sql(kr, "layers", keys, values, [*first, "module"])
+    `across_traces` makes of no rows. `source`: the relation, or a query over `layers` with
+    its columns and more."""
+    out = across_traces_sql(kr, source, keys, values, [*first, "module"])
     if out.empty:
         return pd.DataFrame(columns=[*keys, *first, *values, "n_traces"])
     # a repeat's name is its module's and `#n`: a group of repeats is named so, and carries
@@ -85,11 +96,33 @@ def across_layers(
     return out.drop(columns=["module"])
 
 
+# each layer with the ensemble step whose span holds its start ("" and -1 outside every step)
+_STEP_LAYERS = (
+    "SELECT l.*, coalesce(s.step, '') AS step, coalesce(s.step_index, -1) AS step_index "
+    "FROM layers l LEFT JOIN _replay_steps s ON s.tkey = l.tkey "
+    "AND l.start_ns >= s.start_ns AND l.start_ns < s.end_ns"
+)
+
+
+def by_step(agg: pd.DataFrame) -> list[str]:
+    """The columns a layer frame's rows are grouped by: `GROUP`, and `step` where it has one."""
+    return [*GROUP, "step"] if "step" in agg.columns else list(GROUP)
+
+
 def _layer_frame(fr: Frames) -> pd.DataFrame:
     first = ["idx", "type", "container", "original_nodes", "input_shapes", "output_shapes"]
-    agg = across_layers(
-        kernel_rows(fr), [*GROUP, "name"], ["duration_ns", "allocated_bytes"], first
-    )
+    kr, values = kernel_rows(fr), ["duration_ns", "allocated_bytes"]
+    steps = ensemble_steps.replay_steps(fr)
+    if steps.empty:
+        agg = across_layers(kr, [*GROUP, "name"], values, first)
+    else:  # an ensemble's layers, per step
+        kr.register("_replay_steps", steps)
+        try:
+            keys = [*GROUP, "step", "name"]
+            agg = across_layers(kr, keys, values, [*first, "step_index"], _STEP_LAYERS)
+        finally:
+            kr.unregister("_replay_steps")
+        agg["step"] = agg["step"].astype(object)
     # of each group's first row, as carried: once per row of the table, not per layer span
     # (the relation holds the list as JSON text)
     agg["original_nodes"] = [
@@ -99,9 +132,13 @@ def _layer_frame(fr: Frames) -> pd.DataFrame:
     agg["container"] = agg["container"].astype(bool)
     agg["latency_ms"] = agg["duration_ns"] / 1e6
     leaf_ns = agg["duration_ns"].where(~agg["container"])
-    total = leaf_ns.groupby([agg[k] for k in GROUP], dropna=False, observed=True).transform("sum")
+    by = by_step(agg)
+    total = leaf_ns.groupby([agg[k] for k in by], dropna=False, observed=True).transform("sum")
     agg["latency_share"] = leaf_ns / total  # of the leaves' time; NaN for a container
-    return agg.sort_values([*GROUP, "idx"]).reset_index(drop=True)
+    if "step" not in agg.columns:
+        return agg.sort_values([*GROUP, "idx"]).reset_index(drop=True)
+    agg = agg.sort_values([*GROUP, "step_index", "idx"]).reset_index(drop=True)
+    return agg.drop(columns="step_index")
 
 
 def leaf_frame(fr: Frames, res: AnalysisResult | None = None) -> pd.DataFrame:
@@ -120,7 +157,7 @@ def layer_table(fr: Frames) -> AnalysisResult:
         return miss
     agg = layer_frame(fr)
     cols = [
-        *GROUP,
+        *by_step(agg),
         "idx",
         "name",
         "type",
@@ -146,6 +183,8 @@ def layer_table(fr: Frames) -> AnalysisResult:
             container_note(n, "marked container")
             + "; latency_share is of the leaves' time and left empty for containers"
         )
+    if "step" in agg.columns:
+        res.notes.append(STEPS_NOTE)
     return res
 
 
@@ -156,8 +195,10 @@ def layer_latency(fr: Frames) -> AnalysisResult:
     res = AnalysisResult("A3", TITLES["A3"])
     agg = leaf_frame(fr, res)
     res.table = agg[
-        [*GROUP, "idx", "name", "type", "original_nodes", "latency_ms", "latency_share"]
+        [*by_step(agg), "idx", "name", "type", "original_nodes", "latency_ms", "latency_share"]
     ]
+    if "step" in agg.columns:
+        res.notes.append(STEPS_NOTE)
     return res
 
 
@@ -174,9 +215,8 @@ def layer_memory(fr: Frames) -> AnalysisResult:
             reason="layer memory not captured: no layer span carries allocated_bytes",
         )
     agg["allocated_mib"] = agg["allocated_bytes"] / 2**20
-    return AnalysisResult(
-        "A4", TITLES["A4"], agg[[*GROUP, "idx", "name", "type", "allocated_bytes", "allocated_mib"]]
-    )
+    cols = [*by_step(agg), "idx", "name", "type", "allocated_bytes", "allocated_mib"]
+    return AnalysisResult("A4", TITLES["A4"], agg[cols])
 
 
 def _by_type(agg: pd.DataFrame, value: str) -> pd.DataFrame:

@@ -253,11 +253,17 @@ def _aggregate(long: pd.DataFrame, keys: list[str], order: tuple[str, ...]) -> p
     return table
 
 
+STEP_ORDER = (*PHASES, *ensemble_steps.STEP_PHASES, *ensemble_steps.GAP_PHASES)  # of phases
+
+
 def _with_steps(table: pd.DataFrame, step_rows: pd.DataFrame) -> pd.DataFrame:
+    return with_step_rows(table, _aggregate(step_rows, ["model", "step", "phase"], STEP_ORDER))
+
+
+def with_step_rows(table: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """The whole-request rows (step "") and, after an ensemble's, its steps' rows and its own
-    (between_steps, ensemble_overhead), in a `step` column after `model`."""
-    order = (*PHASES, *ensemble_steps.STEP_PHASES, *ensemble_steps.GAP_PHASES)
-    steps = _aggregate(step_rows, ["model", "step", "phase"], order)
+    (between_steps, ensemble_overhead), in a `step` column after `model`; `steps`: the step
+    rows aggregated per model, step and phase (sorted so, the phases in `STEP_ORDER`)."""
     whole = table.assign(step="")
     own = steps["step"] == ""
     out = pd.concat([whole, steps[own], steps[~own]], ignore_index=True)

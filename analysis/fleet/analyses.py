@@ -19,7 +19,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from analysis.analyses import fidelity, stream_responses
+from analysis.analyses import ensemble_steps, fidelity, stream_responses
 from analysis.analyses.live import (
     BACKEND_PHASES,
     OVERLAP_TOLERANCE,
@@ -28,7 +28,10 @@ from analysis.analyses.live import (
     PLACEMENT_TOLERANCE_NS,
     REQUEST_END,
     RESPONSE_START,
+    STEP_ORDER,
+    STEPS_NOTE,
     TF_OP_KIND,
+    with_step_rows,
 )
 from analysis.fleet.export import (  # noqa: F401  (the export, as `fleet` names it)
     FIDELITY_COLUMNS,
@@ -188,11 +191,57 @@ _PHASE_SUMS = ", ".join(
 _PHASE_ANY = " OR ".join(f"{p} IS NOT NULL" for p in BACKEND_PHASES)
 _PHASE_TOTAL = " + ".join(f"coalesce({p}, 0)" for p in BACKEND_PHASES)
 _TOL = PLACEMENT_TOLERANCE_NS
+_MEASURED = ensemble_steps.STEP_PHASES[:-1]
+_STEP_PHASE_SUMS = ", ".join(
+    f"CAST(sum(p.end_ns - p.start_ns) FILTER (WHERE p.kind = '{k}') AS DOUBLE) AS {k}"
+    for k in _MEASURED
+)
+_STEP_TOL = ensemble_steps.TOLERANCE_NS
+_MEASURED_COLUMNS = ", ".join(f"r.{k}" for k in _MEASURED)
+# The rules of analysis.analyses.ensemble_steps: a trace's outermost server model span (the
+# earliest, the longest first) is an ensemble's where others lie inside it, its steps (numbered in
+# order of start); a step's phases are the phase spans inside its span; per trace, the gaps
+# between steps, the ensemble's own time and the steps' overlap.
+_STEPS = f"""
+models AS (
+    SELECT source_db, trace_id, name, start_ns, end_ns,
+           row_number() OVER (PARTITION BY source_db, trace_id
+                              ORDER BY start_ns, end_ns DESC) AS rn
+    FROM spans WHERE level = 'server' AND kind = 'model'
+), steps AS (
+    SELECT m.source_db, m.trace_id, o.name AS ensemble, m.name AS step, m.start_ns, m.end_ns,
+           o.start_ns AS ens_start, o.end_ns AS ens_end,
+           row_number() OVER (PARTITION BY m.source_db, m.trace_id
+                              ORDER BY m.start_ns, m.end_ns DESC) AS idx
+    FROM models m JOIN models o
+      ON o.source_db = m.source_db AND o.trace_id = m.trace_id AND o.rn = 1
+    WHERE m.rn > 1 AND m.start_ns >= o.start_ns AND m.end_ns <= o.end_ns
+), step_rows AS (
+    SELECT st.source_db, st.trace_id, st.ensemble, st.step, st.idx, st.start_ns, st.end_ns,
+           {_STEP_PHASE_SUMS}
+    FROM steps st LEFT JOIN spans p
+      ON p.source_db = st.source_db AND p.trace_id = st.trace_id AND p.level = 'server'
+     AND p.kind IN ({", ".join(f"'{k}'" for k in _MEASURED)})
+     AND p.start_ns >= st.start_ns - {_STEP_TOL} AND p.end_ns <= st.end_ns + {_STEP_TOL}
+    GROUP BY ALL
+), reach AS (  -- the latest end of the steps before each one (its own start for the first)
+    SELECT *, coalesce(max(end_ns) OVER (PARTITION BY source_db, trace_id ORDER BY idx
+                                         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+                       start_ns) AS reach
+    FROM steps
+), gaps AS (
+    SELECT source_db, trace_id, any_value(ensemble) AS ensemble,
+           CAST(sum(greatest(start_ns - reach, 0)) AS DOUBLE) AS between_steps,
+           CAST(greatest(min(start_ns) - any_value(ens_start), 0)
+                + greatest(any_value(ens_end) - max(end_ns), 0) AS DOUBLE) AS ensemble_overhead,
+           CAST(sum(greatest(least(reach, end_ns) - start_ns, 0)) AS DOUBLE) AS steps_overlap
+    FROM reach GROUP BY source_db, trace_id
+)"""
 # The rules of analysis.analyses.live.request_phases: backend spans placed in the request's window
 # at the relay (cut at the response's first byte, else at its end), traces whose spans cannot be
-# placed left out.
-_LIVE = f"""
-WITH requests AS (
+# placed left out (an ensemble's steps may overlap by their own stamps).
+_PLACED = f"""
+WITH {_STEPS}, requests AS (
     SELECT source_db, trace_id, arg_min(duration_ns, start_ns)::DOUBLE AS client_total,
            min(start_ns) AS t0,
            arg_min({REQUEST_END}, start_ns)::DOUBLE AS request_end,
@@ -216,7 +265,9 @@ WITH requests AS (
            max(b) AS last_end
     FROM placed GROUP BY source_db, trace_id
 ), raw AS (
-    SELECT t.model, w.client_total, w.backend_response, w.cut, s.*,
+    SELECT t.model, w.source_db AS _db, w.trace_id AS _tid,
+           coalesce(g.steps_overlap, 0) AS _overlap, w.client_total, w.backend_response, w.cut,
+           s.*,
            w.client_total - s.request AS network_proxy,
            s.request - CASE WHEN {_PHASE_ANY} THEN {_PHASE_TOTAL} END AS server_other_raw,
            CASE WHEN s.op_end IS NOT NULL
@@ -225,6 +276,7 @@ WITH requests AS (
                 THEN greatest(s.last_end - w.cut, 0) END AS server_after_response
     FROM win w JOIN traces t USING (source_db, trace_id)
     LEFT JOIN server s USING (source_db, trace_id)
+    LEFT JOIN gaps g USING (source_db, trace_id)
 ), per AS (
     SELECT *, CASE WHEN server_other_raw IS NOT NULL THEN greatest(server_other_raw, 0) END
               AS server_other,  -- greatest() skips a NULL
@@ -232,15 +284,41 @@ WITH requests AS (
     FROM raw
     WHERE NOT coalesce(first_start < -{_TOL} OR first_start > cut + {_TOL}
                        OR op_start > cut + {_TOL} OR op_end < -{_TOL}
-                       OR server_other_raw < -{OVERLAP_TOLERANCE} * client_total, false)
-), long AS (
+                       OR server_other_raw < -{OVERLAP_TOLERANCE} * client_total - _overlap,
+                       false)
+)"""
+_AGGREGATE = f"""count(*) AS requests, avg(ns) / 1e6 AS mean_ms,
+       {", ".join(f"quantile_cont(ns, {q}) / 1e6 AS p{round(q * 100)}_ms" for q in PERCENTILES)},
+       sum(ns) / sum(client_ns) AS share_of_client"""
+_LIVE = f"""{_PLACED}, long AS (
     UNPIVOT (SELECT model, client_total AS client_ns, {", ".join(PHASES)} FROM per)
     ON {", ".join(PHASES)} INTO NAME phase VALUE ns
 )
-SELECT model, phase, count(*) AS requests, avg(ns) / 1e6 AS mean_ms,
-       {", ".join(f"quantile_cont(ns, {q}) / 1e6 AS p{round(q * 100)}_ms" for q in PERCENTILES)},
-       sum(ns) / sum(client_ns) AS share_of_client
+SELECT model, phase, {_AGGREGATE}
 FROM long WHERE ns IS NOT NULL AND NOT isnan(ns) GROUP BY model, phase
+"""
+_STEP_VALUES = ", ".join(ensemble_steps.STEP_PHASES)
+# The rules of analysis.analyses.ensemble_steps.long_rows: the placed requests' steps
+# (`<n>. <model>`) and their ensemble's own rows (step "")
+_LIVE_STEPS = f"""{_PLACED}, step_values AS (
+    SELECT r.ensemble AS model, CAST(r.idx AS VARCHAR) || '. ' || r.step AS step,
+           x.client_total AS client_ns, {_MEASURED_COLUMNS},
+           CASE WHEN {" OR ".join(f"r.{k} IS NOT NULL" for k in _MEASURED)}
+                THEN greatest((r.end_ns - r.start_ns)
+                              - ({" + ".join(f"coalesce(r.{k}, 0)" for k in _MEASURED)}), 0)
+           END AS step_other
+    FROM step_rows r JOIN per x ON x._db = r.source_db AND x._tid = r.trace_id
+), step_long AS (
+    UNPIVOT step_values ON {_STEP_VALUES} INTO NAME phase VALUE ns
+), own_long AS (
+    UNPIVOT (SELECT g.ensemble AS model, '' AS step, x.client_total AS client_ns,
+                    {", ".join(f"g.{k}" for k in ensemble_steps.GAP_PHASES)}
+             FROM gaps g JOIN per x ON x._db = g.source_db AND x._tid = g.trace_id)
+    ON {", ".join(ensemble_steps.GAP_PHASES)} INTO NAME phase VALUE ns
+)
+SELECT model, step, phase, {_AGGREGATE}
+FROM (SELECT * FROM step_long UNION ALL BY NAME SELECT * FROM own_long)
+WHERE ns IS NOT NULL AND NOT isnan(ns) GROUP BY model, step, phase
 """
 
 # The rules of `analysis.analyses.fidelity`: per sampled trace the live compute time (the store's
@@ -401,6 +479,7 @@ def fleet_tables(
             "top_layers": con.execute(_TOP_LAYERS, {"top": top}).df(),
         }
         live = con.execute(_LIVE).df()
+        steps = con.execute(_LIVE_STEPS).df()
         out["stream_responses"] = _stream(
             con.execute(_STREAM).df(), con.execute(_STREAM_COUNTS).fetchone()
         )
@@ -410,7 +489,20 @@ def fleet_tables(
     live["phase"] = pd.Categorical(live["phase"], categories=list(PHASES), ordered=True)
     live = live.sort_values(["model", "phase"]).reset_index(drop=True)
     live["phase"] = live["phase"].astype(str)
-    out["live_breakdown"] = live
+    out["live_breakdown"] = _with_steps(live, steps)
+    return out
+
+
+def _with_steps(live: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """The live breakdown with an ensemble's step rows (as the report shows them), if any."""
+    if steps.empty:
+        return live
+    order = list(dict.fromkeys(STEP_ORDER))
+    steps["phase"] = pd.Categorical(steps["phase"], categories=order, ordered=True)
+    steps = steps.sort_values(["model", "step", "phase"]).reset_index(drop=True)
+    steps["phase"] = steps["phase"].astype(str)
+    out = with_step_rows(live, steps)
+    out.attrs[NOTES] = [STEPS_NOTE]
     return out
 
 

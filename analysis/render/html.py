@@ -107,7 +107,12 @@ def plot_layer_latency(res: AnalysisResult) -> list[str]:
     """A3: per model, each layer's latency in execution order for every batch size: one bar
     per batch size and layer, or for a large model one line per batch size."""
     out = []
-    for model, g in res.table.groupby("model", dropna=False, sort=True, observed=True):
+    table = res.table
+    if "step" in table.columns:  # an ensemble's steps, each its own plot (`model / step`)
+        named = table["model"].astype(str) + " / " + table["step"].astype(str)
+        table = table.assign(model=named.where(table["step"] != "", table["model"]))
+    in_order = "step" not in table.columns  # else the table's order: the steps' own
+    for model, g in table.groupby("model", dropna=False, sort=in_order, observed=True):
         batches = sorted(g["batch_size"].dropna().unique())
         order = g.sort_values(["idx"]).drop_duplicates("name")
         names = list(order["name"])

@@ -21,6 +21,7 @@ from tritonclient.grpc import service_pb2
 from sidecar.admin._proto.xsp.v1 import profiler_pb2, profiler_pb2_grpc
 from sidecar.backends.kserve_decode import NUMPY_DTYPES
 from sidecar.backends.model_repository import model_in_repository
+from sidecar.backends.replayability import Replayability
 from sidecar.replay.job_records import ProfileJob
 from sidecar.sampling.last_requests import LastRequests
 from sidecar.sampling.sampler import Sampler
@@ -127,13 +128,17 @@ class ProfilerService(profiler_pb2_grpc.ProfilerServicer):
         *,
         model_repository: Path | None = None,
         disabled_reason: str | None = None,
+        replayability: Callable[[str], Replayability] | None = None,
     ) -> None:
+        """`replayability(model)`: whether a replay can run a model (the sampling pipeline's
+        `ReplayabilityCache`); a trigger for one it cannot run is refused, naming why."""
         self._sampler = sampler
         self._submit = submit
         self._db_path = db_path
         self._last = last_requests
         self._repository = model_repository
         self._disabled_reason = disabled_reason
+        self._replayability = replayability
 
     def TriggerProfile(
         self, request: profiler_pb2.TriggerProfileRequest, context: grpc.ServicerContext
@@ -161,6 +166,15 @@ class ProfilerService(profiler_pb2_grpc.ProfilerServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"sampling is off: {self._disabled_reason}",
             )
+        if self._replayability is not None:
+            answer = self._replayability(request.model)
+            if not answer.replayable:  # a profile is a replay: none can run this model
+                _abort(
+                    context,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"model {request.model!r} cannot be profiled: no replay can run it "
+                    f"({answer.reason}); its sampled requests are kept as live-only traces",
+                )
         method = "ModelInfer"
         if request.inputs:
             message, source = (

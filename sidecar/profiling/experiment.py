@@ -37,12 +37,14 @@ from sidecar.profiling.peak import Peak
 from sidecar.profiling.stats import median, representative_index, trimmed_mean
 from sidecar.profiling.vocabulary import (
     ENSEMBLE_STEP,
+    PARTIAL_REPLAY,
     Iteration,
     LevelRun,
     ProfilingError,
     Runner,
 )
 from sidecar.trace.spans import (
+    ERROR,
     REPLAY_LEVELS,
     Level,
     LevelStats,
@@ -180,8 +182,10 @@ def run_experiment(
     attributes.setdefault("graph_optimizations", "enabled")
     attributes["inputs"] = describe_inputs(inputs)
     attributes["levels"] = [lv.value for lv in plan]
-    attributes["kernel_level"] = (
-        "captured" if Level.KERNEL in runs else notes.get(Level.KERNEL.value, "not requested")
+    attributes["kernel_level"] = (  # a K run may say it found nothing to capture
+        runs[Level.KERNEL].attributes.get("kernel_level", "captured")
+        if Level.KERNEL in runs
+        else notes.get(Level.KERNEL.value, "not requested")
     )
     attributes["representative_iteration"] = rep
     attributes["timeline_run"] = deepest.level.value
@@ -205,6 +209,8 @@ def run_experiment(
         sidecar_version=__version__,
         attributes=attributes,
     )
+    if PARTIAL_REPLAY in attributes:  # a profile of part of the model: kept, as a failure
+        trace.status, trace.error = ERROR, str(attributes[PARTIAL_REPLAY])
     return LeveledProfile(trace, spans, level_stats, runs)
 
 

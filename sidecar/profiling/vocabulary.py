@@ -10,8 +10,9 @@ recording runner) both speak it; it imports neither.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -19,6 +20,17 @@ import numpy as np
 from sidecar.trace.spans import Level
 
 ENSEMBLE_STEP = "ensemble_step"  # attribute of an ensemble step's model span: its step key
+# `LevelRun` attribute: why the run covers only part of the model (an ensemble stopped at a
+# failed step); the experiment then makes the trace `status = error` with it, spans kept
+PARTIAL_REPLAY = "partial_replay"
+
+
+# A backend's model repository lookup, `find(repository, model, version) -> location` (a
+# `backends.model_repository.ModelLocation`: `name`, `version`, `path`, `format`, `config`,
+# `inputs`, ...), raising a `LookupError` for a model it cannot resolve. The replay (and the
+# `profile` command) hand it to the runners that follow a model to its repository: a
+# Python model's BLS callees, an ensemble's steps.
+ModelLookup = Callable[[Path, str, "str | int | None"], Any]
 
 
 class ProfilingError(Exception):

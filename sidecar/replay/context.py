@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,20 @@ from sidecar.profiling.vocabulary import Runner
 from sidecar.replay.device import CudaProbe, runtime_devices
 from sidecar.replay.options import ReplayOptions
 from sidecar.trace.store import TraceStore
+
+log = logging.getLogger(__name__)
+
+
+def close_runner(runner: Runner) -> None:
+    """Let a runner that holds a model's own code end it (a Python model's `finalize`, as
+    Triton calls it on unload); a failure is logged, never raised into the worker."""
+    close = getattr(runner, "close", None)
+    if not callable(close):
+        return
+    try:
+        close()
+    except Exception:
+        log.warning("closing the runner %s failed", getattr(runner, "name", runner), exc_info=True)
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,6 +53,20 @@ class ReplayContext:
     def store(self) -> TraceStore:
         """The trace store the replay writes to, opened by the first job that stores."""
         return self.open_store(self.options.db_path)
+
+    def keep(self, key: str, runner: Runner, size: int) -> None:
+        """Keep `runner` as the most recently used; close the least recently used beyond
+        `size`."""
+        self.runners[key] = runner
+        while len(self.runners) > size:
+            _, evicted = self.runners.popitem(last=False)
+            close_runner(evicted)
+
+    def close(self) -> None:
+        """Close every loaded runner (the worker stops)."""
+        while self.runners:
+            _, runner = self.runners.popitem(last=False)
+            close_runner(runner)
 
     def probe(self, fmt: ModelFormat) -> CudaProbe:
         """What runtime `fmt` can use of CUDA in this process (asked once)."""

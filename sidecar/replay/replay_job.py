@@ -34,13 +34,13 @@ from sidecar.profiling.inputs import InputError, InputSpec, random_inputs, saved
 from sidecar.profiling.peak import Peak, get_peak
 from sidecar.profiling.runners.select import runner_for
 from sidecar.profiling.server_config import ReplaySettings, replay_settings, server_summary
-from sidecar.profiling.vocabulary import ProfilingError, Runner
+from sidecar.profiling.vocabulary import ModelLookup, ProfilingError, Runner
 from sidecar.replay.context import ReplayContext
 from sidecar.replay.device import DeviceChoice, driver_device_name, resolve
 from sidecar.replay.job_records import JobResult, ProfileJob
 from sidecar.replay.options import ReplayOptions
 from sidecar.trace.errors import TraceStoreError
-from sidecar.trace.spans import Level, LevelStats, Span, Trace
+from sidecar.trace.spans import ERROR, Level, LevelStats, Span, Trace
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +71,13 @@ def _not_replayable(method: str) -> str:
     return f"cannot decode {method} requests (replayable: {', '.join(DECODERS)})"
 
 
-def _find_model(job: ProfileJob, options: ReplayOptions, version: str) -> ModelLocation:
-    """The model in the repository, looked up as the backend that serves the job's method."""
+def _lookup(job: ProfileJob, options: ReplayOptions) -> ModelLookup:
+    """How the backend that serves the job's method finds a model in its repository: the
+    model itself here, and what a runner follows it to (BLS callees, ensemble steps)."""
     backend = backend_replaying(job.method)
     if backend is None:
         raise ReplayError(_not_replayable(job.method))
-    find = python_models(backend.repository.find, options.python_models)
-    return find(options.model_repository, job.model, version or None)
+    return python_models(backend.repository.find, options.python_models)
 
 
 def _device(location: ModelLocation, context: ReplayContext) -> DeviceChoice:
@@ -131,9 +131,10 @@ def _runner(
     context: ReplayContext,
     device: str = "cpu",
     settings: ReplaySettings | None = None,
+    find: ModelLookup | None = None,
 ) -> Runner:
     """A runner for the model on `device` with the config's settings, from a small LRU of
-    loaded sessions."""
+    loaded sessions; `find` is the repository's lookup (`_lookup`)."""
     cache = context.runners
     applied = (settings.ort, settings.torch) if settings is not None else None
     key = f"{location.path}:{location.path.stat().st_mtime_ns}:{device}:{applied!r}"
@@ -147,10 +148,9 @@ def _runner(
         threads=context.options.threads,
         name=location.name,
         settings=settings,
+        find=find,
     )
-    cache[key] = runner
-    while len(cache) > RUNNER_CACHE_SIZE:
-        cache.popitem(last=False)
+    context.keep(key, runner, RUNNER_CACHE_SIZE)  # an evicted Python model is finalized
     return runner
 
 
@@ -235,14 +235,15 @@ def replay_job(job: ProfileJob, context: ReplayContext) -> JobResult:
     try:
         request = decode_request(job)
         version = job.model_version or (request.version if request else "")
-        location = _find_model(job, options, version)
+        find = _lookup(job, options)
+        location = find(options.model_repository, job.model, version or None)
         if request is None:
             inputs, input_source = _random_inputs(location), "random"
         else:
             inputs, input_source = request.inputs, "request"
         choice = _device(location, context)
         settings = _settings(location, choice, context)
-        runner = _runner(location, context, choice.device, settings)
+        runner = _runner(location, context, choice.device, settings, find)
         profile = run_experiment(
             runner,
             inputs,
@@ -278,6 +279,10 @@ def replay_job(job: ProfileJob, context: ReplayContext) -> JobResult:
     if store_error is not None:
         return JobResult(
             job.trace_id, job.model, "store_error", time.perf_counter() - started, store_error
+        )
+    if profile.trace.status == ERROR:  # a partial profile (an ensemble's failed step): kept
+        return JobResult(
+            job.trace_id, job.model, "error", time.perf_counter() - started, profile.trace.error
         )
     return _summary(profile, job, time.perf_counter() - started)
 

@@ -37,6 +37,7 @@ import contextlib
 import importlib
 import logging
 import multiprocessing
+import multiprocessing.util
 import os
 import threading
 import time
@@ -120,6 +121,8 @@ def _worker_main(
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(threads)
     context = ReplayContext(config.options)  # the replay's state between jobs
+    # as the process ends, however the loop below returns: its Python models' `finalize`
+    multiprocessing.util.Finalize(context, context.close, exitpriority=10)
     replay = _resolve(config.replay)
     # created after the imports: start-up CPU is not profiling work to pay back
     gate = SliceGate(pressure, config.slices) if pressure is not None else None

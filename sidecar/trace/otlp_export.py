@@ -7,6 +7,11 @@ its own thread, over a bounded queue. `offer` never blocks and never raises: a s
 the queue full is dropped. Outcomes are counted per span in plain ints (`exported`, `dropped`,
 `failed`), exported on /metrics by `OtlpExportCollector` as `xsp_otlp_export_total{outcome}`.
 
+The trace's header (`xsp.status`, `xsp.replay`, ...) goes on its replay model spans; a
+live-only trace has none, so its header goes on its request span (the proxy's, its root),
+which the store commits after the trace row: the export keeps the header of such a row until
+that span comes (at most `WAITING_HEADERS` rows, the oldest given up first).
+
 Endpoints (`--otlp-export`): `http(s)://host:4318/v1/traces` -> OTLP/HTTP protobuf;
 `grpc://host:4317` or `--otlp-export-protocol grpc` -> OTLP/gRPC (plaintext unless `https://`).
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -29,7 +35,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sidecar.trace.otlp_target import OtlpTarget, parse_target
-from sidecar.trace.spans import Level, LevelStats, Span, Trace
+from sidecar.trace.spans import LIVE_ONLY, Level, LevelStats, Span, Trace
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +43,7 @@ EXPORT_OUTCOMES = ("exported", "dropped", "failed")  # `xsp_otlp_export_total{ou
 SERVICE_NAME = "xsp-sidecar"
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _SCOPE = InstrumentationScope("xsp-sidecar")
+WAITING_HEADERS = 4096  # live-only trace rows whose request span has not been offered yet
 
 
 def make_exporter(target: OtlpTarget, timeout_s: float = 10.0) -> SpanExporter:
@@ -84,6 +91,8 @@ def _trace_attributes(trace: Trace, stats: Sequence[LevelStats]) -> dict[str, An
         attrs["xsp.batch_size"] = trace.batch_size
     if trace.error:
         attrs["xsp.error"] = trace.error
+    if trace.attributes.get("replay"):  # why no replay ran (`not_replayable: ...`)
+        attrs["xsp.replay"] = str(trace.attributes["replay"])
     for stat in stats:
         attrs[f"xsp.latency_ns.{stat.level.value}"] = stat.trimmed_mean_ns
         attrs[f"xsp.overhead_ratio.{stat.level.value}"] = stat.overhead_ratio
@@ -138,9 +147,11 @@ def to_otel_spans(
     trace: Trace | None = None,
     level_stats: Sequence[LevelStats] = (),
 ) -> list[ReadableSpan]:
-    """A trace's spans; the header and level statistics go on its replay model spans."""
+    """A trace's spans; the header and level statistics go on its replay model spans (a
+    live-only trace's on its request span)."""
     header = _trace_attributes(trace, level_stats) if trace is not None else None
-    return [to_otel_span(s, resource, header if s.level is Level.MODEL else None) for s in spans]
+    on = Level.REQUEST if trace is not None and trace.status == LIVE_ONLY else Level.MODEL
+    return [to_otel_span(s, resource, header if s.level is on else None) for s in spans]
 
 
 # --- export ---------------------------------------------------------------------------------
@@ -195,6 +206,8 @@ class OtlpTraceExport:
         self._lock = threading.Lock()
         self._closed = False
         self._max_queue_size = max_queue_size
+        # live-only trace rows by trace id, until their request span is offered (`offer`)
+        self._waiting: OrderedDict[str, Trace] = OrderedDict()
         self._processor = BatchSpanProcessor(
             _CountingExporter(exporter, self),
             max_queue_size=max_queue_size,
@@ -215,6 +228,7 @@ class OtlpTraceExport:
         level_stats: Sequence[LevelStats] = (),
     ) -> int:
         """Queue spans for export; returns how many were queued (the rest are dropped)."""
+        trace = self._header_of(spans, trace)
         try:
             otel = to_otel_spans(spans, self.resource, trace, level_stats)
         except Exception as exc:  # a record that cannot be converted (bad id): not exported
@@ -237,6 +251,21 @@ class OtlpTraceExport:
             processor.on_end(span)
             queued += 1
         return queued
+
+    def _header_of(self, spans: Sequence[Span], trace: Trace | None) -> Trace | None:
+        """The trace whose header goes with `spans` (one trace's): `trace`, or the live-only
+        row kept for their request span. A live-only row offered without its request span is
+        kept for it. (Called from one thread, the writer's, as `offer` is.)"""
+        has_request = any(s.level is Level.REQUEST for s in spans)
+        if trace is not None:
+            if trace.status == LIVE_ONLY and not has_request:
+                self._waiting[trace.trace_id] = trace
+                while len(self._waiting) > WAITING_HEADERS:
+                    self._waiting.popitem(last=False)
+            return trace
+        if has_request and spans:
+            return self._waiting.pop(spans[0].trace_id, None)
+        return None
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Export what is queued now; False when it did not finish within `timeout_s`."""

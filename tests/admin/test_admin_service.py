@@ -69,6 +69,7 @@ def service(
     last: LastRequests | None = None,
     disabled_reason: str | None = None,
     settings: SamplingSettings | None = None,
+    replayability: Callable[[str], Any] | None = None,
 ) -> ProfilerService:
     return ProfilerService(
         Sampler(settings or SamplingSettings()),
@@ -77,6 +78,7 @@ def service(
         LastRequests() if last is None else last,
         model_repository=repo,
         disabled_reason=disabled_reason,
+        replayability=replayability,
     )
 
 
@@ -137,6 +139,27 @@ def test_trigger_answers_not_found_for_a_model_outside_the_repository(repo: Path
         assert error.code is grpc.StatusCode.NOT_FOUND, model
         assert f"model {model!r} is not in the model repository" in error.details
     assert queue.jobs == []
+
+
+def test_trigger_of_a_model_no_replay_can_run_is_refused_naming_why(tmp_path: Path) -> None:
+    from sidecar.backends.model_repository import find_model, python_models
+    from sidecar.backends.replayability import ReplayabilityCache
+    from tests.harness.triton.model_repo import build_model_repository
+
+    repo = build_model_repository(tmp_path / "models")
+    cache = ReplayabilityCache(python_models(find_model, False), repo)  # python models off
+    queue = FakeQueue()
+    admin = service(repo, queue=queue, replayability=cache.of)
+    error = aborted(
+        lambda: admin.TriggerProfile(profiler_pb2.TriggerProfileRequest(model="add_sub"), CONTEXT)
+    )
+    assert error.code is grpc.StatusCode.FAILED_PRECONDITION
+    assert "model 'add_sub' cannot be profiled: no replay can run it" in error.details
+    assert "--replay-python-models is off" in error.details
+    assert "kept as live-only traces" in error.details
+    assert queue.jobs == []
+    answer = admin.TriggerProfile(profiler_pb2.TriggerProfileRequest(model="simple_cnn"), CONTEXT)
+    assert answer.accepted and len(queue.jobs) == 1  # its model.onnx: replayable
 
 
 def test_trigger_while_sampling_is_off_is_a_failed_precondition(repo: Path) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.analysis.helpers import CPU_DB, DATA, GPU_DB, LIVE_DB, REPO
+from tests.analysis.helpers import CPU_DB, DATA, ENSEMBLE_DB, GPU_DB, LIVE_DB, REPO
 
 GOLDEN = DATA / "golden"
 # name -> (stores, report.py options); stores are paths relative to the repository root
@@ -36,9 +36,10 @@ REPORTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "cpu+gpu": (("cpu", "gpu"), ()),
     "gpu-since-batch": (("gpu",), ("--since", "1790020000000000000", "--batch-size", "4,8")),
     "live-model": (("live",), ("--model", "big_cnn")),
+    "ensemble": (("ensemble",), ()),
 }
-EXPORTS = ("cpu", "gpu", "live", "damaged")
-STORES = {"cpu": CPU_DB, "gpu": GPU_DB, "live": LIVE_DB}
+EXPORTS = ("cpu", "gpu", "live", "damaged", "ensemble")
+STORES = {"cpu": CPU_DB, "gpu": GPU_DB, "live": LIVE_DB, "ensemble": ENSEMBLE_DB}
 REL_TOL = 1e-9  # floats may differ in their last bits when sums run in another order
 
 

@@ -18,6 +18,7 @@ DATA = Path(__file__).resolve().parent.parent / "data"
 CPU_DB = DATA / "cpu" / "traces.sqlite"
 GPU_DB = DATA / "gpu" / "traces.sqlite"
 LIVE_DB = DATA / "live" / "traces.sqlite"
+ENSEMBLE_DB = DATA / "ensemble" / "traces.sqlite"
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -33,12 +33,16 @@ def _server(tid: str, parent: str | None, kind: str, name: str, start: int, end:
                 attributes={"model": name} if kind == "model" else {})  # fmt: skip
 
 
-def ensemble_spans(tid: str, start: int, gap_us: int = GAP_US) -> list[Span]:
-    """The relay's request span around Triton's spans of one request to `ens_cnn`."""
+Steps = tuple[tuple[str, int, int, int, int], ...]
+
+
+def ensemble_spans(tid: str, start: int, gap_us: int = GAP_US, steps: Steps = STEPS) -> list[Span]:
+    """The relay's request span around Triton's spans of one request to `ens_cnn` (`steps`:
+    per step, its model and its phases in µs, as `STEPS`)."""
     at = start + MS + LEAD_US * US
     inner: list[Span] = []
     ens_start = start + MS
-    for model, queue, c_in, c_inf, c_out in STEPS:
+    for model, queue, c_in, c_inf, c_out in steps:
         step_len = (queue + c_in + c_inf + c_out) * US
         step = _server(tid, None, "model", model, at, at + step_len)
         inner.append(step)
@@ -70,9 +74,11 @@ def ensemble_spans(tid: str, start: int, gap_us: int = GAP_US) -> list[Span]:
     return [relay, request, ens, *inner]
 
 
-def write_ensemble(store: TraceStore, start: int, gap_us: int = GAP_US) -> str:
+def write_ensemble(
+    store: TraceStore, start: int, gap_us: int = GAP_US, steps: Steps = STEPS
+) -> str:
     tid = new_trace_id()
-    store.append_spans(tid, ensemble_spans(tid, start, gap_us))
+    store.append_spans(tid, ensemble_spans(tid, start, gap_us, steps))
     trace = Trace(tid, "ens_cnn", start, sample_reason="forced", status="live_only",
                   attributes={"replay": "not_replayable: model 'ens_cnn' (platform ensemble)",
                               "method": "ModelInfer"})  # fmt: skip
@@ -122,7 +128,8 @@ def test_the_live_breakdown_shows_each_step_and_the_findings_name_the_dominant_o
     (dom,) = [f for f in doc["findings"] if f["rule"] == "dominant_step"]
     assert dom["subject"] == "ens_cnn"
     assert dom["finding"].startswith("ens_cnn: step simple_cnn takes 83% of the ensemble's")
-    assert "most of it compute_infer (2 ms)" in dom["evidence"]
+    assert dom["finding"].endswith("of the client's median latency), by median")
+    assert "most of it compute_infer (2 ms p50)" in dom["evidence"]
     # 0.4 ms between steps of a ~5.8 ms request: under the threshold
     assert not [f for f in doc["findings"] if f["rule"] == "between_steps"]
     assert doc["fidelity"]["reason"].endswith(
@@ -131,6 +138,24 @@ def test_the_live_breakdown_shows_each_step_and_the_findings_name_the_dominant_o
     )
     rc, text, err = run_report(str(db), "--format", "text")
     assert rc == 0 and "2. simple_cnn" in text and "between_steps" in text, err
+
+
+def test_one_cold_request_does_not_pick_the_dominant_step(tmp_path: Path) -> None:
+    """The first request's `pre` takes 40 ms (a cold start): by the means `pre` would hold
+    most of the step time (8.3 ms against 2.4 ms); by the medians `simple_cnn` does."""
+    path = tmp_path / "cold.db"
+    cold = (("pre", 100, 50, 40_000, 50), STEPS[1])
+    with TraceStore(path) as store:
+        for i in range(5):
+            write_ensemble(store, T0 + i * 60 * MS, steps=cold if i == 0 else STEPS)
+    rc, out, err = run_report(str(path), "--format", "json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    rows = {(r["step"], r["phase"]): r for r in doc["live_breakdown"]["rows"]}
+    assert rows[("1. pre", "compute_infer")]["mean_ms"] > 2 * 2.4  # what the mean would say
+    (dom,) = [f for f in doc["findings"] if f["rule"] == "dominant_step"]
+    assert dom["finding"].startswith("ens_cnn: step simple_cnn takes 83% of the ensemble's")
+    assert "other steps: pre 0.5 ms" in dom["evidence"]
 
 
 def test_a_long_wait_between_steps_is_a_finding(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import pytest
 from analysis import report
 from analysis.analyses.common import GROUP, across_traces
 from analysis.analyses.layer_level import layer_frame
+from analysis.analyses.live import STEPS_NOTE
 from analysis.fleet.analyses import (
     FIDELITY_TABLE,
     FLEET_ANALYSES,
@@ -171,6 +172,31 @@ def test_the_live_breakdown_places_spans_as_the_report_does(tmp_path: Path) -> N
     cols = ["requests", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "share_of_client"]
     same(live, store, ["model", "phase"], cols)
     assert "server_after_response" in set(live["phase"]) and (live["mean_ms"] >= 0).all()
+
+
+def test_an_ensembles_steps_have_rows_as_in_the_report(tmp_path: Path) -> None:
+    """Each step's phases and the ensemble's own rows; steps that overlap (Triton stamps a
+    step's ends after the next one started) keep their request in, as in the report."""
+    from tests.analysis.test_ensemble_steps import T0, write_ensemble
+
+    db = tmp_path / "ensemble.db"
+    with TraceStore(db) as store:
+        for i, gap_us in enumerate((400, 3000, -490, 250)):
+            write_ensemble(store, T0 + i * 30 * MS, gap_us=gap_us)
+    dbs = [db, DATA / "live" / "traces.sqlite"]  # beside models that are no ensemble
+    export_parquet(dbs, tmp_path / "fleet")
+    live = fleet_tables(tmp_path / "fleet")["live_breakdown"]
+    store = TraceAnalysis.from_paths(dbs).result("live_breakdown")
+    assert {"ens_cnn", "small_cnn"} <= set(live["model"])
+    cols = ["requests", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "share_of_client"]
+    pd.testing.assert_frame_equal(
+        live[["model", "step", "phase", *cols]], store.table[["model", "step", "phase", *cols]],
+        check_dtype=False, rtol=1e-9,
+    )  # fmt: skip
+    rows = live[live["model"] == "ens_cnn"].set_index(["step", "phase"])
+    assert rows.at[("2. simple_cnn", "compute_infer"), "requests"] == 4
+    assert rows.at[("", "steps_overlap"), "p99_ms"] == pytest.approx(0.49, rel=0.05)
+    assert live.attrs[NOTES] == [STEPS_NOTE]
 
 
 FIDELITY_COLS = [c for c in FIDELITY_TABLE if c not in GROUP]

@@ -93,3 +93,25 @@ def test_admin_api_is_off_unless_enabled(triton: TritonServer, tmp_path: Path) -
         with pytest.raises(grpc.RpcError) as off:
             admin.GetSampling(profiler_pb2.GetSamplingRequest(), timeout=2)
         assert off.value.code() is grpc.StatusCode.UNAVAILABLE
+
+
+def test_admin_trigger_of_a_model_no_replay_can_run_is_refused(
+    triton: TritonServer, tmp_path: Path
+) -> None:
+    admin_port = free_port()
+    proc = SidecarProcess(
+        backend=triton.grpc_address, log_path=tmp_path / "sidecar.log",
+        args=["--model-repository", str(triton.model_repository), "--db",
+              str(tmp_path / "traces.db"), "--otlp-port", "0", "--sample-rate", "0",
+              "--replay-python-models", "off", "--admin",
+              "--admin-listen", f"127.0.0.1:{admin_port}"],
+    )  # fmt: skip
+    with proc, grpc.insecure_channel(f"127.0.0.1:{admin_port}") as channel:
+        admin = profiler_pb2_grpc.ProfilerStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            admin.TriggerProfile(profiler_pb2.TriggerProfileRequest(model="add_sub"))
+        assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        details = refused.value.details() or ""
+        assert "model 'add_sub' cannot be profiled: no replay can run it" in details
+        assert "--replay-python-models is off" in details
+        assert proc.metric("xsp_profiles_total") == 0  # no job, no error trace

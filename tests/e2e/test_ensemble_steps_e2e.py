@@ -104,11 +104,16 @@ def test_forced_profiles_of_an_ensemble_are_replayed_as_its_steps_in_the_report(
     assert dominant["subject"] == ENSEMBLE
     steps = {r["step"]: 0.0 for r in doc["live_breakdown"]["rows"] if r["step"]}
     for r in doc["live_breakdown"]["rows"]:
-        if r["step"]:
-            steps[r["step"]] += r["mean_ms"]
+        if r["step"]:  # a step's time: its phases' medians summed
+            steps[r["step"]] += r["p50_ms"]
     top = max(steps, key=lambda s: steps[s]).split(". ", 1)[1]
     assert dominant["finding"].startswith(f"{ENSEMBLE}: step {top} takes ")
     assert not [k for k, v in doc.items() if isinstance(v, dict) and v.get("status") == "error"]
+    for key in ("A2", "A3"):  # the replay's layers, each under its step
+        assert [r["step"] for r in doc[key]["rows"]] == sorted(
+            (r["step"] for r in doc[key]["rows"]), key=STEPS.index
+        )
+        assert {r["step"] for r in doc[key]["rows"]} == set(STEPS)
     notes = "\n".join(doc["fidelity"]["notes"])
     for step in STEPS:  # each step's replay against that step's live compute_infer
         assert f"ensemble step {ENSEMBLE}/{step}: replay p50 " in notes, notes

@@ -2,7 +2,8 @@
 `xsp-sidecar serve` (its profiling worker) in front of the real Triton 2.51 in OpenTelemetry
 mode; forced profiles (`x-xsp-profile: 1`) of `add_sub`, of the BLS model `bls_cnn` (which
 calls the ONNX `simple_cnn`) and of the decoupled `token_stream` each become a stored profile
-with levels M and L, and no profile is counted as an error."""
+with levels M, L and K (the ONNX Runtime nodes below a call, where the model's code ran a
+session), and no profile is counted as an error."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def test_forced_profiles_of_python_models_have_levels_and_no_error(
         backend=triton.grpc_address, log_path=tmp_path / "sidecar.log",
         args=["--model-repository", str(triton.model_repository), "--db", str(db),
               "--otlp-port", str(port), "--sample-rate", "0", "--duty-cycle", "1",
-              "--iterations", "3", "--warmup", "1"],
+              "--iterations", "3", "--warmup", "1", "--levels", "M,L,K"],
     )  # fmt: skip
     with proc:
         client = grpcclient.InferenceServerClient(proc.address)
@@ -88,11 +89,16 @@ def test_forced_profiles_of_python_models_have_levels_and_no_error(
         for model, trace in traces.items():
             assert trace.status == "ok", (model, trace.error)
             assert trace.attributes["model_format"] == "python"
-            assert trace.attributes["levels"] == ["model", "layer"]
+            assert trace.attributes["levels"] == ["model", "layer", "kernel"]
             stats = {s.level for s in store.level_stats(trace.trace_id)}
-            assert stats == {Level.MODEL, Level.LAYER}, model
+            assert stats == {Level.MODEL, Level.LAYER, Level.KERNEL}, model
         bls = store.spans(traces["bls_cnn"].trace_id, Level.LAYER)
         assert {"_scale", "_softmax", "bls:simple_cnn"} <= {s.name for s in bls}
+        (call,) = [s for s in bls if s.name == "bls:simple_cnn"]
+        nodes = store.spans(traces["bls_cnn"].trace_id, Level.KERNEL)
+        assert nodes and all(n.parent_id == call.span_id for n in nodes)  # simple_cnn's ORT nodes
+        assert "Conv" in {n.attributes["op_type"] for n in nodes}
+        assert traces["add_sub"].attributes["kernel_level"].startswith("not captured")
         stream = traces["token_stream"].attributes
         assert stream["decoupled"] is True and stream["decoupled_responses"] == 3
     finally:

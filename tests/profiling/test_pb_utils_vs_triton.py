@@ -14,9 +14,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from sidecar.backends.model_repository import find_model
 from sidecar.profiling.runners.python_model import PythonModelRunner
 from sidecar.profiling.runners.select import runner_for
 from tests.harness.triton.model_repo import (
+    add_async_bls,
     add_bls_cnn,
     add_token_stream,
     build_model_repository,
@@ -69,7 +71,7 @@ class TritonPythonModel:
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     root = tmp_path_factory.mktemp("triton-pb-utils")
-    repo = add_bls_cnn(add_token_stream(build_model_repository(root / "models")))
+    repo = add_async_bls(add_bls_cnn(add_token_stream(build_model_repository(root / "models"))))
     write_model(repo, "args_json", ARGS_JSON_CONFIG, ARGS_JSON)
     with TritonServer(model_repository=repo, log_path=root / "tritonserver.log") as server:
         yield server
@@ -82,7 +84,7 @@ def client(triton: TritonServer) -> Iterator[grpcclient.InferenceServerClient]:
 
 
 def replay(triton: TritonServer, model: str) -> PythonModelRunner:
-    runner = runner_for(triton.model_repository / model / "1" / "model.py")
+    runner = runner_for(triton.model_repository / model / "1" / "model.py", find=find_model)
     assert isinstance(runner, PythonModelRunner)
     return runner
 
@@ -120,6 +122,13 @@ def through_replay(triton: TritonServer, model: str, inputs: dict[str, np.ndarra
         (
             "bls_cnn",  # BLS: Triton calls its simple_cnn; the replay runs model.onnx in ORT
             {"IMAGE": np.random.default_rng(2).random((3, 3, 32, 32), np.float32) * 255},
+        ),
+        (
+            "async_bls",  # async def execute: two `await request.async_exec()` BLS calls
+            {
+                "INPUT0": np.linspace(-2, 2, 5, dtype=np.float32),
+                "INPUT1": np.arange(5, dtype=np.float32),
+            },
         ),
     ],
 )

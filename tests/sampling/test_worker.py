@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import queue
 import time
+from pathlib import Path
 from typing import Any
 
 from sidecar.replay.job_records import JobResult, ProfileJob
@@ -50,6 +51,18 @@ def test_worker_runs_jobs_in_another_low_priority_process() -> None:
         assert result.details["threads"] == 2
     finally:
         worker.stop()
+
+
+def test_the_worker_closes_its_loaded_runners_when_it_stops(tmp_path: Path) -> None:
+    mark = tmp_path / "closed"
+    worker, results = start("keeps_a_runner")
+    try:
+        assert worker.submit(job(str(mark)))
+        assert results.get(timeout=60).outcome == "ok"
+        assert not mark.exists()  # kept loaded between jobs
+    finally:
+        worker.stop()
+    assert mark.read_text() == "closed"  # a Python model's finalize runs as the worker ends
 
 
 def test_crash_hang_and_error_are_recorded_and_the_worker_comes_back() -> None:

@@ -101,3 +101,22 @@ def one_at_a_time(job: ProfileJob, context: ReplayContext) -> JobResult:
     details = {"pid": os.getpid(), "jobs": jobs, "start": started}
     details["end"] = time.time_ns()
     return JobResult(job.trace_id, job.model, "ok", 0.0, details=details)
+
+
+class _MarksItsClose:
+    """A loaded runner that writes `closed` to `path` when the worker closes it (as a Python
+    model's runner calls its `finalize`)."""
+
+    name = "marks_its_close"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def close(self) -> None:
+        Path(self.path).write_text("closed")
+
+
+def keeps_a_runner(job: ProfileJob, context: ReplayContext) -> JobResult:
+    """Keeps a runner that marks its close in the file `job.model` names."""
+    context.keep(job.model, _MarksItsClose(job.model), 4)  # type: ignore[arg-type]
+    return JobResult(job.trace_id, job.model, "ok", 0.001)

@@ -25,9 +25,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from prometheus_client import CollectorRegistry
 
+from sidecar.backends.replayability import Replayability
 from sidecar.live.otlp_payload import OtlpSpan, parse_otlp_protobuf
 from sidecar.live.otlp_receiver import OtlpReceiver
-from sidecar.replay.job_records import JobResult
+from sidecar.replay.job_records import JobResult, ProfileJob
 from sidecar.sampling.pipeline import SamplingPipeline
 from sidecar.trace.otlp_export import OtlpExportCollector, OtlpTraceExport
 from sidecar.trace.otlp_target import OtlpExportError, parse_target
@@ -159,6 +160,39 @@ def test_a_stored_trace_reaches_an_otlp_http_collector_whole(
     assert sample_value(text, "xsp_otlp_export_total", outcome="exported") == len(replay) + 1
     assert sample_value(text, "xsp_otlp_export_total", outcome="failed") == 0
     assert sample_value(text, "xsp_otlp_export_total", outcome="dropped") == 0
+
+
+def test_a_live_only_trace_exports_its_status_and_why_on_its_request_span(
+    http_collector: tuple[OtlpReceiver, Received], tmp_path: Path
+) -> None:
+    """The trace row comes first (at the sampling decision) with no span to carry it; the
+    relay's span, the trace's root, comes at the call's end and carries its header."""
+    receiver, received = http_collector
+    config = replace(
+        sampling_config(tmp_path / "models", tmp_path / "traces.db"),
+        otlp_export=f"http://127.0.0.1:{receiver.port}/v1/traces",
+    )
+    pipeline = SamplingPipeline(config, CollectorRegistry(), model_label)
+    request, _, _, _ = worker_trace()
+    why = Replayability(False, "model 'resnet50' is served by 'tensorrt_plan'")
+    job = ProfileJob(request.trace_id, request.span_id, "resnet50", "ModelInfer", b"", "rate", 0)
+    try:
+        assert pipeline.export is not None
+        assert pipeline.keep_live(job, why)  # the live-only trace row
+        assert pipeline.store_spans(request.trace_id, [request])
+        assert pipeline.writer is not None and pipeline.writer.flush(10)
+        assert pipeline.export.flush(10)
+        got = received.wait_for(1)
+    finally:
+        pipeline.stop()
+    (span,) = got
+    assert span.span_id == request.span_id and span.parent_span_id is None
+    assert span.attributes["xsp.status"] == "live_only"
+    assert span.attributes["xsp.replay"] == (
+        "not_replayable: model 'resnet50' is served by 'tensorrt_plan'"
+    )
+    assert span.attributes["xsp.model"] == "resnet50"
+    assert span.attributes["xsp.grpc_code"] == "OK"  # its own attributes, as before
 
 
 def test_the_grpc_exporter_sends_the_same_tree(grpc_collector: tuple[int, Received]) -> None:

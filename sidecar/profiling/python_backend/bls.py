@@ -1,6 +1,6 @@
 """BLS inside a replayed Python model: `InferenceRequest(...).exec()` goes to a replay.
 
-The called model is looked up in the same repository (`backends.model_repository.find_model`):
+The called model is looked up in the same repository, by the lookup the replay hands over:
 an ONNX model runs in ONNX Runtime (one CPU session per model, one thread), another Python
 model is loaded and run the same way, recursively. Each call is recorded (`BlsCall`) and
 becomes a layer span of kind `bls` of the calling model. A model that cannot be replayed
@@ -10,7 +10,7 @@ answers with an error response that says why, as Triton answers a failed BLS cal
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from sidecar.profiling.python_backend import pb_utils
-from sidecar.profiling.vocabulary import RawSpan
+from sidecar.profiling.vocabulary import ModelLookup, RawSpan
 from sidecar.trace.spans import Level
 
 MAX_DEPTH = 8  # BLS calls nested deeper than this answer with an error
@@ -107,8 +107,8 @@ class BlsRouter:
     """The BLS handler of one replayed model: resolves, loads (once) and runs called models."""
 
     repository: Path
+    find: ModelLookup  # the repository's lookup (`vocabulary.ModelLookup`)
     depth: int = 0
-    find: Callable[..., Any] | None = None  # `find_model`; injectable for tests
     calls: list[BlsCall] = field(default_factory=list)
     _callees: dict[str, Any] = field(default_factory=dict)
 
@@ -136,17 +136,15 @@ class BlsRouter:
             raise RecursionError(f"BLS calls nested deeper than {MAX_DEPTH}")
         if model in self._callees:
             return self._callees[model]
-        from sidecar.backends.model_repository import find_model
         from sidecar.profiling.formats import ModelFormat
         from sidecar.profiling.python_backend.loader import PythonModel
 
-        find = self.find or find_model
-        location = find(self.repository, model, None if version in (-1, None) else version)
+        location = self.find(self.repository, model, None if version in (-1, None) else version)
         if location.format is ModelFormat.ONNX:
             callee: Any = OnnxCallee(location.path)
         elif location.format is ModelFormat.PYTHON:
             inner = PythonModel(location)
-            inner.bls_router = BlsRouter(self.repository, self.depth + 1, find, self.calls)
+            inner.bls_router = BlsRouter(self.repository, self.find, self.depth + 1, self.calls)
             callee = PythonCallee(inner)
         else:
             raise NotImplementedError(

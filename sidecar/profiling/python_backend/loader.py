@@ -14,6 +14,7 @@ This runs the repository's own Python code in the worker, as Triton runs it in i
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import importlib.util
@@ -31,11 +32,14 @@ from typing import Any
 import numpy as np
 
 from sidecar.profiling.python_backend import pb_utils
+from sidecar.profiling.python_backend.runtime_sessions import Sessions, recording
 from sidecar.profiling.vocabulary import ProfilingError
 
 MODULE = "triton_python_backend_utils"
 FINAL_WAIT_S = 30.0  # how long a decoupled model may send after `execute` returned
-_swap_lock = threading.RLock()
+_swap_lock = threading.Lock()
+_users = [0]  # `stand_in` blocks open, in every thread
+_before: list[Any] = []  # what `sys.modules[MODULE]` was before the first one
 
 
 class PythonModelError(ProfilingError):
@@ -44,17 +48,25 @@ class PythonModelError(ProfilingError):
 
 @contextlib.contextmanager
 def stand_in() -> Iterator[None]:
-    """`import triton_python_backend_utils` gives the stand-in while the model's code runs."""
+    """`import triton_python_backend_utils` gives the stand-in while the model's code runs
+    (in any thread: a BLS `async_exec` runs a callee's code in another one while its caller
+    waits, so no lock is held while the code runs)."""
     with _swap_lock:
-        before = sys.modules.get(MODULE)
-        sys.modules[MODULE] = pb_utils
-        try:
-            yield
-        finally:
-            if before is None:
-                sys.modules.pop(MODULE, None)
-            else:
-                sys.modules[MODULE] = before
+        if _users[0] == 0:
+            _before[:] = [sys.modules.get(MODULE)]
+            sys.modules[MODULE] = pb_utils
+        _users[0] += 1
+    try:
+        yield
+    finally:
+        with _swap_lock:
+            _users[0] -= 1
+            if _users[0] == 0:
+                before = _before[0] if _before else None
+                if before is None:
+                    sys.modules.pop(MODULE, None)
+                else:
+                    sys.modules[MODULE] = before
 
 
 def config_json(config: Any) -> dict[str, Any]:
@@ -165,6 +177,7 @@ class PythonModel:
         self.name: str = location.name
         self.version: str = location.version
         self.path = Path(location.path)
+        self.sessions = Sessions()  # the ONNX Runtime sessions its code makes
         self.config = config_json(location.config) if location.config is not None else {}
         self.config.setdefault("name", self.name)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(self.config)
@@ -172,7 +185,7 @@ class PythonModel:
         self.module = self._import()
         if not hasattr(self.module, "TritonPythonModel"):
             raise PythonModelError(f"{self.path} defines no TritonPythonModel class")
-        with stand_in():
+        with self.running():
             try:
                 self.instance = self.module.TritonPythonModel()
                 if hasattr(self.instance, "initialize"):
@@ -183,6 +196,14 @@ class PythonModel:
                 ) from exc
         self.execute_code = self.instance.execute.__code__
         self.bls_router: Any = None  # where this model's BLS calls go (`bls.BlsRouter`)
+        self._loop: asyncio.AbstractEventLoop | None = None  # for an `async def execute`
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """While the model's own code runs: the stand-in `pb_utils`, and its ONNX Runtime
+        sessions recorded (`runtime_sessions`)."""
+        with stand_in(), recording(self.sessions):
+            yield
 
     def args(self) -> dict[str, str]:
         """The `args` of `initialize`, as Triton's Python backend gives them (CPU instance)."""
@@ -203,7 +224,7 @@ class PythonModel:
         if spec is None or spec.loader is None:
             raise PythonModelError(f"cannot import {self.path}")
         module = importlib.util.module_from_spec(spec)
-        with stand_in():
+        with self.running():
             sys.modules[module_name] = module
             try:
                 spec.loader.exec_module(module)
@@ -238,9 +259,11 @@ class PythonModel:
 
         if self.decoupled:
             request._sender = pb_utils.InferenceResponseSender(sink)
-        with stand_in():
+        with self.running():
             try:
                 returned = self.instance.execute([request])
+                if inspect.isawaitable(returned):  # `async def execute`, as Triton runs it
+                    returned = self._event_loop().run_until_complete(returned)
             except Exception as exc:
                 raise PythonModelError(
                     f"{self.name}: model.py execute raised {type(exc).__name__}: {exc}"
@@ -262,7 +285,24 @@ class PythonModel:
         out.done_ns = max([out.returned_ns, *(r.at_ns for r in out.responses)])
         return out
 
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """The model's own event loop (Triton's stub keeps one per model instance)."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop
+
     def finalize(self) -> None:
-        if hasattr(self.instance, "finalize"):
-            with stand_in():
-                self.instance.finalize()
+        """Call the model's `finalize` (as Triton does when it unloads the model), then close
+        its event loop; a second call does nothing."""
+        if getattr(self, "_finalized", False):
+            return
+        self._finalized = True
+        try:
+            if hasattr(self.instance, "finalize"):
+                with self.running():
+                    self.instance.finalize()
+        finally:
+            if self._loop is not None:
+                self._loop.run_until_complete(self._loop.shutdown_default_executor())
+                self._loop.close()
+                self._loop = None

@@ -9,10 +9,14 @@ only inside the profiling worker, while a model's code runs (`python_backend.loa
 What Triton does in C++ (shared memory, DLPack to GPU tensors, the scheduler) is not
 reproduced: tensors are numpy arrays in the worker's memory. `InferenceRequest.exec()` goes
 to the replay's BLS handler (`set_bls_handler`); without one it answers with an error.
+`async_exec()` runs the same call in the event loop's default executor, as Triton's stub does,
+and returns the future for an `async def execute` to await.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -249,7 +253,18 @@ class InferenceRequest:
     def exec(self, decoupled: bool = False) -> Any:
         """A BLS call: the replay of `model_name` on these inputs (an iterator of responses
         when `decoupled`)."""
-        handler = bls_handler()
+        return self._exec_with(bls_handler(), decoupled)
+
+    def async_exec(self, decoupled: bool = False) -> asyncio.Future[Any]:
+        """A BLS call for `async def execute`: as Triton's stub does, the call runs in the
+        running event loop's default executor and the future it returns is awaited (several
+        can be in flight at once, e.g. with `asyncio.gather`). Outside a running loop it
+        raises `RuntimeError`, as Triton's does."""
+        loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()  # the caller's recording of runtime sessions
+        return loop.run_in_executor(None, context.run, self._exec_with, bls_handler(), decoupled)
+
+    def _exec_with(self, handler: BlsHandler | None, decoupled: bool) -> Any:
         if handler is None:
             error = TritonError(f"BLS to {self.model_name!r}: no replay handles BLS calls here")
             response = InferenceResponse(error=error)
@@ -260,9 +275,6 @@ class InferenceRequest:
         if isinstance(result, InferenceResponse):
             return result
         return next(iter(result), InferenceResponse(error=TritonError("no response")))
-
-    async def async_exec(self, decoupled: bool = False) -> Any:
-        return self.exec(decoupled)
 
 
 class Logger:

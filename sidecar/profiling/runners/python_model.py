@@ -4,8 +4,14 @@ M is the time of `execute` on the sampled request (for a decoupled model, until 
 response). L adds the Python calls inside `execute` (`python_backend.calls`: the model's own
 functions and the calls they make, by `sys.setprofile`; its overhead is L's overhead ratio)
 and one span per BLS call (`python_backend.bls`: the called model replayed, ONNX in ONNX
-Runtime, Python recursively). K is not captured: a Python model's kernels would be those of
-the runtime it calls, which this runner does not profile below the call.
+Runtime, Python recursively). K adds the layers of the runtime below those calls: the nodes
+ONNX Runtime ran for every session the model's code made (its own `InferenceSession`s and the
+ONNX models it calls over BLS; `python_backend.runtime_sessions`), each a child of the call
+that ran it. Each level is timed in its own run: M unprofiled, L with the call tracer, K with
+the call tracer and ONNX Runtime's profiler. A model whose code runs no ONNX Runtime session
+and, where the model's module imports torch, the outermost ATen ops of every execute
+(`python_backend.torch_ops`). A model whose code runs neither has no K spans (`kernel_level`
+says so).
 
 A decoupled model's responses are all collected: each model span carries `responses`,
 `time_to_first_response_ns` and `response_gaps_ns`, and the M run's trimmed means go to the
@@ -14,9 +20,10 @@ trace (`decoupled_*` attributes), for fidelity to compare with the live stream.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -26,6 +33,8 @@ from sidecar.profiling.python_backend import pb_utils
 from sidecar.profiling.python_backend.bls import BlsRouter
 from sidecar.profiling.python_backend.calls import CallTracer
 from sidecar.profiling.python_backend.loader import Execution, PythonModel
+from sidecar.profiling.python_backend.runtime_sessions import Profiles
+from sidecar.profiling.python_backend.torch_ops import TorchOps, imports_torch
 from sidecar.profiling.runners.timing import (
     check_iterations,
     epoch_offset_ns,
@@ -37,6 +46,7 @@ from sidecar.profiling.vocabulary import (
     Iteration,
     LevelNotSupportedError,
     LevelRun,
+    ModelLookup,
     RawSpan,
     RuntimeInfo,
     keyed,
@@ -44,11 +54,16 @@ from sidecar.profiling.vocabulary import (
 )
 from sidecar.trace.spans import Level
 
-KERNEL_NOTE = (
-    "not captured: a Python-backend model's replay times its Python calls (L); the runtimes "
-    "it calls are not profiled below the call"
+NO_SESSION_NOTE = (
+    "not captured: the model's code ran no ONNX Runtime session and imports no torch (K of a "
+    "Python-backend model is the ONNX Runtime nodes and PyTorch ops below its calls)"
 )
 LAYER_METHOD = "sys.setprofile: the model's own functions and the calls they make"
+KERNEL_METHOD = (
+    "ONNX Runtime's profiler, in a twin of each session the model's code made, and "
+    "torch.profiler where its module imports torch; each node or op a child of the Python "
+    "call that ran it"
+)
 
 
 class PythonModelRunner:
@@ -56,10 +71,12 @@ class PythonModelRunner:
 
     name = "python_backend"
 
-    def __init__(self, location: Any) -> None:
+    def __init__(self, location: Any, find: ModelLookup) -> None:
+        """`location`: the model's `ModelLocation`; `find`: its repository's lookup, for the
+        models it calls over BLS."""
         self.location = location
         self.model = PythonModel(location)
-        self.router = BlsRouter(location.path.parent.parent.parent)
+        self.router = BlsRouter(location.path.parent.parent.parent, find)
         self.model.bls_router = self.router
 
     def describe(self) -> RuntimeInfo:
@@ -69,11 +86,16 @@ class PythonModelRunner:
             version,
             "model.py (triton_python_backend_utils stand-in)",
             cpu_name(),
-            {Level.KERNEL.value: KERNEL_NOTE},
         )
 
     def supported_levels(self) -> tuple[Level, ...]:
-        return (Level.MODEL, Level.LAYER)
+        return (Level.MODEL, Level.LAYER, Level.KERNEL)
+
+    def close(self) -> None:
+        """`finalize` the model and the Python models it called over BLS (the worker evicts
+        the runner or stops), as Triton finalizes a model it unloads."""
+        for model in [self.model, *self.router.python_models()]:
+            model.finalize()
 
     def respond(self, inputs: Mapping[str, np.ndarray]) -> Execution:
         """One `execute` of the model on `inputs`, unprofiled: its responses (for tests)."""
@@ -83,24 +105,83 @@ class PythonModelRunner:
         self, inputs: Mapping[str, np.ndarray], level: Level, iterations: int, warmup: int
     ) -> LevelRun:
         check_iterations(iterations, warmup)
-        if level not in (Level.MODEL, Level.LAYER):
-            raise LevelNotSupportedError(f"level {level.value}: {KERNEL_NOTE}")
-        warm_up(lambda: self._execute(inputs), warmup)
-        offset = epoch_offset_ns()
-        layers = level is Level.LAYER
+        if level not in (Level.MODEL, Level.LAYER, Level.KERNEL):
+            raise LevelNotSupportedError(f"level {level.value!r} is not a replay level")
+        layers = level is not Level.MODEL
+        kernels = level is Level.KERNEL
+        models = [self.model, *self.router.python_models()]
+        torch_ops = TorchOps() if kernels and imports_torch(m.module for m in models) else None
+        mark = torch_ops.mark if torch_ops is not None else contextlib.nullcontext
+        with self._profiling(kernels) as profiles, self._torch(torch_ops):
 
-        def once() -> tuple[Iteration, int]:
-            return self._iteration(inputs, offset, layers)
+            def execute() -> Execution:
+                with mark():
+                    return self._execute(inputs)
 
-        its = paced_runs(once, iterations)
+            warm_up(execute, warmup)
+            offset = epoch_offset_ns()
+
+            def once() -> tuple[Iteration, int]:
+                return self._iteration(execute, offset, layers)
+
+            its = paced_runs(once, iterations)
         attrs: dict[str, Any] = {"python_backend": str(self.location.path.name)}
         if layers:
             attrs["python_layer_method"] = LAYER_METHOD
         elif self.model.decoupled:
             attrs.update(_decoupled_summary(its))
+        if kernels:
+            attrs.update(self._add_nodes(its, profiles, torch_ops))
         return LevelRun(level, its, warmup, attrs)
 
     # -- internals ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _profiling(self, kernels: bool) -> Iterator[list[Profiles]]:
+        """While open (K only), every ONNX Runtime session the model and its BLS Python
+        callees made runs with the profiler on."""
+        found: list[Profiles] = []
+        with contextlib.ExitStack() as stack:
+            if kernels:
+                for model in [self.model, *self.router.python_models()]:
+                    found.append(stack.enter_context(model.sessions.profiling()))
+            yield found
+
+    @staticmethod
+    def _torch(torch_ops: TorchOps | None) -> contextlib.AbstractContextManager[Any]:
+        return torch_ops.profiling() if torch_ops is not None else contextlib.nullcontext()
+
+    def _add_nodes(
+        self, its: list[Iteration], profiles: list[Profiles], torch_ops: TorchOps | None
+    ) -> dict[str, Any]:
+        """Each iteration's ONNX Runtime nodes and PyTorch ops as its kernel spans; the K
+        run's attributes."""
+        walls = [(it.spans[0].start_ns, it.spans[0].end_ns) for it in its]
+        ops = torch_ops.spans(walls) if torch_ops is not None else [[] for _ in its]
+        for it, found_ops in zip(its, ops, strict=True):
+            head = it.spans[0]
+            found = sorted(
+                [*(n for p in profiles for n in p.within(head.start_ns, head.end_ns)), *found_ops],
+                key=lambda n: n.start_ns,
+            )
+            for span, key in zip(found, keyed([n.name for n in found]), strict=True):
+                span.key = key
+            it.spans += found
+        sessions = sum(p.sessions for p in profiles)
+        failed = [why for p in profiles for why in p.failed]
+        extra: dict[str, Any] = {"python_kernel_sessions_failed": failed} if failed else {}
+        if sessions == 0 and torch_ops is None:
+            note = NO_SESSION_NOTE
+            if failed:
+                note = f"not captured: no profiling twin of its ONNX Runtime session: {failed[0]}"
+            return {"kernel_level": note, **extra}
+        return {
+            **extra,
+            "kernel_level": "captured",
+            "python_kernel_method": KERNEL_METHOD,
+            "python_kernel_sessions": sessions,
+            "python_kernel_torch": torch_ops is not None,
+        }
+
     def _execute(self, inputs: Mapping[str, np.ndarray]) -> Execution:
         previous = pb_utils.bls_handler()
         pb_utils.set_bls_handler(self.router)
@@ -110,7 +191,7 @@ class PythonModelRunner:
             pb_utils.set_bls_handler(previous)
 
     def _iteration(
-        self, inputs: Mapping[str, np.ndarray], offset: int, layers: bool
+        self, execute: Callable[[], Execution], offset: int, layers: bool
     ) -> tuple[Iteration, int]:
         self.router.calls.clear()
         tracer = None
@@ -121,7 +202,7 @@ class PythonModelRunner:
             )
             tracer.__enter__()
         try:
-            execution = self._execute(inputs)
+            execution = execute()
         finally:
             if tracer is not None:
                 tracer.__exit__(None, None, None)

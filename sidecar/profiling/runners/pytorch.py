@@ -156,6 +156,14 @@ class PyTorchRunner:
             attrs["torchscript_optimized_execution"] = False
         return LevelRun(level, its, warmup, attrs)
 
+    def outputs(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """One unprofiled forward on `inputs` (positional, in their order): its outputs."""
+        args = [self.torch.from_numpy(np.ascontiguousarray(a)) for a in inputs.values()]
+        with self.torch.inference_mode():
+            out = self.model(*[a.to(self.device) for a in args])
+        values = out if isinstance(out, tuple | list) else [out]
+        return [v.detach().cpu().numpy() for v in values]
+
     # -- internals ----------------------------------------------------------------------
     def _cuda_run(
         self,

@@ -16,9 +16,10 @@ from typing import Any
 from sidecar.profiling.devices import cuda_index
 from sidecar.profiling.formats import SUPPORTED, ModelFormat, UnsupportedFormatError, format_of
 from sidecar.profiling.server_config import OrtSettings, ReplaySettings, TorchSettings
-from sidecar.profiling.vocabulary import ProfilingError, Runner
+from sidecar.profiling.vocabulary import ModelLookup, ProfilingError, Runner
 
 log = logging.getLogger(__name__)
+CONFIG_FILE = "config.pbtxt"  # a Triton model's configuration, beside its version folders
 
 
 def runner_for(
@@ -31,6 +32,7 @@ def runner_for(
     name: str | None = None,
     ncu_metrics: bool = False,
     settings: ReplaySettings | None = None,
+    find: ModelLookup | None = None,
 ) -> Runner:
     """A loaded runner for the model at `path`.
 
@@ -39,7 +41,9 @@ def runner_for(
     before TensorFlow first runs in the process); `name` is the model's name in PyTorch
     and TensorFlow traces; `ncu_metrics` adds Nsight Compute's metrics run after K (PyTorch
     on CUDA only); `settings` are what the model's `config.pbtxt` asks of the runtime
-    (`server_config.replay_settings`), which win over `optimizations` and `threads`.
+    (`server_config.replay_settings`), which win over `optimizations` and `threads`;
+    `find` is the model repository's lookup, which a Triton Python-backend model (its BLS
+    callees) and an ensemble (its steps) need (`vocabulary.ModelLookup`).
     """
     path = Path(path)
     if not path.exists():
@@ -67,9 +71,9 @@ def runner_for(
     if fmt is ModelFormat.SAVEDMODEL:
         return _savedmodel_runner(path, device, optimizations, threads, name)
     if fmt is ModelFormat.PYTHON:
-        return _python_runner(path, device)
+        return _python_runner(path, device, _needs(find, path))
     if fmt is ModelFormat.ENSEMBLE:
-        return _ensemble_runner(path, device, optimizations, threads)
+        return _ensemble_runner(path, device, optimizations, threads, _needs(find, path))
     raise UnsupportedFormatError(
         f"profiling {fmt.value} models is not supported (supported: {SUPPORTED})"
     )
@@ -157,11 +161,19 @@ def _torchscript_runner(
     return PyTorchRunner(path, device=device, name=name, ncu_metrics=ncu_metrics, settings=settings)
 
 
-def _python_runner(path: Path, device: str) -> Runner:
+def _needs(find: ModelLookup | None, path: Path) -> ModelLookup:
+    if find is None:
+        raise ProfilingError(
+            f"{path}: a Python-backend model or an ensemble is replayed from its model "
+            "repository, and no repository lookup was given (runner_for's `find`)"
+        )
+    return find
+
+
+def _python_runner(path: Path, device: str, find: ModelLookup) -> Runner:
     """A Python-backend model's `model.py`, found in its repository as Triton lays it out
     (`<repo>/<model>/<version>/model.py`, beside `<repo>/<model>/config.pbtxt`). Asked for by
     its path, the model.py runs even where the repository lookup prefers a model file beside it."""
-    from sidecar.backends.model_repository import ModelRepositoryError, find_model
     from sidecar.profiling.runners.python_model import PythonModelRunner
 
     if device != "cpu":
@@ -174,24 +186,25 @@ def _python_runner(path: Path, device: str) -> Runner:
             f"{path} is not in a Triton model repository (<repo>/<model>/<version>/model.py)"
         )
     try:
-        location = find_model(version_dir.parent.parent, version_dir.parent.name, version_dir.name)
-    except ModelRepositoryError as exc:
+        location = find(version_dir.parent.parent, version_dir.parent.name, version_dir.name)
+    except LookupError as exc:  # the lookup's errors (the model, its config, its version)
         raise ProfilingError(str(exc)) from None
     if location.format is not ModelFormat.PYTHON:  # e.g. a model.py beside its model.onnx
         location = dataclasses.replace(location, path=path, format=ModelFormat.PYTHON)
-    return PythonModelRunner(location)
+    return PythonModelRunner(location, find)
 
 
-def _ensemble_runner(path: Path, device: str, optimizations: bool, threads: int | None) -> Runner:
+def _ensemble_runner(
+    path: Path, device: str, optimizations: bool, threads: int | None, find: ModelLookup
+) -> Runner:
     """A Triton ensemble, found by its `config.pbtxt` (or its folder) in the repository; each
     step's runner is loaded here as the step's model alone would be."""
-    from sidecar.backends.model_repository import CONFIG_FILE, ModelRepositoryError, find_model
     from sidecar.profiling.runners.ensemble import EnsembleRunner
 
     model_dir = path.resolve().parent if path.name == CONFIG_FILE else path.resolve()
     try:
-        location = find_model(model_dir.parent, model_dir.name)
-    except ModelRepositoryError as exc:
+        location = find(model_dir.parent, model_dir.name, None)
+    except LookupError as exc:
         raise ProfilingError(str(exc)) from None
     if location.format is not ModelFormat.ENSEMBLE:
         raise ProfilingError(f'{path} is not a Triton ensemble (platform: "ensemble")')
@@ -204,9 +217,10 @@ def _ensemble_runner(path: Path, device: str, optimizations: bool, threads: int 
             optimizations=optimizations,
             threads=threads,
             name=step.name,
+            find=find,
         )
 
-    return EnsembleRunner(location, step_runner)
+    return EnsembleRunner(location, step_runner, find)
 
 
 def _savedmodel_runner(

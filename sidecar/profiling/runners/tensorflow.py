@@ -140,6 +140,10 @@ class TensorFlowRunner:
             return self._profiled_run(step, level, iterations, warmup)
         raise LevelNotSupportedError(f"level {level.value!r} is not a replay level")
 
+    def outputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One unprofiled call of the signature on `inputs`: its outputs by name."""
+        return {k: v.numpy() for k, v in self.function(**self._feed(inputs)).items()}
+
     # -- internals ----------------------------------------------------------------------
     def _attributes(self) -> dict[str, Any]:
         return {"layer_names": "original", "graph_optimizations": "enabled"}

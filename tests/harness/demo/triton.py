@@ -205,8 +205,16 @@ def _skip_reason(decision: str, options: DemoOptions) -> str:
     )
 
 
+# what became of a profile's trace, per outcome other than ok and error (stored as traces);
+# the rest (timeout, crash, store_error) are not stored
+UNREPLAYED = {
+    "live_only": "stored with their live side only (no replay can run the model: status "
+    "live_only, the reason in the trace's `replay`)",
+}
+
+
 def _logged_failures(log_path: Path, outcome: str, limit: int = 3) -> list[str]:
-    """The sidecar's log lines about profiles that ended in `outcome` (not stored as traces)."""
+    """The sidecar's log lines about profiles that ended in `outcome` (not `ok`)."""
     if not log_path.exists():
         return []
     marker = f": {outcome} ("
@@ -318,12 +326,14 @@ def account(
         lines.append(f"  failed {n} ({model}): {error[:300]}")
     for outcome in sorted(set(outcomes) - {"ok", "error"}):
         logged = _logged_failures(log_path, outcome)
-        lines.append(f"  {outcome} {outcomes[outcome]}: not stored; from {log_path.name}:")
+        what = UNREPLAYED.get(outcome, "not stored")
+        lines.append(f"  {outcome} {outcomes[outcome]}: {what}; from {log_path.name}:")
         lines.extend(f"    {entry[:300]}" for entry in logged)
-    stored = count_traces(db)
+    stored, live_only = count_traces(db), count_traces(db, status="live_only")
     lines.append(
         f"traces stored: {stored} ({count_traces(db, status='ok')} ok, "
-        f"{count_traces(db, status='error')} failed)"
+        f"{count_traces(db, status='error')} failed"
+        + (f", {live_only} live-only)" if live_only else ")")
     )
     if counts["error"]:
         lines.append(f"traffic errors (the client saw them): {counts['error']}")

@@ -73,6 +73,12 @@ output [ { name: "PROBS" data_type: TYPE_FP32 dims: [ -1, 10 ] } ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
 """
 
+# `simple_cnn` run by its model.py: the ONNX file is not `model.onnx`, so the repository
+# lookup resolves the model.py (ONNX Runtime inside a Python model).
+PY_CNN_CONFIG = SIMPLE_CNN_CONFIG.replace('name: "simple_cnn"', 'name: "py_cnn"') + (
+    'parameters { key: "onnx_file" value: { string_value: "cnn.onnx" } }\n'
+)
+
 SAMPLE_MODELS = ("add_sub", "simple_cnn", "sleep", "pre", "ens_cnn")  # ens_cnn: pre -> simple_cnn
 TEMPLATES = Path(__file__).resolve().parent / "models"  # the Python backend's model.py files
 
@@ -122,6 +128,22 @@ def build_model_repository(repo: Path) -> Path:
 def add_token_stream(repo: Path) -> Path:
     """Add the decoupled `token_stream` model (`models/token_stream.py.tmpl`) to `repo`."""
     write_model(repo, "token_stream", TOKEN_STREAM_CONFIG, _template("token_stream.py.tmpl"))
+    return repo
+
+
+def add_async_bls(repo: Path) -> Path:
+    """Add `async_bls` (`models/async_bls.py.tmpl`: `async def execute`, two `add_sub` calls
+    awaited together)."""
+    config = ADD_SUB_CONFIG.replace('name: "add_sub"', 'name: "async_bls"')
+    write_model(repo, "async_bls", config, _template("async_bls.py.tmpl"))
+    return repo
+
+
+def add_py_cnn(repo: Path) -> Path:
+    """Add `py_cnn`: `simple_cnn`'s network as `cnn.onnx`, run by `models/onnx_runner.py.tmpl`
+    in its model.py (ONNX Runtime inside a Python-backend model)."""
+    version_dir = write_model(repo, "py_cnn", PY_CNN_CONFIG, _template("onnx_runner.py.tmpl"))
+    onnx.save(simple_cnn(), str(version_dir / "cnn.onnx"))
     return repo
 
 
