@@ -48,6 +48,7 @@ from analysis.keys import ANALYSIS_KEYS
 from analysis.load import columnar, damage
 from analysis.load.store_file import TraceDatabaseError
 from analysis.load.trace_filter import TraceFilter, TraceNotFoundError, parse_since
+from sidecar.trace import schema
 
 # The analyses (pandas and all) are imported once the command line is read and the first
 # store's spans are being read (`run`): their import then runs beside the reads.
@@ -310,7 +311,7 @@ def _meta(ta: TraceAnalysis, args: argparse.Namespace) -> dict[str, Any]:
         meta["filters"] = "; ".join(
             f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in filters.items()
         )
-    peaks = sorted({peak_line(a) for a in t["attributes"] if a.get("peak_flops_per_s")})
+    peaks = sorted({peak_line(a) for a in t["attributes"] if a.get(schema.PEAK_FLOPS_PER_S)})
     if peaks:
         meta["peaks"] = " | ".join(peaks)
     synthetic = sorted({str(a["synthetic"]) for a in t["attributes"] if a.get("synthetic")})
@@ -324,17 +325,18 @@ def peak_line(attrs: dict[str, Any]) -> str:
     """The roofline peak a trace recorded, and how it was measured: `cpu-microbenchmark
     182.3 GFLOP/s, 12.1 GB/s, best of 5 rounds, 2026-11-20 10:02 UTC, load 0.05/CPU`."""
     parts = [
-        f"{attrs.get('peak_source', '?')} {float(attrs['peak_flops_per_s']) / 1e9:.4g} GFLOP/s"
+        f"{attrs.get(schema.PEAK_SOURCE, '?')} "
+        f"{float(attrs[schema.PEAK_FLOPS_PER_S]) / 1e9:.4g} GFLOP/s"
     ]
-    if attrs.get("peak_dram_bytes_per_s"):
-        parts.append(f"{float(attrs['peak_dram_bytes_per_s']) / 1e9:.4g} GB/s")
-    if attrs.get("peak_rounds"):
-        parts.append(f"best of {attrs['peak_rounds']} rounds")
-    if attrs.get("peak_measured_ns"):
-        when = time.gmtime(int(attrs["peak_measured_ns"]) / 1e9)
+    if attrs.get(schema.PEAK_DRAM_BYTES_PER_S):
+        parts.append(f"{float(attrs[schema.PEAK_DRAM_BYTES_PER_S]) / 1e9:.4g} GB/s")
+    if attrs.get(schema.PEAK_ROUNDS):
+        parts.append(f"best of {attrs[schema.PEAK_ROUNDS]} rounds")
+    if attrs.get(schema.PEAK_MEASURED_NS):
+        when = time.gmtime(int(attrs[schema.PEAK_MEASURED_NS]) / 1e9)
         parts.append(time.strftime("measured %Y-%m-%d %H:%M UTC", when))
-    if attrs.get("peak_load_per_cpu") is not None:
-        parts.append(f"load {float(attrs['peak_load_per_cpu']):.2f}/CPU")
+    if attrs.get(schema.PEAK_LOAD_PER_CPU) is not None:
+        parts.append(f"load {float(attrs[schema.PEAK_LOAD_PER_CPU]):.2f}/CPU")
     return ", ".join(parts)
 
 

@@ -48,6 +48,7 @@ from sidecar.profiling.server_config import (
 from sidecar.profiling.summary import as_dict, render, render_sweep
 from sidecar.profiling.sweep import Settled, batch_of, settle
 from sidecar.profiling.vocabulary import ProfilingError
+from sidecar.trace import schema
 from sidecar.trace.spans import Level
 
 log = logging.getLogger(__name__)
@@ -187,7 +188,7 @@ def server_side(options: ProfileOptions) -> ServerSide | None:
         else:
             sweep = sweep_sizes(config)
         records += [asdict(r) for r in batching_records(config, how, bool(sweep))]
-    attributes = {"replay_settings": records, "server_config": server_summary(config)}
+    attributes = {schema.REPLAY_SETTINGS: records, schema.SERVER_CONFIG: server_summary(config)}
     return ServerSide(settings, attributes, sweep)
 
 
@@ -247,7 +248,7 @@ def _run(options: ProfileOptions) -> int:
                     peak=peak,
                     progress=lambda _level: bar.update(1),
                 )
-                result.trace.attributes["model_path"] = str(path)
+                result.trace.attributes[schema.MODEL_PATH] = str(path)
                 if server is not None:
                     result.trace.attributes.update(server.attributes)
                 if gpu_peak is not None:
@@ -283,9 +284,9 @@ def _check_peak(peak: Peak, result: LeveledProfile) -> Peak:
     """Record the CPU peak with the trace; measure it again first if a layer beat it."""
     achieved = max(
         (
-            float(s.attributes["flops"]) / ((s.duration_ns or 1) / 1e9)
+            float(s.attributes[schema.FLOPS]) / ((s.duration_ns or 1) / 1e9)
             for s in result.spans_at(Level.LAYER)
-            if isinstance(s.attributes.get("flops"), int | float) and (s.duration_ns or 0) > 0
+            if isinstance(s.attributes.get(schema.FLOPS), int | float) and (s.duration_ns or 0) > 0
         ),
         default=0.0,
     )

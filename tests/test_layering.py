@@ -31,7 +31,8 @@ ALLOWED: dict[str, set[str]] = {
     "sidecar": set(),
     "sidecar.trace": set(),
     "sidecar.endpoint": set(),
-    "sidecar.backends": units("profiling"),
+    # trace: the request span's attribute names a backend adds (`trace.schema`)
+    "sidecar.backends": units("profiling", "trace"),
     "sidecar.proxy": units("backends", "endpoint"),
     "sidecar.profiling": units("trace"),
     "sidecar.live": units("endpoint", "trace"),
@@ -53,11 +54,11 @@ ALLOWED: dict[str, set[str]] = {
     "analysis": set(),
     "analysis.tuning": set(),  # the measured constants, each with its bench, under every stage
     "analysis.load": stages("tuning") | units("trace"),
-    "analysis.relations": stages("tuning", "load") | units("profiling"),
+    "analysis.relations": stages("tuning", "load") | units("profiling", "trace"),
     "analysis.analyses": stages("load", "relations") | units("profiling", "trace"),
-    "analysis.findings": stages("load", "analyses") | units("profiling"),
-    "analysis.render": stages("load", "analyses", "findings") | units("profiling"),
-    "analysis.fleet": stages("load", "analyses") | units("profiling"),
+    "analysis.findings": stages("load", "analyses") | units("profiling", "trace"),
+    "analysis.render": stages("load", "analyses", "findings") | units("profiling", "trace"),
+    "analysis.fleet": stages("load", "analyses") | units("profiling", "trace"),
     "analysis.keys": set(),
     "analysis._extra": set(),
     "analysis.trace_analysis": stages(
@@ -65,7 +66,8 @@ ALLOWED: dict[str, set[str]] = {
     ),
     "analysis.report": stages(
         "_extra", "keys", "load", "analyses", "findings", "render", "fleet", "trace_analysis"
-    ),
+    )
+    | units("trace"),
 }
 
 

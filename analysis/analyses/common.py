@@ -22,6 +22,8 @@ from analysis.load.store_file import TRACE_IDENTITY
 from analysis.load.tracedb import TraceData
 from analysis.relations.kernel_rows import kernel_rows
 from sidecar.profiling.stats import TRIM
+from sidecar.trace import schema
+from sidecar.trace.schema import Level
 from sidecar.trace.spans import LIVE_ONLY
 
 T = TypeVar("T")
@@ -317,10 +319,10 @@ class Frames:
         cols = [
             "tkey",
             *TRACE_IDENTITY,
-            "kernel_level",
-            "peak_flops_per_s",
-            "peak_dram_bytes_per_s",
-            "peak_source",
+            schema.KERNEL_LEVEL,
+            schema.PEAK_FLOPS_PER_S,
+            schema.PEAK_DRAM_BYTES_PER_S,
+            schema.PEAK_SOURCE,
             "created_ns",
         ]
         return self.data.traces[cols]
@@ -335,10 +337,10 @@ class Frames:
 
     def _model_latency(self) -> pd.DataFrame:
         ls = self.data.level_stats
-        from_stats = ls[ls["level"] == "model"][["tkey", "trimmed_mean_ns"]]
+        from_stats = ls[ls["level"] == Level.MODEL][["tkey", "trimmed_mean_ns"]]
         from_stats = from_stats.rename(columns={"trimmed_mean_ns": "latency_ns"})
-        ms = self.at("model")
-        ms = ms.assign(_pref=(ms["run_level"] != "model").astype(int)).sort_values(
+        ms = self.at(Level.MODEL)
+        ms = ms.assign(_pref=(ms["run_level"] != Level.MODEL).astype(int)).sort_values(
             ["tkey", "_pref", "start_ns"]
         )
         from_spans = ms.drop_duplicates("tkey")[["tkey", "duration_ns"]]
@@ -353,18 +355,18 @@ class Frames:
         ls = self.data.level_stats
         if "samples_ns" not in ls.columns:
             return {}
-        rows = ls[(ls["level"] == "model") & ls["samples_ns"].notna()]
+        rows = ls[(ls["level"] == Level.MODEL) & ls["samples_ns"].notna()]
         return {int(k): list(v) for k, v in zip(rows["tkey"], rows["samples_ns"], strict=True)}
 
     def kernel_reason(self) -> str:
         """Why the kernel level is missing from the selected traces."""
         reasons = [
-            str(r) for r in self.meta["kernel_level"].dropna().unique() if str(r) != "captured"
+            str(r) for r in self.meta[schema.KERNEL_LEVEL].dropna().unique() if str(r) != "captured"
         ]
         if reasons:
             quoted = "; ".join(f'"{r}"' for r in sorted(reasons))
             return f"no kernel-level spans; the traces record kernel_level = {quoted}"
-        if self.meta["kernel_level"].eq("captured").any():
+        if self.meta[schema.KERNEL_LEVEL].eq("captured").any():
             return "traces say the kernel level was captured, but they hold no kernel spans"
         return "no kernel spans in the selected traces (trace attribute kernel_level not set)"
 
@@ -405,7 +407,7 @@ class Frames:
         text = f"{level} level not captured in {len(lacking)} traces (models: {models})"
         if level == "kernel":
             reasons = sorted(
-                str(r) for r in lacking["kernel_level"].dropna().unique() if r != "captured"
+                str(r) for r in lacking[schema.KERNEL_LEVEL].dropna().unique() if r != "captured"
             )
             if reasons:
                 text += ": " + "; ".join(reasons)
@@ -420,9 +422,9 @@ class Frames:
         """Per model/batch: the roofline peaks recorded with the traces (median over traces)."""
         m = self.meta
         return m.groupby(GROUP, dropna=False, as_index=False, observed=True).agg(
-            peak_flops_per_s=("peak_flops_per_s", "median"),
-            peak_dram_bytes_per_s=("peak_dram_bytes_per_s", "median"),
-            peak_source=("peak_source", "first"),
+            peak_flops_per_s=(schema.PEAK_FLOPS_PER_S, "median"),
+            peak_dram_bytes_per_s=(schema.PEAK_DRAM_BYTES_PER_S, "median"),
+            peak_source=(schema.PEAK_SOURCE, "first"),
         )
 
 

@@ -27,8 +27,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.analyses.common import Frames
+from sidecar.trace.schema import TRITON_PHASES, Level
 
-STEP_PHASES = ("queue", "compute_input", "compute_infer", "compute_output", "step_other")
+STEP_PHASES = (*TRITON_PHASES, "step_other")
 # the ensemble's own rows (step ""): time no step holds, then time two steps hold at once
 GAP_PHASES = ("between_steps", "ensemble_overhead", "steps_overlap")
 _MEASURED = STEP_PHASES[:-1]
@@ -41,7 +42,7 @@ def step_key(ensemble: str, step: str) -> str:
 
 
 def _model_spans(fr: Frames) -> pd.DataFrame:
-    srv = fr.at("server")
+    srv = fr.at(Level.SERVER)
     ms = srv[srv["kind"] == "model"]
     return pd.DataFrame(
         {
@@ -89,7 +90,7 @@ def _steps(fr: Frames) -> pd.DataFrame:
 
 def _phases_in(fr: Frames, st: pd.DataFrame) -> pd.DataFrame:
     """Per row of `st` (a step): the ns of each phase span inside that step's model span."""
-    srv = fr.at("server")
+    srv = fr.at(Level.SERVER)
     ph = srv[srv["kind"].isin(_MEASURED) & srv["tkey"].isin(st["tkey"].unique())]
     ph = pd.DataFrame(
         {
@@ -198,7 +199,7 @@ def replayed_steps(fr: Frames) -> pd.DataFrame:
     st = steps(fr)
     if st.empty:
         return pd.DataFrame(columns=cols)
-    rep = fr.at("model")
+    rep = fr.at(Level.MODEL)
     if "source" in rep.columns:
         rep = rep[rep["source"].astype(str) == "replay"]
     if "run_level" in rep.columns:  # the model level's own run, where the levels were split;
@@ -227,7 +228,7 @@ def replay_steps(fr: Frames) -> pd.DataFrame:
 
 def _replay_steps(fr: Frames) -> pd.DataFrame:
     cols = ["tkey", "step", "step_index", "start_ns", "end_ns"]
-    rep = fr.at("model")
+    rep = fr.at(Level.MODEL)
     if "source" in rep.columns:
         rep = rep[rep["source"].astype(str) == "replay"]
     if rep.empty:

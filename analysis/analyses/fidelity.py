@@ -42,6 +42,8 @@ from analysis.analyses.fidelity_attrs import (  # noqa: F401  (the rules per tra
     number,
     request_fields,
 )
+from sidecar.trace import schema
+from sidecar.trace.schema import Level
 from sidecar.trace.spans import LIVE_ONLY
 
 TITLE = "Fidelity of the replay (replay's model time vs the server's own compute time)"
@@ -75,7 +77,7 @@ def per_request(fr: Frames) -> pd.DataFrame:
                 "batch_size": t.batch_size,
                 "sample_reason": reason,
                 "live_ns": fields["live_ns"],
-                "live_source": fields["live_source"],
+                schema.LIVE_SOURCE: fields[schema.LIVE_SOURCE],
                 "replay_ns": number(replay.get(int(t.tkey))),
                 "server_batch_sizes": fields["server_batch_sizes"],
                 "window_executions": fields["window_executions"],
@@ -85,8 +87,8 @@ def per_request(fr: Frames) -> pd.DataFrame:
                 "live_only": t.status == LIVE_ONLY,
             }
         )
-    cols = ["tkey", "model", "batch_size", "sample_reason", "live_ns", "live_source", "replay_ns",
-            "server_batch_sizes", "window_executions", "window_note", "causes",
+    cols = ["tkey", "model", "batch_size", "sample_reason", "live_ns", schema.LIVE_SOURCE,
+            "replay_ns", "server_batch_sizes", "window_executions", "window_note", "causes",
             "from_spans", "live_only"]  # fmt: skip
     out = pd.DataFrame(rows, columns=cols)
     out["ratio"] = out["replay_ns"] / out["live_ns"].where(out["live_ns"] > 0)
@@ -96,18 +98,18 @@ def per_request(fr: Frames) -> pd.DataFrame:
 def _live_from_spans(fr: Frames) -> dict[int, dict[str, Any]]:
     """Per trace: the live compute time from its backend spans, as `sidecar.trace.fidelity`
     records it (for traces stored before the store kept the `fidelity` attribute)."""
-    srv = fr.at("server")
+    srv = fr.at(Level.SERVER)
     out: dict[int, dict[str, Any]] = {}
-    infer = srv[srv["kind"] == "compute_infer"]
+    infer = srv[srv["kind"] == schema.COMPUTE_INFER]
     for tkey, ns in (
         (infer["end_ns"] - infer["start_ns"]).groupby(infer["tkey"], observed=True).sum().items()
     ):
-        out[int(tkey)] = {"live_ns": float(ns), "live_source": "compute_infer"}
-    ops = srv[srv["kind"] == "tf_op"].groupby("tkey", observed=True).agg(start=("start_ns", "min"),
-                                                          end=("end_ns", "max"))  # fmt: skip
+        out[int(tkey)] = {"live_ns": float(ns), schema.LIVE_SOURCE: schema.COMPUTE_INFER}
+    ops = srv[srv["kind"] == schema.TF_OP].groupby("tkey", observed=True).agg(
+        start=("start_ns", "min"), end=("end_ns", "max"))  # fmt: skip
     for tkey, row in ops.iterrows():
         out.setdefault(int(tkey), {"live_ns": float(row["end"] - row["start"]),
-                                   "live_source": "tf_ops"})  # fmt: skip
+                                   schema.LIVE_SOURCE: schema.LIVE_SOURCE_TF_OPS})  # fmt: skip
     return out
 
 

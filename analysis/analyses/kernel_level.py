@@ -26,6 +26,7 @@ from analysis.analyses.layer_level import layer_frame
 from analysis.analyses.roofline import classify
 from analysis.relations.kernel_rows import kernel_rows
 from analysis.relations.trimmed_sql import across_traces_sql
+from sidecar.trace import schema
 
 TITLES = {
     "A8": "Kernel table",
@@ -34,7 +35,7 @@ TITLES = {
     "A12": "GPU metrics by layer",
     "A13": "GPU vs non-GPU latency per layer",
 }
-METRICS = ("flops", "dram_read_bytes", "dram_write_bytes")
+METRICS = ("flops", schema.DRAM_READ_BYTES, schema.DRAM_WRITE_BYTES)
 
 
 WORK = kind_in(KERNEL_TABLE_KINDS)  # SQL: a span is work
@@ -84,7 +85,7 @@ def _missing(key: str, fr: Frames) -> AnalysisResult | None:
 
 
 def _metrics_missing(key: str, fr: Frames) -> AnalysisResult | None:
-    recorded = " OR ".join(f"{c} IS NOT NULL" for c in (*METRICS, "achieved_occupancy"))
+    recorded = " OR ".join(f"{c} IS NOT NULL" for c in (*METRICS, schema.ACHIEVED_OCCUPANCY))
     if not kernel_rows(fr).scalar(
         f"SELECT EXISTS (SELECT 1 FROM kernels WHERE {WORK} AND ({recorded}))"
     ):
@@ -105,11 +106,11 @@ def kernel_table(fr: Frames) -> AnalysisResult:
         kernel_rows(fr),
         "SELECT *, CAST(metrics_estimated AS DOUBLE) AS estimated FROM kernels",
         [*GROUP, "layer", "idx", "name", "kind"],
-        ["duration_ns", *METRICS, "achieved_occupancy", "estimated"],
+        ["duration_ns", *METRICS, schema.ACHIEVED_OCCUPANCY, "estimated"],
         ["layer_type"],
         where=WORK,
     )
-    agg["dram_bytes"] = agg["dram_read_bytes"] + agg["dram_write_bytes"]
+    agg["dram_bytes"] = agg[schema.DRAM_READ_BYTES] + agg[schema.DRAM_WRITE_BYTES]
     agg = agg.merge(fr.peaks(), on=GROUP, how="left")
     agg = classify(agg, "flops", "dram_bytes", "duration_ns")
     agg["latency_ms"] = agg["duration_ns"] / 1e6
@@ -123,7 +124,7 @@ def kernel_table(fr: Frames) -> AnalysisResult:
         "kind",
         "latency_ms",
         *METRICS,
-        "achieved_occupancy",
+        schema.ACHIEVED_OCCUPANCY,
         "arithmetic_intensity",
         "arithmetic_throughput_gflops",
         "memory_bound",
@@ -168,7 +169,7 @@ def kernels_by_name(fr: Frames) -> AnalysisResult:
         kernel_rows(fr),
         _per_trace(["name", "kind"]),
         [*GROUP, "name", "kind"],
-        ["count", "duration_ns", *METRICS, "achieved_occupancy"],
+        ["count", "duration_ns", *METRICS, schema.ACHIEVED_OCCUPANCY],
     )
     agg["latency_ms"] = agg["duration_ns"] / 1e6
     agg["mean_latency_ms"] = agg["latency_ms"] / agg["count"]
@@ -184,7 +185,7 @@ def kernels_by_name(fr: Frames) -> AnalysisResult:
         "mean_latency_ms",
         "share",
         *METRICS,
-        "achieved_occupancy",
+        schema.ACHIEVED_OCCUPANCY,
         "n_traces",
     ]
     table = agg[cols].sort_values([*GROUP, "latency_ms"], ascending=[True, True, False])
@@ -197,7 +198,7 @@ def _by_layer(fr: Frames) -> pd.DataFrame:
             kernel_rows(fr),
             _per_trace(["layer"], "layer IS NOT NULL"),
             [*GROUP, "layer"],
-            ["count", "duration_ns", *METRICS, "achieved_occupancy", "estimated"],
+            ["count", "duration_ns", *METRICS, schema.ACHIEVED_OCCUPANCY, "estimated"],
         )
         order = layer_frame(fr)[[*GROUP, "name", "idx", "type"]].rename(columns={"name": "layer"})
         order = order.drop_duplicates([*GROUP, "layer"])  # a name in two ensemble steps: once
@@ -221,7 +222,7 @@ def kernels_by_layer(fr: Frames) -> AnalysisResult:
         "count",
         "latency_ms",
         *METRICS,
-        "achieved_occupancy",
+        schema.ACHIEVED_OCCUPANCY,
         "n_traces",
     ]
     res = AnalysisResult("A11", TITLES["A11"], agg[cols])
@@ -240,7 +241,7 @@ def gpu_metrics_by_layer(fr: Frames) -> AnalysisResult:
     if (miss := _metrics_missing("A12", fr)) is not None:
         return miss
     agg = _by_layer(fr)
-    agg["dram_bytes"] = agg["dram_read_bytes"] + agg["dram_write_bytes"]
+    agg["dram_bytes"] = agg[schema.DRAM_READ_BYTES] + agg[schema.DRAM_WRITE_BYTES]
     agg = agg.merge(fr.peaks(), on=GROUP, how="left")
     agg = classify(agg, "flops", "dram_bytes", "duration_ns")
     cols = [
@@ -249,7 +250,7 @@ def gpu_metrics_by_layer(fr: Frames) -> AnalysisResult:
         "layer",
         "type",
         *METRICS,
-        "achieved_occupancy",
+        schema.ACHIEVED_OCCUPANCY,
         "arithmetic_intensity",
         "arithmetic_throughput_gflops",
         "bound",
@@ -265,7 +266,7 @@ def _layer_time_base(fr: Frames) -> pd.Series:
     clock: launch time) or `unknown` (traces written before this attribute existed)."""
     tr = fr.data.traces
     base = [
-        (a or {}).get("layer_time_base", "unknown") if isinstance(a, dict) else "unknown"
+        (a or {}).get(schema.LAYER_TIME_BASE, "unknown") if isinstance(a, dict) else "unknown"
         for a in tr["attributes"]
     ]
     return pd.Series(base, index=tr["tkey"].to_numpy())

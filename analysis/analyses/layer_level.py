@@ -28,6 +28,7 @@ from analysis.analyses import ensemble_steps
 from analysis.analyses.common import GROUP, AnalysisResult, Frames, container_note, empty_result
 from analysis.relations.kernel_rows import KernelRows, kernel_rows
 from analysis.relations.trimmed_sql import across_traces_sql
+from sidecar.trace import schema
 
 TITLES = {
     "A2": "Layer table",
@@ -110,8 +111,15 @@ def by_step(agg: pd.DataFrame) -> list[str]:
 
 
 def _layer_frame(fr: Frames) -> pd.DataFrame:
-    first = ["idx", "type", "container", "original_nodes", "input_shapes", "output_shapes"]
-    kr, values = kernel_rows(fr), ["duration_ns", "allocated_bytes"]
+    first = [
+        "idx",
+        "type",
+        "container",
+        schema.ORIGINAL_NODES,
+        schema.INPUT_SHAPES,
+        schema.OUTPUT_SHAPES,
+    ]
+    kr, values = kernel_rows(fr), ["duration_ns", schema.ALLOCATED_BYTES]
     steps = ensemble_steps.replay_steps(fr)
     if steps.empty:
         agg = across_layers(kr, [*GROUP, "name"], values, first)
@@ -125,9 +133,9 @@ def _layer_frame(fr: Frames) -> pd.DataFrame:
         agg["step"] = agg["step"].astype(object)
     # of each group's first row, as carried: once per row of the table, not per layer span
     # (the relation holds the list as JSON text)
-    agg["original_nodes"] = [
+    agg[schema.ORIGINAL_NODES] = [
         original_nodes(n, json.loads(o) if isinstance(o, str) else o)
-        for n, o in zip(agg["name"], agg["original_nodes"], strict=True)
+        for n, o in zip(agg["name"], agg[schema.ORIGINAL_NODES], strict=True)
     ]
     agg["container"] = agg["container"].astype(bool)
     agg["latency_ms"] = agg["duration_ns"] / 1e6
@@ -162,21 +170,21 @@ def layer_table(fr: Frames) -> AnalysisResult:
         "name",
         "type",
         "container",
-        "original_nodes",
-        "input_shapes",
-        "output_shapes",
+        schema.ORIGINAL_NODES,
+        schema.INPUT_SHAPES,
+        schema.OUTPUT_SHAPES,
         "latency_ms",
         "latency_share",
-        "allocated_bytes",
+        schema.ALLOCATED_BYTES,
         "n_traces",
     ]
     res = AnalysisResult("A2", TITLES["A2"], agg[cols])
-    if agg["original_nodes"].astype(bool).any():
+    if agg[schema.ORIGINAL_NODES].astype(bool).any():
         res.notes.append(
             "original_nodes: the graph nodes a layer computes where the runtime fused or "
             "renamed them (type names what it fused, e.g. Conv+Relu)"
         )
-    if agg["allocated_bytes"].isna().all():
+    if agg[schema.ALLOCATED_BYTES].isna().all():
         res.notes.append("layer memory not recorded (no allocated_bytes attribute)")
     if (n := int(agg.drop_duplicates(["model", "name"])["container"].sum())) > 0:
         res.notes.append(
@@ -195,7 +203,7 @@ def layer_latency(fr: Frames) -> AnalysisResult:
     res = AnalysisResult("A3", TITLES["A3"])
     agg = leaf_frame(fr, res)
     res.table = agg[
-        [*by_step(agg), "idx", "name", "type", "original_nodes", "latency_ms", "latency_share"]
+        [*by_step(agg), "idx", "name", "type", schema.ORIGINAL_NODES, "latency_ms", "latency_share"]
     ]
     if "step" in agg.columns:
         res.notes.append(STEPS_NOTE)
@@ -207,15 +215,15 @@ def layer_memory(fr: Frames) -> AnalysisResult:
     if (miss := _missing("A4", fr)) is not None:
         return miss
     agg = leaf_frame(fr)
-    if agg["allocated_bytes"].isna().all():
+    if agg[schema.ALLOCATED_BYTES].isna().all():
         return AnalysisResult(
             "A4",
             TITLES["A4"],
             status="not_captured",
             reason="layer memory not captured: no layer span carries allocated_bytes",
         )
-    agg["allocated_mib"] = agg["allocated_bytes"] / 2**20
-    cols = [*by_step(agg), "idx", "name", "type", "allocated_bytes", "allocated_mib"]
+    agg["allocated_mib"] = agg[schema.ALLOCATED_BYTES] / 2**20
+    cols = [*by_step(agg), "idx", "name", "type", schema.ALLOCATED_BYTES, "allocated_mib"]
     return AnalysisResult("A4", TITLES["A4"], agg[cols])
 
 
@@ -259,12 +267,12 @@ def memory_by_type(fr: Frames) -> AnalysisResult:
     if (miss := _missing("A7", fr)) is not None:
         return miss
     agg = leaf_frame(fr)
-    if agg["allocated_bytes"].isna().all():
+    if agg[schema.ALLOCATED_BYTES].isna().all():
         return AnalysisResult(
             "A7",
             TITLES["A7"],
             status="not_captured",
             reason="layer memory not captured: no layer span carries allocated_bytes",
         )
-    g = _by_type(agg, "allocated_bytes").rename(columns={"total": "allocated_bytes"})
+    g = _by_type(agg, schema.ALLOCATED_BYTES).rename(columns={"total": schema.ALLOCATED_BYTES})
     return AnalysisResult("A7", TITLES["A7"], g)

@@ -39,10 +39,12 @@ import pandas as pd
 from analysis.analyses import ensemble_steps
 from analysis.analyses.common import AnalysisResult, Frames, empty_result, not_captured
 from analysis.load.tracedb import RELAY_OFFSET_COLUMNS
+from sidecar.trace import schema
+from sidecar.trace.schema import TF_OP, TRITON_PHASES, Level
 
 TITLE = "Live request breakdown (client latency at the proxy vs backend phases)"
-BACKEND_PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
-TF_OP_KIND = "tf_op"  # sidecar.live.tf_profiler.SPAN_KIND
+BACKEND_PHASES = TRITON_PHASES
+TF_OP_KIND = TF_OP
 # Per request, the phases after client_total up to outside_tf_ops that a backend's spans give
 # add up to client_total; backend_response (the relay's view) and server_after_response
 # (after the client had its answer) are shown apart.
@@ -69,15 +71,15 @@ STEPS_NOTE = (
     "is empty: the ensemble's span = its steps + between_steps + ensemble_overhead - "
     "steps_overlap"
 )
-REQUEST_END = RELAY_OFFSET_COLUMNS["relay_request_end_ns"]
-RESPONSE_START = RELAY_OFFSET_COLUMNS["relay_response_start_ns"]
+REQUEST_END = RELAY_OFFSET_COLUMNS[schema.RELAY_REQUEST_END_NS]
+RESPONSE_START = RELAY_OFFSET_COLUMNS[schema.RELAY_RESPONSE_START_NS]
 
 
 def request_phases(fr: Frames) -> pd.DataFrame:
     """One row per sampled request (trace): model, trace id, every phase in ns (NaN if
     unknown), `relay_marks` (the store has the relay's marks of the call) and `unplaced` (why
     its backend spans cannot be placed; None when they can, or when it has none)."""
-    req = fr.at("request").sort_values(["tkey", "start_ns"]).drop_duplicates("tkey")
+    req = fr.at(Level.REQUEST).sort_values(["tkey", "start_ns"]).drop_duplicates("tkey")
     out = pd.DataFrame(
         {
             "tkey": req["tkey"].to_numpy(),
@@ -91,7 +93,7 @@ def request_phases(fr: Frames) -> pd.DataFrame:
     # where the backend's spans are cut: the response's first byte, else (an older store)
     # the response's end at the relay
     cut = out["response_start"].where(out["relay_marks"], out["client_total"])
-    srv = fr.at("server")
+    srv = fr.at(Level.SERVER)
     srv = srv[srv["tkey"].isin(out.index)]
     t0 = req.set_index("tkey")["start_ns"]
     start = (srv["start_ns"] - srv["tkey"].map(t0)).astype("float64")  # exact: int64 first

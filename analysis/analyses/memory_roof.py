@@ -20,11 +20,12 @@ import numpy as np
 import pandas as pd
 
 from analysis.analyses.common import GROUP, Frames
+from sidecar.trace import schema
 
 DRAM = "DRAM"
-SIZES = "cache_sizes_bytes"
-ROOFS = "peak_cache_bytes_per_s"
-SOURCE = "peak_cache_source"
+SIZES = schema.CACHE_SIZES_BYTES
+ROOFS = schema.PEAK_CACHE_BYTES_PER_S
+SOURCE = schema.PEAK_CACHE_SOURCE
 
 
 def _number(value: Any) -> float:
@@ -109,7 +110,11 @@ def with_memory_roofs(agg: pd.DataFrame, roofs: pd.DataFrame) -> pd.DataFrame:
     picked = [
         memory_roof(ws, s, b, dram) if isinstance(s, dict) else (None, math.nan)
         for ws, s, b, dram in zip(
-            df["working_set_bytes"], df[SIZES], df[ROOFS], df["peak_dram_bytes_per_s"], strict=True
+            df["working_set_bytes"],
+            df[SIZES],
+            df[ROOFS],
+            df[schema.PEAK_DRAM_BYTES_PER_S],
+            strict=True,
         )
     ]
     return df.assign(

@@ -18,6 +18,7 @@ from analysis.analyses.roofline import (
 )
 from analysis.relations.kernel_rows import kernel_rows
 from sidecar.profiling.stats import decide_batch, trimmed_mean_rse
+from sidecar.trace import schema
 
 A1_TITLE = "Model throughput and latency per batch size"
 A15_TITLE = "Model aggregate and compute/memory-bound verdict"
@@ -175,7 +176,7 @@ def model_aggregate(fr: Frames) -> AnalysisResult:
         "verdict",
         "above_roof",
         "estimated",
-        "peak_source",
+        schema.PEAK_SOURCE,
         "n_traces",
     ]
     table = agg[cols].reset_index(drop=True)

@@ -31,6 +31,7 @@ from analysis.analyses.common import (
 from analysis.analyses.memory_roof import DRAM, WORKING_SET, cache_roofs, with_memory_roofs
 from analysis.relations.kernel_rows import kernel_rows
 from analysis.relations.trimmed_sql import across_traces_sql
+from sidecar.trace import schema
 
 A9_TITLE = "Kernel roofline"
 A14_TITLE = "Layer roofline"
@@ -44,7 +45,7 @@ def classify(df: pd.DataFrame, flops: str, nbytes: str, latency_ns: str) -> pd.D
     DRAM roof (the cache level holding a layer's working set).
     """
     out = df.copy()
-    bandwidth = out["peak_dram_bytes_per_s"]
+    bandwidth = out[schema.PEAK_DRAM_BYTES_PER_S]
     if "memory_roof_bytes_per_s" in out.columns:
         bandwidth = out["memory_roof_bytes_per_s"].astype("float64").fillna(bandwidth)
     f = out[flops].astype("float64")
@@ -55,9 +56,9 @@ def classify(df: pd.DataFrame, flops: str, nbytes: str, latency_ns: str) -> pd.D
         thr = np.where(lat_s > 0, f / lat_s, np.nan)
     out["arithmetic_intensity"] = ai
     out["arithmetic_throughput_gflops"] = thr / 1e9
-    ridge = out["peak_flops_per_s"] / bandwidth
+    ridge = out[schema.PEAK_FLOPS_PER_S] / bandwidth
     out["ridge_point"] = ridge
-    attainable = np.minimum(out["peak_flops_per_s"], out["arithmetic_intensity"] * bandwidth)
+    attainable = np.minimum(out[schema.PEAK_FLOPS_PER_S], out["arithmetic_intensity"] * bandwidth)
     out["attainable_gflops"] = attainable / 1e9
     known = out["arithmetic_intensity"].notna() & ridge.notna()
     below = (out["arithmetic_intensity"] < ridge).astype(object)
@@ -80,7 +81,8 @@ def above_roof_note(df: pd.DataFrame, what: str) -> list[str]:
     return [
         f"{len(above)} {what} ran above the recorded roof (e.g. "
         f"{top['arithmetic_throughput_gflops']:.4g} GFLOP/s against an attainable "
-        f"{top['attainable_gflops']:.4g}): the peak ({top.get('peak_source', '?')}) was measured "
+        f"{top['attainable_gflops']:.4g}): the peak ({top.get(schema.PEAK_SOURCE, '?')}) was "
+        "measured "
         "too low, so their bound verdicts are doubtful; re-measure it "
         "(`xsp-sidecar profile --refresh-peak`)"
     ]
@@ -137,7 +139,9 @@ def _beat(row: pd.Series) -> str:
 
 
 def _sources(df: pd.DataFrame) -> str:
-    return "; ".join(sorted(df["peak_cache_source"].dropna().astype(str).unique())) or "unknown"
+    return (
+        "; ".join(sorted(df[schema.PEAK_CACHE_SOURCE].dropna().astype(str).unique())) or "unknown"
+    )
 
 
 def _cache_roofs_note(agg: pd.DataFrame) -> list[str]:
@@ -340,9 +344,9 @@ def layer_roofline(fr: Frames) -> AnalysisResult:
     roofs = cache_roofs(fr)
     extra: list[str] = []
     if not roofs.empty:  # traces without cache roofs keep today's table
-        dram = fr.peaks()[[*GROUP, "peak_dram_bytes_per_s"]]
+        dram = fr.peaks()[[*GROUP, schema.PEAK_DRAM_BYTES_PER_S]]
         agg = with_memory_roofs(agg.merge(dram, on=GROUP, how="left"), roofs)
-        agg = agg.drop(columns="peak_dram_bytes_per_s")
+        agg = agg.drop(columns=schema.PEAK_DRAM_BYTES_PER_S)
         extra = ["working_set_bytes", "memory_roof", "memory_roof_gbps"]
     agg, table = _on_roofline(fr, agg, ["idx", "name", "type"], ["idx"], extra)
     res = AnalysisResult("A14", A14_TITLE, table, estimated=bool(table["estimated"].any()))
@@ -364,5 +368,5 @@ def layer_roofline(fr: Frames) -> AnalysisResult:
         )
     res.extra["peaks"] = fr.peaks().to_dict(orient="records")
     if not roofs.empty:  # the HTML roofline draws them
-        res.extra["cache_roofs"] = roofs.drop(columns="peak_cache_source").to_dict("records")
+        res.extra["cache_roofs"] = roofs.drop(columns=schema.PEAK_CACHE_SOURCE).to_dict("records")
     return res

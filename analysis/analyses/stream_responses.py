@@ -19,11 +19,13 @@ import pandas as pd
 
 from analysis.analyses.common import AnalysisResult, Frames, empty_result, not_captured
 from analysis.load.store_file import RELAY_OFFSET_COLUMNS
+from sidecar.trace import schema
+from sidecar.trace.schema import Level
 
 KEY = "stream_responses"
 TITLE = "Streamed responses (time to first response, gaps, responses per request)"
 PERCENTILES = (0.5, 0.9, 0.99)
-FIRST_RESPONSE = RELAY_OFFSET_COLUMNS["relay_response_start_ns"]
+FIRST_RESPONSE = RELAY_OFFSET_COLUMNS[schema.RELAY_RESPONSE_START_NS]
 NONE = (
     "no sampled stream messages: the selected traces hold no request span of an "
     "inference stream (ModelStreamInfer) sampled by the relay"
@@ -52,13 +54,13 @@ def stream_requests(fr: Frames) -> tuple[pd.DataFrame, int]:
     """One row per sampled stream message: model, trace id, `latency_ns`, `first_ns` (its
     first response after the message; NaN: none), `responses`, `gaps` (list of ns); and how
     many stream spans were left out because their values are not numbers."""
-    req = fr.at("request")
-    cols = ("responses", "response_gaps_ns")
+    req = fr.at(Level.REQUEST)
+    cols = ("responses", schema.RESPONSE_GAPS_NS)
     if req.empty or any(c not in req.columns for c in cols) or FIRST_RESPONSE not in req.columns:
         return pd.DataFrame(), 0
     req = req[req["responses"].notna()]
     responses = req["responses"].map(_number).to_numpy("float64")
-    gaps = req["response_gaps_ns"].map(lambda v: [] if v is None else _gaps(v))
+    gaps = req[schema.RESPONSE_GAPS_NS].map(lambda v: [] if v is None else _gaps(v))
     bad = np.isnan(responses) | gaps.isna().to_numpy()
     out = pd.DataFrame(
         {

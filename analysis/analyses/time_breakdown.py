@@ -22,6 +22,7 @@ from analysis.analyses.common import (
     not_captured,
 )
 from analysis.relations.kernel_rows import KernelRows, kernel_rows
+from sidecar.trace.schema import Level
 
 TITLE = "Model time breakdown (kernel busy / non-kernel / idle)"
 
@@ -79,10 +80,10 @@ def time_breakdown(fr: Frames) -> AnalysisResult:
     dev_traces = kr.query(f"SELECT DISTINCT tkey FROM kernels WHERE {kind_in(DEVICE_KINDS)}")
     if dev_traces.empty:
         return not_captured("time_breakdown", TITLE, fr.kernel_reason())
-    models = fr.at("model")
+    models = fr.at(Level.MODEL)
     models = models[models["tkey"].isin(dev_traces["tkey"])]
     # The window is the model span of the run the kernels came from (the K run if recorded).
-    models = models.assign(_pref=(models["run_level"] != "kernel").astype(int))
+    models = models.assign(_pref=(models["run_level"] != Level.KERNEL).astype(int))
     win = models.sort_values(["tkey", "_pref", "start_ns"]).drop_duplicates("tkey")
     win = win.set_index("tkey")[["start_ns", "end_ns"]]
     if win.empty:

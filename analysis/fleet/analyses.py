@@ -47,6 +47,7 @@ from analysis.load import columnar
 from analysis.load.store_file import RELAY_OFFSET_COLUMNS
 from analysis.load.trace_filter import LOADED_SQL
 from sidecar.profiling.stats import TRIM
+from sidecar.trace.schema import COMPUTE_INFER, Level
 
 TRACE_COLUMNS = columnar.TRACE_COLUMNS
 SPAN_COLUMNS = columnar.SPAN_COLUMNS
@@ -110,14 +111,14 @@ _KEEP = f"_rank >= floor({TRIM} * _n) AND _rank < _n - floor({TRIM} * _n)"
 
 # The replay's model latency per trace (`common.Frames.model_latency`): the M run's trimmed
 # mean where the trace has one, else its first model span (the M run's first).
-_PER_TRACE_LATENCY = """
+_PER_TRACE_LATENCY = f"""
 from_stats AS (
     SELECT source_db, trace_id, trimmed_mean_ns::DOUBLE AS latency_ns
-    FROM level_stats WHERE level = 'model'
+    FROM level_stats WHERE level = '{Level.MODEL}'
 ), from_spans AS (
-    SELECT source_db, trace_id, arg_min(duration_ns, (run_level IS DISTINCT FROM 'model',
+    SELECT source_db, trace_id, arg_min(duration_ns, (run_level IS DISTINCT FROM '{Level.MODEL}',
            start_ns))::DOUBLE AS latency_ns
-    FROM spans WHERE level = 'model' GROUP BY source_db, trace_id
+    FROM spans WHERE level = '{Level.MODEL}' GROUP BY source_db, trace_id
 ), per_trace AS (
     SELECT * FROM from_stats
     UNION ALL
@@ -139,11 +140,11 @@ FROM ranked GROUP BY model, batch_size ORDER BY model, batch_size
 # Layer spans as the report takes them (`kernel_rows`, relation `layers`): one run per trace, the L
 # run's where it has one, and every call its own row: the n-th repeat of a name in the run is
 # `name#n` (CPU traces store each call under the module's name).
-_LAYERS = """
+_LAYERS = f"""
 layer_spans AS (
-    SELECT s.*, arg_min(run_level, (run_level <> 'layer', run_level))
+    SELECT s.*, arg_min(run_level, (run_level <> '{Level.LAYER}', run_level))
                     OVER (PARTITION BY source_db, trace_id) AS run
-    FROM spans s WHERE level = 'layer'
+    FROM spans s WHERE level = '{Level.LAYER}'
 ), calls AS (
     SELECT *, row_number() OVER (PARTITION BY source_db, trace_id, run_level, name
                                  ORDER BY start_ns, idx) - 1 AS repeat
@@ -155,11 +156,11 @@ layer_spans AS (
     FROM calls
 ), ranked AS (
     SELECT t.model, t.batch_size, l.name, l.type, l.idx, l.duration_ns,
-           {trimmed}
+           {{trimmed}}
     FROM layers l JOIN traces t USING (source_db, trace_id)
 ), per_layer AS (
     SELECT model, batch_size, name, arg_min(type, _rank) AS type,
-           avg(duration_ns) FILTER (WHERE {keep}) AS duration_ns,
+           avg(duration_ns) FILTER (WHERE {{keep}}) AS duration_ns,
            count(*) AS n_traces
     FROM ranked GROUP BY model, batch_size, name
 )
@@ -207,7 +208,7 @@ models AS (
     SELECT source_db, trace_id, name, start_ns, end_ns,
            row_number() OVER (PARTITION BY source_db, trace_id
                               ORDER BY start_ns, end_ns DESC) AS rn
-    FROM spans WHERE level = 'server' AND kind = 'model'
+    FROM spans WHERE level = '{Level.SERVER}' AND kind = 'model'
 ), steps AS (
     SELECT m.source_db, m.trace_id, o.name AS ensemble, m.name AS step, m.start_ns, m.end_ns,
            o.start_ns AS ens_start, o.end_ns AS ens_end,
@@ -220,7 +221,7 @@ models AS (
     SELECT st.source_db, st.trace_id, st.ensemble, st.step, st.idx, st.start_ns, st.end_ns,
            {_STEP_PHASE_SUMS}
     FROM steps st LEFT JOIN spans p
-      ON p.source_db = st.source_db AND p.trace_id = st.trace_id AND p.level = 'server'
+      ON p.source_db = st.source_db AND p.trace_id = st.trace_id AND p.level = '{Level.SERVER}'
      AND p.kind IN ({", ".join(f"'{k}'" for k in _MEASURED)})
      AND p.start_ns >= st.start_ns - {_STEP_TOL} AND p.end_ns <= st.end_ns + {_STEP_TOL}
     GROUP BY ALL
@@ -246,7 +247,7 @@ WITH {_STEPS}, requests AS (
            min(start_ns) AS t0,
            arg_min({REQUEST_END}, start_ns)::DOUBLE AS request_end,
            arg_min({RESPONSE_START}, start_ns)::DOUBLE AS response_start
-    FROM spans WHERE level = 'request' GROUP BY source_db, trace_id
+    FROM spans WHERE level = '{Level.REQUEST}' GROUP BY source_db, trace_id
 ), win AS (
     SELECT *, coalesce(response_start, client_total) AS cut,
            response_start - request_end AS backend_response
@@ -255,7 +256,7 @@ WITH {_STEPS}, requests AS (
     SELECT s.source_db, s.trace_id, s.kind, a, b,
            greatest(least(b, w.cut) - greatest(a, 0), 0) AS placed
     FROM (SELECT *, (start_ns - w0.t0)::DOUBLE AS a, (end_ns - w0.t0)::DOUBLE AS b
-          FROM spans JOIN win w0 USING (source_db, trace_id) WHERE level = 'server') s
+          FROM spans JOIN win w0 USING (source_db, trace_id) WHERE level = '{Level.SERVER}') s
     JOIN win w USING (source_db, trace_id)
 ), server AS (
     SELECT source_db, trace_id, {_PHASE_SUMS},
@@ -329,10 +330,12 @@ WHERE ns IS NOT NULL AND NOT isnan(ns) GROUP BY model, step, phase
 _FIDELITY = f"""
 WITH {_PER_TRACE_LATENCY}, infer AS (
     SELECT source_db, trace_id, sum(end_ns - start_ns)::DOUBLE AS ns
-    FROM spans WHERE level = 'server' AND kind = 'compute_infer' GROUP BY source_db, trace_id
+    FROM spans WHERE level = '{Level.SERVER}' AND kind = '{COMPUTE_INFER}'
+    GROUP BY source_db, trace_id
 ), ops AS (
     SELECT source_db, trace_id, (max(end_ns) - min(start_ns))::DOUBLE AS ns
-    FROM spans WHERE level = 'server' AND kind = '{TF_OP_KIND}' GROUP BY source_db, trace_id
+    FROM spans WHERE level = '{Level.SERVER}' AND kind = '{TF_OP_KIND}'
+    GROUP BY source_db, trace_id
 ), every AS (
     SELECT t.source_db, t.trace_id, t.model, t.batch_size, t.created_ns,
            coalesce(t.sample_reason, '') AS reason,
@@ -404,7 +407,7 @@ ORDER BY model, batch_size
 _FIDELITY_COUNTS = f"""
 WITH infer AS (
     SELECT DISTINCT source_db, trace_id FROM spans
-    WHERE level = 'server' AND kind IN ('compute_infer', '{TF_OP_KIND}')
+    WHERE level = '{Level.SERVER}' AND kind IN ('{COMPUTE_INFER}', '{TF_OP_KIND}')
 )
 SELECT coalesce(sample_reason, 'None') AS reason, count(*) AS traces,
        count(*) FILTER (WHERE fidelity_kept IS NULL) AS not_exported,
@@ -433,7 +436,7 @@ WITH req AS (
            s.relay_response_start_offset_ns::DOUBLE AS first_ns,
            s.responses, s.response_gaps_ns AS gaps
     FROM spans s JOIN traces t USING (source_db, trace_id)
-    WHERE s.level = 'request' AND s.stream_span
+    WHERE s.level = '{Level.REQUEST}' AND s.stream_span
       AND s.responses IS NOT NULL AND s.response_gaps_ns IS NOT NULL
 ), per AS (
     SELECT model, count(*) AS requests,
@@ -452,11 +455,11 @@ SELECT model, requests, {_quantiles("responses")}, {_quantiles("first_response_m
        first_response_share
 FROM per LEFT JOIN gaps g USING (model) ORDER BY model
 """
-_STREAM_COUNTS = """
+_STREAM_COUNTS = f"""
 SELECT count(*) FILTER (WHERE stream_span AND (responses IS NULL OR response_gaps_ns IS NULL))
          AS bad,
        count(*) FILTER (WHERE stream_span IS NULL) AS not_exported, count(*) AS requests
-FROM spans WHERE level = 'request'
+FROM spans WHERE level = '{Level.REQUEST}'
 """
 
 _TRACES = """

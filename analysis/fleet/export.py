@@ -30,6 +30,7 @@ import duckdb
 from analysis.analyses import fidelity_attrs
 from analysis.load import columnar
 from analysis.load.store_file import TraceDatabaseError
+from sidecar.trace import schema
 
 TABLES = ("traces", "spans", "level_stats")
 DESCRIPTION = (
@@ -37,17 +38,17 @@ DESCRIPTION = (
     "DIR/{traces,spans,level_stats}/ (failed profiles included, with their status)."
 )
 ROW_GROUP_ROWS = 32_768  # Parquet row groups: what the writer holds per file before it flushes
-STREAM_COLUMNS = {"stream_span": "BOOLEAN", "responses": "DOUBLE",
-                  "response_gaps_ns": "DOUBLE[]"}  # fmt: skip
+STREAM_COLUMNS = {"stream_span": "BOOLEAN", schema.RESPONSES: "DOUBLE",
+                  schema.RESPONSE_GAPS_NS: "DOUBLE[]"}  # fmt: skip
 # What a trace's attributes say for the fidelity analysis (`fidelity_attrs.request_fields`),
 # kept as columns of `traces` (DuckDB types); `replay_model_ns` and `fidelity_ratio` are the
 # stored attribute's own (the analysis takes the replay's time from the model spans and
 # statistics).
 FIDELITY_COLUMNS = {
     "fidelity_kept": "BOOLEAN",
-    "live_compute_ns": "DOUBLE",
-    "live_source": "VARCHAR",
-    "replay_model_ns": "DOUBLE",
+    schema.LIVE_COMPUTE_NS: "DOUBLE",
+    schema.LIVE_SOURCE: "VARCHAR",
+    schema.REPLAY_MODEL_NS: "DOUBLE",
     "fidelity_ratio": "DOUBLE",
     "server_batch_sizes": "INTEGER[]",
     "window_executions": "DOUBLE",
@@ -154,14 +155,14 @@ def fidelity_fields(attributes: str) -> str:
         attrs = {}
     attrs = attrs if isinstance(attrs, dict) else {}
     got = fidelity_attrs.request_fields(attrs)
-    stored = attrs.get("fidelity")
+    stored = attrs.get(schema.FIDELITY)
     fid = stored if isinstance(stored, dict) else {}
     out = {
         "fidelity_kept": got["fidelity_kept"],
-        "live_compute_ns": got["live_ns"],
-        "live_source": got["live_source"],
-        "replay_model_ns": fidelity_attrs.number(fid.get("replay_model_ns")),
-        "fidelity_ratio": fidelity_attrs.number(fid.get("ratio")),
+        schema.LIVE_COMPUTE_NS: got["live_ns"],
+        schema.LIVE_SOURCE: got[schema.LIVE_SOURCE],
+        schema.REPLAY_MODEL_NS: fidelity_attrs.number(fid.get(schema.REPLAY_MODEL_NS)),
+        "fidelity_ratio": fidelity_attrs.number(fid.get(schema.RATIO)),
         "server_batch_sizes": got["server_batch_sizes"],
         "window_executions": got["window_executions"],
         "window_note": got["window_note"],

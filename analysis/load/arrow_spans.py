@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from analysis.load.layer_type import fused
 from analysis.load.span_store import LEVELS, SpanStore
+from sidecar.trace import schema
 
 POSITION = "_pos"  # a row's position among all rows read (the store's `row`)
 
@@ -80,10 +81,10 @@ def _as_text(value: Any) -> str | None:
 def _layer_columns(part: pa.Table) -> pa.Table:
     """Layer rows with `op_type` decoded and `type` (`layer_type.layer_type`'s rule: what it
     fused, else its op_type, else its kind)."""
-    op_type = _per_distinct(part.column("op_type"), _as_text)
-    fused_types = _per_distinct(part.column("original_op_types"), fused)
+    op_type = _per_distinct(part.column(schema.OP_TYPE), _as_text)
+    fused_types = _per_distinct(part.column(schema.ORIGINAL_OP_TYPES), fused)
     kind = part.column("kind").combine_chunks().cast(pa.string())
     kind = pc.fill_null(kind, "nan")  # (pandas' text of a missing kind)
     kind_type = pc.coalesce(fused_types, op_type, kind)
-    at = part.schema.get_field_index("op_type")
-    return part.set_column(at, "op_type", op_type).append_column("type", kind_type)
+    at = part.schema.get_field_index(schema.OP_TYPE)
+    return part.set_column(at, schema.OP_TYPE, op_type).append_column("type", kind_type)

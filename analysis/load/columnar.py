@@ -25,6 +25,7 @@ first row of each result is a typed sentinel that DuckDB drops.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from collections import deque
@@ -43,9 +44,15 @@ from analysis.load.store_file import (
     connect_ro,
 )
 from analysis.tuning import BATCH_ROWS, EXPORT_PART_ROWS, REPORT_BATCH_ROWS
+from sidecar.trace import schema
+from sidecar.trace.schema import KernelKind, Level, json_path
 
 if TYPE_CHECKING:  # (the export, which imports this module, needs no filter)
     from analysis.load.trace_filter import TraceFilter
+
+# CUDA runtime and driver calls: kernel-level spans that are API records, not work
+_API_KINDS = f"('{KernelKind.RUNTIME}', '{KernelKind.DRIVER}')"
+_RESPONSES, _GAPS = json_path(schema.RESPONSES), json_path(schema.RESPONSE_GAPS_NS)
 
 BUSY_TIMEOUT_MS = 10_000  # how long a batch reader waits for a lock on the store
 
@@ -149,7 +156,7 @@ SPANS_SQL = (
     + ", ".join(_text(f"s.{c}") for c in ("span_id", "level", "name", "kind", "run_level"))
     + f", s.start_ns, s.end_ns, {_rint('s.duration_ns')}, {_int('s.idx')}, "
     "CAST(s.attributes AS TEXT) FROM spans s "
-    "WHERE NOT (s.level = 'kernel' AND s.kind IN ('runtime', 'driver')) "
+    f"WHERE NOT (s.level = '{Level.KERNEL}' AND s.kind IN {_API_KINDS}) "
     f"AND {_span_ok()}"
 )
 # a span of a damaged trace, or of none, is left out (needless where `all_in_sound_traces`)
@@ -295,14 +302,18 @@ def span_ranges(db: str | Path, parts: int) -> list[tuple[int, int] | None]:
 # value that is not a number where one is expected reads as NULL, true as 1), which costs a
 # fraction of SQLite's parser. A text that is not JSON fails `from_json` (NULL by `try`) and
 # then `json_valid`.
-_MEMBERS = (
-    '{"op_type": "VARCHAR", "original_op_types": "JSON", "flops": "DOUBLE", '
-    '"outside_layers": "DOUBLE"}'
+_MEMBERS = json.dumps(
+    {
+        schema.OP_TYPE: "VARCHAR",
+        schema.ORIGINAL_OP_TYPES: "JSON",
+        schema.FLOPS: "DOUBLE",
+        schema.OUTSIDE_LAYERS: "DOUBLE",
+    }
 )
 _MEMBERS_SQL = _MEMBERS.replace("{", "{{").replace("}", "}}")  # SPANS_DUCKDB is formatted
-_IS_WORK = "level = 'kernel' AND kind NOT IN ('runtime', 'driver')"
+_IS_WORK = f"level = '{Level.KERNEL}' AND kind NOT IN {_API_KINDS}"
 _RELAY_EXPORT = ",\n".join(
-    f"       CASE WHEN level = 'request' AND try(json_type(attributes, '$.{k}')) IN "
+    f"       CASE WHEN level = '{Level.REQUEST}' AND try(json_type(attributes, '$.{k}')) IN "
     f"('BIGINT', 'UBIGINT') THEN try(json_extract(attributes, '$.{k}')::BIGINT) - start_ns "
     f"END AS {col}"
     for k, col in RELAY_OFFSET_COLUMNS.items()
@@ -312,26 +323,26 @@ _NUMBER_TYPES = "('BIGINT', 'UBIGINT', 'DOUBLE')"  # a JSON number (not a boolea
 # request span has a `responses` (not null), the count as a number and the gaps as a list of
 # numbers (empty when absent), each NULL where it is something else.
 _STREAM_EXPORT = f"""
-       CASE WHEN level = 'request' THEN
-           coalesce(try(json_type(attributes, '$.responses')), 'NULL') <> 'NULL'
+       CASE WHEN level = '{Level.REQUEST}' THEN
+           coalesce(try(json_type(attributes, '{_RESPONSES}')), 'NULL') <> 'NULL'
        END AS stream_span,
-       CASE WHEN level = 'request' AND try(json_type(attributes, '$.responses'))
+       CASE WHEN level = '{Level.REQUEST}' AND try(json_type(attributes, '{_RESPONSES}'))
                  IN {_NUMBER_TYPES}
-            THEN try(json_extract(attributes, '$.responses')::DOUBLE) END AS responses,
-       CASE WHEN level = 'request' THEN
-           CASE WHEN coalesce(try(json_type(attributes, '$.response_gaps_ns')), 'NULL') = 'NULL'
+            THEN try(json_extract(attributes, '{_RESPONSES}')::DOUBLE) END AS responses,
+       CASE WHEN level = '{Level.REQUEST}' THEN
+           CASE WHEN coalesce(try(json_type(attributes, '{_GAPS}')), 'NULL') = 'NULL'
                 THEN []::DOUBLE[]
-                WHEN try(json_type(attributes, '$.response_gaps_ns')) = 'ARRAY'
+                WHEN try(json_type(attributes, '{_GAPS}')) = 'ARRAY'
                      AND list_bool_and(list_transform(
-                         try(json_extract(attributes, '$.response_gaps_ns[*]')),
+                         try(json_extract(attributes, '{_GAPS}[*]')),
                          lambda x: json_type(x) IN {_NUMBER_TYPES})) IS NOT FALSE
-                THEN try(json_extract(attributes, '$.response_gaps_ns')::DOUBLE[]) END
+                THEN try(json_extract(attributes, '{_GAPS}')::DOUBLE[]) END
        END AS response_gaps_ns"""
 _STREAM_SQL = _STREAM_EXPORT.replace("{", "{{").replace("}", "}}")  # SPANS_DUCKDB is formatted
 SPANS_DUCKDB = f"""
 SELECT {{source}} AS source_db, trace_id, span_id, level, name, kind, run_level, start_ns,
        end_ns, duration_ns, idx,
-       CASE WHEN level = 'layer' THEN
+       CASE WHEN level = '{Level.LAYER}' THEN
            CASE WHEN json_type(j.original_op_types) = 'ARRAY'
                      AND json_array_length(j.original_op_types) > 1
                 THEN array_to_string(json_extract_string(j.original_op_types, '$[*]'), '+')
@@ -340,12 +351,12 @@ SELECT {{source}} AS source_db, trace_id, span_id, level, name, kind, run_level,
        j.flops AS flops,
 {_RELAY_EXPORT},{_STREAM_SQL}
 FROM (
-    SELECT *, CASE WHEN level = 'layer' OR ({_IS_WORK})
+    SELECT *, CASE WHEN level = '{Level.LAYER}' OR ({_IS_WORK})
                    THEN try(from_json(attributes, '{_MEMBERS_SQL}')) END AS j
     FROM {{relation}} WHERE _first = 0
 )
 WHERE (attributes IS NULL OR j IS NOT NULL OR json_valid(attributes))
-  AND NOT (level = 'layer' AND coalesce(j.outside_layers > 0, false))
+  AND NOT (level = '{Level.LAYER}' AND coalesce(j.outside_layers > 0, false))
 """
 
 
@@ -366,15 +377,31 @@ def select_sql(table: str, source: str, relation: str, extra: str = "") -> str:
 # `_bad` reason) and joins a kernel's layer; DuckDB checks the attribute JSON and reads the
 # attributes the analyses use, as typed columns; pandas gets the columns, not the rows.
 
-LAYER_NUMBERS = ("allocated_bytes", "leaf", "flops", "dram_read_bytes", "dram_write_bytes")
-LAYER_FLAGS = ("flops_estimated", "bytes_estimated", "outside_layers")
-LAYER_OBJECTS = ("op_type", "original_nodes", "original_op_types")
-LAYER_JSON = ("input_shapes", "output_shapes")  # kept as JSON text
-WORK_NUMBERS = ("flops", "dram_read_bytes", "dram_write_bytes", "achieved_occupancy")
-WORK_FLAGS = ("metrics_estimated",)
-NUMBERS = ("allocated_bytes", "flops", "dram_read_bytes", "dram_write_bytes",
-           "achieved_occupancy", "leaf")  # fmt: skip
-FLAGS = ("flops_estimated", "bytes_estimated", "metrics_estimated", "outside_layers")
+LAYER_NUMBERS = (
+    schema.ALLOCATED_BYTES,
+    schema.LEAF,
+    schema.FLOPS,
+    schema.DRAM_READ_BYTES,
+    schema.DRAM_WRITE_BYTES,
+)
+LAYER_FLAGS = (schema.FLOPS_ESTIMATED, schema.BYTES_ESTIMATED, schema.OUTSIDE_LAYERS)
+LAYER_OBJECTS = (schema.OP_TYPE, schema.ORIGINAL_NODES, schema.ORIGINAL_OP_TYPES)
+LAYER_JSON = (schema.INPUT_SHAPES, schema.OUTPUT_SHAPES)  # kept as JSON text
+WORK_NUMBERS = (
+    schema.FLOPS,
+    schema.DRAM_READ_BYTES,
+    schema.DRAM_WRITE_BYTES,
+    schema.ACHIEVED_OCCUPANCY,
+)
+WORK_FLAGS = (schema.METRICS_ESTIMATED,)
+NUMBERS = (schema.ALLOCATED_BYTES, schema.FLOPS, schema.DRAM_READ_BYTES,
+           schema.DRAM_WRITE_BYTES, schema.ACHIEVED_OCCUPANCY, schema.LEAF)  # fmt: skip
+FLAGS = (
+    schema.FLOPS_ESTIMATED,
+    schema.BYTES_ESTIMATED,
+    schema.METRICS_ESTIMATED,
+    schema.OUTSIDE_LAYERS,
+)
 OBJECTS = LAYER_OBJECTS
 _LAYER_KEYS = (*LAYER_NUMBERS, *LAYER_FLAGS, *LAYER_OBJECTS, *LAYER_JSON)
 _WORK_KEYS = (*WORK_NUMBERS, *WORK_FLAGS)
@@ -397,26 +424,26 @@ def report_spans_sql(span_checks: str, trace_subquery: str | None) -> str:
         + ", ".join(_text(f"s.{c}") for c in ("span_id", "level", "name", "kind"))
         + f", {_int('s.start_ns')}, {_int('s.end_ns')}, {_rint('s.duration_ns')}, "
         f"{_text('s.run_level')}, {_int('s.idx')}, {_text('s.attributes')}, "
-        "CASE WHEN p.level = 'layer' THEN CAST(p.name AS TEXT) "
-        "WHEN g.level = 'layer' THEN CAST(g.name AS TEXT) END, "
+        f"CASE WHEN p.level = '{Level.LAYER}' THEN CAST(p.name AS TEXT) "
+        f"WHEN g.level = '{Level.LAYER}' THEN CAST(g.name AS TEXT) END, "
         f"{span_checks}, "
         + ", ".join(  # the relay's marks as offsets from the span's start (request spans)
-            f"CASE WHEN s.level = 'request' AND json_valid(s.attributes) AND "
+            f"CASE WHEN s.level = '{Level.REQUEST}' AND json_valid(s.attributes) AND "
             f"json_type(s.attributes, '$.{k}') = 'integer' AND typeof(s.start_ns) = 'integer' "
             f"THEN json_extract(s.attributes, '$.{k}') - s.start_ns END"
             for k in RELAY_OFFSET_COLUMNS
         )
         + "".join(  # a stream message's responses (request spans), as JSON text
-            f", CASE WHEN s.level = 'request' AND json_valid(s.attributes) THEN "
+            f", CASE WHEN s.level = '{Level.REQUEST}' AND json_valid(s.attributes) THEN "
             f"json_quote(json_extract(s.attributes, '$.{k}')) END"
             for k in STREAM_RESPONSE_COLUMNS
         )
         + " FROM spans s "
-        "LEFT JOIN spans p ON s.level = 'kernel' AND p.trace_id = s.trace_id "
+        f"LEFT JOIN spans p ON s.level = '{Level.KERNEL}' AND p.trace_id = s.trace_id "
         "AND p.span_id = s.parent_id "
-        "LEFT JOIN spans g ON p.level = 'kernel' AND g.trace_id = p.trace_id "
+        f"LEFT JOIN spans g ON p.level = '{Level.KERNEL}' AND g.trace_id = p.trace_id "
         "AND g.span_id = p.parent_id "
-        "WHERE NOT (s.level = 'kernel' AND s.kind IN ('runtime', 'driver'))"
+        f"WHERE NOT (s.level = '{Level.KERNEL}' AND s.kind IN {_API_KINDS})"
         + (f" AND s.trace_id IN ({trace_subquery})" if trace_subquery else "")
     )
 
@@ -435,9 +462,9 @@ def _attribute(key: str) -> str:
     """DuckDB: attribute `key` of a span, from the JSON array `a` its level's paths read."""
     refs = []
     if key in _LAYER_KEYS:
-        refs.append(f"WHEN level = 'layer' THEN a[{_LAYER_KEYS.index(key) + 1}]")
+        refs.append(f"WHEN level = '{Level.LAYER}' THEN a[{_LAYER_KEYS.index(key) + 1}]")
     if key in _WORK_KEYS:
-        refs.append(f"WHEN level != 'layer' THEN a[{_WORK_KEYS.index(key) + 1}]")
+        refs.append(f"WHEN level != '{Level.LAYER}' THEN a[{_WORK_KEYS.index(key) + 1}]")
     return f"(CASE {' '.join(refs)} END)"
 
 
@@ -476,10 +503,10 @@ FROM (
            {values}
     FROM (
       SELECT * EXCLUDE (attributes),
-             CASE WHEN level IN ('layer', 'kernel') OR NOT json_valid(attributes)
+             CASE WHEN level IN ('{Level.LAYER}', '{Level.KERNEL}') OR NOT json_valid(attributes)
                   THEN attributes END AS attributes,
-             CASE WHEN level = 'layer' THEN try(json_extract(attributes, {layer_paths}))
-                  WHEN level = 'kernel' THEN try(json_extract(attributes, {work_paths})) END
+             CASE WHEN level = '{Level.LAYER}' THEN try(json_extract(attributes, {layer_paths}))
+                  WHEN level = '{Level.KERNEL}' THEN try(json_extract(attributes, {work_paths})) END
                AS a
       FROM batches WHERE _first = 0
     )

@@ -7,16 +7,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sidecar.trace import schema
+
 
 def layer_type(layers: pd.DataFrame) -> pd.Series:
     """A layer's type as it is: what it fused where it computes two or more graph nodes
     (`Conv+Relu` from `original_op_types`, as the runner records for new traces and older
     stores lack), else its `op_type`, else the span's kind."""
-    runtime = layers["op_type"].fillna(layers["kind"]).astype(str)
-    if "original_op_types" not in layers.columns:
+    runtime = layers[schema.OP_TYPE].fillna(layers["kind"]).astype(str)
+    if schema.ORIGINAL_OP_TYPES not in layers.columns:
         return runtime
     # once per distinct object: the loader's rows share one list per distinct JSON text
-    values = layers["original_op_types"].to_numpy(object)
+    values = layers[schema.ORIGINAL_OP_TYPES].to_numpy(object)
     ids = np.fromiter(map(id, values), dtype=np.uint64, count=len(values))
     _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
     types = np.empty(len(first), dtype=object)

@@ -23,6 +23,7 @@ import pandas as pd
 
 from analysis.load.layer_type import layer_type
 from analysis.tuning import INSERT_ROWS, MEMORY_LIMIT, THREADS
+from sidecar.trace import schema
 
 LEVELS = ("kernel", "layer")  # the levels held here, not in `TraceData.spans`
 CATALOG = "spans"  # the database the spans are in
@@ -34,19 +35,20 @@ RELATIONS = "relations"
 STORED = {
     "kernel": {"row": "BIGINT", "tkey": "BIGINT", "run_level": "VARCHAR", "layer": "VARCHAR",
                "idx": "BIGINT", "name": "VARCHAR", "kind": "VARCHAR", "start_ns": "BIGINT",
-               "end_ns": "BIGINT", "duration_ns": "BIGINT", "flops": "DOUBLE",
-               "dram_read_bytes": "DOUBLE", "dram_write_bytes": "DOUBLE",
-               "achieved_occupancy": "DOUBLE", "metrics_estimated": "BOOLEAN"},
+               "end_ns": "BIGINT", "duration_ns": "BIGINT", schema.FLOPS: "DOUBLE",
+               schema.DRAM_READ_BYTES: "DOUBLE", schema.DRAM_WRITE_BYTES: "DOUBLE",
+               schema.ACHIEVED_OCCUPANCY: "DOUBLE", schema.METRICS_ESTIMATED: "BOOLEAN"},
     "layer": {"row": "BIGINT", "tkey": "BIGINT", "run_level": "VARCHAR", "name": "VARCHAR",
               "kind": "VARCHAR", "idx": "BIGINT", "start_ns": "BIGINT", "end_ns": "BIGINT",
-              "duration_ns": "BIGINT", "allocated_bytes": "DOUBLE", "leaf": "DOUBLE",
-              "flops": "DOUBLE", "dram_read_bytes": "DOUBLE", "dram_write_bytes": "DOUBLE",
-              "flops_estimated": "BOOLEAN", "bytes_estimated": "BOOLEAN",
-              "outside_layers": "BOOLEAN", "op_type": "VARCHAR", "type": "VARCHAR",
-              "original_nodes": "VARCHAR", "input_shapes": "VARCHAR",
-              "output_shapes": "VARCHAR"},
+              "duration_ns": "BIGINT", schema.ALLOCATED_BYTES: "DOUBLE", schema.LEAF: "DOUBLE",
+              schema.FLOPS: "DOUBLE", schema.DRAM_READ_BYTES: "DOUBLE",
+              schema.DRAM_WRITE_BYTES: "DOUBLE",
+              schema.FLOPS_ESTIMATED: "BOOLEAN", schema.BYTES_ESTIMATED: "BOOLEAN",
+              schema.OUTSIDE_LAYERS: "BOOLEAN", schema.OP_TYPE: "VARCHAR", "type": "VARCHAR",
+              schema.ORIGINAL_NODES: "VARCHAR", schema.INPUT_SHAPES: "VARCHAR",
+              schema.OUTPUT_SHAPES: "VARCHAR"},
 }  # fmt: skip
-JSON_TEXT = ("original_nodes",)  # layer attributes kept as the stored JSON text
+JSON_TEXT = (schema.ORIGINAL_NODES,)  # layer attributes kept as the stored JSON text
 
 
 class SpanStore:

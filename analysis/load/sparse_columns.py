@@ -15,10 +15,17 @@ import numpy as np
 import pandas as pd
 
 from analysis.load.store_file import RELAY_OFFSET_COLUMNS, STREAM_RESPONSE_COLUMNS
+from sidecar.trace import schema
 
 LEVEL_ONLY: dict[str, tuple[str, ...]] = {
     "request": (*RELAY_OFFSET_COLUMNS.values(), *STREAM_RESPONSE_COLUMNS),
-    "layer": ("allocated_bytes", "leaf", "op_type", "original_nodes", "original_op_types"),
+    "layer": (
+        schema.ALLOCATED_BYTES,
+        schema.LEAF,
+        schema.OP_TYPE,
+        schema.ORIGINAL_NODES,
+        schema.ORIGINAL_OP_TYPES,
+    ),
 }
 HELD_SPARSE = frozenset(c for columns in LEVEL_ONLY.values() for c in columns)
 

@@ -41,6 +41,8 @@ from analysis.load.store_file import connect_ro as _connect_ro
 from analysis.load.trace_filter import LOADED_SQL, TraceFilter, selection, span_checks, sql_where
 from analysis.load.trace_filter import parse_since as parse_since  # (re-exported)
 from analysis.tuning import REST_ROWS
+from sidecar.trace import schema
+from sidecar.trace.schema import Level
 
 # Copy-on-write (pandas 3's default): the analyses derive many frames from the spans
 # (filters, `assign`, `reset_index`); without it each derivation copies every column of a
@@ -51,8 +53,8 @@ pd.set_option("mode.copy_on_write", True)
 # nodes a fused layer computes (ONNX Runtime: Conv+Relu -> one Conv node named after its
 # output) decoded, and the shapes kept as JSON text. Attributes no analysis reads (a kernel's
 # stream, a layer's parent_layer) are not loaded; the timeline export reads its trace whole.
-_LAYER_JSON = ("input_shapes", "output_shapes")
-_LAYER_LISTS = ("original_nodes", "original_op_types")
+_LAYER_JSON = (schema.INPUT_SHAPES, schema.OUTPUT_SHAPES)
+_LAYER_LISTS = (schema.ORIGINAL_NODES, schema.ORIGINAL_OP_TYPES)
 # The spans' string columns, held as categoricals (sorted categories): a few thousand
 # distinct strings over millions of rows (`LevelRows`, `string_codes.StringCodes`). The
 # names, levels and kinds share their categories: a kernel's `layer` is a layer's `name`,
@@ -61,12 +63,12 @@ SPAN_CODED = (("source_db",), ("trace_id",),
               ("level", "name", "kind", "run_level", "layer", *_LAYER_JSON))  # fmt: skip
 # Trace attribute keys extracted into columns of `TraceData.traces`.
 TRACE_ATTRIBUTE_COLUMNS: tuple[str, ...] = (
-    "peak_flops_per_s",
-    "peak_dram_bytes_per_s",
-    "peak_source",
-    "kernel_level",
-    "graph_optimizations",
-    "layer_names",
+    schema.PEAK_FLOPS_PER_S,
+    schema.PEAK_DRAM_BYTES_PER_S,
+    schema.PEAK_SOURCE,
+    schema.KERNEL_LEVEL,
+    schema.GRAPH_OPTIMIZATIONS,
+    schema.LAYER_NAMES,
     "synthetic",
 )
 
@@ -196,7 +198,8 @@ def _load_one(path: Path, flt: TraceFilter, guard_json: bool = False) -> Loaded:
         narrow = selection(flt)
         stats = pd.read_sql_query(
             "SELECT trace_id, level, iterations, warmup, trimmed_mean_ns, median_ns, min_ns, "
-            "max_ns, overhead_ratio, CASE WHEN level = 'model' THEN samples_ns END AS samples_ns, "
+            "max_ns, overhead_ratio, "
+            f"CASE WHEN level = '{Level.MODEL}' THEN samples_ns END AS samples_ns, "
             f"{_stats_checks()} AS _bad FROM level_stats"
             + (f" WHERE trace_id IN ({narrow[0]})" if narrow else ""),
             conn,
@@ -214,15 +217,20 @@ def _load_one(path: Path, flt: TraceFilter, guard_json: bool = False) -> Loaded:
 
 
 _NUMERIC = (
-    "allocated_bytes",
-    "flops",
-    "dram_read_bytes",
-    "dram_write_bytes",
-    "achieved_occupancy",
-    "leaf",
+    schema.ALLOCATED_BYTES,
+    schema.FLOPS,
+    schema.DRAM_READ_BYTES,
+    schema.DRAM_WRITE_BYTES,
+    schema.ACHIEVED_OCCUPANCY,
+    schema.LEAF,
 )  # fmt: skip  (leaf: NaN where not recorded)
-_OBJECTS = ("op_type", *_LAYER_LISTS)
-_FLAGS = ("flops_estimated", "bytes_estimated", "metrics_estimated", "outside_layers")
+_OBJECTS = (schema.OP_TYPE, *_LAYER_LISTS)
+_FLAGS = (
+    schema.FLOPS_ESTIMATED,
+    schema.BYTES_ESTIMATED,
+    schema.METRICS_ESTIMATED,
+    schema.OUTSIDE_LAYERS,
+)
 
 
 def _as_float(values: Sequence[object]) -> tuple[np.ndarray, np.ndarray]:
@@ -315,7 +323,7 @@ def _trace_attributes(traces: pd.DataFrame, source: str) -> tuple[pd.DataFrame, 
             continue
         parsed.append(value)
     traces = traces.assign(attributes=parsed)
-    for col in ("peak_flops_per_s", "peak_dram_bytes_per_s"):
+    for col in (schema.PEAK_FLOPS_PER_S, schema.PEAK_DRAM_BYTES_PER_S):
         values, wrong = _as_float(list(traces[col]))
         traces[col] = values
         for i in np.flatnonzero(wrong & keep).tolist():

@@ -63,6 +63,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.load.span_store import RELATIONS, STORED, SpanStore
+from sidecar.trace import schema
+from sidecar.trace.schema import Level
 
 T = TypeVar("T")
 
@@ -82,13 +84,15 @@ class SpanFrames(Protocol):
 
 _SCHEMAS = itertools.count(1)  # numbers the schemas of `KernelRows.of`
 COLUMNS = ("row", "tkey", "model", "batch_size", "run_level", "layer", "layer_type", "idx",
-           "name", "kind", "start_ns", "end_ns", "duration_ns", "flops", "dram_read_bytes",
-           "dram_write_bytes", "achieved_occupancy", "metrics_estimated")  # fmt: skip
+           "name", "kind", "start_ns", "end_ns", "duration_ns", schema.FLOPS,
+           schema.DRAM_READ_BYTES, schema.DRAM_WRITE_BYTES, schema.ACHIEVED_OCCUPANCY,
+           schema.METRICS_ESTIMATED)  # fmt: skip
 LAYER_COLUMNS = ("row", "tkey", "model", "batch_size", "run_level", "module", "name", "kind",
-                 "op_type", "type", "idx", "container", "start_ns", "end_ns", "duration_ns",
-                 "allocated_bytes", "flops", "dram_read_bytes", "dram_write_bytes", "leaf",
-                 "flops_estimated", "bytes_estimated", "original_nodes", "input_shapes",
-                 "output_shapes")  # fmt: skip
+                 schema.OP_TYPE, "type", "idx", "container", "start_ns", "end_ns", "duration_ns",
+                 schema.ALLOCATED_BYTES, schema.FLOPS, schema.DRAM_READ_BYTES,
+                 schema.DRAM_WRITE_BYTES, schema.LEAF, schema.FLOPS_ESTIMATED,
+                 schema.BYTES_ESTIMATED, schema.ORIGINAL_NODES, schema.INPUT_SHAPES,
+                 schema.OUTPUT_SHAPES)  # fmt: skip
 
 
 def _drop_schema(con: duckdb.DuckDBPyConnection, schema: str) -> None:
@@ -202,7 +206,7 @@ class KernelRows:
             WITH keras AS (
                 SELECT * FROM {calls} WHERE outside_layers IS DISTINCT FROM true
             ), runs AS (
-                SELECT tkey, first(run_level ORDER BY run_level IS DISTINCT FROM 'layer',
+                SELECT tkey, first(run_level ORDER BY run_level IS DISTINCT FROM '{Level.LAYER}',
                                    run_level NULLS LAST) AS run_level
                 FROM keras GROUP BY tkey
             )

@@ -28,6 +28,7 @@ from analysis.render.text import (
     same_for,
     status_lines,
 )
+from sidecar.trace import schema
 
 MAX_HTML_ROWS = 200
 CSS = """
@@ -196,15 +197,15 @@ def plot_roofline(res: AnalysisResult) -> list[str]:
     if df.empty or peaks.empty:
         return []
     df = df.merge(peaks, on=["model", "batch_size"], how="left")
-    roofs = df[["peak_flops_per_s", "peak_dram_bytes_per_s"]].astype(float).fillna(-1.0)
+    roofs = df[[schema.PEAK_FLOPS_PER_S, schema.PEAK_DRAM_BYTES_PER_S]].astype(float).fillna(-1.0)
     out = []
     for (pf, bw), g in df.groupby(
-        [roofs["peak_flops_per_s"], roofs["peak_dram_bytes_per_s"]], observed=True
+        [roofs[schema.PEAK_FLOPS_PER_S], roofs[schema.PEAK_DRAM_BYTES_PER_S]], observed=True
     ):
         fig, ax = _fig(7.5, 4.2)
         lo = min(g["arithmetic_intensity"].min(), 0.01) / 2
         hi = max(g["arithmetic_intensity"].max(), pf / bw if pf > 0 else 1.0) * 4
-        source = str(g["peak_source"].iloc[0]) if pf > 0 else "no peaks recorded"
+        source = str(g[schema.PEAK_SOURCE].iloc[0]) if pf > 0 else "no peaks recorded"
         if pf > 0 and bw > 0:
             x = np.logspace(np.log10(lo), np.log10(hi), 200)
             ax.plot(
@@ -252,7 +253,7 @@ def _cache_roofs(res: AnalysisResult, points: pd.DataFrame) -> dict[str, float]:
     have = {(r["model"], r["batch_size"]): r for r in res.extra.get("cache_roofs", [])}
     for key in zip(points["model"], points["batch_size"], strict=True):
         if key in have:
-            roofs = have[key]["peak_cache_bytes_per_s"]
+            roofs = have[key][schema.PEAK_CACHE_BYTES_PER_S]
             return {k: float(v) for k, v in roofs.items() if k != "DRAM"}
     return {}
 

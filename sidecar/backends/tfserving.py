@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sidecar.backends.base import Backend, DecodedInputs, Readiness, Repository, SpanSource
+from sidecar.trace import schema
 
 if TYPE_CHECKING:
     from sidecar.backends.model_repository import ModelLocation
@@ -29,9 +30,9 @@ def decode_predict(message: bytes) -> DecodedInputs:
     from sidecar.backends.tf_decode import decode_predict_request
 
     request = decode_predict_request(message)
-    attributes = {"signature_name": request.signature_name}
+    attributes = {schema.SIGNATURE_NAME: request.signature_name}
     if request.version_label:
-        attributes["version_label"] = request.version_label
+        attributes[schema.VERSION_LABEL] = request.version_label
     return DecodedInputs(request.inputs, request.model_version, attributes)
 
 

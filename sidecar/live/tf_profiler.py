@@ -44,11 +44,12 @@ from sidecar.live._proto.tensorflow.tsl.profiler.protobuf import (
     profiler_service_pb2_grpc,
 )
 from sidecar.live.xspace import HostCapture, OpEvent, XSpaceError, parse_xspace
+from sidecar.trace import schema
 from sidecar.trace.spans import Level, Source, Span
 
 log = logging.getLogger(__name__)
 
-SPAN_KIND = "tf_op"
+SPAN_KIND = schema.TF_OP
 HOST_NAME = "xsp"  # the XSpace file's name on the server: <host_name>.xplane.pb
 CLOCK_TOLERANCE_NS = 50_000_000
 _LOG_INTERVAL_S = 60.0
@@ -147,14 +148,14 @@ def op_spans(request: SampledRequest, ops: Iterable[OpEvent], session_id: str) -
     spans: list[Span] = []
     for index, op in enumerate(sorted(ops, key=lambda o: (o.start_ns, o.name))):
         attributes: dict[str, object] = {
-            "op_type": op.op_type,
-            "name_scope": op.name_scope,
-            "thread": op.thread,
-            "derived_from": "tf_profiler",
-            "capture_session": session_id,
+            schema.OP_TYPE: op.op_type,
+            schema.NAME_SCOPE: op.name_scope,
+            schema.THREAD: op.thread,
+            schema.DERIVED_FROM: "tf_profiler",
+            schema.CAPTURE_SESSION: session_id,
         }
         if request.model:
-            attributes["model"] = request.model
+            attributes[schema.MODEL] = request.model
         spans.append(
             Span(
                 trace_id=request.trace_id,

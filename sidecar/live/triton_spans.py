@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.live.otlp_receiver import OtlpSpan
+from sidecar.trace import schema
 from sidecar.trace.spans import Level, Source, Span
 
 log = logging.getLogger(__name__)
@@ -39,11 +40,11 @@ COMPUTE_SPAN_NAME = "compute"
 MODEL_NAME_ATTRIBUTE = "triton.model_name"
 MODEL_VERSION_ATTRIBUTE = "triton.model_version"
 
-PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
+PHASES = schema.TRITON_PHASES
 # derived compute phases: (kind, start event, end event), all on the `compute` span
 _COMPUTE_PHASES = (
     ("compute_input", "COMPUTE_START", "COMPUTE_INPUT_END"),
-    ("compute_infer", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START"),
+    (schema.COMPUTE_INFER, "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START"),
     ("compute_output", "COMPUTE_OUTPUT_START", "COMPUTE_END"),
 )
 
@@ -114,15 +115,15 @@ def _model_of(span: OtlpSpan) -> tuple[str, str]:
 
 def _base_span(span: OtlpSpan, kind: str, extra: dict[str, Any]) -> Span:
     attributes: dict[str, Any] = {
-        "events": [{"name": e.name, "time_ns": e.time_ns} for e in span.events],
-        "otel_span_kind": span.kind,
-        "service": str(span.resource.get("service.name", "")),
+        schema.EVENTS: [{"name": e.name, "time_ns": e.time_ns} for e in span.events],
+        schema.OTEL_SPAN_KIND: span.kind,
+        schema.SERVICE: str(span.resource.get("service.name", "")),
         **span.attributes,
         **extra,
     }
     if span.status_code:
-        attributes["status_code"] = span.status_code
-        attributes["status_message"] = span.status_message
+        attributes[schema.STATUS_CODE] = span.status_code
+        attributes[schema.STATUS_MESSAGE] = span.status_message
     return Span(
         trace_id=span.trace_id,
         span_id=span.span_id,
@@ -148,7 +149,7 @@ def _phase_span(parent: Span, phase: str, start_ns: int, end_ns: int, model: str
         start_ns=start_ns,
         end_ns=end_ns,
         source=Source.BACKEND,
-        attributes={"model": model, "derived_from": "triton_events"},
+        attributes={schema.MODEL: model, schema.DERIVED_FROM: "triton_events"},
     )
 
 
@@ -205,7 +206,7 @@ def _convert_one(trace_id: str, otlp_spans: list[OtlpSpan]) -> TritonTrace:
             )
     for span in converted:
         if span.kind in PHASES:
-            model = str(span.attributes.get("model", ""))
+            model = str(span.attributes.get(schema.MODEL, ""))
             seconds = max(span.end_ns - span.start_ns, 0) / 1e9
             result.phases.append(PhaseDuration(model=model, phase=span.kind, seconds=seconds))
     _number_siblings(converted)

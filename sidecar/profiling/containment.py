@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from sidecar.trace import schema
 from sidecar.trace.spans import Level, Span
 
 GPU_ASYNC_KINDS = frozenset({"kernel", "memcpy", "memset"})
@@ -70,18 +71,18 @@ def set_parent(child: Span, candidates: Sequence[Span], inner: Span | None) -> N
     """Give `child` the parent `inner` chose among `candidates` (the spans containing it), or
     flag it: `parent_ambiguous` with `parent_candidates` when some did but none was innermost,
     `parent_missing` when none did."""
-    child.attributes.pop("parent_ambiguous", None)
-    child.attributes.pop("parent_candidates", None)
-    child.attributes.pop("parent_missing", None)
+    child.attributes.pop(schema.PARENT_AMBIGUOUS, None)
+    child.attributes.pop(schema.PARENT_CANDIDATES, None)
+    child.attributes.pop(schema.PARENT_MISSING, None)
     if inner is not None:
         child.parent_id = inner.span_id
         return
     child.parent_id = None
     if candidates:
-        child.attributes["parent_ambiguous"] = True
-        child.attributes["parent_candidates"] = [c.span_id for c in candidates]
+        child.attributes[schema.PARENT_AMBIGUOUS] = True
+        child.attributes[schema.PARENT_CANDIDATES] = [c.span_id for c in candidates]
     else:
-        child.attributes["parent_missing"] = True
+        child.attributes[schema.PARENT_MISSING] = True
 
 
 def innermost(
@@ -99,7 +100,7 @@ def innermost(
         start, end = interval(c)
         return end - start
 
-    ordered = sorted(candidates, key=lambda c: (length(c), -int(c.attributes.get("depth", 0))))
+    ordered = sorted(candidates, key=lambda c: (length(c), -int(c.attributes.get(schema.DEPTH, 0))))
     inner = ordered[0]
     i0, i1 = interval(inner)
     for outer in ordered[1:]:
@@ -122,4 +123,4 @@ def number_siblings(spans: Sequence[Span]) -> None:
 def _execution_order(span: Span) -> tuple[int, int, int]:
     """Start time; for nested layers starting together (`layer1`, `layer1.0`,
     `layer1.0.conv1` share their first kernel) the enclosing call first."""
-    return (span.start_ns, int(span.attributes.get("depth", 0)), span.end_ns)
+    return (span.start_ns, int(span.attributes.get(schema.DEPTH, 0)), span.end_ns)

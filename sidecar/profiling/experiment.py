@@ -43,6 +43,7 @@ from sidecar.profiling.vocabulary import (
     ProfilingError,
     Runner,
 )
+from sidecar.trace import schema
 from sidecar.trace.spans import (
     ERROR,
     REPLAY_LEVELS,
@@ -97,7 +98,9 @@ class LeveledProfile:
         for span in self.spans_at(Level.MODEL):
             if STEP not in span.attributes:
                 span.duration_ns = round(base)
-        self.trace.attributes["model_runs"] = int(self.trace.attributes.get("model_runs", 1)) + 1
+        self.trace.attributes[schema.MODEL_RUNS] = (
+            int(self.trace.attributes.get(schema.MODEL_RUNS, 1)) + 1
+        )
 
 
 def describe_inputs(inputs: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
@@ -178,22 +181,22 @@ def run_experiment(
     for run in runs.values():
         attributes.update(run.attributes)
     record_overhead(attributes, base)
-    attributes.setdefault("layer_names", "original")
-    attributes.setdefault("graph_optimizations", "enabled")
-    attributes["inputs"] = describe_inputs(inputs)
-    attributes["levels"] = [lv.value for lv in plan]
-    attributes["kernel_level"] = (  # a K run may say it found nothing to capture
-        runs[Level.KERNEL].attributes.get("kernel_level", "captured")
+    attributes.setdefault(schema.LAYER_NAMES, "original")
+    attributes.setdefault(schema.GRAPH_OPTIMIZATIONS, "enabled")
+    attributes[schema.INPUTS] = describe_inputs(inputs)
+    attributes[schema.LEVELS] = [lv.value for lv in plan]
+    attributes[schema.KERNEL_LEVEL] = (  # a K run may say it found nothing to capture
+        runs[Level.KERNEL].attributes.get(schema.KERNEL_LEVEL, "captured")
         if Level.KERNEL in runs
         else notes.get(Level.KERNEL.value, "not requested")
     )
-    attributes["representative_iteration"] = rep
-    attributes["timeline_run"] = deepest.level.value
-    attributes["trim_proportion"] = 0.2
-    attributes["iterations_discarded"] = discarded
+    attributes[schema.REPRESENTATIVE_ITERATION] = rep
+    attributes[schema.TIMELINE_RUN] = deepest.level.value
+    attributes[schema.TRIM_PROPORTION] = 0.2
+    attributes[schema.ITERATIONS_DISCARDED] = discarded
     if any(kept_interrupted.values()):
-        attributes["interrupted_iterations_kept"] = kept_interrupted
-    attributes["experiment_wall_s"] = round(time.perf_counter() - wall_started, 6)
+        attributes[schema.INTERRUPTED_ITERATIONS_KEPT] = kept_interrupted
+    attributes[schema.EXPERIMENT_WALL_S] = round(time.perf_counter() - wall_started, 6)
     if cupti_before is not None:  # CUPTI left attached slows later forwards (gpu.owner)
         attributes[MODEL_LEVEL_AFTER_CUPTI] = cupti_before
     if peak is not None:  # the roofs, and when and under what load they were measured
@@ -283,10 +286,12 @@ def _timeline(
             found = stats[raw.level].get(raw.key)
             duration = found if found is not None else raw.duration_ns
             if found is None:
-                attrs["duration_source"] = "timeline"
+                attrs[schema.DURATION_SOURCE] = "timeline"
         if raw.level is Level.LAYER:
-            op = attrs.get("runtime_op_type", attrs.get("op_type", raw.kind))  # not Conv+Relu
-            flops.annotate(attrs, str(op), flops.dtype_size(attrs.get("dtype")))
+            op = attrs.get(
+                schema.RUNTIME_OP_TYPE, attrs.get(schema.OP_TYPE, raw.kind)
+            )  # not Conv+Relu
+            flops.annotate(attrs, str(op), flops.dtype_size(attrs.get(schema.DTYPE)))
         spans.append(
             Span(
                 trace_id=trace_id,

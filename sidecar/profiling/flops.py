@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sidecar.trace import schema
+
 Shape = Sequence[int]
 
 # PyTorch module classes and aten ops -> the ONNX op they compute.
@@ -234,10 +236,10 @@ def annotate(attributes: dict[str, Any], op_type: str, dtype_bytes: int = 4) -> 
     Reads `input_shapes` / `output_shapes` from `attributes`; values already there (measured,
     or a runner's own estimate) are kept. Returns whether an estimate was added.
     """
-    if attributes.get("flops_estimated") is False or "flops" in attributes:
+    if attributes.get(schema.FLOPS_ESTIMATED) is False or schema.FLOPS in attributes:
         return False  # measured, or estimated by the runner already (summed over ops)
-    ins = attributes.get("input_shapes") or []
-    outs = attributes.get("output_shapes") or []
+    ins = attributes.get(schema.INPUT_SHAPES) or []
+    outs = attributes.get(schema.OUTPUT_SHAPES) or []
     if not outs and not ins:
         return False
     try:
@@ -247,11 +249,13 @@ def annotate(attributes: dict[str, Any], op_type: str, dtype_bytes: int = 4) -> 
     if est is None:
         return False
     attributes.update(
-        flops=est.flops,
-        flops_estimated=True,
-        dram_read_bytes=est.read_bytes,
-        dram_write_bytes=est.write_bytes,
-        bytes_estimated=True,
+        {
+            schema.FLOPS: est.flops,
+            schema.FLOPS_ESTIMATED: True,
+            schema.DRAM_READ_BYTES: est.read_bytes,
+            schema.DRAM_WRITE_BYTES: est.write_bytes,
+            schema.BYTES_ESTIMATED: True,
+        }
     )
     return True
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from sidecar.profiling.cache_roofs import CacheRoofs, measure_cache_roofs
+from sidecar.trace import schema
 
 CACHE_ENV = "XSP_CACHE_DIR"
 BUSY = 0.5  # 1-minute load average per CPU above which a measurement counts as under load
@@ -58,18 +59,18 @@ class Peak:
     def trace_attributes(self) -> dict[str, Any]:
         """What a trace records about its peak (the report shows the source and date)."""
         attrs: dict[str, Any] = {
-            "peak_flops_per_s": self.flops_per_s,
-            "peak_dram_bytes_per_s": self.dram_bytes_per_s,
-            "peak_source": self.source,
-            "peak_measured_ns": self.measured_ns,
-            "peak_rounds": self.rounds,
+            schema.PEAK_FLOPS_PER_S: self.flops_per_s,
+            schema.PEAK_DRAM_BYTES_PER_S: self.dram_bytes_per_s,
+            schema.PEAK_SOURCE: self.source,
+            schema.PEAK_MEASURED_NS: self.measured_ns,
+            schema.PEAK_ROUNDS: self.rounds,
         }
         if self.load_per_cpu is not None:
-            attrs["peak_load_per_cpu"] = round(self.load_per_cpu, 3)
+            attrs[schema.PEAK_LOAD_PER_CPU] = round(self.load_per_cpu, 3)
         if self.cache_bytes_per_s:
-            attrs["peak_cache_bytes_per_s"] = dict(self.cache_bytes_per_s)
-            attrs["cache_sizes_bytes"] = dict(self.cache_sizes_bytes or {})
-            attrs["peak_cache_source"] = self.cache_source
+            attrs[schema.PEAK_CACHE_BYTES_PER_S] = dict(self.cache_bytes_per_s)
+            attrs[schema.CACHE_SIZES_BYTES] = dict(self.cache_sizes_bytes or {})
+            attrs[schema.PEAK_CACHE_SOURCE] = self.cache_source
         return attrs
 
     def with_cache(self, roofs: CacheRoofs) -> Peak:

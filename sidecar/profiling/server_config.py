@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar.profiling.formats import ModelFormat
 from sidecar.profiling.vocabulary import ProfilingError
+from sidecar.trace import schema
 
 if TYPE_CHECKING:
     from tritonclient.grpc import model_config_pb2
@@ -182,15 +183,15 @@ def server_summary(config: Any) -> dict[str, Any]:
             a.name for a in (*ea.cpu_execution_accelerator, *ea.gpu_execution_accelerator)
         ]
     return {
-        "backend": config.backend or config.platform,
-        "platform": config.platform,
-        "instance_kind": kinds[0] if kinds else "",
-        "instance_count": sum(max(int(g.count), 1) for g in config.instance_group),
-        "gpus": sorted({int(gpu) for g in config.instance_group for gpu in g.gpus}),
-        "accelerators": accelerators,
-        "max_batch_size": int(config.max_batch_size),
-        "dynamic_batching": config.HasField("dynamic_batching"),
-        "preferred_batch_sizes": preferred_batch_sizes(config),
+        schema.BACKEND: config.backend or config.platform,
+        schema.PLATFORM: config.platform,
+        schema.INSTANCE_KIND: kinds[0] if kinds else "",
+        schema.INSTANCE_COUNT: sum(max(int(g.count), 1) for g in config.instance_group),
+        schema.GPUS: sorted({int(gpu) for g in config.instance_group for gpu in g.gpus}),
+        schema.ACCELERATORS: accelerators,
+        schema.MAX_BATCH_SIZE: int(config.max_batch_size),
+        schema.DYNAMIC_BATCHING: config.HasField("dynamic_batching"),
+        schema.PREFERRED_BATCH_SIZES: preferred_batch_sizes(config),
     }
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from sidecar.profiling.experiment import LeveledProfile
 from sidecar.profiling.stats import BatchDecision
+from sidecar.trace import schema
 from sidecar.trace.spans import Level
 
 NAME_WIDTH = 48  # layer names longer than this are cut (marked with an ellipsis)
@@ -20,7 +21,7 @@ def cut(text: str, width: int) -> str:
 
 def fused_ops(attributes: dict[str, Any]) -> str:
     """`Conv+Relu` for a layer that computes several original graph nodes, else ""."""
-    kinds = attributes.get("original_op_types") or []
+    kinds = attributes.get(schema.ORIGINAL_OP_TYPES) or []
     return "+".join(str(k) for k in kinds) if len(kinds) > 1 else ""
 
 
@@ -28,7 +29,7 @@ def layer_type_shares(result: LeveledProfile) -> list[tuple[str, float]]:
     """(op type, share of summed layer time), largest first."""
     totals: dict[str, int] = {}
     for span in result.spans_at(Level.LAYER):
-        op = str(span.attributes.get("op_type", span.kind))
+        op = str(span.attributes.get(schema.OP_TYPE, span.kind))
         totals[op] = totals.get(op, 0) + int(span.duration_ns or 0)
     whole = sum(totals.values()) or 1
     return sorted(((k, v / whole) for k, v in totals.items()), key=lambda kv: -kv[1])
@@ -44,8 +45,8 @@ def as_dict(result: LeveledProfile, top: int = 10) -> dict[str, Any]:
         "batch_size": result.trace.batch_size,
         "runtime": result.trace.runtime,
         "device": result.trace.device,
-        "kernel_level": result.trace.attributes.get("kernel_level"),
-        "layer_names": result.trace.attributes.get("layer_names"),
+        schema.KERNEL_LEVEL: result.trace.attributes.get(schema.KERNEL_LEVEL),
+        schema.LAYER_NAMES: result.trace.attributes.get(schema.LAYER_NAMES),
         "levels": {
             s.level.value: {
                 "trimmed_mean_ms": s.trimmed_mean_ns / 1e6,
@@ -59,15 +60,15 @@ def as_dict(result: LeveledProfile, top: int = 10) -> dict[str, Any]:
         "top_layers": [
             {
                 "name": s.name,
-                "op_type": s.attributes.get("op_type", s.kind),
+                schema.OP_TYPE: s.attributes.get(schema.OP_TYPE, s.kind),
                 "fused": fused_ops(s.attributes),
-                "original_nodes": list(s.attributes.get("original_nodes") or []),
+                schema.ORIGINAL_NODES: list(s.attributes.get(schema.ORIGINAL_NODES) or []),
                 "ms": (s.duration_ns or 0) / 1e6,
-                "flops": s.attributes.get("flops"),
+                "flops": s.attributes.get(schema.FLOPS),
             }
             for s in layers[:top]
         ],
-        "layer_types": [{"op_type": k, "share": v} for k, v in layer_type_shares(result)],
+        "layer_types": [{schema.OP_TYPE: k, "share": v} for k, v in layer_type_shares(result)],
         "kernel_spans": len(result.spans_at(Level.KERNEL)),
     }
 
@@ -77,7 +78,7 @@ def render(result: LeveledProfile, top: int = 10) -> str:
     d = as_dict(result, top)
     lines = [
         f"{d['model']}  batch={d['batch_size']}  {d['runtime']}  on {d['device']}",
-        f"trace {d['trace_id']}  layer names: {d['layer_names']}",
+        f"trace {d['trace_id']}  layer names: {d[schema.LAYER_NAMES]}",
         "",
         f"  {'level':<8}{'latency ms':>12}{'median ms':>12}{'overhead':>10}",
     ]
@@ -87,12 +88,12 @@ def render(result: LeveledProfile, top: int = 10) -> str:
             f"{s['overhead_ratio']:>9.2f}x"
         )
     if "kernel" not in d["levels"]:
-        lines.append(f"  kernel  {d['kernel_level']}")
+        lines.append(f"  kernel  {d[schema.KERNEL_LEVEL]}")
     if d["throughput_per_s"]:
         lines.append(f"  throughput {d['throughput_per_s']:.1f} inputs/s (model level)")
     if d["top_layers"]:
         tops = d["top_layers"]
-        types = [t["fused"] or str(t["op_type"]) for t in tops]
+        types = [t["fused"] or str(t[schema.OP_TYPE]) for t in tops]
         nw = min(NAME_WIDTH, max(len("layer"), *(len(t["name"]) for t in tops)))
         tw = max(len("type"), *(len(t) for t in types))
         lines += [
@@ -106,10 +107,10 @@ def render(result: LeveledProfile, top: int = 10) -> str:
         fused = [t for t in tops if t["fused"]]
         if fused:
             lines.append("  fused layers compute these graph nodes:")
-            lines += [f"    {t['name']}: {', '.join(t['original_nodes'])}" for t in fused]
+            lines += [f"    {t['name']}: {', '.join(t[schema.ORIGINAL_NODES])}" for t in fused]
         lines += ["", "  layer type shares"]
         for t in d["layer_types"][:top]:
-            lines.append(f"  {t['op_type']!s:<24}{t['share'] * 100:>6.1f}%")
+            lines.append(f"  {t[schema.OP_TYPE]!s:<24}{t['share'] * 100:>6.1f}%")
     if d["kernel_spans"]:
         lines.append(f"\n  kernel spans: {d['kernel_spans']}")
     return "\n".join(lines)

@@ -17,12 +17,13 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from sidecar.trace import schema
 from sidecar.trace.spans import Level
 
-ENSEMBLE_STEP = "ensemble_step"  # attribute of an ensemble step's model span: its step key
+ENSEMBLE_STEP = schema.ENSEMBLE_STEP  # attribute of an ensemble step's model span: its step key
 # `LevelRun` attribute: why the run covers only part of the model (an ensemble stopped at a
 # failed step); the experiment then makes the trace `status = error` with it, spans kept
-PARTIAL_REPLAY = "partial_replay"
+PARTIAL_REPLAY = schema.PARTIAL_REPLAY
 
 
 # A backend's model repository lookup, `find(repository, model, version) -> location` (a

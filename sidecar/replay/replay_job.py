@@ -39,6 +39,7 @@ from sidecar.replay.context import ReplayContext
 from sidecar.replay.device import DeviceChoice, driver_device_name, resolve
 from sidecar.replay.job_records import JobResult, ProfileJob
 from sidecar.replay.options import ReplayOptions
+from sidecar.trace import schema
 from sidecar.trace.errors import TraceStoreError
 from sidecar.trace.spans import ERROR, Level, LevelStats, Span, Trace
 
@@ -258,7 +259,9 @@ def replay_job(job: ProfileJob, context: ReplayContext) -> JobResult:
     except Exception as exc:
         trace.status, trace.error = "error", f"{type(exc).__name__}: {exc}"
         if choice is not None:
-            trace.attributes.update(replay_device=choice.device, replay_device_reason=choice.reason)
+            trace.attributes.update(
+                {schema.REPLAY_DEVICE: choice.device, schema.REPLAY_DEVICE_REASON: choice.reason}
+            )
         if settings is not None:
             _mark_settings(trace, location, settings)
         outcome, error = "error", trace.error
@@ -274,7 +277,7 @@ def replay_job(job: ProfileJob, context: ReplayContext) -> JobResult:
     if request is not None and request.attributes:
         profile.trace.attributes.update(request.attributes)
     if options.store_raw_inputs:
-        profile.trace.attributes["raw_inputs"] = _raw_inputs(inputs)
+        profile.trace.attributes[schema.RAW_INPUTS] = _raw_inputs(inputs)
     store_error = _write(context, profile.trace, profile.spans, profile.level_stats)
     if store_error is not None:
         return JobResult(
@@ -293,15 +296,17 @@ def _link(profile: LeveledProfile, job: ProfileJob, location: ModelLocation, sou
     trace.sample_reason = job.reason
     trace.model_version = location.version
     trace.attributes.update(
-        backend=location.backend or location.platform,
-        model_path=str(location.path),
-        model_format=location.format.value,
-        method=job.method,
-        input_source=source,
-        request_span_id=job.parent_span_id,
-        received_ns=job.received_ns,
+        {
+            schema.BACKEND: location.backend or location.platform,
+            schema.MODEL_PATH: str(location.path),
+            schema.MODEL_FORMAT: location.format.value,
+            schema.METHOD: job.method,
+            schema.INPUT_SOURCE: source,
+            schema.REQUEST_SPAN_ID: job.parent_span_id,
+            schema.RECEIVED_NS: job.received_ns,
+        }
     )
-    trace.attributes.setdefault("inputs", describe_inputs({}))
+    trace.attributes.setdefault(schema.INPUTS, describe_inputs({}))
     for span in profile.spans:
         if span.level is Level.MODEL and span.parent_id is None:
             span.parent_id = job.parent_span_id
@@ -309,17 +314,24 @@ def _link(profile: LeveledProfile, job: ProfileJob, location: ModelLocation, sou
 
 def _mark_device(profile: LeveledProfile, choice: DeviceChoice) -> None:
     """Say where the replay ran: on the trace and on every model span (`device`)."""
-    profile.trace.attributes.update(replay_device=choice.device, replay_device_reason=choice.reason)
+    profile.trace.attributes.update(
+        {schema.REPLAY_DEVICE: choice.device, schema.REPLAY_DEVICE_REASON: choice.reason}
+    )
     for span in profile.spans:
         if span.level is Level.MODEL:
-            span.attributes.update(device=choice.device, device_reason=choice.reason)
+            span.attributes.update(
+                {schema.DEVICE: choice.device, schema.DEVICE_REASON: choice.reason}
+            )
 
 
 def _mark_settings(trace: Trace, location: ModelLocation, settings: ReplaySettings) -> None:
     """Say how the server runs the model and what the replay applied of it (a replay runs the
     sampled request's own batch: the batching settings are in `server_config` only)."""
     trace.attributes.update(
-        replay_settings=settings.record_dicts(), server_config=server_summary(location.config)
+        {
+            schema.REPLAY_SETTINGS: settings.record_dicts(),
+            schema.SERVER_CONFIG: server_summary(location.config),
+        }
     )
 
 

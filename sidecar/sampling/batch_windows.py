@@ -35,10 +35,11 @@ import grpc
 
 from sidecar.backends.base import StatisticsReader
 from sidecar.backends.triton_statistics import ModelCounts
+from sidecar.trace import schema
 
 log = logging.getLogger(__name__)
 
-ATTRIBUTE = "server_batch_window"  # the request span's attribute
+ATTRIBUTE = schema.SERVER_BATCH_WINDOW  # the request span's attribute
 OPEN_LIMIT = 64  # windows open at once; the oldest is given up beyond it
 READ_TIMEOUT_S = 1.0
 SETTLE_S = 0.02  # between retries of the second read
@@ -51,13 +52,13 @@ Read = tuple[Counts | str, int]  # the counters (or why not), and when the read 
 def window(before: Counts, after: Counts, model: str) -> dict[str, Any]:
     """What the server executed of `model` between two reads, or why that is not known."""
     if model not in after:
-        return {"unobserved": f"the backend's statistics do not list model {model!r}"}
+        return {schema.WINDOW_UNOBSERVED: f"the backend's statistics do not list model {model!r}"}
     old, new = before.get(model, ModelCounts()), after[model]
     inferences = new.inferences - old.inferences
     if inferences <= 0:
         return {
-            "unobserved": "no computed request of the model was counted between the two "
-            "reads (the first read came after the server computed the request, or it failed)"
+            schema.WINDOW_UNOBSERVED: "no computed request of the model was counted between the "
+            "two reads (the first read came after the server computed the request, or it failed)"
         }
     sizes = {
         str(size): count - old.batches.get(size, 0)
@@ -65,9 +66,9 @@ def window(before: Counts, after: Counts, model: str) -> dict[str, Any]:
         if count - old.batches.get(size, 0) > 0
     }
     return {
-        "inferences": inferences,
-        "executions": new.executions - old.executions,
-        "batch_sizes": sizes,
+        schema.WINDOW_INFERENCES: inferences,
+        schema.WINDOW_EXECUTIONS: new.executions - old.executions,
+        schema.WINDOW_BATCH_SIZES: sizes,
     }
 
 
@@ -164,14 +165,14 @@ class BatchWindows:
     ) -> dict[str, Any]:
         before, read_ns = first.result()
         if isinstance(before, str):
-            return {"unobserved": before}
+            return {schema.WINDOW_UNOBSERVED: before}
         known = before.get(model)
         earlier = known is not None and known.last_inference_ms < started_ns // 1_000_000
         if read_ns > answered_ns and not earlier:
             late_ms = (read_ns - answered_ns) / 1e6
             return {
-                "unobserved": f"the first read completed {late_ms:.2f} ms after the server's "
-                "response reached the relay (it may already count the request)"
+                schema.WINDOW_UNOBSERVED: f"the first read completed {late_ms:.2f} ms after the "
+                "server's response reached the relay (it may already count the request)"
             }
         result: dict[str, Any] = {}
         for attempt in range(RETRIES + 1):
@@ -179,11 +180,13 @@ class BatchWindows:
                 time.sleep(self._settle_s)
             after, done_ns = self._read()
             if isinstance(after, str):
-                return {"unobserved": after}
+                return {schema.WINDOW_UNOBSERVED: after}
             result = window(before, after, model)
-            if "unobserved" not in result:
+            if schema.WINDOW_UNOBSERVED not in result:
                 # how long the window stayed open after the response: executions in that
                 # time came after the request (the later its end, the wider the window)
-                result["closed_after_response_ms"] = round((done_ns - answered_ns) / 1e6, 3)
+                result[schema.WINDOW_CLOSED_AFTER_RESPONSE_MS] = round(
+                    (done_ns - answered_ns) / 1e6, 3
+                )
                 return result
         return result

@@ -51,6 +51,7 @@ from sidecar.sampling.sampler import Decision, Sampler, Tentative
 from sidecar.sampling.slow import SlowDetector
 from sidecar.sampling.stream_sampling import StreamSampling
 from sidecar.sampling.take import Taken, take
+from sidecar.trace import schema
 from sidecar.trace.spans import new_span_id, new_trace_id
 
 log = logging.getLogger(__name__)
@@ -95,12 +96,12 @@ def relay_marks(end: StreamEnd) -> dict[str, int]:
     the span's clock: Unix epoch ns, the request's headers read at `start_ns` and every later
     mark that many monotonic ns after it. A mark the call never reached is left out."""
     start = end.start_ns
-    marks = {"relay_request_start_ns": start}
+    marks = {schema.RELAY_REQUEST_START_NS: start}
     if end.request_end_s is not None:
-        marks["relay_request_end_ns"] = start + int(end.request_end_s * 1e9)
+        marks[schema.RELAY_REQUEST_END_NS] = start + int(end.request_end_s * 1e9)
     if end.response_start_s is not None:
-        marks["relay_response_start_ns"] = start + int(end.response_start_s * 1e9)
-    marks["relay_response_end_ns"] = start + int(end.duration_s * 1e9)
+        marks[schema.RELAY_RESPONSE_START_NS] = start + int(end.response_start_s * 1e9)
+    marks[schema.RELAY_RESPONSE_END_NS] = start + int(end.duration_s * 1e9)
     return marks
 
 

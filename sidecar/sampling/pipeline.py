@@ -56,6 +56,7 @@ from sidecar.sampling.sampler import Sampler
 from sidecar.sampling.settings import SamplingSettings
 from sidecar.sampling.stream_sampling import sequence_model
 from sidecar.sampling.worker import ProfilingWorker, WorkerConfig
+from sidecar.trace import schema
 from sidecar.trace.errors import TraceStoreError
 from sidecar.trace.metrics import TraceWriterCollector
 from sidecar.trace.otlp_export import OtlpExportCollector, OtlpTraceExport
@@ -245,10 +246,10 @@ class SamplingPipeline:
             sidecar_version=__version__,
             status=LIVE_ONLY,
             attributes={
-                "replay": why.attribute,
-                "method": job.method,
-                "request_span_id": job.parent_span_id,
-                "received_ns": job.received_ns,
+                schema.REPLAY: why.attribute,
+                schema.METHOD: job.method,
+                schema.REQUEST_SPAN_ID: job.parent_span_id,
+                schema.RECEIVED_NS: job.received_ns,
             },
         )
         if self.writer is None or not self.writer.submit(trace, ()):
@@ -293,8 +294,8 @@ class SamplingPipeline:
             # the proxy's span: the window of the backend's op events
             self.tf_capture.request_ended(trace_id, request.start_ns, request.end_ns)
         if request is not None and self.batch_windows is not None:
-            model = str(request.attributes.get("model") or "")
-            answered = request.attributes.get("relay_response_start_ns", request.end_ns)
+            model = str(request.attributes.get(schema.MODEL) or "")
+            answered = request.attributes.get(schema.RELAY_RESPONSE_START_NS, request.end_ns)
 
             def with_window(found: dict[str, object]) -> None:
                 request.attributes[WINDOW_ATTRIBUTE] = found

@@ -15,6 +15,7 @@ from sidecar.backends.replayability import Replayability
 from sidecar.replay.job_records import ProfileJob
 from sidecar.sampling.handler import SampleHandler
 from sidecar.sampling.metrics import SamplingMetrics
+from sidecar.trace import schema
 from sidecar.trace.spans import Level, Source, Span
 
 
@@ -106,12 +107,12 @@ def request_span(trace_id: str, span_id: str, request: RelayedRequest) -> Span:
         end_ns=request.end_ns,
         source=Source.PROXY,
         attributes={
-            "grpc_code": request.grpc_code,
-            "grpc_message": request.grpc_message,
-            "request_bytes": request.request_bytes,
-            "response_bytes": request.response_bytes,
-            "path": request.path,
-            "model": request.model or "",
+            schema.GRPC_CODE: request.grpc_code,
+            schema.GRPC_MESSAGE: request.grpc_message,
+            schema.REQUEST_BYTES: request.request_bytes,
+            schema.RESPONSE_BYTES: request.response_bytes,
+            schema.PATH: request.path,
+            schema.MODEL: request.model or "",
             **request.marks,
         },
     )

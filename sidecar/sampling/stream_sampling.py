@@ -29,6 +29,7 @@ from sidecar.proxy.stream_messages import Unreadable, sequence_parameters
 from sidecar.sampling import take
 from sidecar.sampling.sampled_request import RelayedRequest, Sample, store_request_span
 from sidecar.sampling.sampler import Decision, Sampler, Tentative
+from sidecar.trace import schema
 from sidecar.trace.spans import new_span_id, new_trace_id
 
 _REASONS = {Tentative.RATE: "rate", Tentative.FORCED: "forced"}
@@ -115,7 +116,7 @@ class StreamSampling:
         request = RelayedRequest(
             self._method, self._path, sample.model, self._ns(end.start), self._ns(end.end),
             end.end - end.start, end.code, end.error, end.request_bytes, end.response_bytes,
-            {"stream_message": True, **self._marks(end)},
+            {schema.STREAM_MESSAGE: True, **self._marks(end)},
         )  # fmt: skip
         store_request_span(self._hub, sample.trace_id, sample.span_id, request)
 
@@ -125,14 +126,14 @@ class StreamSampling:
     def _marks(self, end: InferenceEnd) -> dict[str, object]:
         """The relay marks of the inference (docs/contracts.md) and its responses' times."""
         marks: dict[str, object] = {
-            "relay_request_start_ns": self._ns(end.start),
-            "relay_request_end_ns": self._ns(end.start),
-            "relay_response_end_ns": self._ns(end.end),
-            "responses": end.responses,
+            schema.RELAY_REQUEST_START_NS: self._ns(end.start),
+            schema.RELAY_REQUEST_END_NS: self._ns(end.start),
+            schema.RELAY_RESPONSE_END_NS: self._ns(end.end),
+            schema.RESPONSES: end.responses,
         }
         if end.responses:
-            marks["relay_response_start_ns"] = self._ns(end.first)
-            marks["first_response_ns"] = self._ns(end.first)
-            marks["last_response_ns"] = self._ns(end.last)
-            marks["response_gaps_ns"] = [int(g * 1e9) for g in end.gaps]
+            marks[schema.RELAY_RESPONSE_START_NS] = self._ns(end.first)
+            marks[schema.FIRST_RESPONSE_NS] = self._ns(end.first)
+            marks[schema.LAST_RESPONSE_NS] = self._ns(end.last)
+            marks[schema.RESPONSE_GAPS_NS] = [int(g * 1e9) for g in end.gaps]
         return marks

@@ -25,19 +25,22 @@ import sqlite3
 from collections.abc import Iterable
 from typing import Any
 
-ATTRIBUTE = "fidelity"
-WINDOW_ATTRIBUTE = "server_batch_window"  # sampling.batch_windows.ATTRIBUTE
+from sidecar.trace import schema
+from sidecar.trace.schema import COMPUTE_INFER, TF_OP, Level, Source, json_path
 
-_PARTS = """
+ATTRIBUTE = schema.FIDELITY
+WINDOW_ATTRIBUTE = schema.SERVER_BATCH_WINDOW
+
+_PARTS = f"""
 SELECT
   (SELECT attributes FROM traces WHERE trace_id = :t),
   (SELECT sum(end_ns - start_ns) FROM spans
-     WHERE trace_id = :t AND level = 'server' AND kind = 'compute_infer'),
+     WHERE trace_id = :t AND level = '{Level.SERVER}' AND kind = '{COMPUTE_INFER}'),
   (SELECT max(end_ns) - min(start_ns) FROM spans
-     WHERE trace_id = :t AND level = 'server' AND kind = 'tf_op'),
-  (SELECT trimmed_mean_ns FROM level_stats WHERE trace_id = :t AND level = 'model'),
-  (SELECT json_extract(attributes, '$.server_batch_window') FROM spans
-     WHERE trace_id = :t AND level = 'request' AND source = 'proxy' LIMIT 1)
+     WHERE trace_id = :t AND level = '{Level.SERVER}' AND kind = '{TF_OP}'),
+  (SELECT trimmed_mean_ns FROM level_stats WHERE trace_id = :t AND level = '{Level.MODEL}'),
+  (SELECT json_extract(attributes, '{json_path(WINDOW_ATTRIBUTE)}') FROM spans
+     WHERE trace_id = :t AND level = '{Level.REQUEST}' AND source = '{Source.PROXY}' LIMIT 1)
 """
 
 
@@ -49,17 +52,17 @@ def record(
 ) -> dict[str, Any] | None:
     """The `fidelity` attribute from a trace's parts (None: nothing to say)."""
     live, source = (
-        (compute_infer_ns, "compute_infer")
+        (compute_infer_ns, COMPUTE_INFER)
         if compute_infer_ns is not None
-        else (tf_ops_ns, "tf_ops")
+        else (tf_ops_ns, schema.LIVE_SOURCE_TF_OPS)
         if tf_ops_ns is not None
         else (None, None)
     )
     if live is None and window is None:
         return None
-    out: dict[str, Any] = {"live_compute_ns": live, "live_source": source}
-    out["replay_model_ns"] = replay_ns
-    out["ratio"] = replay_ns / live if replay_ns is not None and live else None
+    out: dict[str, Any] = {schema.LIVE_COMPUTE_NS: live, schema.LIVE_SOURCE: source}
+    out[schema.REPLAY_MODEL_NS] = replay_ns
+    out[schema.RATIO] = replay_ns / live if replay_ns is not None and live else None
     if window is not None:
         out[WINDOW_ATTRIBUTE] = window
     return out

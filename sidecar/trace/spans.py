@@ -12,41 +12,32 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
-# `Trace.status` values
-OK = "ok"
-ERROR = "error"
-LIVE_ONLY = "live_only"
+from sidecar.trace.schema import (  # the levels' one home is the schema (re-exported here)
+    ERROR,
+    LEVEL_CODES,
+    LIVE_ONLY,
+    OK,
+    REPLAY_LEVELS,
+    Level,
+    Source,
+)
 
-
-class Level(StrEnum):
-    """Where a span sits in the across-stack hierarchy."""
-
-    REQUEST = "request"  # live: the call as the proxy saw it
-    SERVER = "server"  # live: the backend's own spans (Triton request, queue, compute, ...)
-    MODEL = "model"  # replay M: one model execution
-    LAYER = "layer"  # replay L: a framework node / op / module
-    KERNEL = "kernel"  # replay K: GPU kernel, memcpy, CUDA API call, or CPU library op
-
-    @property
-    def depth(self) -> int:
-        """Replay depth (M=0, L=1, K=2); live levels have no depth (-1)."""
-        return _DEPTH.get(self, -1)
-
-
-REPLAY_LEVELS: tuple[Level, ...] = (Level.MODEL, Level.LAYER, Level.KERNEL)
-_DEPTH = {Level.MODEL: 0, Level.LAYER: 1, Level.KERNEL: 2}
-LEVEL_CODES = {"M": Level.MODEL, "L": Level.LAYER, "K": Level.KERNEL}
-
-
-class Source(StrEnum):
-    """Where a span's numbers were measured."""
-
-    PROXY = "proxy"
-    BACKEND = "backend"
-    REPLAY = "replay"
+__all__ = [
+    "ERROR",
+    "LEVEL_CODES",
+    "LIVE_ONLY",
+    "OK",
+    "REPLAY_LEVELS",
+    "Level",
+    "LevelStats",
+    "Source",
+    "Span",
+    "Trace",
+    "new_span_id",
+    "new_trace_id",
+]
 
 
 def new_trace_id() -> str:

@@ -49,6 +49,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from sidecar.profiling.containment import API_KINDS, GPU_ASYNC_KINDS, innermost, set_parent
 from sidecar.profiling.vocabulary import RawSpan, keyed
+from sidecar.trace import schema
 from sidecar.trace.spans import Level, Span
 
 GRAPH_KIND = "CUDAGraph"
@@ -65,35 +66,37 @@ def _is_graph_launch(span: RawSpan) -> bool:
 def group_graph_replays(spans: Sequence[RawSpan]) -> list[RawSpan]:
     """Layer spans for the CUDA graph replays among `spans` (one iteration), marking their
     kernels `launched_by_graph`. The replay span covers its kernels on the GPU timeline."""
-    launches = {int(s.attributes.get("correlation_id", 0)): s for s in spans if _is_graph_launch(s)}
+    launches = {
+        int(s.attributes.get(schema.CORRELATION_ID, 0)): s for s in spans if _is_graph_launch(s)
+    }
     members: dict[int, list[RawSpan]] = defaultdict(list)
     for span in spans:
-        cid = int(span.attributes.get("correlation_id", 0))
-        if span.kind in GPU_ASYNC_KINDS and (cid in launches or "graph_id" in span.attributes):
+        cid = int(span.attributes.get(schema.CORRELATION_ID, 0))
+        if span.kind in GPU_ASYNC_KINDS and (cid in launches or schema.GRAPH_ID in span.attributes):
             members[cid].append(span)
     out: list[RawSpan] = []
     for cid, work in sorted(members.items(), key=lambda kv: min(s.start_ns for s in kv[1])):
         launch = launches.get(cid)
-        graph_ids = sorted({int(s.attributes.get("graph_id", 0)) for s in work})
+        graph_ids = sorted({int(s.attributes.get(schema.GRAPH_ID, 0)) for s in work})
         for span in work:
-            span.attributes["launched_by_graph"] = True
+            span.attributes[schema.LAUNCHED_BY_GRAPH] = True
         kernels = [s for s in work if s.kind == "kernel"]
         attrs: dict[str, Any] = {
-            "op_type": GRAPH_KIND,
-            "launched_by_graph": True,
-            "graph_id": graph_ids[0] if len(graph_ids) == 1 else graph_ids,
-            "graph_launch_correlation_id": cid,
-            "kernel_count": len(kernels),
-            "kernel_ns": sum(s.duration_ns for s in kernels),
-            "activity_count": len(work),
-            "time_base": "gpu_kernels",
-            "leaf": True,
-            "depth": 1,
-            "graph_node_layers": GRAPH_NODES_NOT_OBSERVED,
+            schema.OP_TYPE: GRAPH_KIND,
+            schema.LAUNCHED_BY_GRAPH: True,
+            schema.GRAPH_ID: graph_ids[0] if len(graph_ids) == 1 else graph_ids,
+            schema.GRAPH_LAUNCH_CORRELATION_ID: cid,
+            schema.KERNEL_COUNT: len(kernels),
+            schema.KERNEL_NS: sum(s.duration_ns for s in kernels),
+            schema.ACTIVITY_COUNT: len(work),
+            schema.TIME_BASE: "gpu_kernels",
+            schema.LEAF: True,
+            schema.DEPTH: 1,
+            schema.GRAPH_NODE_LAYERS: GRAPH_NODES_NOT_OBSERVED,
         }
         if launch is not None:
-            attrs.update(host_start_ns=launch.start_ns, host_end_ns=launch.end_ns)
-        name = f"cuda_graph[{attrs['graph_id']}]"
+            attrs.update({schema.HOST_START_NS: launch.start_ns, schema.HOST_END_NS: launch.end_ns})
+        name = f"cuda_graph[{attrs[schema.GRAPH_ID]}]"
         out.append(
             RawSpan(
                 Level.LAYER,
@@ -121,9 +124,9 @@ def map_graph_nodes(spans: Sequence[RawSpan], table: GraphNodeTable, source: str
     (`parent_layer`), which becomes a container; each kernel gets `graph_node_layer`. The
     replay's `graph_node_layers` says how many of its kernels were mapped and from what."""
     replays = {
-        int(s.attributes["graph_launch_correlation_id"]): s
+        int(s.attributes[schema.GRAPH_LAUNCH_CORRELATION_ID]): s
         for s in spans
-        if s.level is Level.LAYER and "graph_launch_correlation_id" in s.attributes
+        if s.level is Level.LAYER and schema.GRAPH_LAUNCH_CORRELATION_ID in s.attributes
     }
     out: list[RawSpan] = []
     for cid, replay in replays.items():
@@ -131,13 +134,13 @@ def map_graph_nodes(spans: Sequence[RawSpan], table: GraphNodeTable, source: str
             s
             for s in spans
             if s.kind in GPU_ASYNC_KINDS
-            and s.attributes.get("launched_by_graph")
-            and int(s.attributes.get("correlation_id", 0)) == cid
+            and s.attributes.get(schema.LAUNCHED_BY_GRAPH)
+            and int(s.attributes.get(schema.CORRELATION_ID, 0)) == cid
         ]
         groups: dict[str, list[RawSpan]] = defaultdict(list)
         types: dict[str, str] = {}
         for k in kernels:
-            node = k.attributes.get("graph_node_id")
+            node = k.attributes.get(schema.GRAPH_NODE_ID)
             entry = table.get(int(node)) if node is not None else None
             if entry is None:
                 continue
@@ -145,35 +148,37 @@ def map_graph_nodes(spans: Sequence[RawSpan], table: GraphNodeTable, source: str
             groups[name].append(k)
             types[name] = type_
         mapped = sum(len(g) for g in groups.values())
-        replay.attributes["graph_node_layers"] = (
+        replay.attributes[schema.GRAPH_NODE_LAYERS] = (
             f"mapped: {mapped} of {len(kernels)} GPU activities by graph node id ({source})"
             if mapped
             else GRAPH_NODES_NOT_OBSERVED
         )
         if not mapped:
             continue
-        replay.attributes["leaf"] = False
+        replay.attributes[schema.LEAF] = False
         first = sorted(groups.items(), key=lambda kv: min(s.start_ns for s in kv[1]))
         for (layer, work), key in zip(first, keyed([n for n, _ in first]), strict=True):
             for k in work:
-                k.attributes["graph_node_layer"] = key
+                k.attributes[schema.GRAPH_NODE_LAYER] = key
             attrs: dict[str, Any] = {
-                "op_type": types[layer],
-                "module": layer,
-                "launched_by_graph": True,
-                "graph_node_source": source,
-                "graph_node_ids": sorted(int(k.attributes["graph_node_id"]) for k in work),
-                "kernel_count": sum(k.kind == "kernel" for k in work),
-                "time_base": "gpu_kernels",
-                "leaf": True,
-                "depth": 2,
-                "parent_layer": replay.name,
+                schema.OP_TYPE: types[layer],
+                schema.MODULE: layer,
+                schema.LAUNCHED_BY_GRAPH: True,
+                schema.GRAPH_NODE_SOURCE: source,
+                schema.GRAPH_NODE_IDS: sorted(
+                    int(k.attributes[schema.GRAPH_NODE_ID]) for k in work
+                ),
+                schema.KERNEL_COUNT: sum(k.kind == "kernel" for k in work),
+                schema.TIME_BASE: "gpu_kernels",
+                schema.LEAF: True,
+                schema.DEPTH: 2,
+                schema.PARENT_LAYER: replay.name,
             }
             out.append(
                 RawSpan(
                     Level.LAYER,
                     key,
-                    attrs["op_type"],
+                    attrs[schema.OP_TYPE],
                     min(k.start_ns for k in work),
                     max(k.end_ns for k in work),
                     key=key,
@@ -210,13 +215,16 @@ class Attribution(Generic[S]):
 def host_interval(span: Traced) -> tuple[int, int]:
     """Where a layer ran on the host (its kernels' launches lie inside)."""
     a = span.attributes
-    return int(a.get("host_start_ns", span.start_ns)), int(a.get("host_end_ns", span.end_ns))
+    return int(a.get(schema.HOST_START_NS, span.start_ns)), int(
+        a.get(schema.HOST_END_NS, span.end_ns)
+    )
 
 
 def is_graph_layer(span: Traced) -> bool:
     """A CUDA graph replay or a graph-node layer inside one: GPU timeline, no launches."""
     return (
-        "graph_launch_correlation_id" in span.attributes or "graph_node_source" in span.attributes
+        schema.GRAPH_LAUNCH_CORRELATION_ID in span.attributes
+        or schema.GRAPH_NODE_SOURCE in span.attributes
     )
 
 
@@ -226,7 +234,7 @@ def launches(spans: Iterable[S]) -> dict[int, S]:
     for span in spans:
         if span.level is not Level.KERNEL or span.kind not in API_KINDS:
             continue
-        cid = int(span.attributes.get("correlation_id", 0) or 0)
+        cid = int(span.attributes.get(schema.CORRELATION_ID, 0) or 0)
         if not cid:
             continue
         prev = out.get(cid)
@@ -239,23 +247,23 @@ def attribute(spans: Sequence[S]) -> dict[int, Attribution[S]]:
     """id(GPU span) -> its `Attribution`, for the spans of one iteration (the module's rule)."""
     layers = [s for s in spans if s.level is Level.LAYER]
     replays = {
-        int(s.attributes["graph_launch_correlation_id"]): s
+        int(s.attributes[schema.GRAPH_LAUNCH_CORRELATION_ID]): s
         for s in layers
-        if "graph_launch_correlation_id" in s.attributes
+        if schema.GRAPH_LAUNCH_CORRELATION_ID in s.attributes
     }
-    graph_nodes = {s.name: s for s in layers if "graph_node_source" in s.attributes}
+    graph_nodes = {s.name: s for s in layers if schema.GRAPH_NODE_SOURCE in s.attributes}
     host_layers = [(host_interval(s), s) for s in layers if not is_graph_layer(s)]
     by_cid = launches(spans)
     out: dict[int, Attribution[S]] = {}
     for span in spans:
         if span.level is not Level.KERNEL or span.kind not in GPU_ASYNC_KINDS:
             continue
-        cid = int(span.attributes.get("correlation_id", 0) or 0)
+        cid = int(span.attributes.get(schema.CORRELATION_ID, 0) or 0)
         launch = by_cid.get(cid)
-        if span.attributes.get("launched_by_graph"):
-            graph = graph_nodes.get(str(span.attributes.get("graph_node_layer"))) or replays.get(
-                cid
-            )
+        if span.attributes.get(schema.LAUNCHED_BY_GRAPH):
+            graph = graph_nodes.get(
+                str(span.attributes.get(schema.GRAPH_NODE_LAYER))
+            ) or replays.get(cid)
             if graph is not None:
                 out[id(span)] = Attribution(graph, launch, [graph], by_graph=True)
                 continue
@@ -281,8 +289,8 @@ def attach_gpu_activity(spans: Sequence[Span]) -> None:
         if (placed := found.get(id(span))) is None:
             continue
         if placed.launch is not None:
-            span.attributes["launch_span_id"] = placed.launch.span_id
-            span.attributes["launch_name"] = placed.launch.name
+            span.attributes[schema.LAUNCH_SPAN_ID] = placed.launch.span_id
+            span.attributes[schema.LAUNCH_NAME] = placed.launch.name
         set_parent(span, placed.candidates, placed.layer)
 
 
@@ -292,7 +300,7 @@ def ancestors(layer: S | None, by_name: Mapping[str, S]) -> Iterator[S]:
     while layer is not None and layer.name not in seen:
         seen.add(layer.name)
         yield layer
-        parent = layer.attributes.get("parent_layer")
+        parent = layer.attributes.get(schema.PARENT_LAYER)
         layer = by_name.get(parent) if parent else None
 
 
@@ -333,7 +341,7 @@ def retime_layers(spans: Sequence[Span]) -> None:
         and (layer := layers.get(s.parent_id or "")) is not None
     ]
     for layer, start, end in gpu_envelopes(owned, layers.values()).values():
-        if "host_start_ns" not in layer.attributes or layer.kind == GRAPH_KIND:
+        if schema.HOST_START_NS not in layer.attributes or layer.kind == GRAPH_KIND:
             continue
         layer.start_ns, layer.end_ns = start, end
-        layer.attributes["time_base"] = "gpu_kernels"  # where it sits on the timeline
+        layer.attributes[schema.TIME_BASE] = "gpu_kernels"  # where it sits on the timeline

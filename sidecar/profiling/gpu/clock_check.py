@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from sidecar.profiling.containment import API_KINDS, GPU_ASYNC_KINDS
 from sidecar.profiling.vocabulary import ProfilingError, RawSpan
+from sidecar.trace import schema
 
 DEFAULT_TOLERANCE_NS = 50_000
 
@@ -71,7 +72,7 @@ def check_clock(
         if span.kind not in API_KINDS:
             continue
         result.api_records += 1
-        cid = int(span.attributes.get("correlation_id", 0))
+        cid = int(span.attributes.get(schema.CORRELATION_ID, 0))
         prev = launches.get(cid)
         if prev is None or span.start_ns < prev.start_ns:
             launches[cid] = span
@@ -85,7 +86,7 @@ def check_clock(
         if span.kind not in GPU_ASYNC_KINDS:
             continue
         result.gpu_records += 1
-        launch = launches.get(int(span.attributes.get("correlation_id", 0)))
+        launch = launches.get(int(span.attributes.get(schema.CORRELATION_ID, 0)))
         if launch is None:
             result.missing_launches += 1
         anchor = launch.start_ns if launch is not None else span.start_ns

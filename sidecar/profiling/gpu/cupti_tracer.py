@@ -34,6 +34,7 @@ from sidecar.profiling.containment import API_KINDS, GPU_ASYNC_KINDS
 from sidecar.profiling.gpu.demangle import demangle, short_name
 from sidecar.profiling.gpu.owner import CUPTI_TRACER, PROCESS_OWNER, CuptiOwner
 from sidecar.profiling.vocabulary import LevelNotSupportedError, RawSpan, keyed
+from sidecar.trace import schema
 from sidecar.trace.spans import Level
 
 # CUpti_ActivityKind values (cupti_activity.h).
@@ -134,35 +135,39 @@ def record_to_span(record: Any, offset_ns: int) -> RawSpan | None:
         return None
     start = int(field(record, "start")) + offset_ns
     end = int(field(record, "end")) + offset_ns
-    attrs: dict[str, Any] = {"correlation_id": int(field(record, "correlation_id", 0) or 0)}
+    attrs: dict[str, Any] = {schema.CORRELATION_ID: int(field(record, "correlation_id", 0) or 0)}
     if kind in GPU_ASYNC_KINDS:
-        attrs["device"] = int(field(record, "device_id", 0) or 0)
-        attrs["stream"] = int(field(record, "stream_id", 0) or 0)
+        attrs[schema.DEVICE] = int(field(record, "device_id", 0) or 0)
+        attrs[schema.STREAM] = int(field(record, "stream_id", 0) or 0)
         for key in ("graph_id", "graph_node_id"):
             if field(record, key):
                 attrs[key] = int(field(record, key))
     if kind == "kernel":
         mangled = str(field(record, "name", "") or "kernel")
         name = demangle(mangled)
-        attrs["short_name"] = short_name(mangled)
+        attrs[schema.SHORT_NAME] = short_name(mangled)
         if name != mangled:
-            attrs["mangled_name"] = mangled
-        attrs["grid"] = [int(field(record, f"grid_{a}", 0) or 0) for a in "xyz"]
-        attrs["block"] = [int(field(record, f"block_{a}", 0) or 0) for a in "xyz"]
-        for key in ("registers_per_thread", "static_shared_memory", "dynamic_shared_memory"):
+            attrs[schema.MANGLED_NAME] = mangled
+        attrs[schema.GRID] = [int(field(record, f"grid_{a}", 0) or 0) for a in "xyz"]
+        attrs[schema.BLOCK] = [int(field(record, f"block_{a}", 0) or 0) for a in "xyz"]
+        for key in (
+            schema.REGISTERS_PER_THREAD,
+            schema.STATIC_SHARED_MEMORY,
+            schema.DYNAMIC_SHARED_MEMORY,
+        ):
             if field(record, key) is not None:
                 attrs[key] = int(field(record, key))
     elif kind == "memcpy":
         copy = COPY_KINDS.get(int(field(record, "copy_kind", 0) or 0), "unknown")
         name = f"memcpy {copy}"
-        attrs["bytes"] = int(field(record, "bytes", 0) or 0)
-        attrs["copy_kind"] = copy
+        attrs[schema.BYTES] = int(field(record, "bytes", 0) or 0)
+        attrs[schema.COPY_KIND] = copy
     elif kind == "memset":
         name = "memset"
-        attrs["bytes"] = int(field(record, "bytes", 0) or 0)
+        attrs[schema.BYTES] = int(field(record, "bytes", 0) or 0)
     else:
         name = _api_name(record, kind)
-        attrs["cbid"] = int(field(record, "cbid", 0) or 0)
+        attrs[schema.CBID] = int(field(record, "cbid", 0) or 0)
     return RawSpan(Level.KERNEL, name, kind, start, end, attributes=attrs)
 
 
@@ -333,11 +338,11 @@ def split_spans(spans: Sequence[RawSpan], walls: Sequence[tuple[int, int]]) -> l
             for i, (w0, w1) in enumerate(walls):
                 if w0 <= span.start_ns <= w1:
                     per_iter[i].append(span)
-                    where.setdefault(span.attributes["correlation_id"], i)
+                    where.setdefault(span.attributes[schema.CORRELATION_ID], i)
                     break
     for span in spans:
         if span.kind not in API_KINDS:
-            i = where.get(span.attributes["correlation_id"], -1)
+            i = where.get(span.attributes[schema.CORRELATION_ID], -1)
             if i >= 0:
                 per_iter[i].append(span)
     for group in per_iter:  # keys count repeats within one iteration

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.profiling.peak import Peak, cache_dir, write_cache
+from sidecar.trace import schema
 
 TERA = 1e12
 
@@ -84,9 +85,9 @@ class GpuPeak:
 
     def trace_attributes(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "peak_flops_per_s": self.peak.flops_per_s,
-            "peak_dram_bytes_per_s": self.peak.dram_bytes_per_s,
-            "peak_source": self.peak.source,
+            schema.PEAK_FLOPS_PER_S: self.peak.flops_per_s,
+            schema.PEAK_DRAM_BYTES_PER_S: self.peak.dram_bytes_per_s,
+            schema.PEAK_SOURCE: self.peak.source,
         }
         if self.datasheet is not None:
             d = self.datasheet
@@ -125,7 +126,7 @@ def datasheet_peak(device_name: str, compute: str = "fp32") -> GpuPeak:
 def ran_on_tensor_pipe(spans: Iterable[Any]) -> bool:
     """Did any kernel among `spans` execute tensor-pipe instructions (Nsight Compute's
     `tensor_pipe_instructions` on the kernel spans)?"""
-    return any(float(s.attributes.get("tensor_pipe_instructions") or 0) > 0 for s in spans)
+    return any(float(s.attributes.get(schema.TENSOR_PIPE_INSTRUCTIONS) or 0) > 0 for s in spans)
 
 
 def roof_attributes(gpu_peak: GpuPeak, spans: Iterable[Any]) -> dict[str, Any]:
@@ -137,12 +138,14 @@ def roof_attributes(gpu_peak: GpuPeak, spans: Iterable[Any]) -> dict[str, Any]:
     spec = gpu_peak.datasheet
     if spec is None or not ran_on_tensor_pipe(spans):
         return attrs
-    keys = ("peak_flops_per_s", "peak_dram_bytes_per_s", "peak_source")
-    attrs["peak_measured"] = {k: attrs[k] for k in keys}
+    keys = (schema.PEAK_FLOPS_PER_S, schema.PEAK_DRAM_BYTES_PER_S, schema.PEAK_SOURCE)
+    attrs[schema.PEAK_MEASURED] = {k: attrs[k] for k in keys}
     attrs.update(
-        peak_flops_per_s=spec.tf32_tensor_flops,
-        peak_dram_bytes_per_s=spec.dram_bytes_per_s,
-        peak_source=f"gpu-spec (tf32, {spec.source})",
+        {
+            schema.PEAK_FLOPS_PER_S: spec.tf32_tensor_flops,
+            schema.PEAK_DRAM_BYTES_PER_S: spec.dram_bytes_per_s,
+            schema.PEAK_SOURCE: f"gpu-spec (tf32, {spec.source})",
+        }
     )
     return attrs
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.profiling.vocabulary import RawSpan, keyed
+from sidecar.trace import schema
 from sidecar.trace.spans import Level
 
 
@@ -46,25 +47,27 @@ def call_spans(
     for call, name in zip(calls, names, strict=True):
         host0, host1 = call.start_ns + offset_ns, call.end_ns + offset_ns
         attrs = dict(call.attributes)
-        attrs.setdefault("op_type", call.type)
+        attrs.setdefault(schema.OP_TYPE, call.type)
         attrs.update(
-            module=call.name,
-            depth=call.depth,
-            leaf=call.leaf,
-            host_start_ns=host0,
-            host_end_ns=host1,
-            parent_layer=names[call.parent] if call.parent is not None else None,
+            {
+                schema.MODULE: call.name,
+                schema.DEPTH: call.depth,
+                schema.LEAF: call.leaf,
+                schema.HOST_START_NS: host0,
+                schema.HOST_END_NS: host1,
+                schema.PARENT_LAYER: names[call.parent] if call.parent is not None else None,
+            }
         )
         start, end = host0, host1
         if call.gpu_ms is not None:
-            attrs["time_base"] = "gpu_events"
+            attrs[schema.TIME_BASE] = "gpu_events"
             if call.gpu_start_ms is not None and gpu_origin_ns is not None:
                 start = gpu_origin_ns + round(call.gpu_start_ms * 1e6)
             else:  # only the interval is known: place it at the launch
-                attrs["gpu_position"] = "host start"
+                attrs[schema.GPU_POSITION] = "host start"
             end = start + round(call.gpu_ms * 1e6)
         else:
-            attrs["time_base"] = "host"
+            attrs[schema.TIME_BASE] = "host"
         spans.append(RawSpan(Level.LAYER, name, call.type, start, end, key=name, attributes=attrs))
     return spans
 

@@ -46,6 +46,7 @@ from sidecar.profiling.gpu.ncu import (
 )
 from sidecar.profiling.gpu.ncu_child import ChildArgs, child_command
 from sidecar.profiling.vocabulary import Iteration, ProfilingError, RawSpan
+from sidecar.trace import schema
 
 METRICS_TIMEOUT_S = 900.0  # kernel replay is ~100x a forward, plus start-up and warm-up
 
@@ -58,7 +59,7 @@ NCU_NOT_REQUESTED = (
     "not captured: the Nsight Compute metrics level was not requested (profile --ncu-metrics)"
 )
 NCU_FAILED = "not captured: the Nsight Compute run failed: "
-SUMMED = ("flops", "dram_read_bytes", "dram_write_bytes")
+SUMMED = (schema.FLOPS, schema.DRAM_READ_BYTES, schema.DRAM_WRITE_BYTES)
 
 
 def level_status(metrics_level: str) -> dict[str, str]:
@@ -120,7 +121,7 @@ def live_metrics_level(
         **level_status(
             f"captured: Nsight Compute (ncu, live), {len(profiled)} kernels of one forward"
         ),
-        "metrics_run": {
+        schema.METRICS_RUN: {
             "source": "ncu",
             "kernels": len(profiled),
             "metrics": list(METRICS),
@@ -136,7 +137,7 @@ def live_metrics_level(
 def record_overhead(attributes: dict[str, Any], model_ns: float) -> None:
     """`metrics_run.overhead_ratio`: the profiled forward under Nsight Compute (its kernel
     replays included) over M's trimmed mean, as the other levels' overhead."""
-    run = attributes.get("metrics_run")
+    run = attributes.get(schema.METRICS_RUN)
     if isinstance(run, dict) and run.get("forward_ns") and model_ns > 0:
         run["overhead_ratio"] = float(run["forward_ns"]) / model_ns
 
@@ -207,13 +208,13 @@ def layer_metric_sums(owner: dict[int, RawSpan | None], spans: Sequence[RawSpan]
     layers: dict[int, RawSpan] = {}
     for span in spans:
         layer = owner.get(id(span))
-        source = span.attributes.get("metrics_source")
+        source = span.attributes.get(schema.METRICS_SOURCE)
         if layer is None or source is None:
             continue
         layers[id(layer)] = layer
         acc = sums.setdefault(id(layer), {"sources": set(), "estimated": False})
         acc["sources"].add(str(source))
-        acc["estimated"] |= bool(span.attributes.get("metrics_estimated"))
+        acc["estimated"] |= bool(span.attributes.get(schema.METRICS_ESTIMATED))
         for key in SUMMED:
             if (value := span.attributes.get(key)) is not None:
                 acc[key] = acc.get(key, 0.0) + float(value)
@@ -222,6 +223,6 @@ def layer_metric_sums(owner: dict[int, RawSpan | None], spans: Sequence[RawSpan]
         for key in SUMMED:
             if key in acc:
                 attrs[f"kernel_{key}"] = acc[key]
-        attrs["kernel_metrics_source"] = ", ".join(sorted(acc["sources"]))
-        attrs["kernel_metrics_estimated"] = acc["estimated"]
+        attrs[schema.KERNEL_METRICS_SOURCE] = ", ".join(sorted(acc["sources"]))
+        attrs[schema.KERNEL_METRICS_ESTIMATED] = acc["estimated"]
     return len(sums)

@@ -35,6 +35,7 @@ from typing import Any
 
 from sidecar.profiling.gpu.demangle import base_name
 from sidecar.profiling.vocabulary import LevelNotSupportedError, ProfilingError, RawSpan
+from sidecar.trace import schema
 
 TENSOR_FLOPS_PER_INST = 2048
 TENSOR_ESTIMATE = (
@@ -143,7 +144,7 @@ def parse_ncu_csv(text: str, *, origin: str = "ncu output") -> list[NcuKernel]:
 
 def kernel_attributes(k: NcuKernel) -> dict[str, Any]:
     """Span attributes of one kernel's metrics (only those measured)."""
-    attrs: dict[str, Any] = {"metrics_source": "ncu", "metrics_estimated": False}
+    attrs: dict[str, Any] = {schema.METRICS_SOURCE: "ncu", schema.METRICS_ESTIMATED: False}
     flops = 0.0
     seen = False
     for pipe, p in _PIPES.items():
@@ -158,26 +159,26 @@ def kernel_attributes(k: NcuKernel) -> dict[str, Any]:
         seen = True
     tensor = k.value("sm__inst_executed_pipe_tensor.sum")
     if tensor is not None:
-        attrs["tensor_pipe_instructions"] = tensor
-        attrs["tensor_flops"] = tensor * TENSOR_FLOPS_PER_INST
-        attrs["tensor_flops_per_instruction"] = TENSOR_FLOPS_PER_INST
-        flops += attrs["tensor_flops"]
+        attrs[schema.TENSOR_PIPE_INSTRUCTIONS] = tensor
+        attrs[schema.TENSOR_FLOPS] = tensor * TENSOR_FLOPS_PER_INST
+        attrs[schema.TENSOR_FLOPS_PER_INSTRUCTION] = TENSOR_FLOPS_PER_INST
+        flops += attrs[schema.TENSOR_FLOPS]
         seen = True
         if tensor > 0:
-            attrs["metrics_estimated"] = True
-            attrs["estimated_because"] = TENSOR_ESTIMATE
+            attrs[schema.METRICS_ESTIMATED] = True
+            attrs[schema.ESTIMATED_BECAUSE] = TENSOR_ESTIMATE
     if seen:
-        attrs["flops"] = flops
+        attrs[schema.FLOPS] = flops
     for metric, key in (
-        ("dram__bytes_read.sum", "dram_read_bytes"),
-        ("dram__bytes_write.sum", "dram_write_bytes"),
-        ("gpu__time_duration.sum", "ncu_duration_ns"),
+        ("dram__bytes_read.sum", schema.DRAM_READ_BYTES),
+        ("dram__bytes_write.sum", schema.DRAM_WRITE_BYTES),
+        ("gpu__time_duration.sum", schema.NCU_DURATION_NS),
     ):
         if (v := k.value(metric)) is not None:
             attrs[key] = v
     occ = k.value("sm__warps_active.avg.pct_of_peak_sustained_active")
     if occ is not None:
-        attrs["achieved_occupancy"] = occ / 100.0
+        attrs[schema.ACHIEVED_OCCUPANCY] = occ / 100.0
     return attrs
 
 
@@ -191,7 +192,7 @@ def match_kernels(
     `NcuJoinError` naming the first disagreement; there is no partial match."""
     ks = sorted(  # launch order: Nsight Compute numbers kernels as they are launched
         (s for s in kernels if s.kind == "kernel"),
-        key=lambda s: (int(s.attributes.get("correlation_id", 0)), s.start_ns),
+        key=lambda s: (int(s.attributes.get(schema.CORRELATION_ID, 0)), s.start_ns),
     )
     if len(ks) != len(profiled):
         raise NcuJoinError(
@@ -199,7 +200,7 @@ def match_kernels(
             "profile exactly one forward (warm-up excluded)"
         )
     names = [
-        (base_name(str(s.attributes.get("mangled_name", s.name))), base_name(p.name))
+        (base_name(str(s.attributes.get(schema.MANGLED_NAME, s.name))), base_name(p.name))
         for s, p in zip(ks, profiled, strict=True)
     ]
     wrong = [i for i, (a, b) in enumerate(names) if a != b]
@@ -225,7 +226,7 @@ def apply_metrics(pairs: Sequence[tuple[RawSpan, NcuKernel]]) -> None:
     """Put each profiled kernel's metrics on its span (see `kernel_attributes`)."""
     for span, prof in pairs:
         span.attributes.update(kernel_attributes(prof))
-        span.attributes["ncu_kernel_id"] = prof.id
+        span.attributes[schema.NCU_KERNEL_ID] = prof.id
 
 
 def ncu_path() -> str | None:

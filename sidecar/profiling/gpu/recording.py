@@ -49,6 +49,7 @@ from sidecar.profiling.vocabulary import (
     RuntimeInfo,
     model_span,
 )
+from sidecar.trace import schema
 from sidecar.trace.spans import Level
 
 
@@ -148,9 +149,9 @@ class RecordingRunner:
         self, inputs: Mapping[str, np.ndarray], level: Level, iterations: int, warmup: int
     ) -> LevelRun:
         attrs: dict[str, Any] = {
-            "recording": self.rec.path.name,
-            "recording_what": self.rec.what,
-            "model_latency_note": "M is the recorded forward with hooks and CUPTI on",
+            schema.RECORDING: self.rec.path.name,
+            schema.RECORDING_WHAT: self.rec.what,
+            schema.MODEL_LATENCY_NOTE: "M is the recorded forward with hooks and CUPTI on",
         }
         if level is Level.MODEL:
             its = [Iteration(e - s, [self._model(s, e)]) for s, e in self.rec.walls]
@@ -159,10 +160,10 @@ class RecordingRunner:
                 Iteration(e - s, spans)
                 for (s, e), spans in zip(self.rec.walls, self.kernel_iterations(), strict=True)
             ]
-            attrs["cupti_api_records"] = "launches only"
+            attrs[schema.CUPTI_API_RECORDS] = "launches only"
             attrs.update(recorded_status(self.ncu))
             if self.ncu is not None:
-                attrs["metrics_run"] = {
+                attrs[schema.METRICS_RUN] = {
                     "source": "ncu",
                     "kernels": len(self.ncu),
                     "note": "Nsight Compute profiled one forward; its metrics are joined to "
@@ -172,7 +173,7 @@ class RecordingRunner:
             its = self._layer_iterations()
             leaves = [c for calls in self.rec.calls for c in calls if c.leaf]
             timed = all(c.gpu_ms is not None for c in leaves)
-            attrs["layer_time_base"] = "gpu_events" if timed else "host"
+            attrs[schema.LAYER_TIME_BASE] = "gpu_events" if timed else "host"
         else:
             raise LevelNotSupportedError(f"the recording cannot give level {level.value!r}")
         return LevelRun(level, its, 0, attrs)
@@ -190,10 +191,13 @@ class RecordingRunner:
             spans = [self._model(w0, w1)]
             if self.rec.calls is not None:
                 for layer in call_spans(self.rec.calls[i], self.rec.perf_offset_ns):
-                    host = (layer.attributes["host_start_ns"], layer.attributes["host_end_ns"])
+                    host = (
+                        layer.attributes[schema.HOST_START_NS],
+                        layer.attributes[schema.HOST_END_NS],
+                    )
                     layer.start_ns, layer.end_ns = host  # K run: layers on the host clock
-                    layer.attributes.pop("gpu_position", None)
-                    layer.attributes["time_base"] = "host"
+                    layer.attributes.pop(schema.GPU_POSITION, None)
+                    layer.attributes[schema.TIME_BASE] = "host"
                     spans.append(layer)
             replays = group_graph_replays(kernels)
             spans.extend(replays)
@@ -218,10 +222,10 @@ class RecordingRunner:
             env = subtree_envelopes(k_spans, kernel_layers(k_spans))
             spans = [self._model(w0, w1)]
             for layer in call_spans(calls, self.rec.perf_offset_ns):
-                if not layer.attributes["leaf"] and layer.name in env:
+                if not layer.attributes[schema.LEAF] and layer.name in env:
                     layer.start_ns, layer.end_ns = env[layer.name]
-                    layer.attributes["time_base"] = "gpu_kernels"
-                    layer.attributes["duration_note"] = (
+                    layer.attributes[schema.TIME_BASE] = "gpu_kernels"
+                    layer.attributes[schema.DURATION_NOTE] = (
                         "container: envelope of its kernels (the recording has CUDA events "
                         "for leaf modules only)"
                     )

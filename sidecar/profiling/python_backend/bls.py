@@ -19,6 +19,7 @@ import numpy as np
 
 from sidecar.profiling.python_backend import pb_utils
 from sidecar.profiling.vocabulary import ModelLookup, RawSpan
+from sidecar.trace import schema
 from sidecar.trace.spans import Level
 
 MAX_DEPTH = 8  # BLS calls nested deeper than this answer with an error
@@ -40,14 +41,14 @@ class BlsCall:
     def span(self, offset_ns: int) -> RawSpan:
         """The call as a layer span on the epoch-ns clock (`offset_ns`: `epoch_offset_ns`)."""
         attrs: dict[str, Any] = {
-            "bls_model": self.model,
-            "bls_format": self.format,
-            "bls_depth": self.depth,
+            schema.BLS_MODEL: self.model,
+            schema.BLS_FORMAT: self.format,
+            schema.BLS_DEPTH: self.depth,
         }
         if self.error is not None:
-            attrs["bls_error"] = self.error
+            attrs[schema.BLS_ERROR] = self.error
         if self.responses != 1:
-            attrs["bls_responses"] = self.responses
+            attrs[schema.BLS_RESPONSES] = self.responses
         return RawSpan(
             Level.LAYER,
             f"bls:{self.model}",

@@ -22,6 +22,7 @@ from typing import Any
 
 from sidecar.profiling.python_backend import pb_utils
 from sidecar.profiling.vocabulary import RawSpan
+from sidecar.trace import schema
 from sidecar.trace.spans import Level
 
 MAX_SPANS = 2000  # per execute; more are counted, not kept
@@ -54,7 +55,7 @@ class CallTracer:
             return
         now = time.perf_counter_ns() + self.offset_ns
         span = RawSpan(Level.LAYER, name, kind, now, now, attributes=attributes)
-        span.attributes["call_depth"] = self._depth
+        span.attributes[schema.CALL_DEPTH] = self._depth
         self._depth += 1
         self.spans.append(span)
         self._open[key] = span

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.profiling.vocabulary import RawSpan
+from sidecar.trace import schema
 from sidecar.trace.spans import Level
 
 NODE_SUFFIX = "_kernel_time"
@@ -115,24 +116,24 @@ def node_span(event: dict[str, Any], start_ns: int) -> RawSpan:
     args = event.get("args", {})
     op_type = str(args.get("op_name", "unknown"))
     attrs: dict[str, Any] = {
-        "op_type": op_type,
-        "runtime": "onnxruntime",
-        "input_shapes": [
+        schema.OP_TYPE: op_type,
+        schema.RUNTIME: "onnxruntime",
+        schema.INPUT_SHAPES: [
             list(map(int, s)) for e in args.get("input_type_shape", []) for s in e.values()
         ],
-        "output_shapes": [
+        schema.OUTPUT_SHAPES: [
             list(map(int, s)) for e in args.get("output_type_shape", []) for s in e.values()
         ],
-        "provider": args.get("provider", ""),
-        "device": "cpu",
-        "activation_bytes": int(args.get("activation_size", 0)),
-        "parameter_bytes": int(args.get("parameter_size", 0)),
-        "output_bytes": int(args.get("output_size", 0)),
+        schema.PROVIDER: args.get("provider", ""),
+        schema.DEVICE: "cpu",
+        schema.ACTIVATION_BYTES: int(args.get("activation_size", 0)),
+        schema.PARAMETER_BYTES: int(args.get("parameter_size", 0)),
+        schema.OUTPUT_BYTES: int(args.get("output_size", 0)),
     }
     start = start_ns + int(event["ts"]) * 1000
     end = start + int(event["dur"]) * 1000
     name = str(event["name"])[: -len(NODE_SUFFIX)]
-    return RawSpan(Level.KERNEL, name, "cpu_op", start, end, attributes=attrs)
+    return RawSpan(Level.KERNEL, name, schema.KernelKind.CPU_OP, start, end, attributes=attrs)
 
 
 def _profiling_twin(made: _Made, prefix: str) -> Any:

@@ -18,6 +18,7 @@ from typing import Any
 from sidecar.profiling.gpu.owner import PROCESS_OWNER, TORCH_PROFILER
 from sidecar.profiling.runners.timing import align_offset
 from sidecar.profiling.vocabulary import RawSpan
+from sidecar.trace import schema
 from sidecar.trace.spans import Level
 
 MARK = "xsp::python_execute"
@@ -95,10 +96,10 @@ def _outermost_ops(event: Any) -> list[Any]:
 
 def _op_span(event: Any, offset: int) -> RawSpan:
     attrs = {
-        "op_type": event.name,
-        "runtime": "pytorch",
-        "input_shapes": [list(s) for s in (event.input_shapes or [])],
-        "device": "cpu",
+        schema.OP_TYPE: event.name,
+        schema.RUNTIME: "pytorch",
+        schema.INPUT_SHAPES: [list(s) for s in (event.input_shapes or [])],
+        schema.DEVICE: "cpu",
     }
     start = _ns(event.time_range.start) + offset
     end = _ns(event.time_range.end) + offset

@@ -48,6 +48,7 @@ from sidecar.profiling.vocabulary import (
     Runner,
     RuntimeInfo,
 )
+from sidecar.trace import schema
 from sidecar.trace.spans import REPLAY_LEVELS, Level
 
 STEP_ATTRIBUTE = ENSEMBLE_STEP  # on a step's model span: its `<ensemble>/<step>` key
@@ -184,14 +185,14 @@ class EnsembleRunner:
         count = min(len(r.iterations) for _, r in runs)
         its = [self._iteration([(s, r.iterations[i]) for s, r in runs]) for i in range(count)]
         attrs: dict[str, Any] = {
-            "ensemble_replay": METHOD,
+            schema.ENSEMBLE_REPLAY: METHOD,
             f"ensemble_steps_{level.value}": {
                 s.key: {"level": r.level.value, **_json_safe(r.attributes)} for s, r in runs
             },
         }
         if self.failure is not None:
             attrs[PARTIAL_REPLAY] = self.failure.message
-            attrs["ensemble_failed_step"] = self.failure.record()
+            attrs[schema.ENSEMBLE_FAILED_STEP] = self.failure.record()
         return LevelRun(level, its, warmup, attrs)
 
     # -- internals ----------------------------------------------------------------------
@@ -253,14 +254,16 @@ class EnsembleRunner:
             first,
             max(end, first + total),
             key="model",
-            attributes={"ensemble_steps": [s.key for s, _ in parts]},
+            attributes={schema.ENSEMBLE_STEPS: [s.key for s, _ in parts]},
         )
         return Iteration(total, [ensemble, *spans])
 
     def _placed(self, s: _Step, raw: RawSpan, shift: int, head: bool) -> RawSpan:
         attrs = dict(raw.attributes)
         if head:
-            attrs.update({STEP_ATTRIBUTE: s.key, "step_index": s.index, "ensemble": self.ensemble})
+            attrs.update(
+                {STEP_ATTRIBUTE: s.key, schema.STEP_INDEX: s.index, schema.ENSEMBLE: self.ensemble}
+            )
             return RawSpan(
                 raw.level,
                 s.step.model,

@@ -48,6 +48,7 @@ from sidecar.profiling.vocabulary import (
     keyed,
     model_span,
 )
+from sidecar.trace import schema
 from sidecar.trace.spans import Level
 
 CPU_KERNEL_NOTE = (
@@ -195,13 +196,13 @@ class OnnxRuntimeRunner:
 
     def _trace_attributes(self) -> dict[str, Any]:
         attrs: dict[str, Any] = {
-            "graph_optimizations": "enabled" if self.optimizations else "disabled",
-            "graph_optimization_level": self.graph_level.name,
+            schema.GRAPH_OPTIMIZATIONS: "enabled" if self.optimizations else "disabled",
+            schema.GRAPH_OPTIMIZATION_LEVEL: self.graph_level.name,
             # 0: ONNX Runtime's default (one thread per physical core)
-            "intra_op_threads": self.intra_op_threads,
+            schema.INTRA_OP_THREADS: self.intra_op_threads,
         }
         if self._on_gpu:
-            attrs.update(device=self.device, layer_time_base="host")
+            attrs.update({schema.DEVICE: self.device, schema.LAYER_TIME_BASE: "host"})
         return attrs
 
     def input_metadata(self) -> list[tuple[str, list[int | str | None], str]]:
@@ -253,10 +254,13 @@ class OnnxRuntimeRunner:
             for it, spans in zip(iterations_out, split_spans(spans_all, walls), strict=True):
                 it.spans.extend(spans)
             attrs.update(
-                kernel_level="captured",
-                cupti_api_records=tracer.api_filter,
-                cupti_records=len(records),
-                clock_check=f"ok ({check.gpu_records} GPU, {check.api_records} API records)",
+                {
+                    schema.KERNEL_LEVEL: "captured",
+                    schema.CUPTI_API_RECORDS: tracer.api_filter,
+                    schema.CUPTI_RECORDS: len(records),
+                    schema.CLOCK_CHECK: f"ok ({check.gpu_records} GPU, "
+                    f"{check.api_records} API records)",
+                }
             )
         return LevelRun(Level.KERNEL if kernels else Level.LAYER, iterations_out, warmup, attrs)
 
@@ -292,15 +296,15 @@ class OnnxRuntimeRunner:
             spans = [model_span(self.model_path.stem, w0, w1)]
             for event, name, key in zip(layer_events, names, keyed(names), strict=True):
                 span = self._layer_span(event, name, key, offset, originals, mapping, graph)
-                renamed += int(span.attributes["original_nodes"] != [name])
+                renamed += int(span.attributes[schema.ORIGINAL_NODES] != [name])
                 spans.append(span)
             iterations.append(Iteration(w1 - w0, spans))
         attrs = self._trace_attributes()
-        attrs["layer_names"] = "original" if renamed == 0 else "optimized"
+        attrs[schema.LAYER_NAMES] = "original" if renamed == 0 else "optimized"
         if mapping is not None:
             covered = {n for names in mapping.values() for n in names}
-            attrs["original_nodes_attributed"] = len(covered)
-            attrs["original_nodes_total"] = len(originals)
+            attrs[schema.ORIGINAL_NODES_ATTRIBUTED] = len(covered)
+            attrs[schema.ORIGINAL_NODES_TOTAL] = len(originals)
         return iterations, attrs
 
     def _layer_span(
@@ -327,23 +331,25 @@ class OnnxRuntimeRunner:
         orig = mapping.get(name, []) if mapping is not None else [name] if name in originals else []
         orig_types = [originals[n] for n in orig if n in originals]
         attrs: dict[str, Any] = {
-            "op_type": fused_type(op_type, orig_types),
-            "runtime_op_type": op_type,
-            "input_shapes": in_shapes,
-            "output_shapes": out_shapes,
-            "provider": args.get("provider", ""),
-            "activation_bytes": int(args.get("activation_size", 0)),
-            "parameter_bytes": int(args.get("parameter_size", 0)),
-            "output_bytes": int(args.get("output_size", 0)),
-            "allocated_bytes": int(args.get("output_size", 0)),
-            "original_nodes": orig,
-            "original_op_types": orig_types,
+            schema.OP_TYPE: fused_type(op_type, orig_types),
+            schema.RUNTIME_OP_TYPE: op_type,
+            schema.INPUT_SHAPES: in_shapes,
+            schema.OUTPUT_SHAPES: out_shapes,
+            schema.PROVIDER: args.get("provider", ""),
+            schema.ACTIVATION_BYTES: int(args.get("activation_size", 0)),
+            schema.PARAMETER_BYTES: int(args.get("parameter_size", 0)),
+            schema.OUTPUT_BYTES: int(args.get("output_size", 0)),
+            schema.ALLOCATED_BYTES: int(args.get("output_size", 0)),
+            schema.ORIGINAL_NODES: orig,
+            schema.ORIGINAL_OP_TYPES: orig_types,
         }
         if dtypes:
-            attrs["dtype"] = dtypes[0]
+            attrs[schema.DTYPE] = dtypes[0]
         start = int(event["ts"]) * 1000 + offset
         end = (int(event["ts"]) + int(event["dur"])) * 1000 + offset
-        return RawSpan(Level.LAYER, name, attrs["op_type"], start, end, key=key, attributes=attrs)
+        return RawSpan(
+            Level.LAYER, name, attrs[schema.OP_TYPE], start, end, key=key, attributes=attrs
+        )
 
 
 def fused_type(runtime_op: str, original_types: Sequence[str]) -> str:

@@ -52,6 +52,7 @@ from sidecar.profiling.vocabulary import (
     keyed,
     model_span,
 )
+from sidecar.trace import schema
 from sidecar.trace.spans import Level
 
 NO_SESSION_NOTE = (
@@ -125,9 +126,9 @@ class PythonModelRunner:
                 return self._iteration(execute, offset, layers)
 
             its = paced_runs(once, iterations)
-        attrs: dict[str, Any] = {"python_backend": str(self.location.path.name)}
+        attrs: dict[str, Any] = {schema.PYTHON_BACKEND: str(self.location.path.name)}
         if layers:
-            attrs["python_layer_method"] = LAYER_METHOD
+            attrs[schema.PYTHON_LAYER_METHOD] = LAYER_METHOD
         elif self.model.decoupled:
             attrs.update(_decoupled_summary(its))
         if kernels:
@@ -168,18 +169,18 @@ class PythonModelRunner:
             it.spans += found
         sessions = sum(p.sessions for p in profiles)
         failed = [why for p in profiles for why in p.failed]
-        extra: dict[str, Any] = {"python_kernel_sessions_failed": failed} if failed else {}
+        extra: dict[str, Any] = {schema.PYTHON_KERNEL_SESSIONS_FAILED: failed} if failed else {}
         if sessions == 0 and torch_ops is None:
             note = NO_SESSION_NOTE
             if failed:
                 note = f"not captured: no profiling twin of its ONNX Runtime session: {failed[0]}"
-            return {"kernel_level": note, **extra}
+            return {schema.KERNEL_LEVEL: note, **extra}
         return {
             **extra,
-            "kernel_level": "captured",
-            "python_kernel_method": KERNEL_METHOD,
-            "python_kernel_sessions": sessions,
-            "python_kernel_torch": torch_ops is not None,
+            schema.KERNEL_LEVEL: "captured",
+            schema.PYTHON_KERNEL_METHOD: KERNEL_METHOD,
+            schema.PYTHON_KERNEL_SESSIONS: sessions,
+            schema.PYTHON_KERNEL_TORCH: torch_ops is not None,
         }
 
     def _execute(self, inputs: Mapping[str, np.ndarray]) -> Execution:
@@ -221,21 +222,21 @@ class PythonModelRunner:
             span.key = key
         if tracer.dropped:
             for span in layer[:1]:
-                span.attributes["calls_not_recorded"] = tracer.dropped
+                span.attributes[schema.CALLS_NOT_RECORDED] = tracer.dropped
         return layer
 
 
 def _response_attributes(execution: Execution, decoupled: bool) -> dict[str, Any]:
     data = execution.with_data()
-    attrs: dict[str, Any] = {"responses": len(data)}
+    attrs: dict[str, Any] = {schema.RESPONSES: len(data)}
     errors = [r.error for r in data if r.error is not None]
     if errors:
-        attrs["response_error"] = errors[0]
+        attrs[schema.RESPONSE_ERROR] = errors[0]
     if decoupled:
         times = [r.at_ns for r in data]
-        attrs["time_to_first_response_ns"] = times[0] if times else None
-        attrs["response_gaps_ns"] = [b - a for a, b in itertools.pairwise(times)]
-        attrs["execute_returned_ns"] = execution.returned_ns
+        attrs[schema.TIME_TO_FIRST_RESPONSE_NS] = times[0] if times else None
+        attrs[schema.RESPONSE_GAPS_NS] = [b - a for a, b in itertools.pairwise(times)]
+        attrs[schema.EXECUTE_RETURNED_NS] = execution.returned_ns
     return attrs
 
 
@@ -244,13 +245,15 @@ def _decoupled_summary(iterations: list[Iteration]) -> dict[str, Any]:
     firsts, gaps, counts = [], [], []
     for it in iterations:
         attrs = it.spans[0].attributes
-        if attrs.get("time_to_first_response_ns") is not None:
-            firsts.append(attrs["time_to_first_response_ns"])
-        gaps += attrs.get("response_gaps_ns", [])
-        counts.append(attrs.get("responses", 0))
+        if attrs.get(schema.TIME_TO_FIRST_RESPONSE_NS) is not None:
+            firsts.append(attrs[schema.TIME_TO_FIRST_RESPONSE_NS])
+        gaps += attrs.get(schema.RESPONSE_GAPS_NS, [])
+        counts.append(attrs.get(schema.RESPONSES, 0))
     return {
-        "decoupled": True,
-        "decoupled_responses": max(counts, default=0),
-        "decoupled_time_to_first_response_ns": round(trimmed_mean(firsts)) if firsts else None,
-        "decoupled_response_gap_ns": round(trimmed_mean(gaps)) if gaps else None,
+        schema.DECOUPLED: True,
+        schema.DECOUPLED_RESPONSES: max(counts, default=0),
+        schema.DECOUPLED_TIME_TO_FIRST_RESPONSE_NS: (
+            round(trimmed_mean(firsts)) if firsts else None
+        ),
+        schema.DECOUPLED_RESPONSE_GAP_NS: round(trimmed_mean(gaps)) if gaps else None,
     }

@@ -56,6 +56,7 @@ from sidecar.profiling.vocabulary import (
     keyed,
     model_span,
 )
+from sidecar.trace import schema
 from sidecar.trace.spans import Level
 
 MODEL_MARK = "xsp::model"
@@ -151,9 +152,9 @@ class PyTorchRunner:
                 its = self._profiled_run(args, iterations, warmup, kernels=level is Level.KERNEL)
             else:
                 raise LevelNotSupportedError(f"level {level.value!r} is not a replay level")
-        attrs: dict[str, Any] = {"layer_names": "original", "transformer_fastpath": False}
+        attrs: dict[str, Any] = {schema.LAYER_NAMES: "original", schema.TRANSFORMER_FASTPATH: False}
         if self.scripted:
-            attrs["torchscript_optimized_execution"] = False
+            attrs[schema.TORCHSCRIPT_OPTIMIZED_EXECUTION] = False
         return LevelRun(level, its, warmup, attrs)
 
     def outputs(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
@@ -183,20 +184,20 @@ class PyTorchRunner:
             self.torch, self.model, self.device, self.model_name, attrs, not self.scripted
         )
         extra: dict[str, Any] = {
-            "layer_names": "original",
-            "device": str(self.device),
-            "transformer_fastpath": False,
+            schema.LAYER_NAMES: "original",
+            schema.DEVICE: str(self.device),
+            schema.TRANSFORMER_FASTPATH: False,
         }
         if self.scripted:
-            extra["torchscript_optimized_execution"] = False
+            extra[schema.TORCHSCRIPT_OPTIMIZED_EXECUTION] = False
         with self._context():
             if level is Level.MODEL:
                 its = levels.model_run(args, iterations, warmup)
-                gpu = [int(it.spans[0].attributes["gpu_time_ns"]) for it in its]
-                extra["model_gpu_time_ns"] = round(trimmed_mean(gpu))  # CUDA events around M
+                gpu = [int(it.spans[0].attributes[schema.GPU_TIME_NS]) for it in its]
+                extra[schema.MODEL_GPU_TIME_NS] = round(trimmed_mean(gpu))  # CUDA events around M
             elif level is Level.LAYER and not self.scripted:
                 its = levels.layer_run(args, iterations, warmup)
-                extra["layer_time_base"] = "gpu_events"
+                extra[schema.LAYER_TIME_BASE] = "gpu_events"
             elif level is Level.KERNEL:
                 its, k_attrs = levels.kernel_run(args, iterations, warmup)
                 extra.update(k_attrs)
@@ -264,13 +265,13 @@ class PyTorchRunner:
         if isinstance(output, torch.Tensor):
             elem = output.element_size()
         return {
-            "op_type": module.original_name if self.scripted else type(module).__name__,
-            "input_shapes": in_shapes,
-            "output_shapes": out_shapes,
-            "provider": "cpu",
-            "parameter_bytes": sum(p.numel() * p.element_size() for p in params),
-            "activation_bytes": sum(int(np.prod(s)) for s in shapes(inputs)) * elem,
-            "output_bytes": sum(int(np.prod(s)) for s in out_shapes) * elem,
+            schema.OP_TYPE: module.original_name if self.scripted else type(module).__name__,
+            schema.INPUT_SHAPES: in_shapes,
+            schema.OUTPUT_SHAPES: out_shapes,
+            schema.PROVIDER: "cpu",
+            schema.PARAMETER_BYTES: sum(p.numel() * p.element_size() for p in params),
+            schema.ACTIVATION_BYTES: sum(int(np.prod(s)) for s in shapes(inputs)) * elem,
+            schema.OUTPUT_BYTES: sum(int(np.prod(s)) for s in out_shapes) * elem,
         }
 
     def _hooked_run(self, args: list[Any], iterations: int, warmup: int) -> list[Iteration]:
@@ -319,7 +320,7 @@ class PyTorchRunner:
                         RawSpan(
                             Level.LAYER,
                             name,
-                            a.get("op_type", "module"),
+                            a.get(schema.OP_TYPE, "module"),
                             s + offset,
                             e + offset,
                             key=key,
@@ -405,13 +406,13 @@ class PyTorchRunner:
                 a = attrs.of(key, name)
                 if self.scripted:
                     module = dict(self.leaves).get(name)
-                    a.setdefault("op_type", getattr(module, "original_name", "module"))
+                    a.setdefault(schema.OP_TYPE, getattr(module, "original_name", "module"))
                     a["provider"] = "cpu"
                 layer_spans.append(
                     RawSpan(
                         Level.LAYER,
                         name,
-                        a.get("op_type", "module"),
+                        a.get(schema.OP_TYPE, "module"),
                         ns(ev.time_range.start) + offset,
                         ns(ev.time_range.end) + offset,
                         key=key,
@@ -431,17 +432,17 @@ class PyTorchRunner:
                         ns(ev.time_range.end) + offset,
                         key=key,
                         attributes={
-                            "input_shapes": [list(s) for s in (ev.input_shapes or [])],
-                            "allocated_bytes": mem,
-                            "device": "cpu",
-                            "dominant_op": _dominant(ev),
+                            schema.INPUT_SHAPES: [list(s) for s in (ev.input_shapes or [])],
+                            schema.ALLOCATED_BYTES: mem,
+                            schema.DEVICE: "cpu",
+                            schema.DOMINANT_OP: _dominant(ev),
                         },
                     )
                     spans.append(k)
                     for layer in layer_spans:
                         if layer.start_ns <= k.start_ns and k.end_ns <= layer.end_ns:
-                            layer.attributes["allocated_bytes"] = (
-                                layer.attributes.get("allocated_bytes", 0) + mem
+                            layer.attributes[schema.ALLOCATED_BYTES] = (
+                                layer.attributes.get(schema.ALLOCATED_BYTES, 0) + mem
                             )
                             break
             out.append(Iteration(w1 - w0, spans))

@@ -31,6 +31,7 @@ from sidecar.profiling.gpu.layers import ModuleCall, call_spans
 from sidecar.profiling.runners.timing import epoch_offset_ns, paced_runs, warm_up
 from sidecar.profiling.torch_modules import hookable_modules
 from sidecar.profiling.vocabulary import Iteration, RawSpan, model_span
+from sidecar.trace import schema
 
 
 class ModuleHooks:
@@ -247,14 +248,14 @@ class CudaLevels:
         ):
             spans: list[RawSpan] = [model_span(self.model_name, w0, w1)]
             for layer in call_spans(its_calls, offset):
-                layer.attributes["time_base"] = "host"
+                layer.attributes[schema.TIME_BASE] = "host"
                 spans.append(layer)
             spans.extend(group_graph_replays(kernels))
             spans.extend(kernels)
             out.append(Iteration(w1 - w0, spans))
         attrs = {
-            "cupti_api_records": tracer.api_filter,
-            "cupti_records": len(records),
-            "clock_check": f"ok ({check.gpu_records} GPU, {check.api_records} API records)",
+            schema.CUPTI_API_RECORDS: tracer.api_filter,
+            schema.CUPTI_RECORDS: len(records),
+            schema.CLOCK_CHECK: f"ok ({check.gpu_records} GPU, {check.api_records} API records)",
         }
         return out, attrs

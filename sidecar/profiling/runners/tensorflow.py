@@ -47,6 +47,7 @@ from sidecar.profiling.vocabulary import (
     keyed,
     model_span,
 )
+from sidecar.trace import schema
 from sidecar.trace.spans import Level
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -146,7 +147,7 @@ class TensorFlowRunner:
 
     # -- internals ----------------------------------------------------------------------
     def _attributes(self) -> dict[str, Any]:
-        return {"layer_names": "original", "graph_optimizations": "enabled"}
+        return {schema.LAYER_NAMES: "original", schema.GRAPH_OPTIMIZATIONS: "enabled"}
 
     def _feed(self, inputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
         expected = set(self.input_signature)
@@ -211,12 +212,14 @@ class TensorFlowRunner:
         ]
         attrs = self._attributes()
         attrs.update(
-            layer_class_source="op_types",
-            tf_profiler_clock=assigned.clock,
-            tf_scope_uniquifier_removed=self.names.uniquified,
+            {
+                schema.LAYER_CLASS_SOURCE: "op_types",
+                schema.TF_PROFILER_CLOCK: assigned.clock,
+                schema.TF_SCOPE_UNIQUIFIER_REMOVED: self.names.uniquified,
+            }
         )
         if kernels:
-            attrs["kernel_level"] = "captured"
+            attrs[schema.KERNEL_LEVEL] = "captured"
         return LevelRun(level, its, warmup, attrs)
 
     def _spans(self, ops: list[TFEvent], w0: int, w1: int, kernels: bool) -> list[RawSpan]:
@@ -251,9 +254,13 @@ class TensorFlowRunner:
             scope = tf_ops.scope_of(op.name)
             scopes = [self.names.name(p) for p in path[1:-1]]
             name = "/".join([*scopes, path[-1]] if scope else path)
-            attrs = {"op_type": op.op_type, "provider": "cpu", "outside_layers": True}
+            attrs = {
+                schema.OP_TYPE: op.op_type,
+                schema.PROVIDER: "cpu",
+                schema.OUTSIDE_LAYERS: True,
+            }
             if scope is not None:
-                attrs["layer"] = self.names.name(scope[1])
+                attrs[schema.LAYER] = self.names.name(scope[1])
             layers.append(
                 RawSpan(Level.LAYER, name, op.op_type, op.start_ns, op.end_ns, attributes=attrs)
             )
@@ -294,31 +301,35 @@ class TensorFlowRunner:
         cls = tf_ops.keras_class([*types, *graph_types], len(first[0][1]) if first else None)
         dominant = max(compute, key=lambda o: o.end_ns - o.start_ns)
         attrs: dict[str, Any] = {
-            "op_type": cls or "Layer",
-            "runtime_op_type": dominant.op_type,
-            "tf_op_types": types,
-            "tf_ops": len(members),
-            "scope": scope,
-            "provider": "cpu",
-            "input_shapes": [s for _, s in first],
+            schema.OP_TYPE: cls or "Layer",
+            schema.RUNTIME_OP_TYPE: dominant.op_type,
+            schema.TF_OP_TYPES: types,
+            schema.TF_OPS: len(members),
+            schema.SCOPE: scope,
+            schema.PROVIDER: "cpu",
+            schema.INPUT_SHAPES: [s for _, s in first],
         }
         if first:
-            attrs["dtype"] = first[0][0]
+            attrs[schema.DTYPE] = first[0][0]
         work = [self._op_work(o) for o in compute]
         known = [w for w in work if w is not None]
         if known:
             attrs.update(
-                flops=sum(w.estimate.flops for w in known),
-                flops_estimated=True,
-                dram_read_bytes=sum(w.estimate.read_bytes for w in known),
-                dram_write_bytes=sum(w.estimate.write_bytes for w in known),
-                bytes_estimated=True,
-                flops_ops_estimated=f"{len(known)} of {len(compute)}",
+                {
+                    schema.FLOPS: sum(w.estimate.flops for w in known),
+                    schema.FLOPS_ESTIMATED: True,
+                    schema.DRAM_READ_BYTES: sum(w.estimate.read_bytes for w in known),
+                    schema.DRAM_WRITE_BYTES: sum(w.estimate.write_bytes for w in known),
+                    schema.BYTES_ESTIMATED: True,
+                    schema.FLOPS_OPS_ESTIMATED: f"{len(known)} of {len(compute)}",
+                }
             )
             last = next((w.output_shape for w in reversed(work) if w and w.output_shape), None)
             if last is not None:
-                attrs["output_shapes"] = [last]
-        return RawSpan(Level.LAYER, name, attrs["op_type"], start, end, key=name, attributes=attrs)
+                attrs[schema.OUTPUT_SHAPES] = [last]
+        return RawSpan(
+            Level.LAYER, name, attrs[schema.OP_TYPE], start, end, key=name, attributes=attrs
+        )
 
     def _op_work(self, op: TFEvent) -> tf_ops.OpWork | None:
         shapes = tf_ops.parse_shapes(op.shapes)
@@ -355,9 +366,9 @@ class TensorFlowRunner:
             op.end_ns,
             key=path,
             attributes={
-                "tf_node": path,
-                "input_shapes": [s for _, s in tf_ops.parse_shapes(op.shapes)],
-                "device": "cpu",
+                schema.TF_NODE: path,
+                schema.INPUT_SHAPES: [s for _, s in tf_ops.parse_shapes(op.shapes)],
+                schema.DEVICE: "cpu",
             },
         )
 
@@ -397,17 +408,17 @@ def _graph_nodes(
             continue
         data |= _data_dependent(fdef)
         for node in fdef.node_def:
-            attrs: dict[str, Any] = {"_op": node.op}
+            node_attrs: dict[str, Any] = {"_op": node.op}
             for key in ("strides", "dilations"):
                 if key in node.attr:
-                    attrs[key] = list(node.attr[key].list.i)
+                    node_attrs[key] = list(node.attr[key].list.i)
             for key in ("padding", "data_format", "equation"):
                 if key in node.attr:
-                    attrs[key] = _text(node.attr[key].s)
+                    node_attrs[key] = _text(node.attr[key].s)
             for key in ("transpose_a", "transpose_b", "adj_x", "adj_y"):
                 if key in node.attr:
-                    attrs[key] = bool(node.attr[key].b)
-            nodes[node.name] = attrs
+                    node_attrs[key] = bool(node.attr[key].b)
+            nodes[node.name] = node_attrs
             scope = tf_ops.scope_of(node.name)
             if scope is not None:
                 scopes.add(scope)
