@@ -70,7 +70,8 @@ class Sidecar:
 
     async def start(self) -> None:
         config = self.config
-        metrics = ProxyMetrics(self.registry, max_models=config.max_models)
+        methods = backend_named(config.backend_protocol).by_path  # only its calls are known
+        metrics = ProxyMetrics(self.registry, max_models=config.max_models, methods=methods)
         self.registry.register(NativeInfo())
         if config.model_repository is not None:
             self.sampling = SamplingPipeline(
@@ -205,6 +206,7 @@ def sampling_config(config: ServeConfig) -> SamplingConfig:
         store_raw_inputs=config.store_raw_inputs,
         device=config.replay_device,
         python_models=config.replay_python_models == "on",
+        backend_protocol=config.backend_protocol,
     )
     tf_profiler = None
     if config.tf_profiler_address:

@@ -15,6 +15,7 @@ profiling worker (see `triton.py`, `tfserving.py`).
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,7 +99,8 @@ class Repository:
 
 @dataclass(frozen=True)
 class Backend:
-    """One serving backend; see the module docstring. Registered in `sidecar.backends`."""
+    """One serving backend; see the module docstring. Registered in `sidecar.backends`; a
+    sidecar reads only the record of the backend it was started for (`--backend-protocol`)."""
 
     name: str  # the --backend-protocol value
     # gRPC path -> where its request's model name is (None: the method names no model)
@@ -116,6 +118,16 @@ class Backend:
     # gRPC paths of inference streams: each request message is one inference (`proxy/
     # inferences.py` reads them with Triton's `ModelInferRequest`/`ModelStreamInferResponse`)
     inference_streams: frozenset[str] = frozenset()
+
+    @functools.cached_property
+    def by_path(self) -> Mapping[bytes, MethodInfo]:
+        """The relay's table: a request's `:path` -> its method label and model name field."""
+        return {
+            path.encode(): MethodInfo(
+                path.rsplit("/", 1)[-1], field, per_message=path in self.inference_streams
+            )
+            for path, field in self.methods.items()
+        }
 
     def __post_init__(self) -> None:
         methods = {path.rsplit("/", 1)[-1] for path in self.methods}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left
+from collections.abc import Mapping
 from itertools import accumulate
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -29,7 +30,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
-from sidecar.backends import METHODS
+from sidecar.backends import TRITON, MethodInfo
 from sidecar.proxy.model_name import UNKNOWN_MODEL
 from sidecar.proxy.stream_metrics import StreamMetrics
 
@@ -144,12 +145,20 @@ class ProxyMetrics:
     """
 
     def __init__(
-        self, registry: CollectorRegistry, *, max_models: int = 100, max_methods: int = 50
+        self,
+        registry: CollectorRegistry,
+        *,
+        max_models: int = 100,
+        max_methods: int = 50,
+        methods: Mapping[bytes, MethodInfo] = TRITON.by_path,
     ) -> None:
         if max_models < 1:
             raise ValueError("max_models must be at least 1")
         self.max_models = max_models
         self.max_methods = max_methods
+        # the configured backend's methods (`Backend.by_path`: Triton's, the default
+        # --backend-protocol, unless given): the calls labelled by method and model name
+        self.by_path = methods
         self.open_streams = 0  # calls started and not yet ended (the in-flight gauge)
         # failures of the observer's hooks, by hook (written by the event-loop thread only)
         self.observer_errors = dict.fromkeys(OBSERVER_HOOKS, 0)
@@ -199,10 +208,10 @@ class ProxyMetrics:
         )
         # label values taken so far (the C walk reads them: native.INTERFACE)
         self.models: set[str] = set()
-        self.methods: set[str] = {info.name for info in METHODS.values()}  # the backends'
+        self.methods: set[str] = {info.name for info in methods.values()}  # the backend's
         self._known_methods = len(self.methods)
         # inference streams: their histogram holds inferences, not the sampled stream's life
-        self._per_message = {info.name for info in METHODS.values() if info.per_message}
+        self._per_message = {info.name for info in methods.values() if info.per_message}
         self._lock = threading.Lock()
         self.streams = StreamMetrics(registry, DURATION_BUCKETS)  # inference streams' own
 

@@ -1,7 +1,8 @@
 """Which gRPC methods carry a model name, and reading it from a message's first bytes.
 
-The methods and their model name fields are the backends' tables (`sidecar.backends`: each
-backend's record lists its methods).
+The methods and their model name fields are the configured backend's table
+(`Backend.by_path`: its record lists its methods); a method not in it is labelled by its short
+name and names no model.
 
 No protobuf parse: the model name is (nearly always) the first field of the request, so the
 relay keeps only the first few hundred bytes of a request's first message and walks the wire
@@ -11,15 +12,18 @@ format down a field path, e.g. `ModelInferRequest.model_name` = (1,) and TF-Serv
 
 from __future__ import annotations
 
-from sidecar.backends import METHODS, MethodInfo
+from collections.abc import Mapping
+
+from sidecar.backends import MethodInfo
 
 UNKNOWN_MODEL = "_unknown"
 HEAD_LIMIT = 5 + 1024  # gRPC prefix + protobuf bytes we are willing to hold per request
 
 
-def method_info(path: bytes) -> MethodInfo:
-    """Method info for a `:path`; unknown methods get their short name and no model field."""
-    info = METHODS.get(path)
+def method_info(path: bytes, by_path: Mapping[bytes, MethodInfo]) -> MethodInfo:
+    """Method info for a `:path` in the backend's table `by_path`; other methods get their
+    short name and no model field."""
+    info = by_path.get(path)
     if info is not None:
         return info
     short = path.rsplit(b"/", 1)[-1].decode("utf-8", "replace") or "_unknown"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import itertools
 import logging
 import socket
@@ -74,6 +75,32 @@ IDLE_TIMEOUT_S = 300.0  # drain a connection with no call in flight for this lon
 DRAIN_LINGER_S = 1.0  # after GOAWAY + FIN, wait this long for the client to close first
 SHUTDOWN_QUIET_S = 0.5  # at shutdown, an unobservable connection this quiet is closed
 CUT_LINGER_S = 1.0  # after the grace period, wait this long for cut connections to close
+
+
+class ConnState(enum.IntEnum):
+    """Where one relayed connection is: the one state its client protocol is in.
+
+    CONNECTING -> RELAYING, or -> UNAVAILABLE when the backend cannot be reached. A drain at
+    shutdown (`drain.py`) goes RELAYING -> ANNOUNCED -> FINAL_DUE (or straight on) -> REFUSING;
+    any of them -> CLOSING (`_finish`: the backend closed, the client half-closed) -> CLOSED
+    (the client connection lost, from any state). The C pump takes client chunks only while
+    RELAYING or ANNOUNCED (`arm_request`).
+    """
+
+    CONNECTING = 0  # the backend connection is being opened: client bytes wait in `pending`
+    UNAVAILABLE = 1  # the backend could not be reached: the client is answered UNAVAILABLE
+    RELAYING = 2  # both sides connected: bytes flow both ways
+    ANNOUNCED = 3  # drain step 1 sent or queued (GOAWAY(2^31-1) + PING): still relaying
+    FINAL_DUE = 4  # the PING came back: the final GOAWAY goes at the client's next boundary
+    REFUSING = 5  # the final GOAWAY is sent: streams above it are refused (`refusing`)
+    CLOSING = 6  # the backend is closed and the client half-closed: waiting for it to close
+    CLOSED = 7  # the client connection is lost
+
+
+# the members as plain names: the per-chunk checks below compare them by identity
+CONNECTING, UNAVAILABLE, RELAYING, ANNOUNCED, FINAL_DUE, REFUSING, CLOSING, CLOSED = ConnState
+# connected to the backend: a transport in `backend`
+_CONNECTED = frozenset({RELAYING, ANNOUNCED, FINAL_DUE, REFUSING})
 
 
 def _pump_in(protocol: asyncio.Protocol, lost: Callable[[], None]) -> Pump | None:
@@ -171,55 +198,55 @@ class _ClientProtocol(asyncio.Protocol):
     def __init__(self, relay: Relay) -> None:
         self.relay = relay
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
-        self.backend: asyncio.Transport | None = None
-        self.unavailable: UnavailableResponder | None = None
-        self.pending: list[bytes] | None = []  # client bytes before the backend connected
-        self.closed = False
+        self.state = CONNECTING
+        self.backend: asyncio.Transport | None = None  # set while connected (`_CONNECTED`)
+        self.unavailable: UnavailableResponder | None = None  # set on UNAVAILABLE
+        self.pending: list[bytes] | None = []  # client bytes while CONNECTING
         self.connection_id = next(relay._ids)
         self.tracker: ConnectionTracker = None  # type: ignore[assignment]
         self.response_scanner: FrameScanner = None  # type: ignore[assignment]
         self.hold = False
         self.client_eof = False  # the client sent FIN
         self.backend_eof = False  # the backend sent FIN
-        self.draining = False
         self.chunks = 0  # chunks relayed while unobservable (activity for the idle check)
         self._idle_mark: object = None
         self._idle_since = 0.0
         self._timer: asyncio.TimerHandle | None = None
         # graceful drain (drain.py)
         self.inject_queue: list[bytes] = []  # our frames for the client, due at a boundary
-        self.drain_started = False  # the first GOAWAY + PING is sent or queued
-        self.final_due = False  # send the final GOAWAY at the client's next frame boundary
-        self.refusing: RefusingFilter | None = None  # set with the final GOAWAY
+        self.refusing: RefusingFilter | None = None  # set with the final GOAWAY (REFUSING)
         self._ping_timer: asyncio.TimerHandle | None = None
         # the C data_received of each direction (None: Python's), armed by `arm_request` /
         # `arm_response` while nothing Python must see is pending
         self.request_pump = _pump_in(self, self.close)
         self.response_pump: Pump | None = None  # made with the backend's protocol
 
+    def to(self, state: ConnState) -> None:
+        """Enter `state` (every change of state is made here); the C pump of client chunks
+        follows it (`arm_request`)."""
+        self.state = state
+        self.arm_request()
+
     def arm_request(self) -> None:
-        """Let the C pump take client chunks: observed (or held, sampling on) and forwarded."""
+        """Let the C pump take client chunks (observed, or held with sampling on, and forwarded)
+        while RELAYING or ANNOUNCED and the scanner observes; Python's `data_received` takes
+        them in every other state (a final GOAWAY due, streams refused, the backend gone)."""
         pump = self.request_pump
         if pump is None or self.tracker is None:
             return
         scanner = self.tracker.request_scanner
         if scanner.pump is None:
             return  # not routed: no backend yet
-        pump.armed = not (
-            self.backend is None
-            or self.refusing is not None
-            or self.final_due
-            or self.closed
-            or self.draining
-            or scanner.failed
-        )
+        state = self.state
+        pump.armed = (state is RELAYING or state is ANNOUNCED) and not scanner.failed
 
     def arm_response(self) -> None:
         """Let the C pump take backend chunks while no frames of ours wait for a boundary."""
         pump = self.response_pump
         if pump is None or self.response_scanner.pump is None:
             return
-        pump.armed = not (self.inject_queue or self.closed or self.response_scanner.failed)
+        failed = self.response_scanner.failed
+        pump.armed = self.state is not CLOSED and not self.inject_queue and not failed
 
     # -- client side ----------------------------------------------------------------------
 
@@ -253,8 +280,10 @@ class _ClientProtocol(asyncio.Protocol):
         backend = self.backend
         if backend is not None:
             scanner = self.tracker.request_scanner
+            state = self.state
             try:
-                if self.refusing is not None:
+                if state is REFUSING:
+                    assert self.refusing is not None
                     forward = self.refusing.process(data)
                     if forward:
                         backend.write(forward)
@@ -275,7 +304,7 @@ class _ClientProtocol(asyncio.Protocol):
                         self.chunks += 1
             except RuntimeError:  # uvloop: the backend transport is already closed
                 self.close()
-            if self.final_due:
+            if self.state is FINAL_DUE:  # (the scan may have read the PING ACK)
                 self._final_goaway()
         elif self.pending is not None:
             self.pending.append(data)
@@ -303,7 +332,7 @@ class _ClientProtocol(asyncio.Protocol):
             self.backend.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
+        self.to(CLOSED)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -340,8 +369,10 @@ class _ClientProtocol(asyncio.Protocol):
                 exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
             )
             log.warning("backend %s unavailable: %s", target, reason)
-            if self.closed:
+            if self.state is CLOSED:
                 return
+            if self.state is CONNECTING:
+                self.to(UNAVAILABLE)  # (a CLOSING one answers what it still reads so too)
             pending, self.pending = self.pending or [], None
             self.unavailable = UnavailableResponder(
                 self.transport,
@@ -352,12 +383,12 @@ class _ClientProtocol(asyncio.Protocol):
                 self.unavailable.data_received(data)
             self.transport.resume_reading()
             return
-        if self.closed or self.draining:
+        if self.state is not CONNECTING:  # drained or closed meanwhile
             transport.close()
             return
         backend = self.backend = cast(asyncio.Transport, transport)
-        if _route(self.request_pump, backend, self.tracker.request_scanner):
-            self.arm_request()
+        _route(self.request_pump, backend, self.tracker.request_scanner)
+        self.to(RELAYING)
         pending, self.pending = self.pending or [], None
         for data in pending:
             self.data_received(data)
@@ -371,12 +402,12 @@ class _ClientProtocol(asyncio.Protocol):
 
     def _answered_unavailable(self, path: bytes) -> None:
         metrics = self.relay.metrics
-        method = metrics.method_label(method_info(path).name)
+        method = metrics.method_label(method_info(path, metrics.by_path).name)
         metrics.record(method, UNKNOWN_MODEL, "UNAVAILABLE", 0.0, 0, 0)
 
     def backend_lost(self) -> None:
-        if self.draining:
-            return  # the relay closed the backend on purpose
+        if self.state is CLOSING or self.state is CLOSED:
+            return  # the relay closed the backend on purpose, or the client is gone
         self.tracker.close("UNAVAILABLE")
         if not self.transport.is_closing():
             self.transport.close()
@@ -395,7 +426,7 @@ class _ClientProtocol(asyncio.Protocol):
 
     def drain(self) -> None:
         """Close the backend side; tell the client to go away, then close (see module doc)."""
-        if self.draining or self.closed:
+        if self.state is CLOSING or self.state is CLOSED:
             return
         transport = self.transport
         tracker = self.tracker
@@ -411,9 +442,8 @@ class _ClientProtocol(asyncio.Protocol):
 
     def _finish(self, graceful: bool = True) -> None:
         """Close the backend side; half-close the client side and wait for it to close."""
-        self.draining = True
         backend, self.backend = self.backend, None
-        self.arm_request()
+        self.to(CLOSING)
         self.arm_response()
         self.pending = None  # from now on client bytes are dropped
         if backend is not None:
@@ -434,7 +464,7 @@ class _ClientProtocol(asyncio.Protocol):
 
     def inject(self, ours: bytes) -> None:
         """Write frames of our own to the client, between two whole frames of the backend's."""
-        if self.closed or self.draining or self.transport.is_closing():
+        if self.state is CLOSING or self.state is CLOSED or self.transport.is_closing():
             return
         if (
             not self.inject_queue
@@ -475,11 +505,12 @@ class _ClientProtocol(asyncio.Protocol):
     def start_drain(self) -> bool:
         """Step 1: GOAWAY(2^31-1) + PING. False where this connection cannot be drained so
         (not connected to the backend yet, or not observable)."""
-        if self.drain_started:
+        state = self.state
+        if state is ANNOUNCED or state is FINAL_DUE or state is REFUSING:
             return True
-        if self.closed or self.draining or self.backend is None or self.tracker.failed:
+        if state is not RELAYING or self.tracker.failed:
             return False
-        self.drain_started = True
+        self.to(ANNOUNCED)
         tracker = self.tracker
         tracker.on_ping_ack = self._ping_ack
         tracker.on_refused = self._refused
@@ -492,20 +523,20 @@ class _ClientProtocol(asyncio.Protocol):
         its preface) with no call in flight is told GOAWAY(last) and closed."""
         self._ping_timer = None
         self._final_goaway()
-        if self.final_due and not self.tracker.streams:
+        if self.state is FINAL_DUE and not self.tracker.streams:
             self.drain()
 
     def _ping_ack(self, payload: bytes) -> None:
-        if payload == DRAIN_PING:
-            self.final_due = True  # sent once the chunk that carried the ACK is scanned
+        if payload == DRAIN_PING and self.state is ANNOUNCED:
+            # sent once the chunk that carried the ACK is scanned
             pump = self.request_pump
             if pump is not None and pump.armed:  # that chunk is in the C pump: no Python after
                 self.relay.loop.call_soon(self._final_goaway)
-            self.arm_request()  # client chunks go through Python until it is sent
+            self.to(FINAL_DUE)  # client chunks go through Python until it is sent
 
     def _final_goaway(self) -> None:
         """Step 2: GOAWAY(last forwarded stream id); later streams are refused."""
-        if self.refusing is not None or self.closed or self.draining or self.backend is None:
+        if self.state is not ANNOUNCED and self.state is not FINAL_DUE:
             return
         tracker = self.tracker
         if self._ping_timer is not None:
@@ -515,15 +546,13 @@ class _ClientProtocol(asyncio.Protocol):
             return  # unobservable now: shutdown closes it once quiet
         scanner = tracker.request_scanner
         if not scanner.at_frame_boundary():
-            self.final_due = True  # inside a client frame: after the next chunk
-            self.arm_request()
+            self.to(FINAL_DUE)  # inside a client frame: after the next chunk
             return
-        self.final_due = False
         last = tracker.last_stream_id
         tracker.refuse_above = last
         scanner.hold = self.hold = False  # no request is accepted any more: nothing to add
         self.refusing = RefusingFilter(last, self._reset_accepted)
-        self.arm_request()  # refusing: every client chunk through Python from now on
+        self.to(REFUSING)  # every client chunk through Python from now on
         self.inject(goaway_frame(last))
 
     def _refused(self, stream_id: int) -> None:
@@ -537,7 +566,7 @@ class _ClientProtocol(asyncio.Protocol):
 
     def drained(self) -> bool:
         """Final GOAWAY sent and every stream it accepted has ended."""
-        return self.refusing is not None and not self.inject_queue and not self.tracker.streams
+        return self.state is REFUSING and not self.inject_queue and not self.tracker.streams
 
     def finish_drain(self) -> None:
         self._finish()
@@ -545,12 +574,12 @@ class _ClientProtocol(asyncio.Protocol):
     def cut(self) -> None:
         """Grace period over: end the calls in flight with UNAVAILABLE where the response
         byte stream allows it (at a frame boundary), then close."""
-        if self.closed or self.draining:
+        if self.state is CLOSING or self.state is CLOSED:
             return
         tracker = self.tracker
         transport = self.transport
         if (
-            self.backend is None
+            self.state not in _CONNECTED
             or tracker.failed
             or transport.is_closing()
             or not tracker.response.settings_seen
@@ -561,7 +590,7 @@ class _ClientProtocol(asyncio.Protocol):
         out = bytearray(b"".join(self.inject_queue))
         self.inject_queue = []
         self.arm_response()
-        if self.refusing is None:
+        if self.state is not REFUSING:
             out += goaway_frame(tracker.last_stream_id)
         max_frame_size = self.response_scanner.max_frame_size
         for st in list(tracker.streams.values()):
@@ -647,7 +676,7 @@ class Relay:
         assert self.idle_timeout is not None
         now = self.loop.time()
         for conn in list(self.connections):
-            if conn.backend is not None and conn.idle_check(now, self.idle_timeout):
+            if conn.state is RELAYING and conn.idle_check(now, self.idle_timeout):
                 conn.drain()
         self._schedule_sweep()
 
@@ -671,12 +700,11 @@ class Relay:
         while self.connections and loop.time() < deadline:
             now = loop.time()
             for conn in list(self.connections):
-                if conn.draining:
-                    continue
-                if conn.backend is None:
-                    if conn.pending is None:
-                        conn.close()  # answering UNAVAILABLE
-                    # else: still connecting to the backend, drained once connected
+                state = conn.state
+                if state is CLOSING or state is CONNECTING:
+                    continue  # a CONNECTING one is drained once connected
+                if state is UNAVAILABLE:
+                    conn.close()
                 elif conn.tracker.failed:
                     if conn.idle_check(now, SHUTDOWN_QUIET_S):
                         conn.drain()  # unobservable: waited on while bytes flow

@@ -28,10 +28,11 @@ exceptions are logged and never reach the data path.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, MutableSequence, Sequence
+from collections.abc import Callable, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 from urllib.parse import unquote
@@ -268,7 +269,9 @@ def _timeout_s(value: bytes | None) -> float | None:
         return None
 
 
-def _request_summary(headers: RawHeaders) -> tuple[bytes, bytes | None, MethodInfo]:
+def _request_summary(
+    by_path: Mapping[bytes, MethodInfo], headers: RawHeaders
+) -> tuple[bytes, bytes | None, MethodInfo]:
     path = b""
     timeout = None
     for name, value in headers:
@@ -276,7 +279,7 @@ def _request_summary(headers: RawHeaders) -> tuple[bytes, bytes | None, MethodIn
             path = value
         elif name == b"grpc-timeout":
             timeout = value
-    return path, timeout, method_info(path)
+    return path, timeout, method_info(path, by_path)
 
 
 def _response_summary(headers: RawHeaders) -> tuple[bytes | None, bytes, bytes]:
@@ -369,7 +372,7 @@ class _RequestSide(_Side):
 
     def __init__(self, tracker: ConnectionTracker) -> None:
         super().__init__(tracker)
-        self.decoder = HeaderDecoder(_request_summary)
+        self.decoder = HeaderDecoder(functools.partial(_request_summary, tracker.metrics.by_path))
 
     def on_header_block(
         self, stream_id: int, end_stream: bool, block: bytes, frame_type: int

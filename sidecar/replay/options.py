@@ -25,4 +25,6 @@ class ReplayOptions:
     store_raw_inputs: bool  # keep the raw input tensors in the trace
     device: str  # --replay-device: auto, cpu or cuda:N, resolved per model (`replay.device`)
     python_models: bool = True  # --replay-python-models: run a Python model's own model.py
+    # --backend-protocol: the backend whose decoders read the jobs and whose lookup finds models
+    backend_protocol: str = "triton"
     threads: int = 1  # runtime threads of the worker (not a user setting)

@@ -25,7 +25,7 @@ import numpy as np
 
 import sidecar.profiling.runners.onnxruntime  # noqa: F401  ONNX Runtime loads at worker start
 from sidecar import __version__
-from sidecar.backends import DECODERS, backend_replaying
+from sidecar.backends import Backend, backend_named
 from sidecar.backends.base import DecodedInputs
 from sidecar.backends.model_repository import ModelLocation, TensorSpec, python_models
 from sidecar.profiling.experiment import LeveledProfile, describe_inputs, run_experiment
@@ -37,7 +37,7 @@ from sidecar.profiling.server_config import ReplaySettings, replay_settings, ser
 from sidecar.profiling.vocabulary import ModelLookup, ProfilingError, Runner
 from sidecar.replay.context import ReplayContext
 from sidecar.replay.device import DeviceChoice, driver_device_name, resolve
-from sidecar.replay.job_records import JobResult, ProfileJob
+from sidecar.replay.job_records import JobResult, Outcome, ProfileJob, failed
 from sidecar.replay.options import ReplayOptions
 from sidecar.trace import schema
 from sidecar.trace.errors import TraceStoreError
@@ -57,27 +57,26 @@ class ReplayError(Exception):
     """The sampled request cannot be replayed; the message says why."""
 
 
-def decode_request(job: ProfileJob) -> DecodedInputs | None:
+def decode_request(job: ProfileJob, backend: Backend) -> DecodedInputs | None:
     """The job's request as arrays (None without a message: an admin profile), by the decoder
-    a backend declares for the job's method."""
+    `backend` (the configured one) declares for the job's method."""
     if not job.request_message:
         return None
-    decoder = DECODERS.get(job.method)
+    decoder = backend.decoders.get(job.method)
     if decoder is None:
-        raise ReplayError(_not_replayable(job.method))
+        raise ReplayError(_not_replayable(job.method, backend))
     return decoder(job.request_message)
 
 
-def _not_replayable(method: str) -> str:
-    return f"cannot decode {method} requests (replayable: {', '.join(DECODERS)})"
+def _not_replayable(method: str, backend: Backend) -> str:
+    known = ", ".join(backend.decoders)
+    return f"{backend.name} requests of {method} cannot be decoded (replayable: {known})"
 
 
-def _lookup(job: ProfileJob, options: ReplayOptions) -> ModelLookup:
-    """How the backend that serves the job's method finds a model in its repository: the
-    model itself here, and what a runner follows it to (BLS callees, ensemble steps)."""
-    backend = backend_replaying(job.method)
-    if backend is None:
-        raise ReplayError(_not_replayable(job.method))
+def _lookup(options: ReplayOptions) -> ModelLookup:
+    """How the configured backend finds a model in its repository: the model itself here, and
+    what a runner follows it to (BLS callees, ensemble steps)."""
+    backend = backend_named(options.backend_protocol)
     return python_models(backend.repository.find, options.python_models)
 
 
@@ -234,9 +233,9 @@ def replay_job(job: ProfileJob, context: ReplayContext) -> JobResult:
     choice: DeviceChoice | None = None
     settings: ReplaySettings | None = None
     try:
-        request = decode_request(job)
+        request = decode_request(job, backend_named(options.backend_protocol))
         version = job.model_version or (request.version if request else "")
-        find = _lookup(job, options)
+        find = _lookup(options)
         location = find(options.model_repository, job.model, version or None)
         if request is None:
             inputs, input_source = _random_inputs(location), "random"
@@ -264,12 +263,13 @@ def replay_job(job: ProfileJob, context: ReplayContext) -> JobResult:
             )
         if settings is not None:
             _mark_settings(trace, location, settings)
-        outcome, error = "error", trace.error
+        on_gpu = choice is not None and choice.device.startswith("cuda")
+        result = failed(job, Outcome.ERROR, 0.0, exc, on_gpu)
         if (store_error := _write(context, trace, [])) is not None:
-            outcome, error = "store_error", f"{store_error} (the profile failed: {trace.error})"
-        return JobResult(
-            job.trace_id, job.model, outcome, time.perf_counter() - started, error=error
-        )
+            result.outcome = Outcome.STORE_ERROR
+            result.error = f"{store_error} (the profile failed: {trace.error})"
+        result.busy_s = time.perf_counter() - started
+        return result
     _link(profile, job, location, input_source)
     _mark_device(profile, choice)
     if settings is not None:
@@ -281,11 +281,15 @@ def replay_job(job: ProfileJob, context: ReplayContext) -> JobResult:
     store_error = _write(context, profile.trace, profile.spans, profile.level_stats)
     if store_error is not None:
         return JobResult(
-            job.trace_id, job.model, "store_error", time.perf_counter() - started, store_error
+            job.trace_id, job.model, Outcome.STORE_ERROR, time.perf_counter() - started, store_error
         )
     if profile.trace.status == ERROR:  # a partial profile (an ensemble's failed step): kept
         return JobResult(
-            job.trace_id, job.model, "error", time.perf_counter() - started, profile.trace.error
+            job.trace_id,
+            job.model,
+            Outcome.ERROR,
+            time.perf_counter() - started,
+            profile.trace.error,
         )
     return _summary(profile, job, time.perf_counter() - started)
 
@@ -347,7 +351,7 @@ def _summary(profile: LeveledProfile, job: ProfileJob, busy_s: float) -> JobResu
     return JobResult(
         job.trace_id,
         job.model,
-        "ok",
+        Outcome.OK,
         busy_s,
         level_latency_s=latency,
         overhead_ratio=overhead,

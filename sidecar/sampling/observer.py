@@ -33,7 +33,7 @@ import threading
 from dataclasses import dataclass
 from operator import itemgetter
 
-from sidecar.backends import METHODS, REPLAYABLE
+from sidecar.backends import TRITON, Backend
 from sidecar.proxy.streams import (
     ConnectionInfo,
     HeaderDecision,
@@ -59,9 +59,6 @@ log = logging.getLogger(__name__)
 MAX_SAMPLED_BODY = 64 << 20
 # What a request held for `sample_slow` asks of the relay: its body, no header.
 _HOLD_FOR_SLOW = HeaderDecision(capture_body=True, capture_limit=MAX_SAMPLED_BODY)
-# Methods `sample_slow` judges: those replayed as themselves, i.e. unary calls, whose duration
-# is one response's (a stream's is its whole life, however fast each response came).
-_SLOW_METHODS = frozenset(method for method, job in REPLAYABLE.items() if method == job)
 # Job reasons (the trace's `sample_reason`) of what the hook samples.
 _REASONS = {Tentative.RATE: "rate", Tentative.FORCED: "forced", Tentative.SLOW: "slow"}
 # Model names whose label the hub keeps (names read from requests are unbounded; past this
@@ -109,7 +106,9 @@ class SamplingHub:
     """Shared sampling state of the relay; `observer_factory` gives each connection a hook.
 
     The hook decides with `sampler`, counts in `metrics` and `pressure`, and hands what it
-    samples to `handler` (`SampleHandler`).
+    samples to `handler` (`SampleHandler`). It samples the replayable methods of `backend`,
+    the one the sidecar relays to (Triton's, the default --backend-protocol, unless given),
+    and no other method.
     """
 
     def __init__(
@@ -118,6 +117,7 @@ class SamplingHub:
         metrics: SamplingMetrics,
         handler: SampleHandler,
         pressure: ServingPressure | None = None,
+        backend: Backend = TRITON,
     ) -> None:
         self.sampler = sampler
         self.pressure = pressure or ServingPressure()
@@ -127,13 +127,18 @@ class SamplingHub:
         self._lock = threading.Lock()
         self.held = HeldSamples(self)  # forced and slow samples waiting for the duty cycle
         self.slow = SlowDetector.of(sampler.settings.slow)  # None: `sample_slow` is off
-        self.replayable = dict(REPLAYABLE)
+        # short method name of a replayable call -> the job's method
+        self.replayable: dict[str, str] = dict(backend.replayable)
         # methods whose every request message is one inference: sampled message by message
         self.per_message = frozenset(
-            info.name for info in METHODS.values() if info.per_message and info.name in REPLAYABLE
-        )
+            info.name for info in backend.by_path.values()
+            if info.per_message and info.name in self.replayable
+        )  # fmt: skip
         # methods decided on as one call, at their headers and their stream's end
-        self.per_call = frozenset(REPLAYABLE) - self.per_message
+        self.per_call = frozenset(self.replayable) - self.per_message
+        # methods `sample_slow` judges: those replayed as themselves, i.e. unary calls, whose
+        # duration is one response's (a stream's is its whole life, however fast each came)
+        self.slow_methods = frozenset(m for m, job in self.replayable.items() if m == job)
         # per model name read from requests (bounded: past `_CACHED_MODELS` names, uncached)
         self._labels: dict[str | None, str] = {}
         # What the relay counts itself at the end of a request the hook wants nothing more of
@@ -146,7 +151,7 @@ class SamplingHub:
         # hook's own answers above, for an unpicked request or a method never replayed. Only
         # with `sample_slow` off (else an unpicked request may be held for its duration).
         self.quick = QuickDecisions(
-            sampler, self.per_call, frozenset(REPLAYABLE), self.pressure.counts,
+            sampler, self.per_call, frozenset(self.replayable), self.pressure.counts,
             self.quiet_unpicked, self.quiet_not_replayable,
         )  # fmt: skip
 
@@ -212,7 +217,7 @@ class SamplingObserver:
         hub = self._hub
         hub.pressure.counts[0] += 1  # `ServingPressure.request_started`, inline
         method = start.method
-        if method not in REPLAYABLE:
+        if method not in hub.replayable:
             return hub.quiet_not_replayable
         sampler = hub.sampler
         forced = False
@@ -234,14 +239,14 @@ class SamplingObserver:
         if tentative is Tentative.NO:  # the common case: nothing kept, nothing made
             if hub.slow is None:
                 return hub.quiet_unpicked  # the relay counts its end: no call into the hook
-            if method not in _SLOW_METHODS or not sampler.may_hold_for_slow():
+            if method not in hub.slow_methods or not sampler.may_hold_for_slow():
                 return None  # its duration still feeds the slow threshold at its end
             self._pending[start.stream_id] = _Pending("", "", Tentative.SLOW, start.method)
             return _HOLD_FOR_SLOW
         if tentative is Tentative.GATED or tentative is Tentative.STORE_FAILING:
             self._pending[start.stream_id] = _Pending("", "", tentative)
             return None
-        pending = _Pending(new_trace_id(), new_span_id(), tentative, REPLAYABLE[start.method])
+        pending = _Pending(new_trace_id(), new_span_id(), tentative, hub.replayable[method])
         self._pending[start.stream_id] = pending
         hub.handler.on_sampled(start, pending.trace_id, pending.span_id)
         traceparent = f"00-{pending.trace_id}-{pending.span_id}-01"
@@ -281,7 +286,7 @@ class SamplingObserver:
         pending = self._pending.pop(end.stream_id, None) if self._pending else None
         if end.method not in hub.per_call:
             return  # not replayable, or an inference stream (its messages were decided on)
-        if hub.slow is not None and end.method in _SLOW_METHODS:
+        if hub.slow is not None and end.method in hub.slow_methods:
             label = hub.label(end.model)
             slow = end.grpc_code == "OK" and hub.slow.observe(label, end.duration_s)
             if pending is not None and pending.tentative is Tentative.SLOW:
@@ -318,7 +323,7 @@ class SamplingObserver:
         if decision is not Decision.SAMPLED:
             return True
         pending.trace_id, pending.span_id = new_trace_id(), new_span_id()
-        sample = Sample(pending.trace_id, pending.span_id, model, pending.method)
+        sample = Sample(pending.trace_id, pending.span_id, model, pending.method, traced=False)
         pending.queued = take(hub, label, sample, message, "slow", held=held,
                               slowness_s=end.duration_s)  # fmt: skip
         if pending.queued:

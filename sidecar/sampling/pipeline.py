@@ -2,10 +2,11 @@
 
 sampler + relay hook -> bounded queue -> profiling worker (own process) -> SQLite; the hook's
 request counters (`ServingPressure`) tell the worker when serving leaves it room;
-the proxy's request spans and the backend's OTLP spans go to the same traces through a
-background writer. With `otlp_export` set, every span the store commits (and the replay part
-the worker stores) is also exported to the fleet's tracing backend over OTLP. Failures here
-are logged and counted, never raised into the relay.
+the proxy's request spans, the backend's spans and the worker's results go to the trace
+assembler (`trace.assembly`), which owns each sampled trace from its first part to its last
+(what it expects is told when the job is queued) and writes through a background writer.
+With `otlp_export` set, every part the store commits is also exported to the fleet's tracing
+backend over OTLP. Failures here are logged and counted, never raised into the relay.
 
 A sample of a model no replay can run (`backends.replayability`, from the model's
 configuration in the repository) takes no worker time: the pipeline stores its live-only trace
@@ -30,7 +31,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from sidecar import __version__
-from sidecar.backends import CAPTURE_PATHS, backend_named
+from sidecar.backends import backend_named
+from sidecar.backends.base import SpanSource
 from sidecar.backends.model_repository import model_in_repository, python_models
 from sidecar.backends.replayability import Replayability, ReplayabilityCache
 from sidecar.live.otlp_metrics import OtlpMetricsCollector
@@ -43,7 +45,7 @@ from sidecar.live.tf_profiler import (
 )
 from sidecar.live.triton_spans import TritonSpanCollector, TritonTrace
 from sidecar.proxy.streams import RequestStart
-from sidecar.replay.job_records import JobResult, ProfileJob
+from sidecar.replay.job_records import JobResult, Outcome, ProfileJob
 from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.batch_windows import ATTRIBUTE as WINDOW_ATTRIBUTE
 from sidecar.sampling.batch_windows import BatchWindows
@@ -57,17 +59,20 @@ from sidecar.sampling.settings import SamplingSettings
 from sidecar.sampling.stream_sampling import sequence_model
 from sidecar.sampling.worker import ProfilingWorker, WorkerConfig
 from sidecar.trace import schema
+from sidecar.trace.assembly import TRACING_OFF, Part, TraceAssembler, parts_expected
 from sidecar.trace.errors import TraceStoreError
 from sidecar.trace.metrics import TraceWriterCollector
 from sidecar.trace.otlp_export import OtlpExportCollector, OtlpTraceExport
 from sidecar.trace.retention import RetentionPolicy
 from sidecar.trace.spans import LIVE_ONLY, Level, Source, Span, Trace
-from sidecar.trace.store import PendingWrite
 from sidecar.trace.writer import TraceWriter
 
 __all__ = ["SamplingConfig", "SamplingPipeline", "TfProfilerSettings"]
 
 log = logging.getLogger(__name__)
+
+BACKEND_SPANS_TIMEOUT_S = 30.0  # the span collector's `max_age_s`
+NOT_TRACED = "the request carried no traceparent (a stream's message or a slow sample)"
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,9 @@ class SamplingConfig:
     # request (None: not read)
     backend_target: str | None = None
     backend_protocol: str = "triton"
+    # how long a sampled trace waits for its parts (None: as long as a queued job can take,
+    # `profile_timeout_s` for each job ahead of it and its own, plus the backend's span timeout)
+    assembly_timeout_s: float | None = None
 
     @property
     def db_path(self) -> Path:
@@ -96,6 +104,13 @@ class SamplingConfig:
     @property
     def model_repository(self) -> Path:
         return self.replay_options.model_repository
+
+    @property
+    def trace_timeout_s(self) -> float:
+        """How long a sampled trace waits for its parts (`assembly_timeout_s`)."""
+        if self.assembly_timeout_s is not None:
+            return self.assembly_timeout_s
+        return self.profile_timeout_s * (self.queue_size + 1) + BACKEND_SPANS_TIMEOUT_S
 
 
 class SamplingPipeline:
@@ -121,13 +136,16 @@ class SamplingPipeline:
         if config.otlp_export:
             self.export = OtlpTraceExport.to(config.otlp_export, config.otlp_export_protocol)
         self.writer: TraceWriter | None = None
+        self.assembler: TraceAssembler | None = None
         try:
             self.writer = TraceWriter(
                 config.db_path,
                 retention=config.retention,
                 on_error=self._store_failed,
                 on_written=lambda n: self._store_ok(),
-                on_stored=self._on_stored if self.export is not None else None,
+            )
+            self.assembler = TraceAssembler(
+                self.writer, timeout_s=config.trace_timeout_s, export=self.export
             )
         except (TraceStoreError, OSError) as exc:
             self.disabled_reason = f"the trace store cannot be used: {exc}"
@@ -155,11 +173,13 @@ class SamplingPipeline:
                 on_spans=self._on_backend_spans,
             )
             TfCaptureMetricsCollector(self.tf_capture, registry)
-        self.hub = SamplingHub(self.sampler, self.metrics, self, pressure=self.pressure)
         backend = backend_named(config.backend_protocol)
+        self.hub = SamplingHub(self.sampler, self.metrics, self, self.pressure, backend)
+        self._capture_path = backend.capture_path  # None: no capture of the backend's side
         find = python_models(backend.repository.find, config.replay_options.python_models)
         self._replayability = ReplayabilityCache(find, config.model_repository)
         self.batch_windows: BatchWindows | None = None
+        self._backend = backend
         reader = backend.statistics
         if config.backend_target is not None and reader is not None and self.enabled:
             self.batch_windows = BatchWindows(config.backend_target, reader)
@@ -202,6 +222,8 @@ class SamplingPipeline:
             log.info("OTLP receiver for backend spans on %s", self.receiver.url)
         if self.tf_capture is not None:
             self.tf_capture.connect()
+        if self.assembler is not None:
+            self.assembler.start()  # finishes what a previous run left overdue
         self.worker.start()
         threading.Thread(
             target=self._replayability.warm, name="xsp-replayability", daemon=True
@@ -217,8 +239,8 @@ class SamplingPipeline:
         if self.batch_windows is not None:
             self.batch_windows.stop()  # windows being closed still store their request spans
         self.worker.stop()
-        if self.writer is not None:
-            self.writer.close()
+        if self.assembler is not None:
+            self.assembler.close()  # and the writer
         if self.export is not None:
             self.export.close()
 
@@ -252,7 +274,14 @@ class SamplingPipeline:
                 schema.RECEIVED_NS: job.received_ns,
             },
         )
-        if self.writer is None or not self.writer.submit(trace, ()):
+        expected, absent = parts_expected(
+            live=True, no_backend=self._no_backend_spans(job), no_replay=why.attribute
+        )
+        if (
+            self.assembler is None
+            or not self.assembler.expect(job.trace_id, expected, absent)
+            or not self.assembler.add_trace(trace)
+        ):
             self.metrics.store_write_failures.inc()
             return False
         self.metrics.profiles.labels(self._model_label(job.model), LIVE_ONLY).inc()
@@ -263,6 +292,12 @@ class SamplingPipeline:
         counted by its reason."""
         if not self.worker.submit(job):
             return False
+        if self.assembler is not None:
+            expected, absent = parts_expected(
+                live=job.reason != "admin",  # the admin API replays a remembered request
+                no_backend=self._no_backend_spans(job),
+            )
+            self.assembler.expect(job.trace_id, expected, absent)
         self.metrics.sampled.labels(self._model_label(job.model), job.reason).inc()
         return True
 
@@ -279,7 +314,7 @@ class SamplingPipeline:
         of the backend's side."""
         if self.batch_windows is not None:
             self.batch_windows.open(trace_id)
-        if self.tf_capture is None or start.path not in CAPTURE_PATHS:
+        if self.tf_capture is None or start.path != self._capture_path:
             return
         try:
             self.tf_capture.request(SampledRequest(trace_id, span_id, time.time_ns()))
@@ -307,8 +342,20 @@ class SamplingPipeline:
                 return True  # written when the window's second read is done
         return self._write_spans(trace_id, spans)
 
+    def _no_backend_spans(self, job: ProfileJob) -> str | None:
+        """Why the backend's own spans of a sampled call will not come, or None when they
+        may: it carried the trace's traceparent, and they are sent to the OTLP receiver or
+        captured on its path."""
+        if not job.traced:
+            return NOT_TRACED
+        if self._backend.spans is SpanSource.OTLP:
+            return None if self.receiver is not None else TRACING_OFF
+        path = self._backend.capture_path or ""
+        captured = self.tf_capture is not None and path.rsplit("/", 1)[-1] == job.method
+        return None if captured else TRACING_OFF
+
     def _write_spans(self, trace_id: str, spans: list[Span]) -> bool:
-        accepted = self.writer is not None and self.writer.submit_spans(trace_id, spans)
+        accepted = self.assembler is not None and self.assembler.add_spans(trace_id, spans)
         if not accepted:
             self.metrics.store_write_failures.inc()
         return accepted
@@ -319,6 +366,8 @@ class SamplingPipeline:
         if job.reason == "admin" or not self.sampler.store.closed():
             return False
         self.hub.drop(self._model_label(job.model), "store_failing")
+        if self.assembler is not None:
+            self.assembler.refused(job.trace_id, Part.REPLAY, "dropped: the store was failing")
         return True
 
     def _store_failed(self, error: Exception) -> None:
@@ -336,13 +385,13 @@ class SamplingPipeline:
         self.sampler.duty.record_busy(result.busy_s)
         label = self._model_label(result.model)
         self.metrics.record_result(result, label)
-        if result.outcome == "store_error":
+        if result.outcome is Outcome.STORE_ERROR:
             self._store_failed(TraceStoreError(result.error))
-        elif result.outcome == "ok":
+        elif result.outcome is Outcome.OK:
             self._store_ok()
-        if result.outcome in ("ok", "error") and self.export is not None:
-            self._export_replay(result.trace_id)
-        if result.outcome != "ok":
+        if self.assembler is not None:
+            self.assembler.replay_done(result.trace_id, result.outcome, result.error)
+        if result.outcome is not Outcome.OK:
             self._log.log(
                 f"profile:{result.outcome}",
                 logging.WARNING,
@@ -351,18 +400,6 @@ class SamplingPipeline:
                 result.outcome,
                 result.error[:1000],
             )
-
-    def _on_stored(self, item: PendingWrite) -> None:
-        """The writer committed `item`: its spans go to the OTLP export too."""
-        if self.export is not None:
-            self.export.offer(item.spans, item.trace, item.level_stats)
-
-    def _export_replay(self, trace_id: str) -> None:
-        """The worker stored a trace: the writer reads its replay part back for the export."""
-        if self.export is not None and (
-            self.writer is None or not self.writer.submit_stored_elsewhere(trace_id)
-        ):
-            self.export.dropped += 1  # counted as one span: the trace's replay part is lost
 
     def _on_backend_spans(self, trace_id: str, spans: list[Span]) -> bool:
         """Store the backend's spans of a trace the relay sampled (anything else is not ours:

@@ -37,7 +37,10 @@ class Sample:
     trace_id: str
     span_id: str
     model: str
-    method: str  # the job's method (`REPLAYABLE`'s value), e.g. ModelInfer
+    method: str  # the job's method (`Backend.replayable`'s value), e.g. ModelInfer
+    # the request carried the trace's traceparent to the backend (its spans may join the
+    # trace); False for a stream's message and a slow sample (its trace is made after it)
+    traced: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +69,7 @@ def _job(sample: Sample, message: bytes, reason: str) -> ProfileJob:
         request_message=message,
         reason=reason,
         received_ns=time.time_ns(),
+        traced=sample.traced,
     )
 
 

@@ -5,7 +5,7 @@ decided on like a unary call: a coin flip at its prefix (`Sampler.at_headers`; n
 copied unless it comes up), then at its end the model's rate, budget and duty cycle
 (`Sampler.at_body`), one decision counted per message in `xsp_sampling_decisions_total`. A
 sampled message (whole, up to the capture limit) becomes a `ProfileJob` replayed as the
-backend's unary method (`REPLAYABLE`: ModelStreamInfer -> ModelInfer); its trace's request
+backend's unary method (`Backend.replayable`: ModelStreamInfer -> ModelInfer); its trace's request
 span is that inference, from its message to its final response, with its responses' times.
 
 A stream forced by the force header has every message forced (budget and duty cycle still
@@ -108,7 +108,7 @@ class StreamSampling:
         if stateful:
             hub.drop(label, "sequence_model")
             return None
-        sample = Sample(new_trace_id(), new_span_id(), model, self._job_method)
+        sample = Sample(new_trace_id(), new_span_id(), model, self._job_method, traced=False)
         return sample if take.take(hub, label, sample, full, _REASONS[token]) else None
 
     def ended(self, sample: object, end: InferenceEnd) -> None:

@@ -49,7 +49,13 @@ from typing import Any
 from sidecar.profiling import pacing
 from sidecar.profiling.gpu.owner import PROCESS_OWNER
 from sidecar.replay.context import ReplayContext
-from sidecar.replay.job_records import JobResult, ProfileJob, needs_fresh_process
+from sidecar.replay.job_records import (
+    JobResult,
+    Outcome,
+    ProfileJob,
+    failed,
+    needs_fresh_process,
+)
 from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.pressure import ServingPressure
 from sidecar.sampling.ratelog import RateLimitedLog
@@ -106,7 +112,7 @@ def busy_seconds(wall_s: float, waited_s: float, cpu_s: float) -> float:
     return max(wall_s - waited_s, cpu_s)
 
 
-def _unfinished(job: ProfileJob, outcome: str, started: float, error: str) -> JobResult:
+def _unfinished(job: ProfileJob, outcome: Outcome, started: float, error: str) -> JobResult:
     """The result of a job that did not finish its profile: `outcome` (`error`, `timeout`,
     `crash`), the time since it `started` (`time.perf_counter()`) and why."""
     return JobResult(job.trace_id, job.model, outcome, time.perf_counter() - started, error=error)
@@ -148,7 +154,7 @@ def _worker_main(
             failures.log(
                 type(exc).__name__, logging.ERROR, "profiling %r failed", job.model, exc_info=True
             )
-            result = _unfinished(job, "error", started, f"{type(exc).__name__}: {exc}")
+            result = failed(job, Outcome.ERROR, time.perf_counter() - started, exc)
         wall = time.perf_counter() - started
         if gate is not None:
             gate.settle()
@@ -347,7 +353,7 @@ class ProfilingWorker:
                 result = self._run_one(job)
             except Exception as exc:  # never let the supervisor die
                 log.exception("profiling worker supervisor error")
-                result = JobResult(job.trace_id, job.model, "error", 0.0, error=str(exc))
+                result = JobResult(job.trace_id, job.model, Outcome.ERROR, 0.0, error=str(exc))
             self.current = None
             try:
                 self._on_result(result)
@@ -412,7 +418,7 @@ class ProfilingWorker:
             if time.perf_counter() >= deadline:
                 self._restart(f"overran the {self.config.job_timeout_s:.0f} s job timeout")
                 why = f"profile did not finish in {self.config.job_timeout_s:.0f} s"
-                return _unfinished(job, "timeout", started, why)
+                return _unfinished(job, Outcome.TIMEOUT, started, why)
 
     def _crashed(self, job: ProfileJob, started: float) -> JobResult:
         code = None
@@ -420,4 +426,5 @@ class ProfilingWorker:
             self._process.join(2.0)  # the pipe closes a moment before the exit is reaped
             code = self._process.exitcode
         self._restart(f"died (exit code {code})")
-        return _unfinished(job, "crash", started, f"profiling worker died with exit code {code}")
+        why = f"profiling worker died with exit code {code}"
+        return _unfinished(job, Outcome.CRASH, started, why)

@@ -1,9 +1,11 @@
 """How far a sampled request's replay is from what the server itself ran: the trace's
-`fidelity` attribute, kept up to date by the store.
+`fidelity` attribute.
 
 A sampled trace is written in parts, in any order: the proxy's request span, the backend's own
 spans (Triton's OTLP spans, TF-Serving's profiler capture) and the replay (trace row, spans,
-level statistics). After each part the store recomputes, in the same transaction:
+level statistics). Once the trace is final (`parts`: its parts are all there, or one never
+will be) the store computes, in the transaction of the part that made it final (a trace not
+under assembly: after each part):
 
 - `live_compute_ns`: the backend's own compute time for the request. Triton: its
   `compute_infer` span (as the server stamped it); TF-Serving: the envelope of the request's

@@ -205,3 +205,20 @@ def _create_tables(db: Database) -> None:
     traces = db.table("traces")
     traces.create_index(["model", "batch_size"], index_name="idx_traces_model_batch_size")
     traces.create_index(["created_ns"], index_name="idx_traces_created_ns")
+
+
+@MIGRATIONS(2, "create trace_parts: each sampled trace's parts and outcome (trace.parts)")
+def _create_trace_parts(db: Database) -> None:
+    db.table("trace_parts").create(
+        {
+            "trace_id": str,
+            "expected": str,  # JSON list of part names
+            "received": str,  # JSON list of part names
+            "absent": str,  # JSON object: part name -> why it never comes
+            "deadline_ns": int,
+            "state": str,  # pending, whole or incomplete
+            "why": str,
+        },
+        pk="trace_id",
+    )
+    db.table("trace_parts").create_index(["state", "deadline_ns"], index_name="idx_trace_parts_due")

@@ -120,7 +120,8 @@ def apply_to_database(db: Database, policy: RetentionPolicy, now_ns: int | None 
 
 
 def delete_traces(db: Database, trace_ids: Sequence[str]) -> set[str]:
-    """Delete whole traces (row, spans, level stats), a chunk per transaction."""
+    """Delete whole traces (row, spans, level stats, assembly state), a chunk per
+    transaction."""
     done: set[str] = set()
     ids = list(dict.fromkeys(trace_ids))
     conn = db.conn
@@ -129,7 +130,7 @@ def delete_traces(db: Database, trace_ids: Sequence[str]) -> set[str]:
         marks = ",".join("?" * len(chunk))
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for table in ("spans", "level_stats", "traces"):
+            for table in ("spans", "level_stats", "trace_parts", "traces"):
                 conn.execute(f"DELETE FROM {table} WHERE trace_id IN ({marks})", chunk)
             conn.execute("COMMIT")
         except BaseException:

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from enum import StrEnum
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """`PRAGMA user_version` of a fully migrated store: `migrations.MIGRATIONS.latest_version`."""
 
 # `Trace.status` values
@@ -334,6 +334,11 @@ ENSEMBLE_STEPS = _key(TRACE, "ensemble_steps", "list", "its steps")
 ENSEMBLE_FAILED_STEP = _key(TRACE, "ensemble_failed_step", "object", "the failed step; why")
 PARTIAL_REPLAY = _key(TRACE, "partial_replay", "str", "why the replay covers part of the model")
 SYNTHETIC = _key(TRACE, "synthetic", "bool", "made by the test harness, not measured")
+ASSEMBLY = _key(TRACE, "assembly", "object", "a sampled trace's parts: whole, or what is missing")
+# its keys (`trace.parts`)
+ASSEMBLY_STATE = _key(ASSEMBLY, "state", "str", "`whole` or `incomplete`")
+ASSEMBLY_MISSING = _key(ASSEMBLY, "missing", "list", "the parts that never came")
+ASSEMBLY_WHY = _key(ASSEMBLY, "why", "object", "per missing part, why it never will come")
 FIDELITY = _key(TRACE, "fidelity", "object", "the server's compute time vs the replay's")
 # its keys (`trace.fidelity`; `server_batch_window` is copied from the request span)
 LIVE_COMPUTE_NS = _key(FIDELITY, "live_compute_ns", "int", "the backend's compute time")

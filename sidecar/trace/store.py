@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from sqlite_utils import Database
 
-from sidecar.trace import fidelity
+from sidecar.trace import parts
 from sidecar.trace.errors import SchemaTooNewError, StoreFullError, TraceStoreError
 from sidecar.trace.migrations import MIGRATIONS
 from sidecar.trace.retention import RetentionPolicy, apply_to_database
@@ -59,12 +59,14 @@ class TraceStoreLike(Protocol):
 
 @dataclass
 class PendingWrite:
-    """One unit of `TraceStore.write_batch`: a whole trace, or late spans (`trace=None`)."""
+    """One unit of `TraceStore.write_batch`: a whole trace, or late spans (`trace=None`);
+    `assembly` tells the trace's assembly what the write is (`parts.Event`)."""
 
     trace_id: str
     trace: Trace | None = None
     spans: Sequence[Span] = ()
     level_stats: Sequence[LevelStats] = field(default_factory=tuple)
+    assembly: parts.Event | None = None
 
 
 class TraceStore:
@@ -149,7 +151,7 @@ class TraceStore:
             _check_ids(w.trace_id, w.level_stats, "level_stats")
             span_rows.extend(span_to_row(s) for s in w.spans)
             stats_rows.extend(level_stats_to_row(s) for s in w.level_stats)
-        if not (trace_rows or span_rows or stats_rows):
+        if not (trace_rows or span_rows or stats_rows or any(w.assembly for w in writes)):
             return
         with self._transaction("write"):
             if trace_rows:
@@ -158,7 +160,8 @@ class TraceStore:
                 self.db.table("spans").insert_all(span_rows, replace=True)
             if stats_rows:
                 self.db.table("level_stats").insert_all(stats_rows, replace=True)
-            fidelity.refresh(self.db.conn, (w.trace_id for w in writes))
+            events = ((w.trace_id, w.assembly, w.trace is not None) for w in writes)
+            parts.advance(self.db.conn, events)
 
     def apply_retention(self, policy: RetentionPolicy, *, now_ns: int | None = None) -> int:
         """Delete whole traces beyond `policy` (oldest first); return how many were deleted."""

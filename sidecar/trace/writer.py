@@ -11,6 +11,10 @@ full, lock timeout, I/O error) are not retried item by item.
 `on_stored` (optional, e.g. the OTLP export) sees every committed item on the writer thread,
 after its commit; `submit_stored_elsewhere` asks the thread to read back what another process
 (the profiling worker) stored for a trace and pass its replay part to `on_stored` too.
+`submit_write` queues any `PendingWrite`, such as the trace assembler's events (`assembly`),
+which are written in the same transactions as the parts around them; an event alone is no
+record: it is not counted, and its failure is logged but not passed to `on_error` (the
+records' writes say whether the store works, as they did before there were events).
 
 Guarantee on `kill -9`: every committed trace is whole; what was still queued or in the batch
 being committed is lost (it only ever lived in this process's memory).
@@ -131,6 +135,11 @@ class TraceWriter:
         """Queue late spans for a trace (its row may not exist yet)."""
         return self._offer(PendingWrite(trace_id, None, tuple(spans)))
 
+    def submit_write(self, item: PendingWrite) -> bool:
+        """Queue any write, e.g. one carrying a trace assembly's event (`PendingWrite.assembly`).
+        An item without records (an event alone) is not counted in `written` or `dropped`."""
+        return self._offer(item)
+
     def submit_stored_elsewhere(self, trace_id: str) -> bool:
         """Pass the replay part of a trace another process stored to `on_stored` (read back on
         the writer thread); False when there is no `on_stored` or the queue is full."""
@@ -154,7 +163,7 @@ class TraceWriter:
                 else:
                     self._accepted += 1
                     return True
-            self.dropped += 1
+            self.dropped += _records(item)
             return False
 
     @property
@@ -240,20 +249,20 @@ class TraceWriter:
                 stored = batch
             except Exception as exc:
                 if len(batch) == 1 or _store_wide(exc):
-                    failed = len(batch)
-                    self._report(exc, f"write of {failed} item(s)")
+                    failed = sum(_records(item) for item in batch)
+                    self._report(exc, f"write of {len(batch)} item(s)", notify=failed > 0)
                 else:  # find the bad item(s); the rest are written
                     for item in batch:
                         try:
                             self.store.write_batch([item])
                             stored.append(item)
                         except Exception as item_exc:
-                            failed += 1
-                            self._report(item_exc, "write of 1 item")
+                            failed += _records(item)
+                            self._report(item_exc, "write of 1 item", notify=_records(item) > 0)
         finally:
             for item in stored:  # before `flush` can return: it covers the hand-off too
                 self._stored(item)
-            written = len(stored)
+            written = sum(_records(item) for item in stored)
             with self._cond:
                 self.written += written
                 self.failed += failed
@@ -299,7 +308,9 @@ class TraceWriter:
             self.retention_errors += 1
             self._report(exc, "retention pass")
 
-    def _report(self, exc: Exception, what: str) -> None:
+    def _report(self, exc: Exception, what: str, *, notify: bool = True) -> None:
+        """Log (rate-limited) and keep `exc`; pass it to `on_error` when `notify` (a failed
+        assembly event alone is not: the records around it report the store's state)."""
         self.last_error = exc
         now = time.monotonic()
         if now - self._last_log >= _LOG_EVERY_S:
@@ -313,12 +324,17 @@ class TraceWriter:
             self._last_log, self._unlogged = now, 0
         else:
             self._unlogged += 1
-        if self.on_error is not None:
+        if notify and self.on_error is not None:
             try:
                 self.on_error(exc)
             except Exception:
                 self.callback_errors += 1
                 log.exception("trace writer on_error callback raised")
+
+
+def _records(item: PendingWrite) -> int:
+    """1 for an item that writes records, 0 for an assembly event alone (not counted)."""
+    return int(item.trace is not None or bool(item.spans) or bool(item.level_stats))
 
 
 def _store_wide(exc: BaseException) -> bool:

@@ -1,7 +1,8 @@
 """A third backend plugged in through one record (`toy`: a made-up scoring service) is picked
 up by the relay's model-name lookup and method labels (the real frame scanner and metrics),
 the sampling hook's replayable-method check, the replay's decoder and repository lookup (a
-real ONNX Runtime replay into real SQLite), and the config's backend choice (real parsing)."""
+real ONNX Runtime replay into real SQLite), and the config's backend choice (real parsing),
+each given the record as a sidecar started with `--backend-protocol toy` gives it."""
 
 from __future__ import annotations
 
@@ -90,12 +91,12 @@ def toy() -> Iterator[Backend]:
         yield TOY
     finally:
         backends.unregister("toy")
-    assert SCORE.encode() not in backends.METHODS and "Score" not in backends.REPLAYABLE
+    assert "toy" not in backends.BACKENDS
 
 
 def test_the_relay_reads_the_model_name_where_the_record_says(toy: Backend) -> None:
     registry = CollectorRegistry()
-    tracker = ConnectionTracker(ProxyMetrics(registry))
+    tracker = ConnectionTracker(ProxyMetrics(registry, methods=toy.by_path))
     conv = Conversation()
     conv.request(1, SCORE, score_request("ranker", np.arange(4)))
     conv.response(1, b"\x08\x01")
@@ -127,6 +128,7 @@ def test_a_replayable_call_is_sampled_decoded_and_replayed(toy: Backend, tmp_pat
         Sampler(SamplingSettings(rate=1.0, budget_per_minute=60)),
         SamplingMetrics(CollectorRegistry()),
         handler,
+        backend=toy,
     )
     observer = hub.observer_factory(ConnectionInfo(1, "127.0.0.1:5"))
     decision = observer.on_request_headers(RequestStart(1, 1, SCORE, "Score", []))
@@ -135,12 +137,12 @@ def test_a_replayable_call_is_sampled_decoded_and_replayed(toy: Backend, tmp_pat
     observer.on_request_body(1, "ranker", grpc_message(message))
     [job] = handler.jobs
     assert job.method == "Score"
-    request = decode_request(job)
+    request = decode_request(job, toy)
     assert request is not None and request.inputs["x"].tolist() == [[-1.0, 2.0, -3.0, 4.0]]
 
     options = ReplayOptions(
         model_repository=tmp_path, db_path=tmp_path / "t.db", levels=(Level.MODEL,),
-        iterations=1, warmup=0, store_raw_inputs=False, device="cpu",
+        iterations=1, warmup=0, store_raw_inputs=False, device="cpu", backend_protocol="toy",
     )  # fmt: skip
     result = replay_job(job, ReplayContext(options=options))
     assert result.outcome == "ok", result.error
@@ -177,9 +179,9 @@ def test_a_record_that_contradicts_itself_is_refused() -> None:
     with pytest.raises(ValueError, match="no decoder"):
         Backend("bad", {SCORE: (2,)}, {"Score": "Score"}, {}, TOY.repository,
                 TOY.readiness, SpanSource.OTLP)  # fmt: skip
-    with pytest.raises(ValueError, match="belong to another backend"):
+    with pytest.raises(ValueError, match="a backend named 'triton' is already registered"):
         backends.register(
-            Backend("copy", {"/inference.GRPCInferenceService/ModelInfer": (1,)}, {}, {},
+            Backend("triton", {"/inference.GRPCInferenceService/ModelInfer": (1,)}, {}, {},
                     TOY.repository, TOY.readiness, SpanSource.OTLP)
         )  # fmt: skip
 

@@ -185,11 +185,16 @@ def test_fidelity_of_the_sampled_requests(sampled: Path) -> None:
     assert "Python-backend model" in row.differences
     store = TraceStore(sampled)
     try:
-        found = [t.attributes.get("fidelity") for t in store.list_traces(model="simple_cnn")]
+        traces = store.list_traces(model="simple_cnn")
     finally:
         store.close()
+    found = [t.attributes.get("fidelity") for t in traces]
     compared = [f for f in found if f and f["ratio"] is not None]
     assert len(compared) == row.requests
+    # a trace with the replay and Triton's compute is whole: the relay's span came too
+    for t in traces:
+        if (t.attributes.get("fidelity") or {}).get("ratio") is not None:
+            assert t.attributes["assembly"] == {"state": "whole", "missing": [], "why": ""}
     for f in compared:
         assert f["live_source"] == "compute_infer" and f["live_compute_ns"] > 0
         assert f["ratio"] == pytest.approx(f["replay_model_ns"] / f["live_compute_ns"])

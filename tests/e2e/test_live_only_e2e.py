@@ -96,6 +96,12 @@ def test_a_model_no_replay_can_run_yields_live_only_traces_the_report_reads(
         assert request.attributes["model"] == "add_sub" and request.attributes["grpc_code"] == "OK"
         assert not [s for s in spans if s.source is Source.REPLAY]
     traced = with_backend_spans()[0]
+    assembled = store.get_trace(traced)
+    assert assembled is not None and assembled.attributes["assembly"] == {
+        "state": "incomplete",  # whole but for the replay, which is named
+        "missing": ["replay"],
+        "why": f"replay: {assembled.attributes['replay']}",
+    }
     kinds = {s.kind for s in store.spans(traced) if s.source is Source.BACKEND}
     assert {"request", "queue", "compute_input", "compute_infer", "compute_output"} <= kinds
     out, err = io.StringIO(), io.StringIO()

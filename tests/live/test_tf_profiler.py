@@ -245,6 +245,7 @@ def test_the_pipeline_stores_the_capture_of_a_sampled_predict_under_its_proxy_sp
     (repository / "keras_cnn" / "1").mkdir(parents=True)
     config = replace(
         pipeline_config(repository, tmp_path / "traces.db"),
+        backend_protocol="tfserving",  # the backend with a capture path (Predict's)
         tf_profiler=TfProfilerSettings(f"127.0.0.1:{backend.port}", 600, tmp_path / "captures"),
     )
     registry = CollectorRegistry()

@@ -212,8 +212,18 @@ def data_received(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
 
 
 def test_shutdown_two_step_goaway_forwards_racing_streams_and_refuses_later_ones(
-    backend: _Backend, data_received: str
+    backend: _Backend, data_received: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    states: list[tuple[relay_module.ConnState, bool | None]] = []  # and the C pump armed
+    enter = relay_module._ClientProtocol.to
+
+    def recording(self: relay_module._ClientProtocol, state: relay_module.ConnState) -> None:
+        enter(self, state)
+        pump = self.request_pump
+        routed = pump is not None and self.tracker.request_scanner.pump is not None
+        states.append((state, pump.armed if routed and pump is not None else None))
+
+    monkeypatch.setattr(relay_module._ClientProtocol, "to", recording)
     relay = RelayThread(Endpoint("127.0.0.1", backend.port))
     try:
         sock = socket.create_connection(("127.0.0.1", relay.endpoint.port), timeout=20)
@@ -280,6 +290,15 @@ def test_shutdown_two_step_goaway_forwards_racing_streams_and_refuses_later_ones
         sock.close()
     finally:
         relay.stop()
+    # the connection's states in order; the C pump (where it runs) takes client chunks only
+    # while relaying, before the PING came back
+    c = data_received.startswith("c")
+    s = relay_module.ConnState
+    assert states == [
+        (s.RELAYING, True if c else None), (s.ANNOUNCED, True if c else None),
+        (s.FINAL_DUE, False if c else None), (s.REFUSING, False if c else None),
+        (s.CLOSING, False if c else None), (s.CLOSED, False if c else None),
+    ]  # fmt: skip
 
 
 def test_a_call_longer_than_the_grace_period_is_cut_with_unavailable(

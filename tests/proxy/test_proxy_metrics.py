@@ -6,6 +6,7 @@ import time
 
 from prometheus_client import CollectorRegistry
 
+from sidecar.backends import TF_SERVING
 from sidecar.proxy.metrics import OTHER, ProxyMetrics
 from tests.harness.metrics_text import exemplars, sample_value, scrape_registry
 
@@ -32,11 +33,16 @@ def test_names_no_model_could_have_take_no_label_slot() -> None:
     assert [metrics.model_label(m) for m in ("a", "b")] == ["a", "b"]  # both slots still free
 
 
-def test_method_labels_are_capped_but_known_methods_always_pass() -> None:
-    metrics = ProxyMetrics(CollectorRegistry(), max_methods=1)
+def test_method_labels_are_capped_but_the_backends_methods_always_pass() -> None:
+    metrics = ProxyMetrics(CollectorRegistry(), max_methods=1)  # Triton's methods
     assert metrics.method_label("Custom1") == "Custom1"
     assert metrics.method_label("Custom2") == OTHER
-    assert metrics.method_label("Predict") == "Predict"
+    assert metrics.method_label("ModelInfer") == "ModelInfer"
+    assert metrics.method_label("Predict") == OTHER  # TF-Serving's: not this backend's
+    tf = ProxyMetrics(CollectorRegistry(), max_methods=1, methods=TF_SERVING.by_path)
+    assert tf.method_label("Custom1") == "Custom1"
+    assert tf.method_label("Predict") == "Predict"
+    assert tf.method_label("ModelInfer") == OTHER
 
 
 def test_record_counts_and_histogram() -> None:

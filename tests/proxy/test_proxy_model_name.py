@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from tritonclient.grpc import service_pb2
 
+from sidecar.backends import TF_SERVING
+from sidecar.backends import TRITON as TRITON_BACKEND
 from sidecar.proxy.model_name import NEED_MORE, extract_model_name, method_info
 from tests.proxy.proxy_h2build import grpc_message
 
@@ -58,7 +60,7 @@ def tf_predict_request(name: str) -> bytes:
     ],
 )  # fmt: skip
 def test_triton_requests(method: str, message: object, expected: str | None) -> None:
-    info = method_info((TRITON + method).encode())
+    info = method_info((TRITON + method).encode(), TRITON_BACKEND.by_path)
     assert info.name == method and info.model_field is not None
     body = grpc_message(message.SerializeToString())  # type: ignore[attr-defined]
     assert extract_model_name(body, info.model_field) == expected
@@ -68,7 +70,7 @@ def test_infer_request_with_big_tensor_needs_only_the_head() -> None:
     req = service_pb2.ModelInferRequest(model_name="simple_cnn", id="abc")
     req.raw_input_contents.append(b"\0" * 100_000)
     body = grpc_message(req.SerializeToString())
-    field = method_info((TRITON + "ModelInfer").encode()).model_field
+    field = method_info((TRITON + "ModelInfer").encode(), TRITON_BACKEND.by_path).model_field
     assert field is not None
     assert extract_model_name(body[:40], field) == "simple_cnn"
     for cut in range(0, 5 + 2 + len("simple_cnn")):
@@ -86,7 +88,7 @@ def test_infer_request_with_big_tensor_needs_only_the_head() -> None:
     ],
 )
 def test_tf_serving_requests(path: str) -> None:
-    info = method_info(path.encode())
+    info = method_info(path.encode(), TF_SERVING.by_path)
     assert info.model_field == (1, 1)
     body = grpc_message(tf_predict_request("resnet50"))
     assert extract_model_name(body, info.model_field) == "resnet50"
@@ -101,7 +103,7 @@ def test_tf_multi_inference_first_task() -> None:
 
 
 def test_unknown_and_compressed() -> None:
-    info = method_info(b"/my.Service/DoThing")
+    info = method_info(b"/my.Service/DoThing", TRITON_BACKEND.by_path)
     assert info.name == "DoThing" and info.model_field is None
     body = grpc_message(service_pb2.ModelInferRequest(model_name="a").SerializeToString(), True)
     assert extract_model_name(body, (1,)) is None
@@ -109,3 +111,15 @@ def test_unknown_and_compressed() -> None:
     assert extract_model_name(grpc_message(b"\xff\xff\xff"), (1,)) is NEED_MORE
     garbage = grpc_message(b"\x0b\x01\x02")  # start-group wire type
     assert extract_model_name(garbage, (1,)) is None
+
+
+def test_another_backends_method_names_no_model() -> None:
+    """The table is the configured backend's: under Triton's, TF-Serving's Predict is a
+    method of no known model (its short name only), and the other way round."""
+    predict = b"/tensorflow.serving.PredictionService/Predict"
+    assert method_info(predict, TF_SERVING.by_path).model_field == (1, 1)
+    assert method_info(predict, TRITON_BACKEND.by_path) == method_info(predict, {})
+    infer = (TRITON + "ModelInfer").encode()
+    assert method_info(infer, TRITON_BACKEND.by_path).model_field == (1,)
+    other = method_info(infer, TF_SERVING.by_path)
+    assert (other.name, other.model_field, other.per_message) == ("ModelInfer", None, False)

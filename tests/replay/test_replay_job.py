@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
+from sidecar.backends import TF_SERVING, TRITON
 from sidecar.backends.kserve_decode import KServeDecodeError
 from sidecar.replay.context import ReplayContext
 from sidecar.replay.job_records import ProfileJob
@@ -42,6 +43,7 @@ def context(
     store_raw_inputs: bool = False,
     device: str = "auto",
     python_models: bool = True,
+    backend: str = "triton",
     **fields: Any,
 ) -> ReplayContext:
     """What the worker hands the replay: the options and, across jobs, its caches; `fields`
@@ -55,6 +57,7 @@ def context(
         store_raw_inputs=store_raw_inputs,
         device=device,
         python_models=python_models,
+        backend_protocol=backend,
     )
     return ReplayContext(options, **fields)
 
@@ -143,28 +146,35 @@ def test_unreplayable_models_are_stored_as_errors(
     assert trace is not None and trace.status == "error" and error in trace.error
 
 
-def test_the_decoder_is_picked_by_the_jobs_method() -> None:
+def test_the_decoder_is_the_configured_backends_for_the_jobs_method() -> None:
     image = np.random.default_rng(1).random((2, 32, 32, 3), dtype=np.float32)
     predict = predict_request("keras_cnn", {"image": image}, version=3)
-    decoded = decode_request(job("keras_cnn", predict, method="Predict"))
+    decoded = decode_request(job("keras_cnn", predict, method="Predict"), TF_SERVING)
     assert decoded is not None and list(decoded.inputs) == ["image"]
     np.testing.assert_array_equal(decoded.inputs["image"], image)
     assert decoded.version == "3" and decoded.attributes == {"signature_name": "serving_default"}
 
     x = np.ones((1, 3, 32, 32), dtype=np.float32)
-    kserve = decode_request(job("simple_cnn", infer_request("simple_cnn", x)))
+    infer = infer_request("simple_cnn", x)
+    kserve = decode_request(job("simple_cnn", infer), TRITON)
     assert kserve is not None and kserve.version == "" and kserve.inputs["input"].shape == x.shape
     with pytest.raises(KServeDecodeError):
-        decode_request(job("keras_cnn", predict))  # a Predict message is no ModelInferRequest
-    with pytest.raises(ReplayError, match="cannot decode Classify requests"):
-        decode_request(job("keras_cnn", predict, method="Classify"))
-    assert decode_request(job("keras_cnn", b"", method="Predict")) is None  # admin: random
+        decode_request(job("keras_cnn", predict), TRITON)  # a Predict message is no ModelInfer
+    with pytest.raises(ReplayError, match="tfserving requests of Classify cannot be decoded"):
+        decode_request(job("keras_cnn", predict, method="Classify"), TF_SERVING)
+    # another backend's method: not this sidecar's to replay
+    with pytest.raises(ReplayError, match="triton requests of Predict cannot be decoded"):
+        decode_request(job("keras_cnn", predict, method="Predict"), TRITON)
+    with pytest.raises(ReplayError, match="tfserving requests of ModelInfer cannot be decoded"):
+        decode_request(job("simple_cnn", infer), TF_SERVING)
+    assert decode_request(job("keras_cnn", b"", method="Predict"), TF_SERVING) is None  # admin
 
 
 def test_a_predict_request_replays_with_its_own_inputs(repo: Path, tmp_path: Path) -> None:
     x = np.random.default_rng(2).random((2, 3, 32, 32), dtype=np.float32)
     the_job = job("simple_cnn", predict_request("simple_cnn", {"input": x}), method="Predict")
-    result = replay_job(the_job, context(repo, tmp_path / "t.db", store_raw_inputs=True))
+    options = context(repo, tmp_path / "t.db", store_raw_inputs=True, backend="tfserving")
+    result = replay_job(the_job, options)
     assert result.outcome == "ok", result.error
     trace = TraceStore(tmp_path / "t.db").get_trace(the_job.trace_id)
     assert trace is not None and trace.status == "ok" and trace.batch_size == 2
@@ -197,7 +207,7 @@ def test_a_malformed_predict_request_is_stored_as_an_error(
         request.inputs["image"].tensor_content = request.inputs["image"].tensor_content[:-4]
         message = request.SerializeToString()
     the_job = job("keras_cnn", message, method="Predict")
-    result = replay_job(the_job, context(tf_model_base, tmp_path / "t.db"))
+    result = replay_job(the_job, context(tf_model_base, tmp_path / "t.db", backend="tfserving"))
     assert result.outcome == "error" and error in result.error
     trace = TraceStore(tmp_path / "t.db").get_trace(the_job.trace_id)
     assert trace is not None and trace.status == "error" and error in trace.error
@@ -210,7 +220,8 @@ def test_a_predict_request_for_a_missing_version_is_stored_as_an_error(
     x = np.ones((1, 3, 32, 32), dtype=np.float32)
     message = predict_request("simple_cnn", {"input": x}, version=7)
     result = replay_job(
-        job("simple_cnn", message, method="Predict"), context(repo, tmp_path / "t.db")
+        job("simple_cnn", message, method="Predict"),
+        context(repo, tmp_path / "t.db", backend="tfserving"),
     )
     assert result.outcome == "error" and "no version '7'" in result.error
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sidecar.backends import TF_SERVING, TRITON, Backend
 from sidecar.backends.replayability import REPLAYABLE, Replayability
 from sidecar.proxy.streams import ConnectionInfo, QuietEnd, RequestStart, StreamEnd
 from sidecar.replay.job_records import ProfileJob
@@ -122,6 +123,7 @@ class Setup:
         budget_per_minute: float = 1000.0,
         duty_cycle: float = 1.0,
         force_header: str | None = DEFAULT_FORCE_HEADER,
+        backend: Backend = TRITON,
     ) -> None:
         settings = SamplingSettings(
             rate=rate,
@@ -133,7 +135,8 @@ class Setup:
         self.sampler = Sampler(settings, clock=self.clock)
         self.registry = CollectorRegistry()
         self.handler = InMemoryHandler(known)
-        self.hub = SamplingHub(self.sampler, SamplingMetrics(self.registry), self.handler)
+        metrics = SamplingMetrics(self.registry)
+        self.hub = SamplingHub(self.sampler, metrics, self.handler, backend=backend)
         self.observer = self.hub.observer_factory(CONNECTION)
         self._next_stream = 1
 
@@ -258,13 +261,30 @@ def test_methods_that_cannot_be_replayed_are_neither_sampled_nor_counted() -> No
 
 
 @pytest.mark.parametrize(
+    ("backend", "own", "other"),
+    [(TRITON, "ModelInfer", "Predict"), (TF_SERVING, "Predict", "ModelInfer")],
+)
+def test_only_the_configured_backends_methods_are_sampled(
+    backend: Backend, own: str, other: str
+) -> None:
+    """Another backend's replayable method is not the configured backend's: never sampled,
+    not even forced, and no decision counted."""
+    s = Setup(rate=1.0, backend=backend)
+    forced = ((b"x-xsp-profile", b"1"),)
+    assert s.request(method=other, headers=forced) is None
+    assert s.decisions() == {} and s.handler.jobs == []
+    assert s.request(method=own) is not None
+    assert [job.method for job in s.handler.jobs] == [own]
+
+
+@pytest.mark.parametrize(
     ("method", "job_method"),
     [("Predict", "Predict"), ("ModelInfer", "ModelInfer")],
 )
 def test_a_sampled_request_keeps_the_method_its_message_is_decoded_by(
     method: str, job_method: str
 ) -> None:
-    s = Setup()
+    s = Setup(backend=TF_SERVING if method == "Predict" else TRITON)
     assert s.request("keras_cnn", method=method) is not None
     (job,) = s.handler.jobs
     assert (job.method, job.model, job.request_message) == (job_method, "keras_cnn", b"keras_cnn")

@@ -16,13 +16,16 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.replay.job_records import JobResult, ProfileJob
+from sidecar.backends.replayability import Replayability
+from sidecar.replay.job_records import JobResult, Outcome, ProfileJob
 from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.pipeline import SamplingConfig, SamplingPipeline
 from sidecar.sampling.sampler import StoreBackoff
 from sidecar.sampling.settings import SamplingSettings
+from sidecar.trace.assembly import TRACING_OFF
 from sidecar.trace.retention import RetentionPolicy
-from sidecar.trace.spans import Level
+from sidecar.trace.spans import Level, Source, Span, Trace
+from sidecar.trace.store import TraceStore
 
 KNOWN = {"resnet", "bert"}  # the model label cap: anything else counts as _other
 
@@ -156,7 +159,7 @@ def test_an_ok_result_sets_the_aggregates_under_the_bounded_model_label(
     result = JobResult(
         "ab" * 16,
         "resnet",
-        "ok",
+        Outcome.OK,
         0.25,
         level_latency_s={"model": 0.01, "layer": 0.012},
         overhead_ratio={"model": 1.0, "layer": 1.2},
@@ -176,7 +179,7 @@ def test_an_error_is_counted_and_logged_without_touching_the_store_state(
     pipeline: SamplingPipeline, registry: CollectorRegistry, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="sidecar.sampling.pipeline"):
-        pipeline._on_result(JobResult("ab" * 16, "bert", "error", 0.1, "ValueError: bad"))
+        pipeline._on_result(JobResult("ab" * 16, "bert", Outcome.ERROR, 0.1, "ValueError: bad"))
     assert value(registry, "xsp_profiles_total", model="bert", outcome="error") == 1
     assert "profile of 'bert': error (ValueError: bad)" in caplog.text
     assert not pipeline.sampler.store.failing
@@ -186,7 +189,7 @@ def test_an_error_is_counted_and_logged_without_touching_the_store_state(
 def test_a_store_error_backs_sampling_off_until_a_profile_is_stored(
     pipeline: SamplingPipeline, registry: CollectorRegistry, clock: FakeClock
 ) -> None:
-    pipeline._on_result(JobResult("ab" * 16, "resnet", "store_error", 0.1, "disk full"))
+    pipeline._on_result(JobResult("ab" * 16, "resnet", Outcome.STORE_ERROR, 0.1, "disk full"))
     assert value(registry, "xsp_profiles_total", model="resnet", outcome="store_error") == 1
     assert value(registry, "xsp_trace_store_write_failures_total") == 1
     assert pipeline.state() == "store_failing" and not pipeline.serving()
@@ -194,7 +197,7 @@ def test_a_store_error_backs_sampling_off_until_a_profile_is_stored(
     assert value(registry, "xsp_sampling_disabled", reason="store_failing") == 1
     clock.now += 1.5  # the back-off is over; the store still counts as failing
     assert pipeline.state() is None and not pipeline.serving()
-    pipeline._on_result(JobResult("cd" * 16, "resnet", "ok", 0.1))
+    pipeline._on_result(JobResult("cd" * 16, "resnet", Outcome.OK, 0.1))
     assert pipeline.serving() and not pipeline.sampler.store.failing
     assert value(registry, "xsp_sampling_disabled", reason="store_failing") == 0
 
@@ -236,3 +239,51 @@ def test_queued_jobs_are_counted_by_reason_under_the_bounded_label(
 
     assert (sampled("resnet", "slow"), sampled("_other", "admin")) == (1.0, 1.0)
     assert sampled("resnet", "rate") is None
+
+
+def _request_span(trace_id: str) -> Span:
+    now = time.time_ns()
+    return Span(trace_id, "cd" * 8, None, Level.REQUEST, "/x/ModelInfer", "ModelInfer", now,
+                now + 1_000_000, Source.PROXY, attributes={"model": "resnet"})  # fmt: skip
+
+
+def _assembly(pipeline: SamplingPipeline, trace_id: str) -> dict[str, object] | None:
+    assert pipeline.writer is not None and pipeline.writer.flush(10)
+    with TraceStore(pipeline.config.db_path) as store:
+        trace = store.get_trace(trace_id)
+    assert trace is not None
+    found = trace.attributes.get("assembly")
+    return found if isinstance(found, dict) else None
+
+
+def test_a_queued_job_is_assembled_from_its_parts_and_its_result(
+    pipeline: SamplingPipeline,
+) -> None:
+    """No OTLP receiver: the backend's spans are not waited for."""
+    queued = job("resnet")
+    assert pipeline.submit(queued)
+    assert pipeline.store_spans(queued.trace_id, [_request_span(queued.trace_id)])
+    with TraceStore(pipeline.config.db_path) as worker_store:  # as the worker's process does
+        worker_store.write_trace(Trace(queued.trace_id, "resnet", time.time_ns()), [])
+    assert _assembly(pipeline, queued.trace_id) is None  # its result has not come yet
+    pipeline._on_result(JobResult(queued.trace_id, "resnet", "ok", 0.1))
+    assert _assembly(pipeline, queued.trace_id) == {
+        "state": "incomplete",
+        "missing": ["backend"],
+        "why": f"backend: {TRACING_OFF}",
+    }
+
+
+def test_a_live_only_sample_is_final_once_its_request_span_is_stored(
+    pipeline: SamplingPipeline,
+) -> None:
+    sampled = job("resnet")
+    why = Replayability(False, "served by 'ensemble'")
+    assert pipeline.keep_live(sampled, why)
+    assert _assembly(pipeline, sampled.trace_id) is None
+    assert pipeline.store_spans(sampled.trace_id, [_request_span(sampled.trace_id)])
+    assert _assembly(pipeline, sampled.trace_id) == {
+        "state": "incomplete",
+        "missing": ["backend", "replay"],
+        "why": f"backend: {TRACING_OFF}; replay: {why.attribute}",
+    }

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.replay.job_records import JobResult
+from sidecar.replay.job_records import JobResult, Outcome
 from sidecar.sampling.metrics import DISABLED_REASONS, PHASE_BUCKETS, SamplingMetrics
 from sidecar.sampling.sampler import Decision
 
@@ -64,7 +64,7 @@ def test_a_result_counts_a_profile_and_sets_the_latest_numbers(
     result = JobResult(
         trace_id="t",
         model="resnet-long-name",
-        outcome="ok",
+        outcome=Outcome.OK,
         busy_s=1.0,
         level_latency_s={"model": 0.010, "layer": 0.012},
         overhead_ratio={"layer": 1.2},
@@ -94,12 +94,12 @@ def test_layer_types_absent_from_the_latest_profile_drop_to_zero(
             "xsp_layer_type_time_share", {"model": "m", "layer_type": layer_type}
         )
 
-    first = JobResult("t1", "m", "ok", 1.0, layer_type_share={"Conv": 0.6, "Gemm": 0.4})
+    first = JobResult("t1", "m", Outcome.OK, 1.0, layer_type_share={"Conv": 0.6, "Gemm": 0.4})
     metrics.record_result(first, "m")
-    second = JobResult("t2", "m", "ok", 1.0, layer_type_share={"Conv": 0.9, "Relu": 0.1})
+    second = JobResult("t2", "m", Outcome.OK, 1.0, layer_type_share={"Conv": 0.9, "Relu": 0.1})
     metrics.record_result(second, "m")
     assert (share("Conv"), share("Gemm"), share("Relu")) == (0.9, 0.0, 0.1)
-    failed = JobResult("t3", "m", "timeout", 1.0, error="took too long")
+    failed = JobResult("t3", "m", Outcome.TIMEOUT, 1.0, error="took too long")
     metrics.record_result(failed, "m")  # no numbers: the latest shares stay
     assert share("Conv") == 0.9
     assert registry.get_sample_value("xsp_profiles_total", {"model": "m", "outcome": "timeout"})

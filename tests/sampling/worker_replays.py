@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.replay.context import ReplayContext
-from sidecar.replay.job_records import JobResult, ProfileJob
+from sidecar.replay.job_records import JobResult, Outcome, ProfileJob
 from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.worker import WorkerConfig
 from sidecar.trace.spans import Level
@@ -41,7 +41,7 @@ def echo_pid(job: ProfileJob, context: ReplayContext) -> JobResult:
     return JobResult(
         job.trace_id,
         job.model,
-        "ok",
+        Outcome.OK,
         0.001,
         details={
             "pid": os.getpid(),
@@ -60,10 +60,14 @@ def by_model(job: ProfileJob, context: ReplayContext) -> JobResult:
         time.sleep(3600)
     if job.model == "raise":
         raise ValueError("model exploded")
-    if job.model == "cuda-assert":  # what torch raises after a device-side assert
+    if job.model == "second-cupti-client":  # the real error of `gpu.owner`
+        from sidecar.profiling.gpu.owner import CUPTI_TRACER, TORCH_PROFILER, CuptiOwner
+
+        owner = CuptiOwner()
+        owner.claim(TORCH_PROFILER)
+        owner.claim(CUPTI_TRACER)
+    if job.model == "says-cuda-error":  # no CUDA error, whatever its text says
         raise RuntimeError("CUDA error: device-side assert triggered")
-    if job.model == "oom":  # not sticky: the process goes on
-        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
     if job.model == "slow":
         time.sleep(0.5)
     return echo_pid(job, context)
@@ -89,7 +93,7 @@ def gate_view(job: ProfileJob, context: ReplayContext) -> JobResult:
     details: dict[str, Any] = {"gate": isinstance(pacer, SliceGate)}
     if isinstance(pacer, SliceGate):
         details["busy"] = pacer.busy()
-    return JobResult(job.trace_id, job.model, "ok", 0.001, details=details)
+    return JobResult(job.trace_id, job.model, Outcome.OK, 0.001, details=details)
 
 
 def one_at_a_time(job: ProfileJob, context: ReplayContext) -> JobResult:
@@ -100,7 +104,7 @@ def one_at_a_time(job: ProfileJob, context: ReplayContext) -> JobResult:
     time.sleep(0.1)
     details = {"pid": os.getpid(), "jobs": jobs, "start": started}
     details["end"] = time.time_ns()
-    return JobResult(job.trace_id, job.model, "ok", 0.0, details=details)
+    return JobResult(job.trace_id, job.model, Outcome.OK, 0.0, details=details)
 
 
 class _MarksItsClose:
@@ -119,4 +123,4 @@ class _MarksItsClose:
 def keeps_a_runner(job: ProfileJob, context: ReplayContext) -> JobResult:
     """Keeps a runner that marks its close in the file `job.model` names."""
     context.keep(job.model, _MarksItsClose(job.model), 4)  # type: ignore[arg-type]
-    return JobResult(job.trace_id, job.model, "ok", 0.001)
+    return JobResult(job.trace_id, job.model, Outcome.OK, 0.001)

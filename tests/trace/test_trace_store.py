@@ -61,7 +61,9 @@ def test_columns_indexes_and_pragmas_match_the_documented_schema(db_path: Path) 
         ("spans", SPAN_COLUMNS),
         ("level_stats", STATS_COLUMNS),
         ("schema_migrations", ["version", "name", "applied_ns"]),
-    ):
+        ("trace_parts", ["trace_id", "expected", "received", "absent", "deadline_ns", "state",
+                         "why"]),
+    ):  # fmt: skip
         assert [r[1] for r in conn.execute(f"PRAGMA table_info({table})")] == columns
     index_cols = {
         r[0]: [c[2] for c in conn.execute(f"PRAGMA index_info({r[0]})")]
@@ -70,7 +72,7 @@ def test_columns_indexes_and_pragmas_match_the_documented_schema(db_path: Path) 
     }
     assert sorted(index_cols.values()) == sorted(
         [["trace_id"], ["trace_id", "level"], ["level", "kind"], ["name"],
-         ["model", "batch_size"], ["created_ns"]]
+         ["model", "batch_size"], ["created_ns"], ["state", "deadline_ns"]]
     )  # fmt: skip
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert store.db.conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.trace import parts as trace_parts
 from sidecar.trace.errors import StoreFullError, TraceStoreError
 from sidecar.trace.retention import RetentionPolicy
 from sidecar.trace.spans import Level, Source, Span, new_span_id
-from sidecar.trace.store import TraceStore
+from sidecar.trace.store import PendingWrite, TraceStore
 from sidecar.trace.writer import TraceWriter
 from tests.harness.traces.memory import InMemoryTraceStore
 from tests.harness.traces.synthetic import make_trace
@@ -166,3 +167,34 @@ def test_writer_over_the_in_memory_store() -> None:
     assert writer.written == 1
     with pytest.raises(TraceStoreError, match="closed"):
         memory.get_trace(parts[0].trace_id)  # the writer owned and closed it
+
+
+def test_an_assembly_event_alone_is_written_but_not_counted(tmp_path: Path) -> None:
+    """The trace assembler's events (`submit_write`) are no traces: `written` and `dropped`
+    count records only."""
+    trace, spans, stats = make_trace(layers=1)
+    with TraceWriter(tmp_path / "t.db") as writer:
+        expected = trace_parts.Expected(trace.trace_id, frozenset(trace_parts.Part), 1)
+        event = trace_parts.Event(expected)
+        assert writer.submit_write(PendingWrite(trace.trace_id, assembly=event))
+        assert writer.submit(trace, spans, stats)
+        assert writer.flush(5)
+        assert (writer.written, writer.dropped, writer.failed) == (1, 0, 0)
+    with sqlite3.connect(tmp_path / "t.db") as conn:
+        state = trace_parts.load(conn, trace.trace_id)
+    assert state is not None and state.state == trace_parts.PENDING  # the live parts are due
+
+
+def test_a_failed_assembly_event_alone_does_not_report_the_store_failing(tmp_path: Path) -> None:
+    """The records' writes say whether the store works (the sampler backs off on them)."""
+    errors: list[Exception] = []
+    trace, spans, _ = make_trace(layers=1)
+    with TraceWriter(tmp_path / "t.db", on_error=errors.append) as writer:
+        writer.store.close()  # every write fails from now on
+        event = trace_parts.Event(received=frozenset({trace_parts.Part.REQUEST}))
+        assert writer.submit_write(PendingWrite(trace.trace_id, assembly=event))
+        assert writer.flush(5)
+        assert errors == [] and writer.failed == 0
+        assert writer.submit_spans(trace.trace_id, spans)
+        assert writer.flush(5)
+        assert len(errors) == 1 and writer.failed == 1
