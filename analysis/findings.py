@@ -16,11 +16,11 @@ from typing import Any
 
 import pandas as pd
 
-from analysis import ensemble_steps
-from analysis.common import AnalysisResult
-from analysis.fidelity import SAME_KERNELS
-from analysis.roofline import peak_doubtful
-from analysis.tracedb import TraceData
+from analysis.analyses import ensemble_steps
+from analysis.analyses.common import AnalysisResult
+from analysis.analyses.fidelity import SAME_KERNELS
+from analysis.analyses.roofline import peak_doubtful
+from analysis.load.tracedb import TraceData
 from sidecar.profiling.gpu.owner import MODEL_LEVEL_AFTER_CUPTI
 
 log = logging.getLogger(__name__)

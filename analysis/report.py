@@ -14,19 +14,24 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# Run as a script, Python puts analysis/ itself first on sys.path, where its module names
-# (timeline, compare, ...) would shadow other packages' modules: drop it, find the package.
-if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-try:
-    import analysis
-except ImportError:  # not installed: use the checkout this script lives in
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# Run by its path (`python analysis/report.py`), this file belongs to no package, and Python
+# puts analysis/ itself on sys.path, not the folder that holds it. Import the package this file
+# sits in, from there (not another `analysis` the environment may hold), under its own name,
+# so that `import analysis.x` finds its modules; sys.path stays as it is.
+if __name__ == "__main__" and not __package__ and "analysis" not in sys.modules:
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "analysis", Path(__file__).resolve().with_name("__init__.py")
+    )
+    assert _spec is not None and _spec.loader is not None
+    sys.modules["analysis"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["analysis"])
 
 if __name__ == "__main__" and sys.argv[1:2] == ["export-parquet"]:
     # the export needs neither pandas nor the analyses: start without them (0.3 s)
     import analysis._extra
-    from analysis import fleet_export
+    from analysis.fleet import export as fleet_export
 
     raise SystemExit(fleet_export.main(sys.argv[2:]))
 
@@ -38,17 +43,18 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import analysis._extra  # noqa: F401  (first: one line, not a traceback, without the extra)
-from analysis import columnar, damage, fleet_export
+from analysis.fleet import export as fleet_export
 from analysis.keys import ANALYSIS_KEYS
-from analysis.store_file import TraceDatabaseError
-from analysis.trace_filter import TraceFilter, TraceNotFoundError, parse_since
+from analysis.load import columnar, damage
+from analysis.load.store_file import TraceDatabaseError
+from analysis.load.trace_filter import TraceFilter, TraceNotFoundError, parse_since
 from sidecar.trace import schema
 
 # The analyses (pandas and all) are imported once the command line is read and the first
 # store's spans are being read (`run`): their import then runs beside the reads.
 if TYPE_CHECKING:
-    from analysis.common import AnalysisResult
-    from analysis.render_text import Front
+    from analysis.analyses.common import AnalysisResult
+    from analysis.render.text import Front
     from analysis.trace_analysis import TraceAnalysis
 
 
@@ -232,8 +238,8 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
 
 def run_fleet(args: argparse.Namespace) -> int:
     """`export-parquet` and `fleet`: the Parquet path (DuckDB), no pandas over all rows."""
-    from analysis import fleet
-    from analysis.common import records
+    from analysis.analyses.common import records
+    from analysis.fleet import analyses as fleet
 
     if args.command == "export-parquet":
         return fleet_export.run(args)
@@ -335,7 +341,7 @@ def peak_line(attrs: dict[str, Any]) -> str:
 
 
 def _comparison(ta: TraceAnalysis, args: argparse.Namespace) -> AnalysisResult:
-    from analysis.common import AnalysisResult
+    from analysis.analyses.common import AnalysisResult
 
     base, new = args.base, args.new
     if bool(base) != bool(new):
@@ -365,7 +371,7 @@ def _emit(
     args: argparse.Namespace,
     front: Front,
 ) -> int:
-    from analysis import render_text
+    from analysis.render import text as render_text
 
     if args.format == "csv":
         if args.out is None:
@@ -376,7 +382,7 @@ def _emit(
     if args.format == "json":
         text = render_text.render_json(results, meta, front)
     elif args.format == "html":
-        from analysis.render_html import render_html
+        from analysis.render.html import render_html
 
         text = render_html(results, meta, plots=not args.no_plots, front=front)
     else:
@@ -417,7 +423,7 @@ def _check_models(dbs: Sequence[str], models: Sequence[str]) -> None:
     the models that exist."""
     if not models:
         return
-    from analysis.tracedb import model_counts
+    from analysis.load.tracedb import model_counts
 
     counts = model_counts(dbs)
     missing = [m for m in models if m not in counts]
@@ -432,7 +438,7 @@ def _check_models(dbs: Sequence[str], models: Sequence[str]) -> None:
 def run(args: argparse.Namespace) -> int:
     flt = make_filter(args)
     first = columnar.SpanBatches.started(Path(args.dbs[0]), flt)  # before the analyses' import
-    from analysis.render_text import Front
+    from analysis.render.text import Front
     from analysis.trace_analysis import ANALYSES, TraceAnalysis
 
     ta = TraceAnalysis.from_paths(args.dbs, flt, first)

@@ -19,11 +19,9 @@ from typing import Any
 import duckdb
 import pandas as pd
 
-from analysis import (
+from analysis.analyses import (
     compare,
-    damage,
     fidelity,
-    heap,
     kernel_level,
     layer_level,
     live,
@@ -34,13 +32,15 @@ from analysis import (
     time_breakdown,
     timeline,
 )
-from analysis.columnar import SpanBatches
-from analysis.common import AnalysisResult, Frames, failed
+from analysis.analyses.common import AnalysisResult, Frames, failed
+from analysis.analyses.once import OncePerKey
 from analysis.findings import Finding, find
 from analysis.findings import table as findings_table
-from analysis.kernel_rows import PARALLEL_WORKERS, kernel_rows
-from analysis.once import OncePerKey
-from analysis.tracedb import TraceData, TraceFilter, load_traces
+from analysis.load import damage, heap
+from analysis.load.columnar import SpanBatches
+from analysis.load.tracedb import TraceData, TraceFilter, load_traces
+from analysis.relations.kernel_rows import kernel_rows
+from analysis.tuning import PARALLEL_WORKERS, SLOWEST
 
 Analyzer = Callable[[Frames], AnalysisResult]
 
@@ -92,9 +92,6 @@ USES_METRICS = ("A9", "A12", "A14", "A15")  # hardware metrics: say where they c
 # the analyses that read no kernel- or layer-level span (`kernel_rows`): `prefetch` runs
 # them while another thread makes the relations the others wait for
 WITHOUT_SPAN_SQL = ("A1", "fidelity", "live_breakdown", "overhead", "stream_responses")
-# then the slowest first (at 486 k spans: 0.06-0.15 s each; `bench/report_speed.py`), so
-# that the last to finish is a short one: 0.47 s for them all instead of 0.52 s
-SLOWEST = ("A8", "A9", "A14", "A2", "A11", "time_breakdown")
 
 
 class TraceAnalysis:

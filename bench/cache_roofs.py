@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.harness
 
-from analysis.roofline import peak_doubtful
+from analysis.analyses.roofline import peak_doubtful
 from analysis.trace_analysis import TraceAnalysis
 from sidecar.cli import main as sidecar_main
 from sidecar.profiling.cache_roofs import measure_cache_roofs

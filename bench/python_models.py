@@ -11,7 +11,7 @@ costs, and how the replay's M compares with Triton's own compute time.
 - ensemble (`--ensemble N`): N forced requests to the sample ensemble `ens_cnn` (`pre`, then
   `simple_cnn`) the same way, replayed as its steps; per step the p50 of the step's replay
   (its M) / that step's live `compute_infer`, as the report's fidelity analysis computes it
-  (`analysis.ensemble_steps.step_fidelity`).
+  (`analysis.analyses.ensemble_steps.step_fidelity`).
 
     python bench/python_models.py [--iterations 50] [--warmup 5] [--live 10] [--ensemble 10]
 """
@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: t
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from analysis.common import Frames
-from analysis.ensemble_steps import step_fidelity
-from analysis.trace_filter import TraceFilter
-from analysis.tracedb import load_traces
+from analysis.analyses.common import Frames
+from analysis.analyses.ensemble_steps import step_fidelity
+from analysis.load.trace_filter import TraceFilter
+from analysis.load.tracedb import load_traces
 from sidecar.backends.model_repository import find_model
 from sidecar.profiling.experiment import run_experiment
 from sidecar.profiling.runners.select import runner_for

@@ -1,7 +1,7 @@
 """How fast is `analysis/report.py` on a big trace store?
 
     python bench/report_speed.py [--traces 1000] [--layers 60] [--format text] [--keep DB]
-    python bench/report_speed.py --db DB [--format json] [--repeat N]
+    python bench/report_speed.py --db DB [--format json] [--repeat N] [--against CHECKOUT]
     python bench/report_speed.py --export [--databases 4] [--traces 1000] [--db DB]
     python bench/report_speed.py --fleet [--databases 100] [--traces 1000] [--keep DIR]
 
@@ -11,7 +11,9 @@ trace store, then times one full report (load + every analysis + rendering) as i
 process. Goal: 1,000 traces x 486 spans in 2 s or less, peaking at 0.5 GB or less. Prints the
 time, spans/s and peak memory (the process's maximum resident set), and the machine's load
 average around the run (on a shared machine other work stretches the wall time, not the CPU
-time); `--repeat N` times the report N times, each its own process.
+time); `--repeat N` times the report N times, each its own process. `--against CHECKOUT`
+also times CHECKOUT's report (main's worktree, say, run by this Python) each time, the two
+alternated so that the machine's drift falls on both.
 
 `--export`: `report.py export-parquet` of `--databases` (4) copies of such a store. Goal:
 1 M spans/s (the spans in the stores / the wall time of the whole command as a process),
@@ -227,11 +229,11 @@ class Measured:
         )
 
 
-def measure(argv: list[str]) -> Measured:
-    """Run `report.py ARGV` in a fresh process (so that its peak memory is its own, not the
-    generator's) and measure it; raises with its stderr when it fails."""
-    cmd = [sys.executable, str(REPO / "analysis" / "report.py"), *argv]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def measure(argv: list[str], repo: Path = REPO) -> Measured:
+    """Run `report.py ARGV` of the checkout `repo` in a fresh process (so that its peak memory
+    is its own, not the generator's) and measure it; raises with its stderr when it fails."""
+    cmd = [sys.executable, str(repo / "analysis" / "report.py"), *argv]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
@@ -316,7 +318,8 @@ def export_stages(args: argparse.Namespace) -> int:
     """`--export --stages`: the export's stages one by one (see the module's docstring)."""
     import pyarrow as pa
 
-    from analysis import columnar, fleet_export
+    from analysis.fleet import export as fleet_export
+    from analysis.load import columnar
 
     with tempfile.TemporaryDirectory() as tmp:
         db, _ = store(args, Path(tmp))
@@ -381,7 +384,7 @@ def export_stages(args: argparse.Namespace) -> int:
                 print(f"    {target.stat().st_size / 1e6:.1f} MB for {spans.num_rows:,} spans")
         finally:
             con.close()
-        code = "import analysis.fleet_export"
+        code = "import analysis.fleet.export"
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         _stage("the command's imports (a new process)", lambda: subprocess.run(
             [sys.executable, "-c", code], check=True, env=env))  # fmt: skip
@@ -406,6 +409,12 @@ def main() -> int:
     parser.add_argument(
         "--repeat", type=int, default=1, help="single store: time the report this many times"
     )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="single store: each time, also time the report of this other checkout (main's), "
+        "the two alternated (ABBA...) so that the machine's drift falls on both",
+    )
     args = parser.parse_args()
     if args.databases is None:
         args.databases = 4 if args.export else 100
@@ -417,13 +426,19 @@ def main() -> int:
         return export(args)
     with tempfile.TemporaryDirectory() as tmp:
         db, n_spans = store(args, Path(tmp))
-        for _ in range(args.repeat):
-            before = os.getloadavg()[0]  # (a shared machine: other work stretches the wall)
-            m = measure([str(db), "--format", args.format, "--out", str(Path(tmp) / "out")])
-            goal = m.wall_s <= REPORT_GOAL_S and m.peak_bytes <= PEAK_GOAL_BYTES
-            verdict = "OK" if goal else "MISSES the 2 s, 0.5 GB goal at 486 k spans"
-            load = f"load average {before:.2f} -> {os.getloadavg()[0]:.2f}"
-            print(f"{m.line(f'full report ({args.format})', n_spans)}, {load} [{verdict}]")
+        trees = [("this tree", REPO)] + (
+            [(str(args.against), args.against)] if args.against else []
+        )
+        for i in range(args.repeat):
+            for name, repo in trees if i % 2 == 0 else trees[::-1]:
+                before = os.getloadavg()[0]  # (a shared machine: other work stretches the wall)
+                argv = [str(db), "--format", args.format, "--out", str(Path(tmp) / "out")]
+                m = measure(argv, repo)
+                goal = m.wall_s <= REPORT_GOAL_S and m.peak_bytes <= PEAK_GOAL_BYTES
+                verdict = "OK" if goal else "MISSES the 2 s, 0.5 GB goal at 486 k spans"
+                load = f"load average {before:.2f} -> {os.getloadavg()[0]:.2f}"
+                what = f"full report ({args.format})" + (f", {name}" if args.against else "")
+                print(f"{m.line(what, n_spans)}, {load} [{verdict}]")
     return 0
 
 

@@ -14,11 +14,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-BOTTOM = {"sidecar"}  # sidecar/__init__.py: the version, nothing else
+BOTTOM = {"sidecar", "analysis"}  # their __init__.py: a version or a docstring, nothing else
 
 
 def units(*names: str) -> set[str]:
     return {f"sidecar.{name}" for name in names}
+
+
+def stages(*names: str) -> set[str]:
+    """The analysis package's units (its stages and its top modules)."""
+    return {f"analysis.{name}" for name in names}
 
 
 # What each unit may import besides itself and `sidecar`. Top-level modules are units too.
@@ -45,14 +50,31 @@ ALLOWED: dict[str, set[str]] = {
     "sidecar.commands": units("config", "profile", "serve"),
     "sidecar.cli": units("commands"),
     "sidecar.__main__": units("cli"),
-    "analysis": units("profiling", "trace"),
+    # analysis/: the stages of the offline report, bottom to top (SQLite -> Arrow -> DuckDB)
+    "analysis": set(),
+    "analysis.tuning": set(),  # the measured constants, each with its bench, under every stage
+    "analysis.load": stages("tuning") | units("trace"),
+    "analysis.relations": stages("tuning", "load") | units("profiling", "trace"),
+    "analysis.analyses": stages("load", "relations") | units("profiling", "trace"),
+    "analysis.findings": stages("load", "analyses") | units("profiling", "trace"),
+    "analysis.render": stages("load", "analyses", "findings") | units("profiling", "trace"),
+    "analysis.fleet": stages("load", "analyses") | units("profiling", "trace"),
+    "analysis.keys": set(),
+    "analysis._extra": set(),
+    "analysis.trace_analysis": stages(
+        "tuning", "load", "relations", "analyses", "findings", "keys"
+    ),
+    "analysis.report": stages(
+        "_extra", "keys", "load", "analyses", "findings", "render", "fleet", "trace_analysis"
+    )
+    | units("trace"),
 }
 
 
 def unit_of(module: str) -> str:
-    """`sidecar.sampling.worker` -> `sidecar.sampling`; `analysis.report` -> `analysis`."""
-    parts = module.split(".")
-    return parts[0] if parts[0] == "analysis" or len(parts) == 1 else ".".join(parts[:2])
+    """`sidecar.sampling.worker` -> `sidecar.sampling`; `analysis.load.tracedb` ->
+    `analysis.load`."""
+    return ".".join(module.split(".")[:2])
 
 
 def imports(path: Path, roots: tuple[str, ...] = ("sidecar", "analysis")) -> set[str]:
@@ -107,6 +129,30 @@ def test_an_import_that_runs_back_up_is_caught(monkeypatch: pytest.MonkeyPatch) 
     source = sampling.read_text() + "\nfrom sidecar.admin.service import ProfilerService\n"
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: source)
     assert violations([sampling]) == {"sidecar.sampling.pipeline": ["sidecar.admin.service"]}
+
+
+def test_the_analysis_stages_run_one_way() -> None:
+    """No analysis unit may import, through the others, a unit that may import it: the table
+    itself has no circle (load -> relations -> analyses -> findings -> render; fleet beside)."""
+    stages_allowed = {u: {a for a in ok if a.startswith("analysis.")} for u, ok in ALLOWED.items()}
+    stages_allowed = {u: ok for u, ok in stages_allowed.items() if u.startswith("analysis")}
+    for unit in stages_allowed:
+        seen, todo = set(), list(stages_allowed[unit])
+        while todo:
+            nxt = todo.pop()
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.extend(stages_allowed.get(nxt, ()))
+        assert unit not in seen, f"{unit} may import itself through {sorted(seen)}"
+
+
+def test_an_analysis_stage_that_imports_one_above_it_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loader = REPO / "analysis" / "load" / "tracedb.py"
+    source = loader.read_text() + "\nfrom analysis.analyses.common import Frames\n"
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: source)
+    assert violations([loader]) == {"analysis.load.tracedb": ["analysis.analyses.common"]}
 
 
 # -- import cycles ------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ A layer whose tensors fit in a cache reads them at that cache's bandwidth, so on
 drawn with the DRAM roof alone it runs "above the roof" by design. As the Empirical Roofline
 Toolkit does, one kernel is timed over working sets sized for each level (half its size, so
 that the buffer stays resident), and each layer is later judged against the roof of the
-smallest level that holds its working set (`analysis.roofline.memory_roof`).
+smallest level that holds its working set (`analysis.analyses.roofline.memory_roof`).
 
 The kernel: numpy's max-reduction along the rows of a read-only view that repeats one buffer
 (stride 0), so one numpy call reads the buffer many times and Python's per-call cost does not

@@ -122,7 +122,7 @@ def export_rows(name: str, paths: dict[str, str]) -> dict[str, Any]:
     """The rows `export-parquet` writes for one store, per table, in a stable order."""
     import duckdb
 
-    from analysis import fleet
+    from analysis.fleet import analyses as fleet
 
     with tempfile.TemporaryDirectory(prefix="xsp-golden-export-") as tmp:
         out = Path(tmp) / "fleet"

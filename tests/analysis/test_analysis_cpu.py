@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from analysis.common import NotCapturedError
+from analysis.analyses.common import NotCapturedError
+from analysis.load.tracedb import TraceFilter
 from analysis.trace_analysis import TraceAnalysis
-from analysis.tracedb import TraceFilter
 from sidecar.profiling.stats import decide_batch, trimmed_mean_rse
 from sidecar.trace.spans import Level, Source, Span, Trace
 from sidecar.trace.store import TraceStore

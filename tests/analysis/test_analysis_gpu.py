@@ -409,8 +409,8 @@ def test_h100_container_layers_are_never_counted_twice(h100: TraceAnalysis) -> N
 def test_h100_kernel_names_short_in_text_and_html_full_in_json_and_csv(
     h100: TraceAnalysis, tmp_path: Path
 ) -> None:
-    from analysis.render_html import render_html
-    from analysis.render_text import SHORT_NAMES_NOTE, render_json, render_text, write_csv
+    from analysis.render.html import render_html
+    from analysis.render.text import SHORT_NAMES_NOTE, render_json, render_text, write_csv
 
     results = {k: h100.result(k) for k in ("A8", "A9", "A10")}
     short = "at::native::vectorized_elementwise_kernel<…>"

@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.common import across_traces
+from analysis.analyses.common import across_traces
+from analysis.load.tracedb import parse_since
 from analysis.trace_analysis import TraceAnalysis
-from analysis.tracedb import parse_since
 from sidecar.profiling.stats import trimmed_mean
 from sidecar.trace.spans import Level, Source, Span, Trace, new_span_id, new_trace_id
 from sidecar.trace.store import TraceStore

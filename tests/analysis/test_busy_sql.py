@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.kernel_rows import COLUMNS, KernelRows
-from analysis.time_breakdown import busy_ns
+from analysis.analyses.time_breakdown import busy_ns
+from analysis.relations.kernel_rows import COLUMNS, KernelRows
 
 BASE = 1_790_000_000_000_000_001  # epoch ns: must not lose precision
 

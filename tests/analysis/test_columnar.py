@@ -1,4 +1,4 @@
-"""The columnar reader (`analysis/columnar.py`): filters run inside SQLite's query, a large
+"""The columnar reader (`analysis/load/columnar.py`): filters run inside SQLite's query, a large
 store's spans are read in parallel parts with the same rows as one reader, and values of
 another SQLite type than the first rows' (which ADBC would refuse) are read all the same.
 Real SQLite stores, copies of the checked-in ones."""
@@ -12,8 +12,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from analysis import columnar, fleet
-from analysis.tracedb import TraceFilter, load_traces
+from analysis.fleet import analyses as fleet
+from analysis.load import columnar
+from analysis.load.tracedb import TraceFilter, load_traces
 from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB, parquet_rows, q
 
 
@@ -47,7 +48,7 @@ def test_a_large_stores_spans_are_read_in_parts_with_the_sameparquet_rows(
 ) -> None:
     whole = tmp_path / "whole"
     fleet.export_parquet([GPU_DB], whole, threads=1)
-    monkeypatch.setattr(columnar, "PART_ROWS", 100)
+    monkeypatch.setattr(columnar, "EXPORT_PART_ROWS", 100)
     parts = tmp_path / "parts"
     counts = fleet.export_parquet([GPU_DB], parts, threads=3)
     assert len(list((parts / "spans").glob("*.parquet"))) == 3

@@ -1,6 +1,6 @@
 """The loaded spans are held compact (string columns as categoricals, one level's columns
-sparse: `analysis.string_codes`, `analysis.sparse_columns`), and the analyses see each level's
-rows as the plain loader made them, the kernel and layer levels (in DuckDB) included. Real
+sparse: `analysis.load.string_codes`, `analysis.load.sparse_columns`), and the analyses see each
+level's rows as the plain loader made them, the kernel and layer levels (in DuckDB) included. Real
 SQLite, the checked-in stores."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import columnar, sparse_columns, tracedb
-from analysis.common import Frames
-from analysis.kernel_rows import kernel_rows
-from analysis.tracedb import load_traces
+from analysis.analyses.common import Frames
+from analysis.load import columnar, sparse_columns, tracedb
+from analysis.load.tracedb import load_traces
+from analysis.relations.kernel_rows import kernel_rows
 from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB
 from tests.analysis.test_stream_responses import store as stream_store
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.common import Frames
-from analysis.layer_level import layer_latency, layer_table
-from analysis.tracedb import TraceFilter, load_traces
+from analysis.analyses.common import Frames
+from analysis.analyses.layer_level import layer_latency, layer_table
+from analysis.load.tracedb import TraceFilter, load_traces
 from sidecar.backends.model_repository import find_model
 from sidecar.profiling.experiment import run_experiment
 from sidecar.profiling.runners.select import runner_for

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis.common import Frames
-from analysis.ensemble_steps import fidelity_notes, gaps, step_fidelity, step_key, steps
-from analysis.model_level import model_throughput
-from analysis.tracedb import TraceFilter, load_traces
+from analysis.analyses.common import Frames
+from analysis.analyses.ensemble_steps import fidelity_notes, gaps, step_fidelity, step_key, steps
+from analysis.analyses.model_level import model_throughput
+from analysis.load.tracedb import TraceFilter, load_traces
 from sidecar.trace.spans import Level, Source, Span, Trace, new_span_id, new_trace_id
 from sidecar.trace.store import TraceStore
 from tests.analysis.test_live_only import run_report

@@ -1,5 +1,5 @@
 """`report.py export-parquet` as a process: it starts without pandas and the analyses
-(`analysis.fleet_export`), writes what `export_parquet` writes and says so, and names a
+(`analysis.fleet.export`), writes what `export_parquet` writes and says so, and names a
 missing store. Real stores (the checked-in ones), real processes."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from analysis import fleet
+from analysis.fleet import analyses as fleet
 from tests.analysis.helpers import GPU_DB, LIVE_DB, parquet_rows
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,14 +25,15 @@ def _report(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_export_module_imports_neither_pandas_nor_the_analyses() -> None:
-    code = "import sys, analysis.fleet_export; print(' '.join(sorted(sys.modules)))"
+    code = "import sys, analysis.fleet.export; print(' '.join(sorted(sys.modules)))"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert run.returncode == 0, run.stderr
     loaded = set(run.stdout.split())
     assert "duckdb" in loaded and "pandas" not in loaded
     assert {m for m in loaded if m.startswith("analysis.")} == {
-        "analysis.columnar", "analysis.damage", "analysis.fidelity_attrs",
-        "analysis.fleet_export", "analysis.store_file",
+        "analysis.load", "analysis.load.columnar", "analysis.load.damage",
+        "analysis.load.store_file", "analysis.analyses", "analysis.analyses.fidelity_attrs",
+        "analysis.fleet", "analysis.fleet.export", "analysis.tuning",
     }  # fmt: skip
 
 
@@ -60,7 +61,7 @@ def test_each_reader_makes_one_duckdb_for_all_its_jobs_and_closes_it(
 ) -> None:
     """A DuckDB database costs 11 ms to make: three stores' nine jobs, two readers, two
     databases (not nine), closed at the end; the rows those of one reader alone."""
-    from analysis import fleet_export
+    from analysis.fleet import export as fleet_export
 
     made: list[duckdb.DuckDBPyConnection] = []
     real = fleet_export.reader_duckdb

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from analysis import findings
-from analysis.common import AnalysisResult
+from analysis.analyses.common import AnalysisResult
 from analysis.trace_analysis import TraceAnalysis
 from sidecar.trace.spans import new_span_id, new_trace_id
 from tests.analysis.helpers import (

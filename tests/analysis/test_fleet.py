@@ -15,8 +15,10 @@ import pandas as pd
 import pytest
 
 from analysis import report
-from analysis.common import GROUP, across_traces
-from analysis.fleet import (
+from analysis.analyses.common import GROUP, across_traces
+from analysis.analyses.layer_level import layer_frame
+from analysis.analyses.live import STEPS_NOTE
+from analysis.fleet.analyses import (
     FIDELITY_TABLE,
     FLEET_ANALYSES,
     NOT_CAPTURED,
@@ -26,8 +28,6 @@ from analysis.fleet import (
     fleet_tables,
     render_text,
 )
-from analysis.layer_level import layer_frame
-from analysis.live import STEPS_NOTE
 from analysis.trace_analysis import TraceAnalysis
 from sidecar.trace.spans import new_trace_id
 from sidecar.trace.store import TraceStore

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.kernel_level import gpu_per_call
-from analysis.kernel_rows import COLUMNS, KernelRows
+from analysis.analyses.kernel_level import gpu_per_call
+from analysis.relations.kernel_rows import COLUMNS, KernelRows
 
 # module calls as the runners name them: nested paths, repeats (`#n`), a name that is a
 # string prefix but not a path prefix of another (`ab`), empty parts, a repeated container

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.common import across_traces
-from analysis.group_ids import group_ids
+from analysis.analyses.common import across_traces
+from analysis.analyses.group_ids import group_ids
 
 
 def _frame(n: int, seed: int) -> pd.DataFrame:

@@ -1,4 +1,5 @@
-"""`analysis.jsontext.dumps` writes the text of `json.dumps(..., indent=n)`, byte for byte."""
+"""`analysis.render.jsontext.dumps` writes the text of `json.dumps(..., indent=n)`, byte for
+byte."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis import jsontext
+from analysis.render import jsontext
 
 SCALARS = (
     st.none()

@@ -1,5 +1,5 @@
-"""`analysis.kernel_rows`: the kernel-level spans go to DuckDB, not to the pandas spans, and
-the relation `kernels` holds each of them once, with its layer call, type and group. The
+"""`analysis.relations.kernel_rows`: the kernel-level spans go to DuckDB, not to the pandas spans,
+and the relation `kernels` holds each of them once, with its layer call, type and group. The
 checked-in GPU store (real SQLite, real DuckDB)."""
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from analysis.arrow_spans import POSITION, store_plain
-from analysis.common import Frames
-from analysis.kernel_rows import COLUMNS, LAYER_COLUMNS, SpanStore, kernel_rows
-from analysis.tracedb import TraceData, load_traces
+from analysis.analyses.common import Frames
+from analysis.load.arrow_spans import POSITION, store_plain
+from analysis.load.span_store import SpanStore
+from analysis.load.tracedb import TraceData, load_traces
+from analysis.relations.kernel_rows import COLUMNS, LAYER_COLUMNS, kernel_rows
 from tests.analysis.helpers import CPU_DB, GPU_DB
 
 

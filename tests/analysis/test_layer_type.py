@@ -1,11 +1,11 @@
-"""`analysis.layer_type.layer_type`: a fused layer is typed by what it fused, also in stores written
-before the runner recorded `Conv+Relu` as the op type."""
+"""`analysis.load.layer_type.layer_type`: a fused layer is typed by what it fused, also in stores
+written before the runner recorded `Conv+Relu` as the op type."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from analysis.layer_type import layer_type
+from analysis.load.layer_type import layer_type
 
 
 def test_old_store_rows_get_their_fused_type() -> None:

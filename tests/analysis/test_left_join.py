@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.common import left_join
+from analysis.analyses.common import left_join
 
 
 def _left() -> pd.DataFrame:

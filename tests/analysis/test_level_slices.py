@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.common import _level_slices
-from analysis.level_rows import LevelRows
+from analysis.analyses.common import _level_slices
+from analysis.load.level_rows import LevelRows
 
 
 def _spans() -> pd.DataFrame:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from analysis import report
-from analysis.common import AnalysisResult, Frames
+from analysis.analyses.common import AnalysisResult, Frames
 from analysis.keys import ANALYSIS_KEYS
 from sidecar.trace.spans import Level, LevelStats, Source, Span, Trace, new_span_id, new_trace_id
 from sidecar.trace.store import TraceStore
@@ -199,7 +199,7 @@ def test_one_analysis_that_raises_fails_its_section_alone(
 
 
 def test_the_fleet_report_reads_live_only_traces_too(db: Path, tmp_path: Path) -> None:
-    from analysis import fleet
+    from analysis.fleet import analyses as fleet
 
     fleet.export_parquet([db], tmp_path / "fleet")
     tables = fleet.fleet_tables(tmp_path / "fleet")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.memory_roof import memory_roof
+from analysis.analyses.memory_roof import memory_roof
 from analysis.trace_analysis import TraceAnalysis
 from sidecar.cli import main as sidecar_main
 from sidecar.profiling import peak
@@ -189,7 +189,7 @@ def test_the_same_profile_without_cache_roofs_reads_as_before(
 
 
 def test_the_html_roofline_draws_the_recorded_cache_roofs(replayed: Path) -> None:
-    from analysis.render_html import _cache_roofs, plot_roofline
+    from analysis.render.html import _cache_roofs, plot_roofline
 
     a14 = TraceAnalysis.from_paths([replayed]).result("A14")
     (attrs,) = TraceAnalysis.from_paths([replayed]).data.traces["attributes"]

@@ -7,16 +7,15 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import pandas as pd
 import pytest
 
-from analysis.common import AnalysisResult, Frames
-from analysis.kernel_rows import KernelRows, kernel_rows
-from analysis.once import OncePerKey
+from analysis.analyses.common import AnalysisResult, Frames
+from analysis.analyses.once import OncePerKey
+from analysis.load.tracedb import load_traces
+from analysis.relations.kernel_rows import KernelRows, kernel_rows
 from analysis.trace_analysis import ANALYSES, WITHOUT_SPAN_SQL, TraceAnalysis
-from analysis.tracedb import load_traces
 from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB
 
 
@@ -132,58 +131,6 @@ def test_the_relations_go_with_their_frames() -> None:
     del kr
     gc.collect()
     assert schemas() == before
-
-
-def _relations(kr: KernelRows) -> list[pd.DataFrame]:
-    return [
-        kr.query(f"SELECT * FROM {relation} ORDER BY row")
-        for relation in ("kernels", "layers", "layer_calls")
-    ]
-
-
-def test_past_parallel_spans_the_relations_are_made_one_after_the_other(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from analysis import kernel_rows as module
-
-    data = load_traces([GPU_DB])
-    at_once: list[int] = []
-    real = module._at_once
-
-    def counted(*args: Any) -> None:
-        at_once.append(1)
-        real(*args)
-
-    monkeypatch.setattr(module, "_at_once", counted)
-    two = kernel_rows(Frames(data))
-    assert at_once == [1]
-    monkeypatch.setattr(module, "PARALLEL_SPANS", 0)
-    one = kernel_rows(Frames(data))
-    assert at_once == [1]
-    for a, b in zip(_relations(one), _relations(two), strict=True):
-        pd.testing.assert_frame_equal(a, b)
-
-
-def test_relations_that_ran_out_of_memory_at_once_are_made_one_after_the_other(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A fault injected (DuckDB's out-of-memory error raised once `layers` is made, as two
-    queries at once over a large store raise it): the tables made again, the same."""
-    import duckdb
-
-    from analysis import kernel_rows as module
-
-    data = load_traces([GPU_DB])
-    want = _relations(kernel_rows(Frames(data)))
-    real = module._at_once
-
-    def out_of_memory(*args: Any) -> None:
-        real(*args)
-        raise duckdb.OutOfMemoryException("injected: failed to allocate")
-
-    monkeypatch.setattr(module, "_at_once", out_of_memory)
-    for a, b in zip(_relations(kernel_rows(Frames(data))), want, strict=True):
-        pd.testing.assert_frame_equal(a, b)
 
 
 def test_an_analysis_that_ran_out_of_memory_beside_another_runs_again_alone(

@@ -1,4 +1,4 @@
-"""`analysis.common.records`: a frame's rows as JSON-safe dicts, column by column."""
+"""`analysis.analyses.common.records`: a frame's rows as JSON-safe dicts, column by column."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from analysis.common import records
+from analysis.analyses.common import records
 
 
 def test_every_dtype_becomes_plain_python() -> None:

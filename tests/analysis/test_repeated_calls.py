@@ -104,7 +104,7 @@ def test_each_call_gets_the_operator_it_ran(report: tuple[Path, dict[str, Any]])
 def test_the_fleet_report_counts_every_call_too(
     report: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
-    from analysis.fleet import export_parquet, fleet_tables
+    from analysis.fleet.analyses import export_parquet, fleet_tables
 
     db, out = report
     export_parquet([str(db)], tmp_path)

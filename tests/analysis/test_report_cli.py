@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from analysis.load.tracedb import TraceDatabaseError, load_traces
 from analysis.trace_analysis import TraceAnalysis
-from analysis.tracedb import TraceDatabaseError, load_traces
 from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB, REPO, q, trace_attr
 
 SCRIPT = REPO / "analysis" / "report.py"

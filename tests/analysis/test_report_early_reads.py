@@ -9,12 +9,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import columnar
-from analysis.common import Frames
-from analysis.kernel_rows import kernel_rows
+from analysis.analyses.common import Frames
 from analysis.keys import ANALYSIS_KEYS
+from analysis.load import columnar
+from analysis.load.tracedb import TraceDatabaseError, TraceFilter, load_traces
+from analysis.relations.kernel_rows import kernel_rows
 from analysis.trace_analysis import ANALYSES
-from analysis.tracedb import TraceDatabaseError, TraceFilter, load_traces
 from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB
 
 

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from analysis.common import AnalysisResult
+from analysis.analyses.common import AnalysisResult
 from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB, REPO, q, trace_attr
 
 SCRIPT = REPO / "analysis" / "report.py"
@@ -163,7 +163,7 @@ def test_not_captured_reason_is_said_once(tmp_path: Path) -> None:
 
 def _figures(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """Keep the matplotlib figures the HTML renderer makes instead of encoding them."""
-    from analysis import render_html
+    from analysis.render import html as render_html
 
     kept: list[object] = []
     monkeypatch.setattr(render_html, "_png", lambda fig: kept.append(fig) or "data:,")
@@ -171,7 +171,7 @@ def _figures(monkeypatch: pytest.MonkeyPatch) -> list[object]:
 
 
 def test_a3_plots_every_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
-    from analysis import render_html
+    from analysis.render import html as render_html
     from analysis.trace_analysis import TraceAnalysis
 
     figs = _figures(monkeypatch)
@@ -197,7 +197,7 @@ def _fake_a3(batches: list[int], layers: int) -> AnalysisResult:
 
 @pytest.mark.parametrize("layers", [8, 120])  # bars for a small model, lines for a large one
 def test_a3_plots_all_of_many_batch_sizes(monkeypatch: pytest.MonkeyPatch, layers: int) -> None:
-    from analysis import render_html
+    from analysis.render import html as render_html
 
     figs = _figures(monkeypatch)
     batches = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
@@ -212,7 +212,7 @@ def test_a3_plots_all_of_many_batch_sizes(monkeypatch: pytest.MonkeyPatch, layer
 
 
 def test_live_legend_does_not_cover_the_bars(monkeypatch: pytest.MonkeyPatch) -> None:
-    from analysis import render_html
+    from analysis.render import html as render_html
     from analysis.trace_analysis import TraceAnalysis
 
     figs = _figures(monkeypatch)

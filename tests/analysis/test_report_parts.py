@@ -13,12 +13,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import columnar, tracedb
-from analysis.common import Frames
-from analysis.kernel_rows import kernel_rows
+from analysis.analyses.common import Frames
+from analysis.load import columnar, tracedb
+from analysis.load.tracedb import TraceData, TraceFilter, load_traces
+from analysis.relations.kernel_rows import kernel_rows
 from analysis.report import main
 from analysis.trace_analysis import TraceAnalysis
-from analysis.tracedb import TraceData, TraceFilter, load_traces
 from tests.analysis.golden import damage_store
 from tests.analysis.helpers import CPU_DB, GPU_DB, LIVE_DB
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import duckdb
 
-from analysis import columnar, damage, fleet
+from analysis.fleet import analyses as fleet
+from analysis.load import columnar, damage
 from tests.analysis.helpers import GPU_DB, q
 
 # spans of every shape the checks tell apart: (start_ns, end_ns, duration_ns, idx)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.store_file import SchemaTooNewError, connect_ro
+from analysis.load.store_file import SchemaTooNewError, connect_ro
 from sidecar.trace.schema import SCHEMA_VERSION
 from tests.analysis.helpers import CPU_DB, REPO
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.string_codes import StringCodes
+from analysis.load.string_codes import StringCodes
 
 
 def test_codes_widen_past_the_int16_range_and_keep_their_strings() -> None:

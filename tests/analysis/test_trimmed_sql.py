@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import trimmed_sql
-from analysis.common import across_traces
-from analysis.kernel_rows import KernelRows
-from analysis.trimmed_sql import across_traces_sql
+from analysis.analyses.common import across_traces
+from analysis.relations import trimmed_sql
+from analysis.relations.kernel_rows import KernelRows
+from analysis.relations.trimmed_sql import across_traces_sql
 
 KEYS = ["model", "batch_size", "layer", "idx", "name", "kind"]
 VALUES = ["duration_ns", "flops", "dram_read_bytes", "dram_write_bytes", "achieved_occupancy"]

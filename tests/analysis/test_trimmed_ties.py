@@ -9,7 +9,7 @@ import random
 
 import pandas as pd
 
-from analysis.common import across_traces
+from analysis.analyses.common import across_traces
 from sidecar.profiling.stats import trimmed_mean
 
 

@@ -34,6 +34,10 @@ SMOKE: dict[str, Smoke] = {
         ("--traces", "8", "--layers", "6", "--format", "json"),
         ("generated 8 traces", "full report (json):", "spans/s", "peak"),
     ),
+    "report_speed.py --against": Smoke(
+        ("--traces", "8", "--layers", "6", "--format", "json", "--against", str(REPO)),
+        ("full report (json), this tree:", f"full report (json), {REPO}:"),
+    ),
     "report_speed.py --export": Smoke(
         ("--export", "--traces", "8", "--layers", "6", "--databases", "2"),
         ("export-parquet of 2 stores:", "spans/s", "peak"),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import duckdb
 
-from analysis.fleet import NOT_CAPTURED, TABLES, export_parquet, fleet_tables
+from analysis.fleet.analyses import NOT_CAPTURED, TABLES, export_parquet, fleet_tables
 from tests.analysis.helpers import LIVE_DB
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "report_speed.py"

@@ -17,10 +17,10 @@ import pandas as pd
 import pytest
 import tritonclient.grpc as grpcclient
 
-from analysis.common import Frames
-from analysis.live import TRITON_SUM, request_phases
+from analysis.analyses.common import Frames
+from analysis.analyses.live import TRITON_SUM, request_phases
+from analysis.load.tracedb import TraceFilter, load_traces
 from analysis.trace_analysis import TraceAnalysis
-from analysis.tracedb import TraceFilter, load_traces
 from sidecar.trace.spans import Level, Source
 from sidecar.trace.store import TraceStore
 from tests.e2e.helpers import cnn_infer, wait_until

@@ -50,12 +50,12 @@ OTHER_MEANINGS: dict[str, tuple[str, ...]] = {
     "sidecar/commands/profile.py": ("model_path",),  # the command's positional argument
     # the analyses' own columns and keys: the report header's batch sizes, the live
     # breakdown's TensorFlow phase, the GPU timeline's kernel time, an analysis' memo key
-    "analysis/compare.py": ("batch_sizes",),
+    "analysis/analyses/compare.py": ("batch_sizes",),
     "analysis/report.py": ("batch_sizes",),
-    "analysis/live.py": ("tf_ops",),
-    "analysis/time_breakdown.py": ("kernel_ns",),
-    "analysis/ensemble_steps.py": ("ensemble_steps", "step_index"),
-    "analysis/layer_level.py": ("step_index",),  # a replayed step's order, computed
+    "analysis/analyses/live.py": ("tf_ops",),
+    "analysis/analyses/time_breakdown.py": ("kernel_ns",),
+    "analysis/analyses/ensemble_steps.py": ("ensemble_steps", "step_index"),
+    "analysis/analyses/layer_level.py": ("step_index",),  # a replayed step's order, computed
     "sidecar/profiling/runners/python_model.py": ("python_backend",),  # the runner's name
 }
 

@@ -1,0 +1,1 @@
+"""Many stores as Parquet (`export`) and the fleet-level analyses over it in DuckDB."""

@@ -1,0 +1,1 @@
+"""A report's results as text, Markdown, JSON, CSV and HTML."""
