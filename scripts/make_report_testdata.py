@@ -119,7 +119,7 @@ def profile_ensemble_db(path: Path, runs: int = 3) -> None:
         for batch in (1, 2):
             raw = rng.uniform(0, 255, (batch, 3, 32, 32)).astype(np.float32)
             for _ in range(runs):
-                runner = runner_for(location.path, location.format)
+                runner = runner_for(location.path, location.format, find=find_model)
                 profile = run_experiment(
                     runner, {"RAW": raw}, model=ENSEMBLE, levels=(Level.MODEL, Level.LAYER),
                     iterations=10, warmup=3, batch_size=batch,

@@ -27,7 +27,7 @@ BATCH = 2
 
 def _replay(repo: Path, model: str, inputs: dict[str, np.ndarray], store: TraceStore) -> str:
     location = find_model(repo, model)
-    runner = runner_for(location.path, location.format)
+    runner = runner_for(location.path, location.format, find=find_model)
     profile = run_experiment(
         runner, inputs, model=model, levels=(Level.MODEL, Level.LAYER), iterations=4,
         warmup=1, batch_size=BATCH,
