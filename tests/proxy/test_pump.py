@@ -18,7 +18,7 @@ import sys
 import time
 import weakref
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -34,13 +34,12 @@ from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.streams import ConnectionTracker
 from tests.proxy.proxy_h2build import Conversation
 from tests.proxy.proxy_harness import RelayThread, grpc_backend, unary
-from tests.proxy.test_framewalk import snapshot
 from tests.proxy.test_framewalk_streams import (
     Hook,
     QuickHook,
-    chunks,
     connections,
     cut_at_random,
+    fed,
     hook_records,
     untimed_metrics,
 )
@@ -83,13 +82,21 @@ class Peer:
 
 
 def observed(
-    steps: Steps, pumped: bool, limit: int | None = None, quick: tuple[int, float] | None = None
+    steps: Steps,
+    pumped: bool,
+    limit: int | None = None,
+    quick: tuple[int, float] | None = None,
+    fallback: bool = False,
 ) -> tuple[Any, ...]:
     """Feed the chunks to a fresh tracker, sampling on where `limit` is given (a `Hook`; with
     `quick`, (seed, pick rate), a `QuickHook`): through a routed pump per direction, or with the
-    C walk off through `observe` / `process` (the pieces written as the relay's Python
-    `data_received` writes them). Every result the sinks and the hook are left with, and the
-    pieces forwarded each way and how (`write`, `writelines`)."""
+    C walk off as the relay's Python `data_received` does (`observe`, or `process` and its pieces
+    written as it writes them). Every result the sinks and the hook are left with, whether each
+    scanner failed, and the pieces forwarded each way and how (`write`, `writelines`).
+
+    A pump whose scanner stops disarms and hands later chunks to its fallback: with `fallback`
+    the relay's Python `data_received` (the fuzz target's inputs may stop a scanner), without it
+    a failure of the test."""
     saved = frames.native_walk
     if not pumped:
         frames.native_walk = None
@@ -101,31 +108,35 @@ def observed(
         tracker = ConnectionTracker(ProxyMetrics(registry), observer=hook)
         peers = {True: Peer(), False: Peer()}
         scanners = {True: tracker.request_scanner, False: tracker.response_scanner}
+
+        def python(client: bool, chunk: bytes) -> None:
+            scanner = scanners[client]
+            if scanner.hold:
+                pieces = scanner.process(chunk)
+                if len(pieces) == 1:
+                    peers[client].write(pieces[0])
+                elif pieces:
+                    peers[client].writelines(pieces)
+            else:
+                peers[client].write(chunk)
+                scanner.observe(chunk)
+
+        def disarmed(client: bool) -> Callable[[bytes], None]:
+            if fallback:
+                return lambda data: python(client, data)
+            return lambda data: pytest.fail("disarmed")
+
         pumps = {}
         if pumped:
             for client, scanner in scanners.items():
-                pump = Pump(lambda data: pytest.fail("disarmed"), never_lost)
+                pump = Pump(disarmed(client), never_lost)
                 pump.route(peers[client], scanner, frames.native_walk)
                 scanner.pump = pump
                 pump.armed = True
                 pumps[client] = pump
-        records = []
-        for client, data, cuts in steps:
-            for chunk in chunks(data, cuts):
-                if pumped:
-                    pumps[client](chunk)
-                elif scanners[client].hold:  # as the relay's data_received writes the pieces
-                    pieces = scanners[client].process(chunk)
-                    if len(pieces) == 1:
-                        peers[client].write(pieces[0])
-                    elif pieces:
-                        peers[client].writelines(pieces)
-                else:
-                    peers[client].write(chunk)
-                    scanners[client].observe(chunk)
-                records.append(
-                    (snapshot(tracker), tracker.last_stream_id, tracker.metrics.open_streams)
-                )
+        records = fed(
+            tracker, steps, (lambda client, chunk: pumps[client](chunk)) if pumped else python
+        )
         failed = (tracker.request_scanner.failed, tracker.response_scanner.failed)
         tracker.close("CANCELLED")
         forwarded = {side: (peer.chunks, peer.calls) for side, peer in peers.items()}
