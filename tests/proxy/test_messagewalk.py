@@ -429,3 +429,46 @@ def test_a_pick_that_raises_stops_the_read() -> None:
         reader.pick = pick
         with pytest.raises(LookupError):
             reader.read(grpc_message(b"\x0a\x01a") * 2)
+
+
+def test_a_read_releases_the_chunk_and_a_failed_one_what_it_read() -> None:
+    """A read releases the chunk; one that fails (here: the hook raises at the second message)
+    also the messages it had read before the failure (the first one's token)."""
+    assert native is not None
+    token = object()
+    chunk = grpc_message(b"\x0a\x01a") * 2
+    asked: list[int] = []
+
+    def pick(size: int) -> tuple[object, bool]:
+        if asked:
+            raise LookupError(size)
+        asked.append(size)
+        return token, False
+
+    for walker_type in native:
+        walker = walker_type()
+        walker.pick = pick
+        asked.clear()
+        held = sys.getrefcount(chunk), sys.getrefcount(token)
+        with pytest.raises(LookupError):
+            walker.read(chunk)
+        assert (sys.getrefcount(chunk), sys.getrefcount(token)) == held
+        walker.pick = None
+        assert len(walker.read(chunk)) == 2
+        assert sys.getrefcount(chunk) == held[0]
+
+
+def test_a_walker_dropped_mid_message_releases_what_it_holds() -> None:
+    """A walker freed inside a message it copies releases the message's token."""
+    assert native is not None
+    token = object()
+    for walker_type in native:
+        walker = walker_type()
+        walker.pick = lambda size: (token, True)
+        walker.capture_limit = 1 << 20
+        held = sys.getrefcount(token)
+        assert walker.read(grpc_message(bytes(100))[:50]) == []
+        assert walker.copying and sys.getrefcount(token) == held + 1
+        del walker
+        gc.collect()
+        assert sys.getrefcount(token) == held
