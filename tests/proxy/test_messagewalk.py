@@ -472,3 +472,25 @@ def test_a_walker_dropped_mid_message_releases_what_it_holds() -> None:
         del walker
         gc.collect()
         assert sys.getrefcount(token) == held
+
+
+
+def test_a_walker_leaves_the_collector_before_it_drops_its_references() -> None:
+    """Code its references run when freed (a `__del__`) may run the cycle collector: the walker
+    being freed must not be among the objects it tracks (it would free it a second time)."""
+    assert native is not None
+    tracked: list[bool] = []
+
+    class Collected:
+        def __call__(self, size: int) -> None:
+            return None
+
+        def __del__(self) -> None:
+            tracked.append(any(id(o) == freed for o in gc.get_objects()))
+
+    for walker_type in native:
+        walker = walker_type()
+        walker.pick = Collected()
+        freed = id(walker)
+        del walker
+    assert tracked == [False, False]

@@ -571,3 +571,22 @@ def test_the_pumps_arguments_are_checked() -> None:
     pump.release()
     with pytest.raises(ValueError, match="released"):
         pump.route(Peer(), scanner, frames.native_walk)
+
+
+
+def test_a_pump_leaves_the_collector_before_it_drops_its_references() -> None:
+    """Code its references run when freed (a `__del__`) may run the cycle collector: the pump
+    being freed must not be among the objects it tracks (it would free it a second time)."""
+    tracked: list[bool] = []
+
+    class Fallback:
+        def __call__(self, data: bytes) -> None:
+            pass
+
+        def __del__(self) -> None:
+            tracked.append(any(id(o) == freed for o in gc.get_objects()))
+
+    pump = Pump(Fallback(), never_lost)
+    freed = id(pump)
+    del pump
+    assert tracked == [False]
