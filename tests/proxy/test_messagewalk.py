@@ -474,7 +474,6 @@ def test_a_walker_dropped_mid_message_releases_what_it_holds() -> None:
         assert sys.getrefcount(token) == held
 
 
-
 def test_a_walker_leaves_the_collector_before_it_drops_its_references() -> None:
     """Code its references run when freed (a `__del__`) may run the cycle collector: the walker
     being freed must not be among the objects it tracks (it would free it a second time)."""

@@ -573,7 +573,6 @@ def test_the_pumps_arguments_are_checked() -> None:
         pump.route(Peer(), scanner, frames.native_walk)
 
 
-
 def test_a_pump_leaves_the_collector_before_it_drops_its_references() -> None:
     """Code its references run when freed (a `__del__`) may run the cycle collector: the pump
     being freed must not be among the objects it tracks (it would free it a second time)."""
