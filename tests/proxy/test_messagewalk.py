@@ -493,3 +493,15 @@ def test_a_walker_leaves_the_collector_before_it_drops_its_references() -> None:
         freed = id(walker)
         del walker
     assert tracked == [False, False]
+
+
+def test_a_prefix_gives_its_size_from_all_four_bytes() -> None:
+    """The size `pick` is asked at a prefix, past 64 KiB and 16 MiB (no stream in the other
+    tests is that long): each of the prefix's four size bytes counts, in C as in Python."""
+    assert native is not None
+    for size in (0x01020304, 0x00010203, 0x7F000000, 0x0000FF01, 0x00800000):
+        prefix = b"\x00" + size.to_bytes(4, "big")
+        for reader in (RequestReader(), ResponseReader(), native[0](), native[1]()):
+            reader.pick = pick = Pick([None])
+            assert reader.read(prefix + b"abc") == []
+            assert pick.asked == [size] and reader.mid_message
