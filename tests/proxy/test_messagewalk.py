@@ -459,19 +459,25 @@ def test_a_read_releases_the_chunk_and_a_failed_one_what_it_read() -> None:
 
 
 def test_a_walker_dropped_mid_message_releases_what_it_holds() -> None:
-    """A walker freed inside a message it copies releases the message's token."""
+    """A walker freed inside a message it copies releases the message's token and the bytes it
+    was copying the message into (1 MiB here)."""
     assert native is not None
     token = object()
     for walker_type in native:
-        walker = walker_type()
-        walker.pick = lambda size: (token, True)
-        walker.capture_limit = 1 << 20
-        held = sys.getrefcount(token)
-        assert walker.read(grpc_message(bytes(100))[:50]) == []
-        assert walker.copying and sys.getrefcount(token) == held + 1
-        del walker
-        gc.collect()
-        assert sys.getrefcount(token) == held
+        tracemalloc.start()
+        try:
+            walker = walker_type()
+            walker.pick = lambda size: (token, True)
+            walker.capture_limit = 1 << 20
+            held = sys.getrefcount(token)
+            assert walker.read(grpc_message(bytes(1 << 20))[:50]) == []
+            assert walker.copying and sys.getrefcount(token) == held + 1
+            del walker
+            gc.collect()
+            assert sys.getrefcount(token) == held
+            assert tracemalloc.get_traced_memory()[0] < 1 << 16
+        finally:
+            tracemalloc.stop()
 
 
 def test_a_walker_leaves_the_collector_before_it_drops_its_references() -> None:
