@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import sys
 import time
+import tracemalloc
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -589,3 +590,18 @@ def test_a_pump_leaves_the_collector_before_it_drops_its_references() -> None:
     freed = id(pump)
     del pump
     assert tracked == [False]
+
+
+def test_a_freed_pump_returns_its_memory() -> None:
+    """2,000 pumps made and dropped keep no memory (each is about 130 bytes)."""
+    tracemalloc.start()
+    try:
+        for _ in range(4):
+            Pump(never_lost, never_lost)
+        start = tracemalloc.get_traced_memory()[0]
+        for _ in range(2000):
+            Pump(never_lost, never_lost)
+        grown = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert grown < 16 * 1024, grown
