@@ -20,6 +20,7 @@ import tracemalloc
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -510,8 +511,8 @@ def test_hold_mode_writes_a_chunk_whole_without_pythons_scanner() -> None:
 
 @pytest.mark.parametrize("hold", [False, True], ids=["observe mode", "hold mode"])
 def test_chunks_leak_no_references(hold: bool) -> None:
-    """A chunk's references (the peer, the scanner, the walk, the walk's arguments) are all
-    dropped again, on every path: the walk, the scanner's Python, a closed peer, the
+    """A chunk's references (the peer's write and writelines, `lost`, the scanner, the walk, the
+    walk's arguments) are all dropped again, on every path: the walk, the scanner's Python, a closed peer, the
     fallback."""
     peer = Peer()
     tracker = ConnectionTracker(
@@ -519,12 +520,27 @@ def test_chunks_leak_no_references(hold: bool) -> None:
     )
     scanner = tracker.request_scanner
     lost = Counter[str]()
-    pump = Pump(lambda data: None, lambda: lost.update(["lost"]))
-    pump.route(peer, scanner, frames.native_walk)
+
+    def on_lost() -> None:
+        lost.update(["lost"])
+
+    # the peer's methods held as attributes: the pump gets the same objects, whose counts show
+    transport = SimpleNamespace(write=peer.write, writelines=peer.writelines)
+    pump = Pump(lambda data: None, on_lost)
+    pump.route(transport, scanner, frames.native_walk)
     scanner.pump = pump
     pump.armed = True
     chunks_ = frame_aligned_calls(40)
-    watched = (peer, scanner, frames.native_walk, scanner.sink, scanner.tracker)
+    watched = (
+        peer,
+        transport.write,
+        transport.writelines,
+        on_lost,
+        scanner,
+        frames.native_walk,
+        scanner.sink,
+        scanner.tracker,
+    )
     pump(chunks_[0])
     for chunk in chunks_[1:5]:
         pump(chunk)
