@@ -512,8 +512,8 @@ def test_hold_mode_writes_a_chunk_whole_without_pythons_scanner() -> None:
 @pytest.mark.parametrize("hold", [False, True], ids=["observe mode", "hold mode"])
 def test_chunks_leak_no_references(hold: bool) -> None:
     """A chunk's references (the peer's write and writelines, `lost`, the scanner, the walk, the
-    walk's arguments) are all dropped again, on every path: the walk, the scanner's Python, a closed peer, the
-    fallback."""
+    walk's arguments) are all dropped again, on every path: the walk, the scanner's Python, a
+    closed peer, the fallback."""
     peer = Peer()
     tracker = ConnectionTracker(
         ProxyMetrics(CollectorRegistry()), observer=Hook(60) if hold else None
