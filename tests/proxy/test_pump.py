@@ -621,3 +621,54 @@ def test_a_freed_pump_returns_its_memory() -> None:
     finally:
         tracemalloc.stop()
     assert grown < 16 * 1024, grown
+
+
+class Boom(Exception):
+    """An exception that can be watched (weak references)."""
+
+
+class Marker:
+    pass
+
+
+@pytest.mark.parametrize("walk", ["python", "c"])
+def test_the_walks_exception_reaches_the_scanner_whole_and_is_released(walk: str) -> None:
+    """What the walk raised reaches `scanner.walk_failed` as the exception itself, with its
+    traceback (a Python walk's frame), normalized where C raised it (`max` comparing the walk's
+    arguments: a TypeError whose value C set as a string); after it the exception, its type
+    and its traceback's frames are released."""
+    watched: list[weakref.ref[Any]] = []
+
+    def python_walk(*args: object) -> int:
+        marker = Marker()  # kept alive by the frame, itself by the traceback
+        boom = Boom()
+        watched.extend([weakref.ref(marker), weakref.ref(boom)])
+        raise boom
+
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()))
+    scanner = tracker.response_scanner
+    seen: list[tuple[type, str | None]] = []
+    walk_failed = scanner.walk_failed
+
+    def recorded(exc: BaseException) -> None:
+        tb = exc.__traceback__
+        seen.append((type(exc), None if tb is None else tb.tb_frame.f_code.co_name))
+        walk_failed(exc)
+
+    scanner.walk_failed = recorded  # type: ignore[method-assign]
+    peer = Peer()
+    pump = Pump(lambda data: pytest.fail("disarmed"), never_lost)
+    pump.route(peer, scanner, python_walk if walk == "python" else max)
+    scanner.pump = pump
+    pump.armed = True
+    ping = frames.ping_frame(b"12345678")
+    pump(ping)  # the scanner's Python: from here the next chunk starts in the walk
+    raised = Boom if walk == "python" else TypeError
+    held = sys.getrefcount(raised)
+    pump(ping)
+    assert seen == [(raised, "python_walk" if walk == "python" else None)]
+    assert scanner.failed and scanner.failure_reason == "internal" and not pump.armed
+    seen.clear()
+    gc.collect()
+    assert [ref() for ref in watched] == [None] * len(watched)
+    assert sys.getrefcount(raised) == held
