@@ -672,3 +672,23 @@ def test_the_walks_exception_reaches_the_scanner_whole_and_is_released(walk: str
     gc.collect()
     assert [ref() for ref in watched] == [None] * len(watched)
     assert sys.getrefcount(raised) == held
+
+
+def test_what_the_transport_returns_is_released() -> None:
+    """Whatever the transport's `write` returns (None from asyncio's) is dropped."""
+    returned: list[weakref.ref[Marker]] = []
+
+    class Transport:
+        def write(self, data: bytes) -> Marker:
+            marker = Marker()
+            returned.append(weakref.ref(marker))
+            return marker
+
+        def writelines(self, pieces: list[bytes]) -> None:
+            pytest.fail("observe mode writes each chunk whole")
+
+    pump, _tracker, _ = routed(Transport())  # type: ignore[arg-type]
+    preface, request = one_call()
+    pump(preface)
+    pump(request)
+    assert len(returned) == 2 and [ref() for ref in returned] == [None, None]
