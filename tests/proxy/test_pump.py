@@ -692,3 +692,18 @@ def test_what_the_transport_returns_is_released() -> None:
     pump(preface)
     pump(request)
     assert len(returned) == 2 and [ref() for ref in returned] == [None, None]
+
+
+def test_what_lost_returns_is_released() -> None:
+    returned: list[weakref.ref[Marker]] = []
+
+    def lost() -> Marker:
+        marker = Marker()
+        returned.append(weakref.ref(marker))
+        return marker
+
+    peer = Peer()
+    pump, _tracker, _ = routed(peer, lost)
+    peer.error = RuntimeError("closed")
+    pump(one_call()[0])
+    assert len(returned) == 1 and returned[0]() is None
