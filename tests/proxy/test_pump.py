@@ -650,12 +650,15 @@ def test_the_walks_exception_reaches_the_scanner_whole_and_is_released(walk: str
     seen: list[tuple[type, str | None]] = []
     walk_failed = scanner.walk_failed
 
-    def recorded(exc: BaseException) -> None:
+    def recorded(exc: BaseException) -> Marker:  # what it returns is dropped too
         tb = exc.__traceback__
         seen.append((type(exc), None if tb is None else tb.tb_frame.f_code.co_name))
         walk_failed(exc)
+        answer = Marker()
+        watched.append(weakref.ref(answer))
+        return answer
 
-    scanner.walk_failed = recorded  # type: ignore[method-assign]
+    scanner.walk_failed = recorded  # type: ignore[method-assign,assignment]
     peer = Peer()
     pump = Pump(lambda data: pytest.fail("disarmed"), never_lost)
     pump.route(peer, scanner, python_walk if walk == "python" else max)
@@ -707,3 +710,37 @@ def test_what_lost_returns_is_released() -> None:
     peer.error = RuntimeError("closed")
     pump(one_call()[0])
     assert len(returned) == 1 and returned[0]() is None
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["observe mode", "hold mode"])
+def test_where_the_walk_stopped_is_released(hold: bool) -> None:
+    """The walk's answer (where it stopped: an int, one object per value here, so its count
+    shows) is dropped after each chunk."""
+    ends: dict[int, int] = {}
+    walk_in_c = frames.native_walk
+    assert walk_in_c is not None
+
+    def walk(*args: Any) -> int:
+        end = walk_in_c(*args)
+        return ends.setdefault(end, end)
+
+    tracker = ConnectionTracker(
+        ProxyMetrics(CollectorRegistry()), observer=Hook(60) if hold else None
+    )
+    scanner = tracker.request_scanner
+    pump = Pump(lambda data: pytest.fail("disarmed"), never_lost)
+    pump.route(Peer(), scanner, walk)
+    scanner.pump = pump
+    pump.armed = True
+    first, *calls = frame_aligned_calls(200)
+    chunks_ = [first] + [b"".join(calls[i : i + 10]) for i in range(0, len(calls), 10)]
+
+    def counts() -> dict[str, int]:  # past 256: not CPython's shared small ints
+        return {str(end): sys.getrefcount(obj) for end, obj in ends.items() if end > 256}
+
+    for chunk in chunks_[:5]:
+        pump(chunk)
+    before = counts()
+    for chunk in chunks_[5:]:
+        pump(chunk)
+    assert before and {end: n for end, n in counts().items() if end in before} == before
