@@ -744,3 +744,31 @@ def test_where_the_walk_stopped_is_released(hold: bool) -> None:
     for chunk in chunks_[5:]:
         pump(chunk)
     assert before and {end: n for end, n in counts().items() if end in before} == before
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["observe mode", "hold mode"])
+def test_a_walk_that_answers_no_int_fails_the_call(hold: bool) -> None:
+    """Where the walk stopped must be an int: anything else raises TypeError from the pump's
+    call, and the answer is dropped."""
+    answers: list[weakref.ref[Marker]] = []
+
+    def walk(*args: object) -> Marker:
+        answer = Marker()
+        answers.append(weakref.ref(answer))
+        return answer
+
+    tracker = ConnectionTracker(
+        ProxyMetrics(CollectorRegistry()), observer=Hook(60) if hold else None
+    )
+    scanner = tracker.request_scanner
+    pump = Pump(lambda data: pytest.fail("disarmed"), never_lost)
+    pump.route(Peer(), scanner, walk)
+    scanner.pump = pump
+    pump.armed = True
+    first, call, *_ = frame_aligned_calls(1)
+    pump(first)  # the scanner's Python: from here the next chunk starts in the walk
+    with pytest.raises(TypeError) as raised:
+        pump(call)
+    assert str(raised.value) == "an integer is required"  # PyLong_AsSsize_t's, not later's
+    del raised
+    assert len(answers) == 1 and answers[0]() is None
