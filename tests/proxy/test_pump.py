@@ -772,3 +772,20 @@ def test_a_walk_that_answers_no_int_fails_the_call(hold: bool) -> None:
     assert str(raised.value) == "an integer is required"  # PyLong_AsSsize_t's, not later's
     del raised
     assert len(answers) == 1 and answers[0]() is None
+
+
+@pytest.mark.parametrize(
+    "answer", [[[], True], ([b"x"], True, 0), ((b"x",), True), ([b"x"],)], ids=repr
+)
+def test_a_hold_mode_answer_not_pieces_and_bool_fails_the_call(answer: object) -> None:
+    """In hold mode the scanner's Python answers (list of pieces, bool); anything else is a
+    TypeError from the pump's call."""
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=Hook(60))
+    scanner = tracker.request_scanner
+    scanner.process_step = lambda data: answer  # type: ignore[method-assign,assignment,return-value]
+    pump = Pump(lambda data: pytest.fail("disarmed"), never_lost)
+    pump.route(Peer(), scanner, frames.native_walk)
+    scanner.pump = pump
+    pump.armed = True
+    with pytest.raises(TypeError, match="without"):
+        pump(one_call()[0])
