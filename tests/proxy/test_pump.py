@@ -715,7 +715,7 @@ def test_what_lost_returns_is_released() -> None:
 @pytest.mark.parametrize("hold", [False, True], ids=["observe mode", "hold mode"])
 def test_where_the_walk_stopped_is_released(hold: bool) -> None:
     """The walk's answer (where it stopped: an int, one object per value here, so its count
-    shows) is dropped after each chunk."""
+    shows) is dropped after each chunk, the walk's whole or the scanner's Python's rest."""
     ends: dict[int, int] = {}
     walk_in_c = frames.native_walk
     assert walk_in_c is not None
@@ -732,8 +732,11 @@ def test_where_the_walk_stopped_is_released(hold: bool) -> None:
     pump.route(Peer(), scanner, walk)
     scanner.pump = pump
     pump.armed = True
-    first, *calls = frame_aligned_calls(200)
-    chunks_ = [first] + [b"".join(calls[i : i + 10]) for i in range(0, len(calls), 10)]
+    first, *calls = frame_aligned_calls(400)
+    chunks_ = [first]
+    for i in range(0, len(calls), 10):  # whole chunks and chunks cut inside a frame, in turn
+        chunk = b"".join(calls[i : i + 10])
+        chunks_ += [chunk] if i % 20 else [chunk[:300], chunk[300:]]
 
     def counts() -> dict[str, int]:  # past 256: not CPython's shared small ints
         return {str(end): sys.getrefcount(obj) for end, obj in ends.items() if end > 256}
