@@ -782,7 +782,7 @@ def test_a_walk_that_answers_no_int_fails_the_call(hold: bool) -> None:
 )
 def test_a_hold_mode_answer_not_pieces_and_bool_fails_the_call(answer: object) -> None:
     """In hold mode the scanner's Python answers (list of pieces, bool); anything else is a
-    TypeError from the pump's call."""
+    TypeError from the pump's call, and the answer is dropped."""
     tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=Hook(60))
     scanner = tracker.request_scanner
     scanner.process_step = lambda data: answer  # type: ignore[method-assign,assignment,return-value]
@@ -790,5 +790,7 @@ def test_a_hold_mode_answer_not_pieces_and_bool_fails_the_call(answer: object) -
     pump.route(Peer(), scanner, frames.native_walk)
     scanner.pump = pump
     pump.armed = True
+    held = sys.getrefcount(answer)
     with pytest.raises(TypeError, match="without"):
         pump(one_call()[0])
+    assert sys.getrefcount(answer) == held  # the answer is dropped
