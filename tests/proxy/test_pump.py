@@ -794,3 +794,22 @@ def test_a_hold_mode_answer_not_pieces_and_bool_fails_the_call(answer: object) -
     with pytest.raises(TypeError, match="without"):
         pump(one_call()[0])
     assert sys.getrefcount(answer) == held  # the answer is dropped
+
+
+def test_after_the_scanners_python_raised_the_next_chunk_asks_it_again() -> None:
+    """Where the scanner's Python raised (here `observe_rest`, for a chunk cut inside a frame),
+    the pump does not know where it stands: the next chunk goes to the scanner's Python, not
+    to the walk."""
+    pump, tracker, _ = routed(Peer())
+    scanner = tracker.request_scanner
+    first, call, _ = frame_aligned_calls(2)
+    pump(first)
+
+    def rest(*args: object) -> None:
+        raise LookupError("the scanner's Python")
+
+    scanner.observe_rest = rest  # type: ignore[method-assign,assignment]
+    with pytest.raises(LookupError):
+        pump(call[:-3])
+    # a PING: the walk would take it whole, with nothing to give the scanner's Python
+    assert entered_from_pump(pump, frames.ping_frame(b"12345678"))["frames.py"] >= 1
