@@ -18,6 +18,8 @@ reported as equivalent and not run. Exit status 1 if any mutant survived.
     python scripts/mutate_c.py --file _messagewalk.c  # one
     python scripts/mutate_c.py --sample 40 --budget-seconds 900 --jobs 1
     python scripts/mutate_c.py --list                 # print the mutants, run nothing
+    python scripts/mutate_c.py --file _pump.c --lines 120 --grep "== to !=" --no-baseline
+                                                      # one mutant (as --list shows it), now
 
 Run it niced on a shared machine: `nice -n 10 .venv/bin/python scripts/mutate_c.py ...`.
 """
@@ -339,6 +341,14 @@ def main() -> int:
         "--jobs", type=int, default=1, help="mutants run at once (one scratch each)"
     )
     parser.add_argument("--timeout", type=float, default=0, help="CPU s per run (4x baseline)")
+    parser.add_argument(
+        "--grep", help="only mutants whose --list line contains this text (one mutant, say)"
+    )
+    parser.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip the unmutated run (limits: --timeout, or 300 s CPU) to check a mutant or two",
+    )
     parser.add_argument("--list", action="store_true", help="print the mutants and stop")
     parser.add_argument("--report", type=Path, help="also write the markdown table here")
     parser.add_argument("--scratch", type=Path, default=None, help="where the scratch copies go")
@@ -353,6 +363,8 @@ def main() -> int:
         if args.lines:
             lo, _, hi = args.lines.partition("-")
             made = [m for m in made if int(lo) <= m.line <= int(hi or lo)]
+        if args.grep:
+            made = [m for m in made if args.grep in _listing(m)]
         counts[file] = {"generated": len(made)}
         if args.sample and args.sample < len(made):
             made = random.Random(f"{args.seed}{file}").sample(made, args.sample)
@@ -361,7 +373,7 @@ def main() -> int:
     if args.list:
         for m in plan:
             tag = "  [equivalent]" if is_equivalent(m, equivalent) else ""
-            print(f"{m.file}:{m.line}: {m.operator}: {m.before} => {m.after} <- {m.context}{tag}")
+            print(_listing(m) + tag)
         print(f"{len(plan)} mutants", file=sys.stderr)
         return 0
 
@@ -376,6 +388,9 @@ def main() -> int:
                 print(built.stderr, file=sys.stderr)
                 raise SystemExit(f"{file}: the unmutated source does not build")
             for profile in ("mutate", "mutate-all"):
+                if args.no_baseline:
+                    limits[file, profile] = (args.timeout or 300.0, 3600.0)
+                    continue
                 outcome, took, cpu = scratches[0].test(file, (3600, 3600), profile)
                 if outcome != "survived":
                     raise SystemExit(f"{file}: the tests fail without a mutant ({outcome})")
@@ -453,6 +468,10 @@ def main() -> int:
     if args.report:
         args.report.write_text(report)
     return 1 if any(o == "survived" for o, _ in results.values()) else 0
+
+
+def _listing(m: Mutant) -> str:
+    return f"{m.file}:{m.line}: {m.operator}: {m.before} => {m.after} <- {m.context}"
 
 
 def render(

@@ -17,25 +17,11 @@ at rate 0, 0.5, 1)] then steps, each [1 byte: bit 0 the client's direction] [len
 
 from __future__ import annotations
 
-from typing import Any
-
 from tests.fuzz.common import Reader, instrumented, main, outcome
 
 with instrumented(__name__ == "__main__"):
-    from prometheus_client import CollectorRegistry
-
     from sidecar.proxy import frames, relay, streams
-    from sidecar.proxy.metrics import ProxyMetrics
-    from sidecar.proxy.streams import ConnectionTracker
-    from tests.proxy.test_framewalk import snapshot
-    from tests.proxy.test_framewalk_streams import (
-        Hook,
-        QuickHook,
-        chunks,
-        hook_records,
-        untimed_metrics,
-    )
-    from tests.proxy.test_pump import Peer, never_lost
+    from tests.proxy.test_pump import observed
 
 Steps = list[tuple[bool, bytes, list[int]]]
 LIMITS = [None, 60, 1 << 20, None]
@@ -52,54 +38,6 @@ def steps_of(reader: Reader) -> Steps:
     return steps
 
 
-def observed(steps: Steps, pumped: bool, limit: int | None, quick: Any) -> tuple[Any, ...]:
-    """test_pump's `observed`, with the relay's fallback in place of a failing one."""
-    saved = frames.native_walk
-    if not pumped:
-        frames.native_walk = None
-    try:
-        registry = CollectorRegistry()
-        hook: Hook | QuickHook | None = None
-        if limit is not None:
-            hook = Hook(limit) if quick is None else QuickHook(limit, *quick)
-        tracker = ConnectionTracker(ProxyMetrics(registry), observer=hook)
-        peers = {True: Peer(), False: Peer()}
-        scanners = {True: tracker.request_scanner, False: tracker.response_scanner}
-
-        def python(client: bool, chunk: bytes) -> None:
-            scanner = scanners[client]
-            if scanner.hold:
-                peers[client].writelines(scanner.process(chunk))
-            else:
-                peers[client].write(chunk)
-                scanner.observe(chunk)
-
-        pumps = {}
-        if pumped:
-            for client, scanner in scanners.items():
-                pump = relay.native_pump(lambda data, c=client: python(c, data), never_lost)  # type: ignore[misc]
-                pump.route(peers[client], scanner, frames.native_walk)
-                scanner.pump = pump
-                pump.armed = True
-                pumps[client] = pump
-        records = []
-        for client, data, cuts in steps:
-            for chunk in chunks(data, cuts):
-                if pumped:
-                    pumps[client](chunk)
-                else:
-                    python(client, chunk)
-                records.append(
-                    (snapshot(tracker), tracker.last_stream_id, tracker.metrics.open_streams)
-                )
-        failed = (tracker.request_scanner.failed, tracker.response_scanner.failed)
-        tracker.close("CANCELLED")
-        forwarded = {side: b"".join(peer.chunks) for side, peer in peers.items()}
-        return records, hook_records(hook), untimed_metrics(registry), failed, forwarded
-    finally:
-        frames.native_walk = saved
-
-
 def check(data: bytes) -> None:
     assert relay.native_pump is not None and frames.native_walk is not None
     assert streams._NativeStream is not None, "the relay's C extensions are not built"
@@ -107,13 +45,13 @@ def check(data: bytes) -> None:
     options = reader.uint(1)
     limit, quick = LIMITS[options & 3], QUICK[options >> 2 & 3]
     steps = steps_of(reader)
-    pumped = outcome(lambda: observed(steps, True, limit, quick))
-    reference = outcome(lambda: observed(steps, False, limit, quick))
+    pumped = outcome(lambda: observed(steps, True, limit, quick, fallback=True))
+    reference = outcome(lambda: observed(steps, False, limit, quick, fallback=True))
     assert pumped == reference, (pumped, reference)
     if pumped[0] == "returned" and limit is None:  # observe mode: every byte forwarded as is
         for client in (True, False):
             sent = b"".join(d for side, d, _ in steps if side == client)
-            assert pumped[1][4][client] == sent
+            assert b"".join(pumped[1][4][client][0]) == sent
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import bisect
 import itertools
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -302,6 +302,27 @@ def chunks(data: bytes, cuts: list[int]) -> Iterator[bytes]:
         yield data[a:b]
 
 
+Record = tuple[Any, int, int]
+
+
+def fed(
+    tracker: ConnectionTracker,
+    steps: list[tuple[bool, bytes, list[int]]],
+    send: Callable[[bool, bytes], None],
+) -> list[Record]:
+    """Each step's data cut at its cuts, each chunk given to `send(client, chunk)`; after each,
+    the tracker's records, last stream id and in-flight count (what the walk may update itself
+    in observe mode)."""
+    records = []
+    for client, data, cuts in steps:
+        for chunk in chunks(data, cuts):
+            send(client, chunk)
+            records.append(
+                (snapshot(tracker), tracker.last_stream_id, tracker.metrics.open_streams)
+            )
+    return records
+
+
 def hook_records(hook: Hook | QuickHook | None) -> Any:
     """What only the hook sees: its records and counts (None without a hook)."""
     if isinstance(hook, Hook):
@@ -328,19 +349,17 @@ def run(
         if limit is not None:
             hook = Hook(limit) if quick is None else QuickHook(limit, *quick)
         tracker = ConnectionTracker(ProxyMetrics(registry), observer=hook)
-        records, forwarded = [], bytearray()
-        for client, data, cuts in steps:
-            for chunk in chunks(data, cuts):
-                if client and hook is not None:
-                    forwarded += b"".join(tracker.request_scanner.process(chunk))
-                elif client:
-                    tracker.request_scanner.observe(chunk)
-                else:
-                    tracker.response_scanner.observe(chunk)
-                # the records, and what the walk may update itself in observe mode
-                records.append(
-                    (snapshot(tracker), tracker.last_stream_id, tracker.metrics.open_streams)
-                )
+        forwarded = bytearray()
+
+        def send(client: bool, chunk: bytes) -> None:
+            if client and hook is not None:
+                forwarded.extend(b"".join(tracker.request_scanner.process(chunk)))
+            elif client:
+                tracker.request_scanner.observe(chunk)
+            else:
+                tracker.response_scanner.observe(chunk)
+
+        records = fed(tracker, steps, send)
         scanners_failed = (tracker.request_scanner.failed, tracker.response_scanner.failed)
         tracker.close("CANCELLED")
         stream_type = tracker.stream_type

@@ -429,3 +429,85 @@ def test_a_pick_that_raises_stops_the_read() -> None:
         reader.pick = pick
         with pytest.raises(LookupError):
             reader.read(grpc_message(b"\x0a\x01a") * 2)
+
+
+def test_a_read_releases_the_chunk_and_a_failed_one_what_it_read() -> None:
+    """A read releases the chunk; one that fails (here: the hook raises at the second message)
+    also the messages it had read before the failure (the first one's token)."""
+    assert native is not None
+    token = object()
+    chunk = grpc_message(b"\x0a\x01a") * 2
+    asked: list[int] = []
+
+    def pick(size: int) -> tuple[object, bool]:
+        if asked:
+            raise LookupError(size)
+        asked.append(size)
+        return token, False
+
+    for walker_type in native:
+        walker = walker_type()
+        walker.pick = pick
+        asked.clear()
+        held = sys.getrefcount(chunk), sys.getrefcount(token)
+        with pytest.raises(LookupError):
+            walker.read(chunk)
+        assert (sys.getrefcount(chunk), sys.getrefcount(token)) == held
+        walker.pick = None
+        assert len(walker.read(chunk)) == 2
+        assert sys.getrefcount(chunk) == held[0]
+
+
+def test_a_walker_dropped_mid_message_releases_what_it_holds() -> None:
+    """A walker freed inside a message it copies releases the message's token and the bytes it
+    was copying the message into (1 MiB here)."""
+    assert native is not None
+    token = object()
+    for walker_type in native:
+        tracemalloc.start()
+        try:
+            walker = walker_type()
+            walker.pick = lambda size: (token, True)
+            walker.capture_limit = 1 << 20
+            held = sys.getrefcount(token)
+            assert walker.read(grpc_message(bytes(1 << 20))[:50]) == []
+            assert walker.copying and sys.getrefcount(token) == held + 1
+            del walker
+            gc.collect()
+            assert sys.getrefcount(token) == held
+            assert tracemalloc.get_traced_memory()[0] < 1 << 16
+        finally:
+            tracemalloc.stop()
+
+
+def test_a_walker_leaves_the_collector_before_it_drops_its_references() -> None:
+    """Code its references run when freed (a `__del__`) may run the cycle collector: the walker
+    being freed must not be among the objects it tracks (it would free it a second time)."""
+    assert native is not None
+    tracked: list[bool] = []
+
+    class Collected:
+        def __call__(self, size: int) -> None:
+            return None
+
+        def __del__(self) -> None:
+            tracked.append(any(id(o) == freed for o in gc.get_objects()))
+
+    for walker_type in native:
+        walker = walker_type()
+        walker.pick = Collected()
+        freed = id(walker)
+        del walker
+    assert tracked == [False, False]
+
+
+def test_a_prefix_gives_its_size_from_all_four_bytes() -> None:
+    """The size `pick` is asked at a prefix, past 64 KiB and 16 MiB (no stream in the other
+    tests is that long): each of the prefix's four size bytes counts, in C as in Python."""
+    assert native is not None
+    for size in (0x01020304, 0x00010203, 0x7F000000, 0x0000FF01, 0x00800000):
+        prefix = b"\x00" + size.to_bytes(4, "big")
+        for reader in (RequestReader(), ResponseReader(), native[0](), native[1]()):
+            reader.pick = pick = Pick([None])
+            assert reader.read(prefix + b"abc") == []
+            assert pick.asked == [size] and reader.mid_message

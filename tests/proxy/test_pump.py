@@ -16,9 +16,11 @@ from __future__ import annotations
 import gc
 import sys
 import time
+import tracemalloc
 import weakref
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -34,13 +36,12 @@ from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.streams import ConnectionTracker
 from tests.proxy.proxy_h2build import Conversation
 from tests.proxy.proxy_harness import RelayThread, grpc_backend, unary
-from tests.proxy.test_framewalk import snapshot
 from tests.proxy.test_framewalk_streams import (
     Hook,
     QuickHook,
-    chunks,
     connections,
     cut_at_random,
+    fed,
     hook_records,
     untimed_metrics,
 )
@@ -83,13 +84,21 @@ class Peer:
 
 
 def observed(
-    steps: Steps, pumped: bool, limit: int | None = None, quick: tuple[int, float] | None = None
+    steps: Steps,
+    pumped: bool,
+    limit: int | None = None,
+    quick: tuple[int, float] | None = None,
+    fallback: bool = False,
 ) -> tuple[Any, ...]:
     """Feed the chunks to a fresh tracker, sampling on where `limit` is given (a `Hook`; with
     `quick`, (seed, pick rate), a `QuickHook`): through a routed pump per direction, or with the
-    C walk off through `observe` / `process` (the pieces written as the relay's Python
-    `data_received` writes them). Every result the sinks and the hook are left with, and the
-    pieces forwarded each way and how (`write`, `writelines`)."""
+    C walk off as the relay's Python `data_received` does (`observe`, or `process` and its pieces
+    written as it writes them). Every result the sinks and the hook are left with, whether each
+    scanner failed, and the pieces forwarded each way and how (`write`, `writelines`).
+
+    A pump whose scanner stops disarms and hands later chunks to its fallback: with `fallback`
+    the relay's Python `data_received` (the fuzz target's inputs may stop a scanner), without it
+    a failure of the test."""
     saved = frames.native_walk
     if not pumped:
         frames.native_walk = None
@@ -101,31 +110,35 @@ def observed(
         tracker = ConnectionTracker(ProxyMetrics(registry), observer=hook)
         peers = {True: Peer(), False: Peer()}
         scanners = {True: tracker.request_scanner, False: tracker.response_scanner}
+
+        def python(client: bool, chunk: bytes) -> None:
+            scanner = scanners[client]
+            if scanner.hold:
+                pieces = scanner.process(chunk)
+                if len(pieces) == 1:
+                    peers[client].write(pieces[0])
+                elif pieces:
+                    peers[client].writelines(pieces)
+            else:
+                peers[client].write(chunk)
+                scanner.observe(chunk)
+
+        def disarmed(client: bool) -> Callable[[bytes], None]:
+            if fallback:
+                return lambda data: python(client, data)
+            return lambda data: pytest.fail("disarmed")
+
         pumps = {}
         if pumped:
             for client, scanner in scanners.items():
-                pump = Pump(lambda data: pytest.fail("disarmed"), never_lost)
+                pump = Pump(disarmed(client), never_lost)
                 pump.route(peers[client], scanner, frames.native_walk)
                 scanner.pump = pump
                 pump.armed = True
                 pumps[client] = pump
-        records = []
-        for client, data, cuts in steps:
-            for chunk in chunks(data, cuts):
-                if pumped:
-                    pumps[client](chunk)
-                elif scanners[client].hold:  # as the relay's data_received writes the pieces
-                    pieces = scanners[client].process(chunk)
-                    if len(pieces) == 1:
-                        peers[client].write(pieces[0])
-                    elif pieces:
-                        peers[client].writelines(pieces)
-                else:
-                    peers[client].write(chunk)
-                    scanners[client].observe(chunk)
-                records.append(
-                    (snapshot(tracker), tracker.last_stream_id, tracker.metrics.open_streams)
-                )
+        records = fed(
+            tracker, steps, (lambda client, chunk: pumps[client](chunk)) if pumped else python
+        )
         failed = (tracker.request_scanner.failed, tracker.response_scanner.failed)
         tracker.close("CANCELLED")
         forwarded = {side: (peer.chunks, peer.calls) for side, peer in peers.items()}
@@ -498,21 +511,36 @@ def test_hold_mode_writes_a_chunk_whole_without_pythons_scanner() -> None:
 
 @pytest.mark.parametrize("hold", [False, True], ids=["observe mode", "hold mode"])
 def test_chunks_leak_no_references(hold: bool) -> None:
-    """A chunk's references (the peer, the scanner, the walk, the walk's arguments) are all
-    dropped again, on every path: the walk, the scanner's Python, a closed peer, the
-    fallback."""
+    """A chunk's references (the peer's write and writelines, `lost`, the scanner, the walk, the
+    walk's arguments) are all dropped again, on every path: the walk, the scanner's Python, a
+    closed peer, the fallback."""
     peer = Peer()
     tracker = ConnectionTracker(
         ProxyMetrics(CollectorRegistry()), observer=Hook(60) if hold else None
     )
     scanner = tracker.request_scanner
     lost = Counter[str]()
-    pump = Pump(lambda data: None, lambda: lost.update(["lost"]))
-    pump.route(peer, scanner, frames.native_walk)
+
+    def on_lost() -> None:
+        lost.update(["lost"])
+
+    # the peer's methods held as attributes: the pump gets the same objects, whose counts show
+    transport = SimpleNamespace(write=peer.write, writelines=peer.writelines)
+    pump = Pump(lambda data: None, on_lost)
+    pump.route(transport, scanner, frames.native_walk)
     scanner.pump = pump
     pump.armed = True
     chunks_ = frame_aligned_calls(40)
-    watched = (peer, scanner, frames.native_walk, scanner.sink, scanner.tracker)
+    watched = (
+        peer,
+        transport.write,
+        transport.writelines,
+        on_lost,
+        scanner,
+        frames.native_walk,
+        scanner.sink,
+        scanner.tracker,
+    )
     pump(chunks_[0])
     for chunk in chunks_[1:5]:
         pump(chunk)
@@ -560,3 +588,228 @@ def test_the_pumps_arguments_are_checked() -> None:
     pump.release()
     with pytest.raises(ValueError, match="released"):
         pump.route(Peer(), scanner, frames.native_walk)
+
+
+def test_a_pump_leaves_the_collector_before_it_drops_its_references() -> None:
+    """Code its references run when freed (a `__del__`) may run the cycle collector: the pump
+    being freed must not be among the objects it tracks (it would free it a second time)."""
+    tracked: list[bool] = []
+
+    class Fallback:
+        def __call__(self, data: bytes) -> None:
+            pass
+
+        def __del__(self) -> None:
+            tracked.append(any(id(o) == freed for o in gc.get_objects()))
+
+    pump = Pump(Fallback(), never_lost)
+    freed = id(pump)
+    del pump
+    assert tracked == [False]
+
+
+def test_a_freed_pump_returns_its_memory() -> None:
+    """2,000 pumps made and dropped keep no memory (each is about 130 bytes)."""
+    tracemalloc.start()
+    try:
+        for _ in range(4):
+            Pump(never_lost, never_lost)
+        start = tracemalloc.get_traced_memory()[0]
+        for _ in range(2000):
+            Pump(never_lost, never_lost)
+        grown = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert grown < 16 * 1024, grown
+
+
+class Boom(Exception):
+    """An exception that can be watched (weak references)."""
+
+
+class Marker:
+    pass
+
+
+@pytest.mark.parametrize("walk", ["python", "c"])
+def test_the_walks_exception_reaches_the_scanner_whole_and_is_released(walk: str) -> None:
+    """What the walk raised reaches `scanner.walk_failed` as the exception itself, with its
+    traceback (a Python walk's frame), normalized where C raised it (`max` comparing the walk's
+    arguments: a TypeError whose value C set as a string); after it the exception, its type
+    and its traceback's frames are released."""
+    watched: list[weakref.ref[Any]] = []
+
+    def python_walk(*args: object) -> int:
+        marker = Marker()  # kept alive by the frame, itself by the traceback
+        boom = Boom()
+        watched.extend([weakref.ref(marker), weakref.ref(boom)])
+        raise boom
+
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()))
+    scanner = tracker.response_scanner
+    seen: list[tuple[type, str | None]] = []
+    walk_failed = scanner.walk_failed
+
+    def recorded(exc: BaseException) -> Marker:  # what it returns is dropped too
+        tb = exc.__traceback__
+        seen.append((type(exc), None if tb is None else tb.tb_frame.f_code.co_name))
+        walk_failed(exc)
+        answer = Marker()
+        watched.append(weakref.ref(answer))
+        return answer
+
+    scanner.walk_failed = recorded  # type: ignore[method-assign,assignment]
+    peer = Peer()
+    pump = Pump(lambda data: pytest.fail("disarmed"), never_lost)
+    pump.route(peer, scanner, python_walk if walk == "python" else max)
+    scanner.pump = pump
+    pump.armed = True
+    ping = frames.ping_frame(b"12345678")
+    pump(ping)  # the scanner's Python: from here the next chunk starts in the walk
+    raised = Boom if walk == "python" else TypeError
+    held = sys.getrefcount(raised)
+    pump(ping)
+    assert seen == [(raised, "python_walk" if walk == "python" else None)]
+    assert scanner.failed and scanner.failure_reason == "internal" and not pump.armed
+    seen.clear()
+    gc.collect()
+    assert [ref() for ref in watched] == [None] * len(watched)
+    assert sys.getrefcount(raised) == held
+
+
+def test_what_the_transport_returns_is_released() -> None:
+    """Whatever the transport's `write` returns (None from asyncio's) is dropped."""
+    returned: list[weakref.ref[Marker]] = []
+
+    class Transport:
+        def write(self, data: bytes) -> Marker:
+            marker = Marker()
+            returned.append(weakref.ref(marker))
+            return marker
+
+        def writelines(self, pieces: list[bytes]) -> None:
+            pytest.fail("observe mode writes each chunk whole")
+
+    pump, _tracker, _ = routed(Transport())  # type: ignore[arg-type]
+    preface, request = one_call()
+    pump(preface)
+    pump(request)
+    assert len(returned) == 2 and [ref() for ref in returned] == [None, None]
+
+
+def test_what_lost_returns_is_released() -> None:
+    returned: list[weakref.ref[Marker]] = []
+
+    def lost() -> Marker:
+        marker = Marker()
+        returned.append(weakref.ref(marker))
+        return marker
+
+    peer = Peer()
+    pump, _tracker, _ = routed(peer, lost)
+    peer.error = RuntimeError("closed")
+    pump(one_call()[0])
+    assert len(returned) == 1 and returned[0]() is None
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["observe mode", "hold mode"])
+def test_where_the_walk_stopped_is_released(hold: bool) -> None:
+    """The walk's answer (where it stopped: an int, one object per value here, so its count
+    shows) is dropped after each chunk, the walk's whole or the scanner's Python's rest."""
+    ends: dict[int, int] = {}
+    walk_in_c = frames.native_walk
+    assert walk_in_c is not None
+
+    def walk(*args: Any) -> int:
+        end = walk_in_c(*args)
+        return ends.setdefault(end, end)
+
+    tracker = ConnectionTracker(
+        ProxyMetrics(CollectorRegistry()), observer=Hook(60) if hold else None
+    )
+    scanner = tracker.request_scanner
+    pump = Pump(lambda data: pytest.fail("disarmed"), never_lost)
+    pump.route(Peer(), scanner, walk)
+    scanner.pump = pump
+    pump.armed = True
+    first, *calls = frame_aligned_calls(400)
+    chunks_ = [first]
+    for i in range(0, len(calls), 10):  # whole chunks and chunks cut inside a frame, in turn
+        chunk = b"".join(calls[i : i + 10])
+        chunks_ += [chunk] if i % 20 else [chunk[:300], chunk[300:]]
+
+    def counts() -> dict[str, int]:  # past 256: not CPython's shared small ints
+        return {str(end): sys.getrefcount(obj) for end, obj in ends.items() if end > 256}
+
+    for chunk in chunks_[:5]:
+        pump(chunk)
+    before = counts()
+    for chunk in chunks_[5:]:
+        pump(chunk)
+    assert before and {end: n for end, n in counts().items() if end in before} == before
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["observe mode", "hold mode"])
+def test_a_walk_that_answers_no_int_fails_the_call(hold: bool) -> None:
+    """Where the walk stopped must be an int: anything else raises TypeError from the pump's
+    call, and the answer is dropped."""
+    answers: list[weakref.ref[Marker]] = []
+
+    def walk(*args: object) -> Marker:
+        answer = Marker()
+        answers.append(weakref.ref(answer))
+        return answer
+
+    tracker = ConnectionTracker(
+        ProxyMetrics(CollectorRegistry()), observer=Hook(60) if hold else None
+    )
+    scanner = tracker.request_scanner
+    pump = Pump(lambda data: pytest.fail("disarmed"), never_lost)
+    pump.route(Peer(), scanner, walk)
+    scanner.pump = pump
+    pump.armed = True
+    first, call, *_ = frame_aligned_calls(1)
+    pump(first)  # the scanner's Python: from here the next chunk starts in the walk
+    with pytest.raises(TypeError) as raised:
+        pump(call)
+    assert str(raised.value) == "an integer is required"  # PyLong_AsSsize_t's, not later's
+    del raised
+    assert len(answers) == 1 and answers[0]() is None
+
+
+@pytest.mark.parametrize(
+    "answer", [[[], True], ([b"x"], True, 0), ((b"x",), True), ([b"x"],)], ids=repr
+)
+def test_a_hold_mode_answer_not_pieces_and_bool_fails_the_call(answer: object) -> None:
+    """In hold mode the scanner's Python answers (list of pieces, bool); anything else is a
+    TypeError from the pump's call, and the answer is dropped."""
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=Hook(60))
+    scanner = tracker.request_scanner
+    scanner.process_step = lambda data: answer  # type: ignore[method-assign,assignment,return-value]
+    pump = Pump(lambda data: pytest.fail("disarmed"), never_lost)
+    pump.route(Peer(), scanner, frames.native_walk)
+    scanner.pump = pump
+    pump.armed = True
+    held = sys.getrefcount(answer)
+    with pytest.raises(TypeError, match="without"):
+        pump(one_call()[0])
+    assert sys.getrefcount(answer) == held  # the answer is dropped
+
+
+def test_after_the_scanners_python_raised_the_next_chunk_asks_it_again() -> None:
+    """Where the scanner's Python raised (here `observe_rest`, for a chunk cut inside a frame),
+    the pump does not know where it stands: the next chunk goes to the scanner's Python, not
+    to the walk."""
+    pump, tracker, _ = routed(Peer())
+    scanner = tracker.request_scanner
+    first, call, _ = frame_aligned_calls(2)
+    pump(first)
+
+    def rest(*args: object) -> None:
+        raise LookupError("the scanner's Python")
+
+    scanner.observe_rest = rest  # type: ignore[method-assign,assignment]
+    with pytest.raises(LookupError):
+        pump(call[:-3])
+    # a PING: the walk would take it whole, with nothing to give the scanner's Python
+    assert entered_from_pump(pump, frames.ping_frame(b"12345678"))["frames.py"] >= 1

@@ -14,6 +14,7 @@ tests and scripts/mutate_c.py for the check that they catch a wrong line.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from hypothesis import strategies as st
 
@@ -229,61 +230,78 @@ def _map_entry(draw: st.DrawFn) -> bytes:
 # ---- whole messages --------------------------------------------------------------------------
 
 
+# A field drawn from a table: (what, weight, how its bytes are made); `what` is sampled from the
+# names repeated by weight, in the table's order
+FieldTable = list[tuple[str, int, Callable[[st.DrawFn], bytes]]]
+
+
+def _field(draw: st.DrawFn, table: FieldTable) -> bytes:
+    which = draw(st.sampled_from([what for what, weight, _ in table for _ in range(weight)]))
+    return next(make for what, _, make in table if what == which)(draw)
+
+
+def _named(field: int) -> Callable[[st.DrawFn], bytes]:
+    return lambda draw: delimited(field, draw(names))
+
+
+def _bytes(field: int, size: int) -> Callable[[st.DrawFn], bytes]:
+    return lambda draw: delimited(field, draw(st.binary(max_size=size)))
+
+
+def _param(draw: st.DrawFn) -> bytes:
+    return delimited(4, draw(map_entry()))
+
+
+def _tensor(draw: st.DrawFn) -> bytes:
+    return delimited(draw(st.integers(5, 8)), draw(st.binary(max_size=6)))
+
+
+def _other(fields: list[int], payload: st.SearchStrategy[bytes]) -> Callable[[st.DrawFn], bytes]:
+    """Any other piece: a field of any wire type, number and length (see `piece`)."""
+    return lambda draw: draw(piece(field_numbers(fields), payload))
+
+
+# ModelInferRequest: model_name (1), model_version (2), id (3), parameters (4), the tensors past
+# them (5..8), or any other piece
+REQUEST_FIELDS: FieldTable = [
+    ("model", 2, _named(1)),
+    ("id", 2, _named(3)),
+    ("param", 3, _param),
+    ("version", 1, _named(2)),
+    ("tensor", 1, _tensor),
+    ("piece", 1, _other([1, 3, 4, 5], names | map_entry())),
+]
+# ModelInferResponse: model_name (1), id (3), parameters (4), outputs (5),
+# raw_output_contents (6), any other
+INNER_RESPONSE_FIELDS: FieldTable = [
+    ("model", 2, _named(1)),
+    ("id", 2, _named(3)),
+    ("param", 3, _param),
+    ("outputs", 1, _bytes(5, 4)),
+    ("raw", 1, _bytes(6, 4)),
+    ("piece", 1, _other([1, 3, 4, 5, 6], names | map_entry())),
+]
+
+
 def request_field(draw: st.DrawFn) -> bytes:
-    """A ModelInferRequest field: model_name (1), model_version (2), id (3), parameters (4),
-    the tensors past them (5..8), or any other piece."""
-    which = draw(
-        st.sampled_from(
-            ["model", "model", "id", "id", "param", "param", "param", "version", "tensor", "piece"]
-        )
-    )
-    if which == "model":
-        return delimited(1, draw(names))
-    if which == "id":
-        return delimited(3, draw(names))
-    if which == "param":
-        return delimited(4, draw(map_entry()))
-    if which == "version":
-        return delimited(2, draw(names))
-    if which == "tensor":
-        return delimited(draw(st.integers(5, 8)), draw(st.binary(max_size=6)))
-    return draw(piece(field_numbers([1, 3, 4, 5]), names | map_entry()))
-
-
-def inner_response_field(draw: st.DrawFn) -> bytes:
-    """A ModelInferResponse field: model_name (1), id (3), parameters (4), outputs (5),
-    raw_output_contents (6), any other."""
-    which = draw(
-        st.sampled_from(
-            ["model", "model", "id", "id", "param", "param", "param", "outputs", "raw", "piece"]
-        )
-    )
-    if which == "model":
-        return delimited(1, draw(names))
-    if which == "id":
-        return delimited(3, draw(names))
-    if which == "param":
-        return delimited(4, draw(map_entry()))
-    if which == "outputs":
-        return delimited(5, draw(st.binary(max_size=4)))
-    if which == "raw":
-        return delimited(6, draw(st.binary(max_size=4)))
-    return draw(piece(field_numbers([1, 3, 4, 5, 6]), names | map_entry()))
+    return _field(draw, REQUEST_FIELDS)
 
 
 @st.composite
 def inner_response(draw: st.DrawFn) -> bytes:
-    return b"".join(inner_response_field(draw) for _ in range(draw(st.integers(0, 6))))
+    return b"".join(_field(draw, INNER_RESPONSE_FIELDS) for _ in range(draw(st.integers(0, 6))))
+
+
+# ModelStreamInferResponse: error_message (1), infer_response (2), any other
+RESPONSE_FIELDS: FieldTable = [
+    ("error", 1, _named(1)),
+    ("inner", 3, lambda draw: delimited(2, draw(inner_response()))),
+    ("piece", 1, _other([1, 2, 3], names | inner_response())),
+]
 
 
 def response_field(draw: st.DrawFn) -> bytes:
-    """A ModelStreamInferResponse field: error_message (1), infer_response (2), any other."""
-    which = draw(st.sampled_from(["error", "inner", "inner", "inner", "piece"]))
-    if which == "error":
-        return delimited(1, draw(names))
-    if which == "inner":
-        return delimited(2, draw(inner_response()))
-    return draw(piece(field_numbers([1, 2, 3]), names | inner_response()))
+    return _field(draw, RESPONSE_FIELDS)
 
 
 def _padded(body: bytes, field: int, size: int) -> bytes:
