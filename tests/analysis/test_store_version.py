@@ -35,9 +35,11 @@ def _report(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_scenario_store_has_the_current_version() -> None:
+def test_the_scenario_store_is_a_version_this_analysis_reads() -> None:
+    """The checked-in stores were written at version 1 (before `trace_parts`): an older
+    version, read as it was; a store the sidecar writes today is `SCHEMA_VERSION`."""
     conn = connect_ro(CPU_DB)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert 1 <= conn.execute("PRAGMA user_version").fetchone()[0] <= SCHEMA_VERSION
     conn.close()
 
 
