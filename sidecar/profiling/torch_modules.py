@@ -44,3 +44,23 @@ def transformer_fastpath_off(torch: Any) -> Iterator[None]:
         yield
     finally:
         mha.set_fastpath_enabled(before)
+
+
+def is_op(event: Any) -> bool:
+    """A torch.profiler event of an operator (`aten::...`), not one of the sidecar's marks."""
+    return "::" in event.name and not event.name.startswith("xsp::")
+
+
+def outermost_ops(event: Any) -> list[Any]:
+    """Operator events (`aten::...`) with no operator above them: the calls a layer makes.
+    Module and method events (`forward`, `_conv_forward`) are looked through."""
+    out: list[Any] = []
+    stack = list(event.cpu_children)
+    while stack:
+        e = stack.pop()
+        if is_op(e):
+            out.append(e)
+        else:
+            stack.extend(e.cpu_children)
+    out.sort(key=lambda e: e.time_range.start)
+    return out

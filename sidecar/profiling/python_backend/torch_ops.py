@@ -17,6 +17,7 @@ from typing import Any
 
 from sidecar.profiling.gpu.owner import PROCESS_OWNER, TORCH_PROFILER
 from sidecar.profiling.runners.timing import align_offset
+from sidecar.profiling.torch_modules import outermost_ops
 from sidecar.profiling.vocabulary import RawSpan
 from sidecar.trace import schema
 from sidecar.trace.spans import Level
@@ -70,28 +71,12 @@ class TorchOps:
         )
         out = []
         for mark in marks:
-            out.append([_op_span(op, offset) for op in _outermost_ops(mark)])
+            out.append([_op_span(op, offset) for op in outermost_ops(mark)])
         return out
 
 
 def _ns(us: float) -> int:
     return round(us * 1000)
-
-
-def _is_op(event: Any) -> bool:
-    return "::" in event.name and not event.name.startswith("xsp::")
-
-
-def _outermost_ops(event: Any) -> list[Any]:
-    out: list[Any] = []
-    stack = list(event.cpu_children)
-    while stack:
-        e = stack.pop()
-        if _is_op(e):
-            out.append(e)
-        else:
-            stack.extend(e.cpu_children)
-    return sorted(out, key=lambda e: e.time_range.start)
 
 
 def _op_span(event: Any, offset: int) -> RawSpan:

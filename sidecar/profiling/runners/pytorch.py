@@ -45,7 +45,12 @@ from sidecar.profiling.runners.timing import (
 )
 from sidecar.profiling.server_config import TorchSettings
 from sidecar.profiling.stats import trimmed_mean
-from sidecar.profiling.torch_modules import hookable_modules, transformer_fastpath_off
+from sidecar.profiling.torch_modules import (
+    hookable_modules,
+    is_op,
+    outermost_ops,
+    transformer_fastpath_off,
+)
 from sidecar.profiling.vocabulary import (
     Iteration,
     LevelNotSupportedError,
@@ -421,7 +426,7 @@ class PyTorchRunner:
                 )
             spans.extend(layer_spans)
             if kernels:
-                ops = _outermost_ops(model)
+                ops = outermost_ops(model)
                 for ev, key in zip(ops, keyed([e.name for e in ops]), strict=True):
                     mem = max(int(getattr(ev, "cpu_memory_usage", 0) or 0), 0)
                     k = RawSpan(
@@ -519,30 +524,11 @@ def parse_device(torch: Any, device: str) -> Any:
     return dev
 
 
-def _is_op(event: Any) -> bool:
-    return "::" in event.name and not event.name.startswith("xsp::")
-
-
-def _outermost_ops(event: Any) -> list[Any]:
-    """Operator events (`aten::...`) with no operator above them: the calls a layer makes.
-    Module and method events (`forward`, `_conv_forward`) are looked through."""
-    out: list[Any] = []
-    stack = list(event.cpu_children)
-    while stack:
-        e = stack.pop()
-        if _is_op(e):
-            out.append(e)
-        else:
-            stack.extend(e.cpu_children)
-    out.sort(key=lambda e: e.time_range.start)
-    return out
-
-
 def _dominant(event: Any) -> str:
     """The innermost op that does most of an op's work (e.g. aten::conv2d ->
     aten::mkldnn_convolution): follow the longest child while it takes at least half."""
     while True:
-        children = [c for c in event.cpu_children if _is_op(c)]
+        children = [c for c in event.cpu_children if is_op(c)]
         if not children:
             return str(event.name)
         top = max(children, key=lambda c: c.time_range.elapsed_us())
