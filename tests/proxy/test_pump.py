@@ -712,6 +712,19 @@ def test_what_lost_returns_is_released() -> None:
     assert len(returned) == 1 and returned[0]() is None
 
 
+def walked_by(walk: Any, hold: bool) -> Any:
+    """An armed pump on a request scanner (hold mode: a hook that holds), walked by `walk`."""
+    tracker = ConnectionTracker(
+        ProxyMetrics(CollectorRegistry()), observer=Hook(60) if hold else None
+    )
+    scanner = tracker.request_scanner
+    pump = Pump(lambda data: pytest.fail("disarmed"), never_lost)
+    pump.route(Peer(), scanner, walk)
+    scanner.pump = pump
+    pump.armed = True
+    return pump
+
+
 @pytest.mark.parametrize("hold", [False, True], ids=["observe mode", "hold mode"])
 def test_where_the_walk_stopped_is_released(hold: bool) -> None:
     """The walk's answer (where it stopped: an int, one object per value here, so its count
@@ -724,14 +737,7 @@ def test_where_the_walk_stopped_is_released(hold: bool) -> None:
         end = walk_in_c(*args)
         return ends.setdefault(end, end)
 
-    tracker = ConnectionTracker(
-        ProxyMetrics(CollectorRegistry()), observer=Hook(60) if hold else None
-    )
-    scanner = tracker.request_scanner
-    pump = Pump(lambda data: pytest.fail("disarmed"), never_lost)
-    pump.route(Peer(), scanner, walk)
-    scanner.pump = pump
-    pump.armed = True
+    pump = walked_by(walk, hold)
     first, *calls = frame_aligned_calls(400)
     chunks_ = [first]
     for i in range(0, len(calls), 10):  # whole chunks and chunks cut inside a frame, in turn
@@ -760,14 +766,7 @@ def test_a_walk_that_answers_no_int_fails_the_call(hold: bool) -> None:
         answers.append(weakref.ref(answer))
         return answer
 
-    tracker = ConnectionTracker(
-        ProxyMetrics(CollectorRegistry()), observer=Hook(60) if hold else None
-    )
-    scanner = tracker.request_scanner
-    pump = Pump(lambda data: pytest.fail("disarmed"), never_lost)
-    pump.route(Peer(), scanner, walk)
-    scanner.pump = pump
-    pump.armed = True
+    pump = walked_by(walk, hold)
     first, call, *_ = frame_aligned_calls(1)
     pump(first)  # the scanner's Python: from here the next chunk starts in the walk
     with pytest.raises(TypeError) as raised:
