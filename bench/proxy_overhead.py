@@ -35,6 +35,17 @@ socat, and the relay's CPU per inference on a stream is printed beside its CPU p
 also as what it costs above socat's.
 
     python bench/proxy_overhead.py --duration 10 [--streaming]
+
+`--sizes` (issue 44) and `--protocol http` (issue 42) measure the relay beside socat at the
+given request and response sizes (`bench/size_floor.py`): direct, socat, the relay with
+sampling off and with sampling at its default settings, alternated in `--rounds` windows, at
+each `--concurrency`; side by side the relay's CPU per call / socat's, throughput / socat's, p50
+added, and what sampling on adds. `--protocol http` sends KServe v2 binary-tensor infer calls
+over keep-alive HTTP/1.1 through the sidecar's HTTP relay (`serve --http-listen`) and socat in
+front of Triton's HTTP port. With gRPC and a size of 1 MiB or more it also measures, in-process,
+what DATA frames split across reads cost where the C walk hands a chunk to Python.
+
+    python bench/proxy_overhead.py --sizes 16 48K 2M --duration 20 --rounds 4 [--protocol http]
 """
 
 from __future__ import annotations
@@ -574,6 +585,18 @@ def main(argv: list[str] | None = None) -> int:
         "--idle", type=float, default=5.0,
         help="--sampling-ab: seconds each relay is read with no traffic, by thread (5; 0: not)",
     )  # fmt: skip
+    parser.add_argument(
+        "--sizes", nargs="+", metavar="SIZE",
+        help="request and response sizes beside socat, e.g. 16 48K 2M (bench/size_floor.py)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--protocol", choices=("grpc", "http"), default="grpc",
+        help="--sizes through the gRPC relay or the HTTP relay (--http-listen); http: --sizes 16",
+    )  # fmt: skip
+    parser.add_argument(
+        "--split-calls", type=int, default=50,
+        help="calls scanned in-process for the split-frame cost at sizes >= 1 MiB (50; 0: not)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.backend and not args.triton_pid:
         parser.error("--backend needs --triton-pid (the bench reads Triton's CPU time)")
@@ -590,6 +613,13 @@ def main(argv: list[str] | None = None) -> int:
             server = TritonServer(model_repository=repo, log_path=Path(tmp) / "triton.log")
             server.start()
             backend, triton_pid = server.grpc_address, server.pid
+        if args.sizes or args.protocol == "http":
+            if server is None:
+                parser.error("--sizes / --protocol http start their own Triton (its repository)")
+            try:
+                return sized_floor(args, server, Path(tmp))
+            finally:
+                server.stop()
         if args.sampling_ab:
             if server is None:
                 parser.error("--sampling-ab starts its own Triton (its model repository)")
@@ -650,6 +680,24 @@ def main(argv: list[str] | None = None) -> int:
             relay.wait(10)
             if server is not None:
                 server.stop()
+    return 0
+
+
+def sized_floor(args: argparse.Namespace, server: object, tmp: Path) -> int:
+    """`--sizes` / `--protocol http`: bench/size_floor.py's measures."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import size_floor
+
+    from tests.harness.triton.server import TritonServer
+
+    assert isinstance(server, TritonServer)
+    args.sizes = [size_floor.parse_size(s) for s in args.sizes or ["16"]]
+    size_floor.measure(
+        args, server.grpc_address, server.http_address, server.pid, server.model_repository, tmp
+    )
+    large = [s for s in args.sizes if s >= 1 << 20]
+    if args.protocol == "grpc" and large and args.split_calls > 0:
+        size_floor.split_frame_cost(max(large), args.split_calls, [65536, 262144], repeat=3)
     return 0
 
 

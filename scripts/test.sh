@@ -19,6 +19,15 @@ if ! command -v clang >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v apt-
         || echo "warning: clang could not be installed; scripts/sanitize.sh will use gcc"
 fi
 
+# A real Prometheus runs the Grafana dashboard's queries (tests/deploy/test_dashboard_metrics_live.py)
+# and socat is the byte-copying floor the relay benches compare against (bench/proxy_overhead.py).
+if { ! command -v prometheus >/dev/null 2>&1 || ! command -v socat >/dev/null 2>&1; } \
+    && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+    echo "==> installing prometheus and socat for the dashboard and relay-floor checks"
+    (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus socat >/dev/null) \
+        || echo "warning: prometheus/socat could not be installed; their checks will be skipped"
+fi
+
 # shellcheck disable=SC1091
 . .venv/bin/activate
 echo "==> ruff"

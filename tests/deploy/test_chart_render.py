@@ -85,6 +85,10 @@ def test_service_sends_clients_to_the_relay(scenario: tuple[str, list[dict[str, 
     assert ports["grpc"]["targetPort"] == "relay" and sidecar_ports["relay"] == 8011
     assert ports["metrics"]["targetPort"] == "metrics" and sidecar_ports["metrics"] == 8012
     assert ports["grpc"]["port"] == (8500 if name == "tfserving" else 8001)
+    # REST too: the backend's usual HTTP port, to the sidecar's HTTP relay
+    assert ports["http"]["targetPort"] == "http-relay" and sidecar_ports["http-relay"] == 8010
+    assert ports["http"]["port"] == (8501 if name == "tfserving" else 8000)
+    assert ports["http"]["appProtocol"] == "http"
     backend_names = {p["name"] for p in container(deployment, "backend")["ports"]}
     assert not {p["targetPort"] for p in ports.values()} & backend_names
 
@@ -103,6 +107,8 @@ def test_sidecar_flags_follow_the_contracts(scenario: tuple[str, list[dict[str, 
         "--otlp-port": "4318",
         "--model-repository": "/models",
         "--db": "/data/traces.db",
+        "--http-listen": "0.0.0.0:8010",
+        "--http-backend": "localhost:8501" if name == "tfserving" else "localhost:8000",
     }
     assert {k: flags.get(k) for k in expected} == expected
     assert ("--backend-protocol" in flags) == (name == "tfserving")
@@ -118,6 +124,46 @@ def test_sidecar_flags_follow_the_contracts(scenario: tuple[str, list[dict[str, 
     assert flags["--otlp-host"] == "127.0.0.1"  # the receiver stays pod-local
     if full:
         assert flags["--admin-listen"] == "127.0.0.1:8014"  # admin API: loopback only
+
+
+@pytest.mark.parametrize(("values", "backend_port"), [(None, 8000), (TFSERVING, 8501)])
+def test_the_http_relay_fronts_the_backends_rest_port(
+    values: dict[str, Any] | None, backend_port: int
+) -> None:
+    """The sidecar relays the backend's own HTTP port (Triton's 8000, TF-Serving's 8501), the
+    port the backend container declares and, for Triton, probes."""
+    deployment = one(manifests(render(values)), "Deployment")
+    backend = container(deployment, "backend")
+    declared = {p["containerPort"]: p["name"] for p in backend["ports"]}
+    args = container(deployment, "sidecar")["args"]
+    flags = flag_values(args[args.index("serve") + 1 :])
+    assert flags["--http-backend"] == f"localhost:{backend_port}"
+    assert declared[backend_port] in {"backend-http", "backend-rest"}
+
+
+@pytest.mark.parametrize(("values", "rest"), [(None, "backend-http"), (TFSERVING, "backend-rest")])
+def test_turning_the_http_relay_off_sends_rest_straight_to_the_backend(
+    values: dict[str, Any] | None, rest: str
+) -> None:
+    off = {**(values or {}), "sidecar": {**(values or {}).get("sidecar", {}), "http": {"enabled": False}}}
+    objects = manifests(render(off))
+    deployment = one(objects, "Deployment")
+    sidecar = container(deployment, "sidecar")
+    assert not any(a.startswith("--http-") for a in sidecar["args"])
+    assert "http-relay" not in {p["name"] for p in sidecar["ports"]}
+    ports = {p["name"]: p for p in one(objects, "Service")["spec"]["ports"]}
+    assert ports["http"]["targetPort"] == rest
+    assert rest in {p["name"] for p in container(deployment, "backend")["ports"]}
+    assert ports["grpc"]["targetPort"] == "relay"  # gRPC still through the sidecar
+
+
+def test_the_http_relay_listens_where_it_is_told() -> None:
+    objects = manifests(render({"sidecar": {"http": {"listenPort": 9080}}, "service": {"httpPort": 80}}))
+    sidecar = container(one(objects, "Deployment"), "sidecar")
+    assert flag_values(sidecar["args"])["--http-listen"] == "0.0.0.0:9080"
+    assert {p["name"]: p["containerPort"] for p in sidecar["ports"]}["http-relay"] == 9080
+    ports = {p["name"]: p for p in one(objects, "Service")["spec"]["ports"]}
+    assert ports["http"]["port"] == 80 and ports["http"]["targetPort"] == "http-relay"
 
 
 def test_the_full_example_gives_backend_and_sidecar_a_gpu_each_from_the_device_plugin() -> None:

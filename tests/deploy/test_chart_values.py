@@ -102,6 +102,10 @@ def test_defaults_and_tfserving_example_pass_the_schema() -> None:
             "/sidecar/traceStore/storeRawInputs",
         ),
         ({"sidecar": {"admin": {"port": 0}}}, "/sidecar/admin/port"),
+        ({"sidecar": {"http": {"listenPort": 0}}}, "/sidecar/http/listenPort"),
+        ({"sidecar": {"http": {"enabled": "yes"}}}, "/sidecar/http/enabled"),
+        ({"sidecar": {"http": {"backend": "localhost:8000"}}}, "backend"),
+        ({"service": {"httpPort": 70000}}, "/service/httpPort"),
         ({"sidecar": {"admin": {"host": "127.0.0.1:8014"}}}, "/sidecar/admin/host"),
         ({"sidecar": {"admin": {"host": ""}}}, "/sidecar/admin/host"),
         ({"sidecar": {"otlpHost": "http://localhost"}}, "/sidecar/otlpHost"),
@@ -131,6 +135,7 @@ def test_install_with_bad_values_fails_before_rendering() -> None:
         ({"sidecar": {"profiling": {"levels": None}}}, "levels"),
         ({"sidecar": {"traceStore": {"retention": {"maxMB": None}}}}, "maxMB"),
         ({"sidecar": {"admin": {"host": None}}}, "host"),
+        ({"sidecar": {"http": {"listenPort": None}}}, "listenPort"),
     ],
 )
 def test_null_cannot_drop_a_setting_the_command_line_needs(
@@ -155,6 +160,8 @@ def test_null_cannot_drop_a_setting_the_command_line_needs(
         ({"backend": {"type": "tfserving"}}, "needs backend.tfserving.modelName"),
         ({"sidecar": {"profiling": {"device": "cuda:1"}}}, "set sidecar.gpu.enabled=true"),
         ({"sidecar": {"metricsPort": 8002}}, "same port"),
+        ({"sidecar": {"http": {"listenPort": 8000}}}, "same port"),  # Triton's own HTTP
+        ({"sidecar": {"http": {"listenPort": 8011}}}, "same port"),  # the gRPC relay's
         (
             {"grafana": {"tracingDatasourceUid": "tempo", "datasource": {"enabled": True}}},
             "needs grafana.datasource.url",

@@ -77,8 +77,11 @@ def test_selector_labels_exist_on_their_metric() -> None:
 def test_dashboard_covers_what_the_issue_asks_for() -> None:
     exprs = "\n".join(dashboard_exprs(dashboard()))
     for needed in (
-        "sum by (model, grpc_code) (rate(xsp_requests_total",
-        "histogram_quantile(0.99, sum by (le, model) (rate(xsp_request_duration_seconds_bucket",
+        "sum by (model, protocol, grpc_code) (rate(xsp_requests_total",
+        "histogram_quantile(0.99, sum by (le, model, protocol) (rate(xsp_request_duration_seconds_bucket",
+        "sum by (protocol) (rate(xsp_requests_total",  # REST beside gRPC (issue 42)
+        'xsp_requests_total{model=~"$model", protocol="http"',
+        "sum by (reason) (rate(xsp_http_refused_total",
         "xsp_backend_phase_duration_seconds",
         "xsp_sampling_decisions_total",
         "xsp_profiles_total",
@@ -149,3 +152,20 @@ def test_the_latency_panel_shows_exemplars_once() -> None:
     assert "exemplarTraceIdDestinations" in panel["description"]
     others = [p for p in panels if p is not panel]
     assert not any(t.get("exemplar") for p in others for t in p.get("targets", []))
+
+
+def test_every_request_family_panel_follows_the_protocol_variable() -> None:
+    """The per-call families carry `protocol` (grpc | http): each panel that reads them either
+    splits by it, picks one, or follows the dashboard's protocol variable."""
+    dash = dashboard()
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variables["protocol"]["query"]["query"] == "label_values(xsp_requests_total, protocol)"
+    families = ("xsp_requests_total{", "xsp_request_duration_seconds_", "xsp_request_bytes_total{",
+                "xsp_response_bytes_total{")  # fmt: skip
+    for expr in dashboard_exprs(dash):
+        for series, matchers in SELECTOR.findall(expr):
+            if not (series + "{").startswith(families):
+                continue
+            if 'method="ModelStreamInfer"' in matchers:
+                continue  # gRPC only: REST has no streams
+            assert "protocol" in matchers or "by (protocol)" in expr or "protocol=" in expr, expr

@@ -1,16 +1,20 @@
-"""Every metric the dashboard and the chart query is one a real sidecar actually exports.
+"""Every metric the dashboard and the chart query is one a real sidecar actually exports, and
+every dashboard query runs on a real Prometheus that scrapes it.
 
 `test_dashboard.py` checks the dashboard against docs/contracts.md; this checks it against the
-running code: the real `xsp-sidecar serve` process, sampling on, in front of the real local
-Triton server exporting OpenTelemetry spans to the sidecar (so the backend phase histograms
-exist), after traffic that includes a forced sample and queue overflow. /metrics is scraped over
-HTTP and parsed as Prometheus text.
+running code: the real `xsp-sidecar serve` process, sampling on, its gRPC and HTTP relays in
+front of the real local Triton server exporting OpenTelemetry spans to the sidecar (so the
+backend phase histograms exist), after traffic that includes a forced sample, queue overflow,
+REST calls (`tritonclient.http`) and one malformed HTTP request the relay refuses. /metrics is
+scraped over HTTP and parsed as Prometheus text; then a real `prometheus` scrapes it and runs
+each of the dashboard's queries, its variables given the values Grafana's "All" gives them.
 """
 
 from __future__ import annotations
 
 import queue
 import re
+import socket
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,11 +22,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
 from tests.deploy.helpers import dashboard, dashboard_exprs, render
 from tests.e2e.helpers import cnn_infer, wait_until
 from tests.harness.metrics_text import families
 from tests.harness.process import free_port
+from tests.harness.prometheus import PrometheusServer, prometheus_binary
 from tests.harness.sidecar_process import SidecarProcess
 from tests.harness.triton.server import TritonServer
 
@@ -95,10 +101,12 @@ def referenced_metrics() -> dict[str, set[str]]:
 
 
 @pytest.fixture(scope="module")
-def exposition(
+def live_sidecar(
     traced_triton: TritonServer, otlp_port: int, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Exposition]:
+) -> Iterator[SidecarProcess]:
+    """The sidecar after the traffic above: every family the dashboard reads has series."""
     tmp = tmp_path_factory.mktemp("dashboard-sidecar")
+    http_port = free_port()
     args = [
         "--model-repository", str(traced_triton.model_repository),
         "--db", str(tmp / "traces.db"), "--otlp-port", str(otlp_port),
@@ -106,6 +114,7 @@ def exposition(
         "--sample-rate", "1", "--sample-budget", "1000", "--duty-cycle", "1",
         "--queue-size", "1", "--levels", "M,L", "--iterations", "3", "--warmup", "1",
         "--admin", "--admin-listen", f"127.0.0.1:{free_port()}",
+        "--http-listen", f"127.0.0.1:{http_port}", "--http-backend", traced_triton.http_address,
     ]  # fmt: skip
     proc = SidecarProcess(
         backend=traced_triton.grpc_address, log_path=tmp / "sidecar.log", args=args
@@ -117,6 +126,8 @@ def exposition(
             cnn_infer(client)
         client.get_model_metadata("simple_cnn")
         stream_infer(client)  # one ModelStreamInfer stream: its inference and the stream
+        rest_infer(f"127.0.0.1:{http_port}")  # REST calls through the HTTP relay
+        refused_http(http_port)  # one malformed request: refused, counted
         for name, labels in (
             ("xsp_profiles_total", {"outcome": "ok"}),
             ("xsp_backend_phase_duration_seconds_count", {"phase": "compute_infer"}),
@@ -124,11 +135,39 @@ def exposition(
             ("xsp_layer_type_time_share", {}),
             ("xsp_profiling_overhead_ratio", {}),
             ("xsp_samples_dropped_total", {"reason": "queue_full"}),
+            ("xsp_requests_total", {"protocol": "http"}),
+            ("xsp_http_refused_total", {"reason": "malformed"}),
         ):
             assert wait_until(lambda n=name, kv=labels: proc.metric(n, **kv) > 0, 120), (
                 f"{name}{labels} never exported\n{proc.log()}"
             )
-        yield Exposition.parse(proc.metrics())
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def exposition(live_sidecar: SidecarProcess) -> Exposition:
+    return Exposition.parse(live_sidecar.metrics())
+
+
+def rest_infer(address: str) -> None:
+    """KServe v2 REST calls through the HTTP relay: binary-tensor inferences and metadata."""
+    client = httpclient.InferenceServerClient(address)
+    try:
+        for _ in range(5):
+            x = httpclient.InferInput("input", [1, 3, 32, 32], "FP32")
+            x.set_data_from_numpy(np.zeros((1, 3, 32, 32), np.float32), binary_data=True)
+            client.infer("simple_cnn", [x])
+        client.get_model_metadata("simple_cnn")
+    finally:
+        client.close()
+
+
+def refused_http(port: int) -> None:
+    """A request line no HTTP server accepts: the relay answers 400 and closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"NOT AN HTTP REQUEST\r\n\r\n")
+        reply = sock.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
 
 
 def stream_infer(client: grpcclient.InferenceServerClient) -> None:
@@ -202,3 +241,92 @@ def test_histograms_and_counters_have_their_standard_series(exposition: Expositi
         if mtype == "histogram" and exposition.samples.get(family + "_count"):
             for suffix in SUFFIXES["histogram"]:
                 assert exposition.samples.get(family + suffix), family + suffix
+
+
+# What Grafana puts in for the dashboard's variables ("All" of a query variable is its
+# allValue, .*) and its interval macros, against a Prometheus that scrapes every second.
+GRAFANA_VALUES = {
+    "__rate_interval": "15s",
+    "__range": "5m",
+    "instance": ".*",
+    "model": ".*",
+    "protocol": ".*",
+}
+# Queries that may rightly come back empty after traffic without failures: no call failed, no
+# observation failed, no model is decoupled.
+EMPTY_WITHOUT_FAILURES = (
+    'grpc_code!="OK"',
+    "xsp_observation_failures_total",
+    "xsp_response_gap_seconds",
+)
+LABEL_VALUES = re.compile(r"^label_values\((\w+), (\w+)\)$")
+
+
+def grafana_expr(expr: str) -> str:
+    """`expr` with the dashboard's variables replaced as Grafana replaces them."""
+    return re.sub(r"\$(\w+)", lambda m: GRAFANA_VALUES[m.group(1)], expr)
+
+
+@pytest.fixture(scope="module")
+def prometheus(
+    live_sidecar: SidecarProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PrometheusServer]:
+    """A real Prometheus scraping the live sidecar every second, after five scrapes."""
+    if prometheus_binary() is None:
+        pytest.skip("no prometheus binary (apt-get install prometheus; scripts/test.sh does)")
+    tmp = tmp_path_factory.mktemp("prometheus")
+    target = f"127.0.0.1:{live_sidecar.metrics_port}"
+    server = PrometheusServer(targets=[target], data_dir=tmp, log_path=tmp / "prometheus.log")
+    with server:
+        assert wait_until(lambda: server.scrapes() >= 5, 60), server.log()
+        up = server.query(f'up{{instance="{target}"}}')
+        assert [s["value"][1] for s in up] == ["1"], (up, server.log())
+        yield server
+
+
+def test_every_dashboard_query_runs_on_prometheus_and_finds_series(
+    prometheus: PrometheusServer,
+) -> None:
+    """Each panel query parses and evaluates on a real Prometheus (2.x, Debian's) and, but for
+    the failure-only ones, returns series: the panel shows something."""
+    empty, failed = [], []
+    for expr in dashboard_exprs(dashboard()):
+        if LABEL_VALUES.match(expr):
+            continue  # a Grafana variable query: test_the_variables_list_what_grafana_offers
+        try:
+            result = prometheus.query(grafana_expr(expr))
+        except RuntimeError as exc:
+            failed.append(f"{expr}\n    {exc}")
+            continue
+        if not result and not any(word in expr for word in EMPTY_WITHOUT_FAILURES):
+            empty.append(expr)
+    assert not failed, "queries Prometheus refused:\n" + "\n".join(failed)
+    assert not empty, "queries without any series after the traffic:\n" + "\n".join(empty)
+
+
+def test_the_variables_list_what_grafana_offers(
+    prometheus: PrometheusServer, live_sidecar: SidecarProcess
+) -> None:
+    """label_values(...) of each query variable, as Grafana asks Prometheus for it: both
+    protocols, the model, this sidecar."""
+    offered = {}
+    for expr in dashboard_exprs(dashboard()):
+        match = LABEL_VALUES.match(expr)
+        if match:
+            offered[match.group(2)] = set(prometheus.label_values(*match.groups()))
+    assert {"grpc", "http"} <= offered["protocol"]
+    assert "simple_cnn" in offered["model"]
+    assert f"127.0.0.1:{live_sidecar.metrics_port}" in offered["instance"]
+
+
+def test_rest_traffic_shows_on_the_protocol_panels(prometheus: PrometheusServer) -> None:
+    """What the REST share and the refused-by-reason panels count is there: REST calls beside
+    gRPC ones, one malformed request (the counters themselves: the traffic came before the
+    first scrape, so their rates are 0)."""
+    share = prometheus.query(
+        'sum(xsp_requests_total{protocol="http"}) / sum(xsp_requests_total)'
+    )
+    assert share and 0 < float(share[0]["value"][1]) < 1, share
+    refused = prometheus.query("sum by (reason) (xsp_http_refused_total)")
+    by_reason = {s["metric"]["reason"]: float(s["value"][1]) for s in refused}
+    assert by_reason.get("malformed", 0) >= 1, by_reason

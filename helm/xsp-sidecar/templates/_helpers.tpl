@@ -76,6 +76,20 @@ xsp-sidecar/backend: {{ .Values.backend.type }}
 {{- end -}}
 {{- end -}}
 
+{{/* The backend's HTTP/REST port inside the pod (Triton's HTTP, TF-Serving's REST). */}}
+{{- define "xsp-sidecar.backendHttpPort" -}}
+{{- if eq .Values.backend.type "tfserving" -}}
+{{- .Values.backend.tfserving.restPort -}}
+{{- else -}}
+{{- .Values.backend.triton.httpPort -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The name of the backend container's HTTP/REST port. */}}
+{{- define "xsp-sidecar.backendHttpPortName" -}}
+{{- if eq .Values.backend.type "tfserving" -}}backend-rest{{- else -}}backend-http{{- end -}}
+{{- end -}}
+
 {{/* A host for a URL or HOST:PORT: IPv6 literals in brackets. */}}
 {{- define "xsp-sidecar.hostForUrl" -}}
 {{- if contains ":" . -}}
@@ -128,6 +142,9 @@ what to change.
 {{- fail "set only one of backend.tfserving.modelName and backend.tfserving.modelConfigFile." -}}
 {{- end -}}
 {{- $declared := list $sc.listenPort $sc.metricsPort $sc.grpcPort -}}
+{{- if $sc.http.enabled -}}
+{{- $declared = append $declared $sc.http.listenPort -}}
+{{- end -}}
 {{- if ne (int $sc.otlpPort) 0 -}}
 {{- $declared = append $declared $sc.otlpPort -}}
 {{- end -}}
