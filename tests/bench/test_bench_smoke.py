@@ -160,6 +160,30 @@ SMOKE: dict[str, Smoke] = {
         triton=True,
         timeout=400.0,
     ),
+    "proxy_overhead.py --sizes": Smoke(
+        # 16 B and 2 MiB each way beside socat, and the split-frame cost at 2 MiB
+        (
+            "--sizes", "16", "2M", "--duration", "1", "--warmup", "0.3", "--rounds", "1",
+            "--concurrency", "1", "--split-calls", "4",
+        ),
+        (
+            "size 16 B each way, concurrency 1",
+            "size 2097152 B each way, concurrency 1",
+            "relay off", "relay on", "CPU us/call", "sampling on adds",
+            "frames split across reads", "split-aligned",
+        ),
+        triton=True,
+        timeout=400.0,
+    ),  # fmt: skip
+    "proxy_overhead.py --protocol http": Smoke(
+        (
+            "--protocol", "http", "--sizes", "16", "--duration", "1", "--warmup", "0.3",
+            "--rounds", "1", "--concurrency", "1",
+        ),
+        ("HTTP through Triton", "size 16 B each way", "relay on", "sampling on adds"),
+        triton=True,
+        timeout=300.0,
+    ),  # fmt: skip
     "arm_request.py": Smoke(
         ("--number", "1000", "--repeat", "2"),
         ("arm_request: best", "ns, median"),
@@ -207,6 +231,7 @@ COVERED_ELSEWHERE = {
     "relay_shim.py": "relay_breakdown.py runs the relay under it",
     "thread_names_shim.py": "proxy_overhead.py --sampling-ab runs its relays under it",
     "perf_analyzer.py": "proxy_overhead.py runs it (a module, no command line)",
+    "size_floor.py": "proxy_overhead.py --sizes / --protocol http run it (a module)",
 }
 
 
