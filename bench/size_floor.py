@@ -299,8 +299,8 @@ def report(size: int, concurrency: int, runs: dict[str, list[Result]]) -> None:
         print(f"  {'vs socat':18}{'CPU x':>12}{'calls/s x':>12}{'p50 added':>12}")
         for name, p in (("relay off", off), ("relay on", on)):
             assert p.cpu_us is not None
-            print(f"  {name:18}{p.cpu_us / socat.cpu_us:12.2f}{p.throughput / socat.throughput:12.3f}"
-                  f"{(p.p50_ms - socat.p50_ms) * 1e3:+10.0f}us")  # fmt: skip
+            cpu, tput = p.cpu_us / socat.cpu_us, p.throughput / socat.throughput
+            print(f"  {name:18}{cpu:12.2f}{tput:12.3f}{(p.p50_ms - socat.p50_ms) * 1e3:+10.0f}us")
     print(f"  sampling on adds {on.cpu_us - off.cpu_us:+.1f} us/call (relay process), "
           f"throughput {on.throughput / off.throughput:.3f}x")  # fmt: skip
 

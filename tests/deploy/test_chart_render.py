@@ -145,7 +145,8 @@ def test_the_http_relay_fronts_the_backends_rest_port(
 def test_turning_the_http_relay_off_sends_rest_straight_to_the_backend(
     values: dict[str, Any] | None, rest: str
 ) -> None:
-    off = {**(values or {}), "sidecar": {**(values or {}).get("sidecar", {}), "http": {"enabled": False}}}
+    values = values or {}
+    off = {**values, "sidecar": {**values.get("sidecar", {}), "http": {"enabled": False}}}
     objects = manifests(render(off))
     deployment = one(objects, "Deployment")
     sidecar = container(deployment, "sidecar")
@@ -158,7 +159,8 @@ def test_turning_the_http_relay_off_sends_rest_straight_to_the_backend(
 
 
 def test_the_http_relay_listens_where_it_is_told() -> None:
-    objects = manifests(render({"sidecar": {"http": {"listenPort": 9080}}, "service": {"httpPort": 80}}))
+    values = {"sidecar": {"http": {"listenPort": 9080}}, "service": {"httpPort": 80}}
+    objects = manifests(render(values))
     sidecar = container(one(objects, "Deployment"), "sidecar")
     assert flag_values(sidecar["args"])["--http-listen"] == "0.0.0.0:9080"
     assert {p["name"]: p["containerPort"] for p in sidecar["ports"]}["http-relay"] == 9080

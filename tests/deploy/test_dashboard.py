@@ -78,7 +78,8 @@ def test_dashboard_covers_what_the_issue_asks_for() -> None:
     exprs = "\n".join(dashboard_exprs(dashboard()))
     for needed in (
         "sum by (model, protocol, grpc_code) (rate(xsp_requests_total",
-        "histogram_quantile(0.99, sum by (le, model, protocol) (rate(xsp_request_duration_seconds_bucket",
+        "histogram_quantile(0.99, sum by (le, model, protocol) "
+        "(rate(xsp_request_duration_seconds_bucket",
         "sum by (protocol) (rate(xsp_requests_total",  # REST beside gRPC (issue 42)
         'xsp_requests_total{model=~"$model", protocol="http"',
         "sum by (reason) (rate(xsp_http_refused_total",

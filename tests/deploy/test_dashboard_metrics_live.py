@@ -106,7 +106,6 @@ def live_sidecar(
 ) -> Iterator[SidecarProcess]:
     """The sidecar after the traffic above: every family the dashboard reads has series."""
     tmp = tmp_path_factory.mktemp("dashboard-sidecar")
-    http_port = free_port()
     args = [
         "--model-repository", str(traced_triton.model_repository),
         "--db", str(tmp / "traces.db"), "--otlp-port", str(otlp_port),
@@ -114,11 +113,11 @@ def live_sidecar(
         "--sample-rate", "1", "--sample-budget", "1000", "--duty-cycle", "1",
         "--queue-size", "1", "--levels", "M,L", "--iterations", "3", "--warmup", "1",
         "--admin", "--admin-listen", f"127.0.0.1:{free_port()}",
-        "--http-listen", f"127.0.0.1:{http_port}", "--http-backend", traced_triton.http_address,
     ]  # fmt: skip
     proc = SidecarProcess(
-        backend=traced_triton.grpc_address, log_path=tmp / "sidecar.log", args=args
-    )
+        backend=traced_triton.grpc_address, log_path=tmp / "sidecar.log", args=args,
+        http_backend=traced_triton.http_address,  # the HTTP plane, in front of Triton's REST
+    )  # fmt: skip
     with proc:
         client = grpcclient.InferenceServerClient(proc.address)
         cnn_infer(client, headers={"x-xsp-profile": "1"})  # forced: profiled first
@@ -126,8 +125,8 @@ def live_sidecar(
             cnn_infer(client)
         client.get_model_metadata("simple_cnn")
         stream_infer(client)  # one ModelStreamInfer stream: its inference and the stream
-        rest_infer(f"127.0.0.1:{http_port}")  # REST calls through the HTTP relay
-        refused_http(http_port)  # one malformed request: refused, counted
+        rest_infer(proc.http_address)  # REST calls through the HTTP relay
+        refused_http(proc.http_port)  # one malformed request: refused, counted
         for name, labels in (
             ("xsp_profiles_total", {"outcome": "ok"}),
             ("xsp_backend_phase_duration_seconds_count", {"phase": "compute_infer"}),
@@ -323,9 +322,7 @@ def test_rest_traffic_shows_on_the_protocol_panels(prometheus: PrometheusServer)
     """What the REST share and the refused-by-reason panels count is there: REST calls beside
     gRPC ones, one malformed request (the counters themselves: the traffic came before the
     first scrape, so their rates are 0)."""
-    share = prometheus.query(
-        'sum(xsp_requests_total{protocol="http"}) / sum(xsp_requests_total)'
-    )
+    share = prometheus.query('sum(xsp_requests_total{protocol="http"}) / sum(xsp_requests_total)')
     assert share and 0 < float(share[0]["value"][1]) < 1, share
     refused = prometheus.query("sum by (reason) (xsp_http_refused_total)")
     by_reason = {s["metric"]["reason"]: float(s["value"][1]) for s in refused}
