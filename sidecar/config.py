@@ -182,8 +182,8 @@ class ServeConfig:
         metadata=row(
             parsers.seconds,
             "S",
-            "close a client connection with no call in flight for this long, with a GOAWAY; "
-            "0 = never",
+            "close a client connection with no call in flight for this long (gRPC: with a "
+            "GOAWAY; HTTP: after its last response); 0 = never",
         ),
     )
     tls_cert: Path | None = field(

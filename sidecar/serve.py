@@ -18,7 +18,6 @@ import ssl
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import grpc
 from grpc_reflection.v1alpha import reflection
@@ -29,6 +28,7 @@ from sidecar.config import TF_PROFILER_AT_BACKEND, ConfigError, ServeConfig
 from sidecar.endpoint import Endpoint, PortInUseError, translate_bind_errors
 from sidecar.health import BackendChecker, HealthServer, add_port, tcp_accepts
 from sidecar.proxy import native
+from sidecar.proxy.http import HttpLimits, HttpRelay
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.native_paths import NativeInfo, describe, paths
 from sidecar.proxy.relay import Relay
@@ -39,9 +39,6 @@ from sidecar.sampling.pipeline import SamplingConfig, SamplingPipeline, TfProfil
 from sidecar.sampling.settings import SamplingSettings
 from sidecar.trace.errors import TraceStoreError
 from sidecar.trace.retention import RetentionPolicy
-
-if TYPE_CHECKING:
-    from sidecar.proxy.http import HttpRelay
 
 log = logging.getLogger(__name__)
 
@@ -168,12 +165,11 @@ class Sidecar:
     async def _start_http_plane(self, config: ServeConfig, metrics: ProxyMetrics) -> None:
         """The HTTP plane's relay: REST calls to --http-backend, counted under the backend's
         routes, and sampled by the pipeline's HTTP observers when sampling is on."""
-        from sidecar.proxy.http import HttpRelay  # only a sidecar with an HTTP plane loads it
-
         backend = config.http_backend_endpoint
         self.http_relay = HttpRelay(
             backend, backend_named(config.backend_protocol), metrics,
             observer_factory=self.http_observer_factory,
+            limits=HttpLimits(idle_timeout_s=config.idle_timeout or None),
         )  # fmt: skip
         listen = config.http_listen_endpoint
         with translate_bind_errors(str(listen), "REST clients", "--http-listen"):

@@ -167,9 +167,7 @@ class RequestReader:
             pieces.append(view[start:end])
         return pieces
 
-    def _header_block(
-        self, data: bytes, view: memoryview, pos: int, fed: int
-    ) -> tuple[int, bytes]:
+    def _header_block(self, data: bytes, view: memoryview, pos: int, fed: int) -> tuple[int, bytes]:
         """Read the header block at `pos` (its first `fed` bytes parsed before); returns its
         end and the lines to add before its blank line, or (-1, b"") where it is not complete
         (kept in `head`)."""
