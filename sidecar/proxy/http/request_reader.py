@@ -194,13 +194,19 @@ class RequestReader:
         self._parse(view[pos + fed : to])
         if not self.headers_done:
             return to, b""  # empty lines before a request: passed on as they are
-        if self.upgrade:
-            raise Refused(refusals.UPGRADE, "protocol upgrades are not supported")
         parser = self.parser
         verb = parser.get_method()
         target = self.target
         length = self.content_length
         chunked = length is None and any(n == b"transfer-encoding" for n, _ in self.headers)
+        if self.upgrade:
+            # llhttp takes what follows an upgrade request (or CONNECT) for the new protocol
+            # and parses no body of it: one without a body is relayed as the backend reads it
+            # (Triton ignores the Upgrade and answers over HTTP/1.1; llhttp goes on with the
+            # next request), one with a body is refused
+            if chunked or length:
+                raise Refused(refusals.UPGRADE, "an upgrade request with a body")
+            self.message_done = True
         if length is not None and length > self.limits.body_bytes:
             raise Refused(refusals.BODY_TOO_LARGE, f"request body of {length} bytes too large")
         route = self.routes.http_route(verb, target)
@@ -222,7 +228,7 @@ class RequestReader:
         try:
             self.parser.feed_data(chunk)
         except HttpParserUpgrade:
-            self.upgrade = True  # llhttp parses no body of it: the request is refused
+            self.upgrade = True  # see `_header_block`
 
     def _request_done(self, body: bytes | None) -> None:
         if not self.message_done:  # our framing and llhttp's disagree: trust neither
