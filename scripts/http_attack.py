@@ -26,6 +26,7 @@ python scripts/http_attack.py --target 127.0.0.1:8010 --pid "$(pgrep -f 'xsp-sid
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import socket
 import sys
@@ -75,10 +76,9 @@ def _read(sock: socket.socket, deadline: float, until_close: bool) -> tuple[byte
 
 
 def _send(sock: socket.socket, data: bytes) -> None:
-    try:
+    # the relay may answer and close before taking it all
+    with contextlib.suppress(ConnectionResetError, BrokenPipeError):
         sock.sendall(data)
-    except (ConnectionResetError, BrokenPipeError):
-        pass  # the relay answered and closed before taking it all
 
 
 def simple(payload: bytes) -> Callable[[socket.socket], None]:
@@ -131,9 +131,7 @@ CASES: dict[str, tuple[int, bytes]] = {
 }  # fmt: skip
 
 
-def run_case(
-    target: tuple[str, int], case: str, timeout: float, slowloris_s: float
-) -> Outcome:
+def run_case(target: tuple[str, int], case: str, timeout: float, slowloris_s: float) -> Outcome:
     started = time.monotonic()
     if case == "slowloris":
         expected, deadline = 408, started + slowloris_s

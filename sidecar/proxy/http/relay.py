@@ -12,11 +12,12 @@ response ends the call at the head of the connection's FIFO (`calls.py`), so pip
 requests are matched with their responses in order.
 
 Refusals (`refusals.py`): a malformed request, an ambiguous one (Content-Length with Transfer-
-Encoding, differing Content-Lengths: request smuggling) and an upgrade with a body get 400; a header block
-over the limit 431; a body over the limit 413; a header block not complete within the header
-timeout 408. The refused request is never forwarded (a chunked body found too long part-way is
-cut there). The answer goes to the client once the responses to the requests before it have
-been relayed; then the connection is closed. Each is counted in `xsp_http_refused_total{reason}`.
+Encoding, differing Content-Lengths: request smuggling) and an upgrade with a body get 400; a
+header block over the limit 431; a body over the limit 413; a header block not complete within
+the header timeout 408. The refused request is never forwarded (a chunked body found too long
+part-way is cut there). The answer goes to the client once the responses to the requests
+before it have been relayed; then the connection is closed. Each is counted in
+`xsp_http_refused_total{reason}`.
 
 Upgrade requests: Triton's HTTP endpoint (evhtp) implements no protocol upgrade: it answers a
 request with `Connection: upgrade` + `Upgrade: h2c` or `websocket` as if the two fields were not

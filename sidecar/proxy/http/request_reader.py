@@ -50,7 +50,7 @@ class RequestReader:
 
     __slots__ = (
         "body_left", "book", "call", "chunked", "closing", "content_length", "head",
-        "head_since", "headers", "headers_done", "limits", "message_done", "parser",
+        "head_since", "headers", "headers_done", "keep_alive", "limits", "message_done", "parser",
         "refused", "routes", "target", "upgrade",
     )  # fmt: skip
 
@@ -71,6 +71,7 @@ class RequestReader:
         self.headers: list[tuple[bytes, bytes]] = []
         self.content_length: int | None = None
         self.headers_done = False
+        self.keep_alive = True
         self.message_done = False
         self.upgrade = False
 
@@ -87,6 +88,8 @@ class RequestReader:
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
+        # read here: llhttp resets it once a message without a body is complete
+        self.keep_alive = self.parser.should_keep_alive()
 
     def on_message_complete(self) -> None:
         self.message_done = True
@@ -130,12 +133,12 @@ class RequestReader:
                 elif self.chunked is not None:
                     framer = self.chunked
                     to = framer.advance(data, pos)
+                    if framer.size > self.limits.body_bytes:  # (this piece is not forwarded)
+                        raise Refused(refusals.BODY_TOO_LARGE, "request body too large")
                     self.parser.feed_data(view[pos:to])
                     pos = to
                     assert self.call is not None
                     self.call.request_bytes = framer.size
-                    if framer.size > self.limits.body_bytes:
-                        raise Refused(refusals.BODY_TOO_LARGE, "request body too large")
                     if framer.done:
                         payload = framer.payload() if framer.parts is not None else None
                         self._request_done(payload)
@@ -161,15 +164,13 @@ class RequestReader:
         except HttpParserError as exc:
             self.refused = _parser_refusal(exc)
             end = pos
-        if whole and not pieces and start == 0 and end == len(data):
+        if whole and not pieces and start == 0 and end == len(data) and self.refused is None:
             return None
         if start < end:
             pieces.append(view[start:end])
         return pieces
 
-    def _header_block(
-        self, data: bytes, view: memoryview, pos: int, fed: int
-    ) -> tuple[int, bytes]:
+    def _header_block(self, data: bytes, view: memoryview, pos: int, fed: int) -> tuple[int, bytes]:
         """Read the header block at `pos` (its first `fed` bytes parsed before); returns its
         end and the lines to add before its blank line, or (-1, b"") where it is not complete
         (kept in `head`)."""
@@ -214,7 +215,7 @@ class RequestReader:
             verb, target, route.method, route.model, self.headers, None if chunked else length
         )
         self.call = call
-        if not parser.should_keep_alive():
+        if not self.keep_alive:
             self.closing = True
         if chunked:
             self.chunked = ChunkedFramer(capture=call.body is not None)
