@@ -41,8 +41,8 @@ OTHER_MEANINGS: dict[str, tuple[str, ...]] = {
         "response_bytes",
         "grpc_code",
         "stream_message",
-        "protocol",
-    ),  # fmt: skip
+        "protocol",  # also the metric families' label (grpc | http)
+    ),
     # TF-Serving REST's own JSON key (the request's signature)
     "sidecar/backends/tf_rest_decode.py": ("signature_name",),
     # CUPTI activity records' own field names
