@@ -143,8 +143,11 @@ class RequestReader:
                         raise Refused(refusals.BODY_TOO_LARGE, "request body too large")
                     self.parser.feed_data(view[pos:to])
                     pos = to
-                    assert self.call is not None
-                    self.call.request_bytes = framer.size
+                    call = self.call
+                    assert call is not None
+                    call.request_bytes = framer.size
+                    if framer.parts is not None and framer.size > call.capture_limit:
+                        framer.parts = None  # past the capture limit: not delivered
                     if framer.done:
                         payload = framer.payload() if framer.parts is not None else None
                         self._request_done(payload)
