@@ -49,8 +49,8 @@ class RequestReader:
     """Splits one connection's client bytes into requests (see the module docstring)."""
 
     __slots__ = (
-        "body_left", "book", "call", "chunked", "closing", "content_length", "head",
-        "head_since", "headers", "headers_done", "limits", "message_done", "parser",
+        "body_left", "book", "call", "chunked", "chunked_seen", "closing", "content_length", "head",
+        "head_since", "headers", "headers_done", "keep_alive", "limits", "message_done", "parser",
         "refused", "routes", "target", "upgrade",
     )  # fmt: skip
 
@@ -70,7 +70,9 @@ class RequestReader:
         self.target = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.content_length: int | None = None
+        self.chunked_seen = False  # a Transfer-Encoding field (llhttp checked it ends in chunked)
         self.headers_done = False
+        self.keep_alive = True
         self.message_done = False
         self.upgrade = False
 
@@ -80,13 +82,20 @@ class RequestReader:
         self.target += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        name = name.lower()
+        if len(name) == 14:  # (lowering only the names that may be Content-Length)
+            name = name.lower()
+            if name == b"content-length":
+                self.content_length = int(value)  # one, and digits only: llhttp checked
+        elif len(name) == 17:
+            name = name.lower()
+            if name == b"transfer-encoding":
+                self.chunked_seen = True
         self.headers.append((name, value))
-        if name == b"content-length":
-            self.content_length = int(value)  # one, and digits only: llhttp checked
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
+        # read here: llhttp resets it once a message without a body is complete
+        self.keep_alive = self.parser.should_keep_alive()
 
     def on_message_complete(self) -> None:
         self.message_done = True
@@ -130,12 +139,15 @@ class RequestReader:
                 elif self.chunked is not None:
                     framer = self.chunked
                     to = framer.advance(data, pos)
+                    if framer.size > self.limits.body_bytes:  # (this piece is not forwarded)
+                        raise Refused(refusals.BODY_TOO_LARGE, "request body too large")
                     self.parser.feed_data(view[pos:to])
                     pos = to
-                    assert self.call is not None
-                    self.call.request_bytes = framer.size
-                    if framer.size > self.limits.body_bytes:
-                        raise Refused(refusals.BODY_TOO_LARGE, "request body too large")
+                    call = self.call
+                    assert call is not None
+                    call.request_bytes = framer.size
+                    if framer.parts is not None and framer.size > call.capture_limit:
+                        framer.parts = None  # past the capture limit: not delivered
                     if framer.done:
                         payload = framer.payload() if framer.parts is not None else None
                         self._request_done(payload)
@@ -161,7 +173,7 @@ class RequestReader:
         except HttpParserError as exc:
             self.refused = _parser_refusal(exc)
             end = pos
-        if whole and not pieces and start == 0 and end == len(data):
+        if whole and not pieces and start == 0 and end == len(data) and self.refused is None:
             return None
         if start < end:
             pieces.append(view[start:end])
@@ -175,7 +187,7 @@ class RequestReader:
             self.target = b""
             self.headers = []
             self.content_length = None
-            self.headers_done = self.message_done = self.upgrade = False
+            self.headers_done = self.message_done = self.upgrade = self.chunked_seen = False
         limit = self.limits.header_bytes
         idx = data.find(b"\r\n\r\n", max(pos, pos + fed - 3))
         if idx < 0:
@@ -192,13 +204,19 @@ class RequestReader:
         self._parse(view[pos + fed : to])
         if not self.headers_done:
             return to, b""  # empty lines before a request: passed on as they are
-        if self.upgrade:
-            raise Refused(refusals.UPGRADE, "protocol upgrades are not supported")
         parser = self.parser
         verb = parser.get_method()
         target = self.target
         length = self.content_length
-        chunked = length is None and any(n == b"transfer-encoding" for n, _ in self.headers)
+        chunked = length is None and self.chunked_seen
+        if self.upgrade:
+            # llhttp takes what follows an upgrade request (or CONNECT) for the new protocol
+            # and parses no body of it: one without a body is relayed as the backend reads it
+            # (Triton ignores the Upgrade and answers over HTTP/1.1; llhttp goes on with the
+            # next request), one with a body is refused
+            if chunked or length:
+                raise Refused(refusals.UPGRADE, "an upgrade request with a body")
+            self.message_done = True
         if length is not None and length > self.limits.body_bytes:
             raise Refused(refusals.BODY_TOO_LARGE, f"request body of {length} bytes too large")
         route = self.routes.http_route(verb, target)
@@ -206,7 +224,7 @@ class RequestReader:
             verb, target, route.method, route.model, self.headers, None if chunked else length
         )
         self.call = call
-        if not parser.should_keep_alive():
+        if not self.keep_alive:
             self.closing = True
         if chunked:
             self.chunked = ChunkedFramer(capture=call.body is not None)
@@ -220,7 +238,7 @@ class RequestReader:
         try:
             self.parser.feed_data(chunk)
         except HttpParserUpgrade:
-            self.upgrade = True  # llhttp parses no body of it: the request is refused
+            self.upgrade = True  # see `_header_block`
 
     def _request_done(self, body: bytes | None) -> None:
         if not self.message_done:  # our framing and llhttp's disagree: trust neither
