@@ -16,6 +16,7 @@ skipped; the forced calls go to `sleep`, whose budget nothing else takes.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import tempfile
@@ -252,9 +253,11 @@ def test_perf_analyzer_over_http_counts_alike(
         if done.returncode != 0 and "error while loading shared libraries" in done.stderr:
             pytest.skip(f"perf_analyzer cannot run here: {done.stderr.strip()}")
         assert done.returncode == 0, done.stdout + done.stderr
+    # with --request-count, perf_analyzer sends exactly that many (no warm-up, no windows)
+    reported = re.search(r"Client: \n +Request count: (\d+)", done.stdout)
+    assert reported, done.stdout
     served = triton_successes(traced_triton, "add_sub") - before
     counted = proc.metric("xsp_requests_total", model="add_sub", **HTTP) - counted_before
-    assert served >= PA_REQUESTS
-    assert counted == served
+    assert int(reported.group(1)) == PA_REQUESTS == counted == served
     ok = proc.metric("xsp_requests_total", model="add_sub", grpc_code="OK", **HTTP)
     assert ok == proc.metric("xsp_requests_total", model="add_sub", **HTTP)
