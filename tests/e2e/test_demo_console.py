@@ -85,6 +85,10 @@ def test_rest_calls_add_up_beside_the_grpc_ones(demo: tuple[str, str, Path]) -> 
     per_model = {m: sample_sum(metrics, "xsp_requests_total", model=m, **http) for m in FORCEABLE}
     assert per_model == {"simple_cnn": 5, "add_sub": 5, "ens_cnn": 0}, per_model
     assert "REST traffic errors" not in console
+    # the traces stored, by the protocol their request span says
+    stored = int(_one(r"^ +traces stored: (\d+) ", console).group(1))
+    m = _one(r"^ +of them (\d+) gRPC and (\d+) REST calls$", console)
+    assert int(m.group(1)) + int(m.group(2)) == stored
     # the REST line follows the gRPC lines, before the sampling decisions
     grpc_at, rest_at = console.index("gRPC requests: "), console.index("REST requests: ")
     assert grpc_at < rest_at < console.index("sampling decisions: ")

@@ -24,7 +24,15 @@ from tqdm import tqdm
 
 from sidecar.trace.store import count_traces, failed_traces
 from tests.harness import REPO_ROOT
-from tests.harness.demo.rest import GRPC, RestTraffic, counted, json_client, post_json, rest_lines
+from tests.harness.demo.rest import (
+    GRPC,
+    RestTraffic,
+    counted,
+    json_client,
+    post_json,
+    protocol_line,
+    rest_lines,
+)
 from tests.harness.metrics_text import sample_sum, scrape, sums_by
 from tests.harness.process import free_port
 from tests.harness.sidecar_process import SidecarProcess
@@ -377,6 +385,8 @@ def account(
         f"{count_traces(db, status='error')} failed"
         + (f", {live_only} live-only)" if live_only else ")")
     )
+    if rest is not None and stored:
+        lines.append(protocol_line(db))
     if counts["error"]:
         lines.append(f"traffic errors (the client saw them): {counts['error']}")
     return lines
