@@ -35,6 +35,7 @@ class RestTraffic:
 
     sent: dict[str, int] = field(default_factory=dict)
     errors: int = 0
+    notes: list[str] = field(default_factory=list)  # shown under the REST line, e.g. resends
 
     def add(self, client: str, ok: bool = True) -> None:
         self.sent[client] = self.sent.get(client, 0) + 1
@@ -61,6 +62,7 @@ def rest_lines(rest: RestTraffic, metrics_text: str, method: str) -> list[str]:
         f"REST requests: {by_client} = {rest.total} sent; the sidecar counted {got} "
         f'(xsp_requests_total{{protocol="http"}}){differ}'
     ]
+    lines.extend(rest.notes)
     others = counted(metrics_text, HTTP) - got
     if others:
         lines.append(f"  and {others} REST call(s) of other methods the demo did not send")
