@@ -358,15 +358,19 @@ def await_listening(
     raise RuntimeError(f"{what} did not start listening within {timeout:.0f} s")
 
 
-def start_bare_relay(backend: str) -> tuple[subprocess.Popen[bytes], str] | None:
-    """socat relaying raw TCP to `backend` (a process per connection), or None without socat."""
+def start_bare_relay(
+    backend: str, buffer: int | None = None
+) -> tuple[subprocess.Popen[bytes], str] | None:
+    """socat relaying raw TCP to `backend` (a process per connection), or None without socat;
+    `buffer`: its transfer block size (`-b`; socat's own default is 8192 bytes)."""
     binary = shutil.which("socat")
     if binary is None:
         return None
     port = free_port()
     host, _, backend_port = backend.rpartition(":")
+    block = ["-b", str(buffer)] if buffer else []
     proc = subprocess.Popen(
-        [binary, f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork,nodelay",
+        [binary, *block, f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork,nodelay",
          f"TCP:{host}:{backend_port},nodelay"],
     )  # fmt: skip
     return await_listening(proc, port, "socat")
@@ -592,6 +596,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--protocol", choices=("grpc", "http"), default="grpc",
         help="--sizes through the gRPC relay or the HTTP relay (--http-listen); http: --sizes 16",
+    )  # fmt: skip
+    parser.add_argument(
+        "--socat-buffer", type=int, default=256000,
+        help="--sizes: socat's block size (-b), 256000 = the relay's uvloop receive buffer; "
+        "0: socat's default 8192",
     )  # fmt: skip
     parser.add_argument(
         "--split-calls", type=int, default=50,

@@ -13,9 +13,12 @@ falls on all of them:
   connection per client process, the relay the same `serve` with `--http-listen` and
   `--http-backend` (the HTTP plane), socat on Triton's HTTP port.
 
-It prints, per size and concurrency, throughput, p50 and CPU per call of each, and side by side
-the ratios the relay-floor goals are stated in: relay CPU per call / socat's, throughput /
-socat's, p50 added to direct (relay and socat), and what sampling on adds per call.
+socat copies in blocks of `--socat-buffer` bytes (256000 by default, the size of uvloop's
+receive buffer the relay reads into; socat's own default of 8192 makes it the slower copier
+at 2 MB, no floor). It prints, per size and concurrency, throughput, p50 and CPU per call of
+each, and side by side the ratios the relay-floor goals are stated in: relay CPU per call /
+socat's, throughput / socat's, p50 added to direct (relay and socat), and what sampling on
+adds per call.
 
 `split_frame_cost` (gRPC, in-process, no sockets) measures what a DATA frame split across two
 reads costs where the C walk hands the rest of the chunk to the Python scanner: the same
@@ -218,7 +221,8 @@ def measure(
     try:
         print(f"{args.protocol.upper()} through Triton {backend} (pid {triton_pid}); {MODEL}, "
               f"request and response of each size; {args.duration:.0f} s per path in "
-              f"{args.rounds} alternating windows; CPU from /proc/<pid>/stat")  # fmt: skip
+              f"{args.rounds} alternating windows; CPU from /proc/<pid>/stat; socat -b "
+              f"{args.socat_buffer or 8192}")  # fmt: skip
         print(GOALS)
         for size in args.sizes:
             for concurrency in args.concurrency:
@@ -241,7 +245,7 @@ def alternate(
             run_load(backend, concurrency, window, args.warmup, triton_pid, None, MODEL,
                      client=client)
         )  # fmt: skip
-        started = start_bare_relay(backend)
+        started = start_bare_relay(backend, args.socat_buffer or None)
         if started is not None:
             bare, address = started
             try:
