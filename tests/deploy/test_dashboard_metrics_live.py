@@ -327,3 +327,15 @@ def test_rest_traffic_shows_on_the_protocol_panels(prometheus: PrometheusServer)
     refused = prometheus.query("sum by (reason) (xsp_http_refused_total)")
     by_reason = {s["metric"]["reason"]: float(s["value"][1]) for s in refused}
     assert by_reason.get("malformed", 0) >= 1, by_reason
+
+
+def test_the_latency_panel_finds_the_sampled_calls_trace_ids(prometheus: PrometheusServer) -> None:
+    """The one latency target with exemplars on gets the sampled calls' `trace_id` exemplars
+    from Prometheus (exemplar storage on, scraped as OpenMetrics): the dots Grafana links to
+    the traces."""
+    [panel] = [p for p in dashboard()["panels"] if p["title"] == "Latency percentiles (relay)"]
+    [target] = [t for t in panel["targets"] if t.get("exemplar")]
+    found = prometheus.exemplars(grafana_expr(target["expr"]))
+    trace_ids = {e["labels"].get("trace_id") for e in found}
+    assert trace_ids - {None}, found
+    assert all(re.fullmatch(r"[0-9a-f]{32}", t) for t in trace_ids if t), trace_ids

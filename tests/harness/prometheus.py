@@ -11,6 +11,7 @@ import contextlib
 import json
 import shutil
 import subprocess
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -103,6 +104,17 @@ class PrometheusServer(ChildProcess):
         data = self.api("query", query=expr)
         result = data["result"]
         return [{"metric": {}, "value": result}] if data["resultType"] == "scalar" else result
+
+    def exemplars(self, expr: str, seconds: float = 3600.0) -> list[dict[str, Any]]:
+        """The exemplars of `expr`'s series over the last `seconds` (each: its `labels`, its
+        `value` and `timestamp`), as Grafana asks for a panel target with exemplars on."""
+        now = time.time()
+        found: list[dict[str, Any]] = []
+        for series in self.api(
+            "query_exemplars", query=expr, start=str(now - seconds), end=str(now)
+        ):  # fmt: skip
+            found.extend(series["exemplars"])
+        return found
 
     def label_values(self, metric: str, label: str) -> list[str]:
         values: list[str] = self.api(f"label/{label}/values", **{"match[]": metric})
