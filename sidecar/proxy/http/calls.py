@@ -106,7 +106,8 @@ class CallBook:
             return call, b""
         call.start_ns = time.time_ns()
         call.path = path = target.decode("utf-8", "replace")
-        raw = [(b":method", verb), (b":path", target), *headers]
+        raw = [(b":method", verb), (b":path", target)]
+        raw += [(name.lower(), value) for name, value in headers]
         start = _record(RequestStart, (self.connection_id, call.sid, path, call.method, raw))
         try:
             decision = self.observer.on_request_headers(start)

@@ -49,7 +49,7 @@ class RequestReader:
     """Splits one connection's client bytes into requests (see the module docstring)."""
 
     __slots__ = (
-        "body_left", "book", "call", "chunked", "closing", "content_length", "head",
+        "body_left", "book", "call", "chunked", "chunked_seen", "closing", "content_length", "head",
         "head_since", "headers", "headers_done", "keep_alive", "limits", "message_done", "parser",
         "refused", "routes", "target", "upgrade",
     )  # fmt: skip
@@ -70,6 +70,7 @@ class RequestReader:
         self.target = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.content_length: int | None = None
+        self.chunked_seen = False  # a Transfer-Encoding field (llhttp checked it ends in chunked)
         self.headers_done = False
         self.keep_alive = True
         self.message_done = False
@@ -81,10 +82,15 @@ class RequestReader:
         self.target += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        name = name.lower()
+        if len(name) == 14:  # (lowering only the names that may be Content-Length)
+            name = name.lower()
+            if name == b"content-length":
+                self.content_length = int(value)  # one, and digits only: llhttp checked
+        elif len(name) == 17:
+            name = name.lower()
+            if name == b"transfer-encoding":
+                self.chunked_seen = True
         self.headers.append((name, value))
-        if name == b"content-length":
-            self.content_length = int(value)  # one, and digits only: llhttp checked
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
@@ -137,8 +143,11 @@ class RequestReader:
                         raise Refused(refusals.BODY_TOO_LARGE, "request body too large")
                     self.parser.feed_data(view[pos:to])
                     pos = to
-                    assert self.call is not None
-                    self.call.request_bytes = framer.size
+                    call = self.call
+                    assert call is not None
+                    call.request_bytes = framer.size
+                    if framer.parts is not None and framer.size > call.capture_limit:
+                        framer.parts = None  # past the capture limit: not delivered
                     if framer.done:
                         payload = framer.payload() if framer.parts is not None else None
                         self._request_done(payload)
@@ -178,7 +187,7 @@ class RequestReader:
             self.target = b""
             self.headers = []
             self.content_length = None
-            self.headers_done = self.message_done = self.upgrade = False
+            self.headers_done = self.message_done = self.upgrade = self.chunked_seen = False
         limit = self.limits.header_bytes
         idx = data.find(b"\r\n\r\n", max(pos, pos + fed - 3))
         if idx < 0:
@@ -199,7 +208,7 @@ class RequestReader:
         verb = parser.get_method()
         target = self.target
         length = self.content_length
-        chunked = length is None and any(n == b"transfer-encoding" for n, _ in self.headers)
+        chunked = length is None and self.chunked_seen
         if self.upgrade:
             # llhttp takes what follows an upgrade request (or CONNECT) for the new protocol
             # and parses no body of it: one without a body is relayed as the backend reads it

@@ -55,10 +55,11 @@ class ResponseReader:
     # -- llhttp callbacks -----------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        name = name.lower()
-        if name == b"content-length":
-            self.content_length = int(value)
-        elif name == b"transfer-encoding":
+        size = len(name)  # (lowering only the names that may be one of the two)
+        if size == 14:
+            if name.lower() == b"content-length":
+                self.content_length = int(value)
+        elif size == 17 and name.lower() == b"transfer-encoding":
             self.te = value.lower()
 
     def on_headers_complete(self) -> None:
