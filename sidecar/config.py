@@ -84,6 +84,12 @@ def _address(value: Any, setting: str) -> str:
     return text
 
 
+def _optional_address(value: Any, setting: str) -> str:
+    """'' (off) or `HOST:PORT`."""
+    text = str(value).strip()
+    return text and _address(text, setting)
+
+
 TF_PROFILER_AT_BACKEND = "backend"  # --tf-profiler-address: the backend's own gRPC port
 
 
@@ -127,6 +133,26 @@ class ServeConfig:
     listen: str = field(
         default="0.0.0.0:8011", metadata=row(_address, "HOST:PORT", "relay address clients call")
     )
+    http_listen: str = field(
+        default="",
+        metadata=row(
+            _optional_address,
+            "HOST:PORT",
+            "relay address REST clients call (KServe v2 HTTP, TF-Serving REST); with "
+            "--http-backend; '' = no HTTP plane",
+            empty_env=True,
+        ),
+    )
+    http_backend: str = field(
+        default="",
+        metadata=row(
+            _optional_address,
+            "HOST:PORT",
+            "the model server's REST endpoint (Triton's 8000, TF-Serving's 8501); with "
+            "--http-listen; '' = no HTTP plane",
+            empty_env=True,
+        ),
+    )
     metrics_port: int = field(
         default=8012, metadata=row(parsers.any_port, "N", "Prometheus /metrics HTTP port")
     )
@@ -156,8 +182,8 @@ class ServeConfig:
         metadata=row(
             parsers.seconds,
             "S",
-            "close a client connection with no call in flight for this long, with a GOAWAY; "
-            "0 = never",
+            "close a client connection with no call in flight for this long (gRPC: with a "
+            "GOAWAY; HTTP: after its last response); 0 = never",
         ),
     )
     tls_cert: Path | None = field(
@@ -382,6 +408,19 @@ class ServeConfig:
     def listen_endpoint(self) -> Endpoint:
         return parse_endpoint(self.listen, "listen")
 
+    @property
+    def http_plane(self) -> bool:
+        """Whether REST traffic is relayed too (--http-listen and --http-backend given)."""
+        return bool(self.http_listen and self.http_backend)
+
+    @property
+    def http_listen_endpoint(self) -> Endpoint:
+        return parse_endpoint(self.http_listen, "http-listen")
+
+    @property
+    def http_backend_endpoint(self) -> Endpoint:
+        return parse_endpoint(self.http_backend, "http-backend")
+
 
 def settings() -> Iterator[tuple[str, Any, Setting]]:
     """The table: (key, default, setting) of every `ServeConfig` field, in order."""
@@ -459,6 +498,7 @@ def load_serve_config(
             continue
         values[key] = setting.parse(raw, where)
     config = ServeConfig(**values)
+    check_http_plane(config)
     if (config.tls_cert is None) != (config.tls_key is None):
         raise ConfigError("TLS needs both --tls-cert and --tls-key (or neither)")
     if config.model_repository is not None and not config.model_repository.is_dir():
@@ -476,3 +516,16 @@ def load_serve_config(
         if path is not None and not path.is_file():
             raise ConfigError(f"{flag_name(name)}: {path} is not a readable file")
     return config
+
+
+def check_http_plane(config: ServeConfig) -> None:
+    """The HTTP plane needs both of its addresses, or neither."""
+    given = [name for name in ("http_listen", "http_backend") if getattr(config, name)]
+    if len(given) == 1:
+        (have,) = given
+        missing = "http_backend" if have == "http_listen" else "http_listen"
+        raise ConfigError(
+            f"{flag_name(have)} needs {flag_name(missing)} (env {env_name(missing)}) too: the "
+            "HTTP plane relays REST calls from the one to the other; give both, or neither "
+            "for no HTTP plane"
+        )

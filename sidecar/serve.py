@@ -1,10 +1,12 @@
 """Wire the sidecar together: relay + `/metrics` HTTP server + health/reflection gRPC port,
-plus (with `--model-repository`) the sampling pipeline and (with `--admin`) the admin API.
+plus (with `--http-listen` and `--http-backend`) the HTTP plane's relay of REST calls, (with
+`--model-repository`) the sampling pipeline and (with `--admin`) the admin API.
 
 `Sidecar` owns the parts; `run_sidecar(config)` runs it on uvloop until SIGTERM/SIGINT, then
 shuts down gracefully: stop accepting, drain every client connection with HTTP/2 GOAWAY
 (`proxy/drain.py`), let in-flight calls finish for up to `grace_period` seconds, end the rest
-with UNAVAILABLE, stop the other servers.
+with UNAVAILABLE, stop the other servers. The HTTP plane stops accepting and finishes its
+in-flight calls within the same grace period, beside the gRPC relay.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from sidecar.config import TF_PROFILER_AT_BACKEND, ConfigError, ServeConfig
 from sidecar.endpoint import Endpoint, PortInUseError, translate_bind_errors
 from sidecar.health import BackendChecker, HealthServer, add_port, tcp_accepts
 from sidecar.proxy import native
+from sidecar.proxy.http import HttpLimits, HttpRelay
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.native_paths import NativeInfo, describe, paths
 from sidecar.proxy.relay import Relay
@@ -58,8 +61,11 @@ class Sidecar:
     config: ServeConfig
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     observer_factory: ObserverFactory | None = None
+    http_observer_factory: ObserverFactory | None = None
     health_interval: float = 1.0
     relay: Relay | None = None
+    http_relay: HttpRelay | None = None
+    http_listen: Endpoint | None = None  # the HTTP plane's bound address, when it has one
     health: HealthServer | None = None
     listen: Endpoint | None = None
     metrics_port: int = 0
@@ -84,6 +90,8 @@ class Sidecar:
             warn_if_no_replay_gpu(config.replay_device)
             if self.observer_factory is None and self.sampling.enabled:
                 self.observer_factory = self.sampling.hub.observer_factory
+            if self.http_observer_factory is None and self.sampling.enabled:
+                self.http_observer_factory = self.sampling.hub.http_observer_factory
         elif config.admin:
             raise ConfigError("--admin needs --model-repository (profiles replay its models)")
         elif config.sample_slow != "off":
@@ -100,6 +108,8 @@ class Sidecar:
         )  # fmt: skip
         self.listen = await self.relay.start(config.listen_endpoint)
         try:
+            if config.http_plane:
+                await self._start_http_plane(config, metrics)
             with translate_bind_errors(
                 f"0.0.0.0:{config.metrics_port}", "/metrics", "--metrics-port"
             ):
@@ -107,7 +117,7 @@ class Sidecar:
                     config.metrics_port, registry=self.registry
                 )
         except OSError:
-            self.relay.stop_accepting()
+            self._stop_accepting()
             raise
         self.metrics_port = int(self._metrics_server.server_port)
         checker = BackendChecker(backend, config.backend_protocol)
@@ -123,7 +133,7 @@ class Sidecar:
                 extra=extra,
             )
         except PortInUseError:
-            self.relay.stop_accepting()
+            self._stop_accepting()
             self._metrics_server.shutdown()
             raise
         self.grpc_port = self.health.port
@@ -139,16 +149,51 @@ class Sidecar:
             "relaying %s -> %s (%s); /metrics on :%d; health on :%d",
             self.listen, backend, config.backend_protocol, self.metrics_port, self.grpc_port,
         )  # fmt: skip
+        if self.http_relay is not None:
+            log.info(
+                "relaying REST calls %s -> %s (HTTP/1.1, %s routes; sampling %s)",
+                self.http_listen, config.http_backend_endpoint, config.backend_protocol,
+                "on" if self.http_observer_factory is not None else "off",
+            )  # fmt: skip
+        else:
+            log.info("no HTTP plane: give --http-listen and --http-backend to relay REST calls")
         # which relay paths run in C (also xsp_relay_native_info); off where not built is news
         all_on = all(paths().values())
         log.log(logging.INFO if all_on or not native.ENABLED else logging.WARNING, "%s",
                 describe())  # fmt: skip
 
+    async def _start_http_plane(self, config: ServeConfig, metrics: ProxyMetrics) -> None:
+        """The HTTP plane's relay: REST calls to --http-backend, counted under the backend's
+        routes, and sampled by the pipeline's HTTP observers when sampling is on."""
+        backend = config.http_backend_endpoint
+        self.http_relay = HttpRelay(
+            backend, backend_named(config.backend_protocol), metrics,
+            observer_factory=self.http_observer_factory,
+            limits=HttpLimits(idle_timeout_s=config.idle_timeout or None),
+        )  # fmt: skip
+        listen = config.http_listen_endpoint
+        with translate_bind_errors(str(listen), "REST clients", "--http-listen"):
+            self.http_listen = await self.http_relay.start(listen)
+        if not tcp_accepts(backend, 1.0):
+            log.warning(
+                "HTTP backend %s does not accept connections yet; REST clients get 503 until "
+                "it does",
+                backend,
+            )
+
+    def _stop_accepting(self) -> None:
+        """A failed start: the relays take no more connections."""
+        for relay in (self.relay, self.http_relay):
+            if relay is not None:
+                relay.stop_accepting()
+
     async def shutdown(self, grace_period: float | None = None) -> None:
         grace = self.config.grace_period if grace_period is None else grace_period
-        if self.relay is not None:
+        relays = [r for r in (self.relay, self.http_relay) if r is not None]
+        if relays:
             log.info("shutting down: waiting up to %.1f s for in-flight calls", grace)
-            await self.relay.shutdown(grace)
+            # both planes drain at once, within the one grace period
+            await asyncio.gather(*(relay.shutdown(grace) for relay in relays))
         if self.health is not None:
             self.health.stop(0)
         if self.admin_server is not None:

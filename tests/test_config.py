@@ -82,6 +82,9 @@ def test_backend_forms() -> None:
             "--tls-cert: /no.pem is not a readable",
         ),
         ({"config": "/nonexistent.toml"}, {}, "config file /nonexistent.toml does not exist"),
+        ({"http_listen": "0.0.0.0:8010"}, {}, "--http-listen needs --http-backend"),
+        ({}, {"XSP_HTTP_BACKEND": "triton:8000"}, "--http-backend needs --http-listen"),
+        ({"http_backend": "triton"}, {}, "--http-backend: expected HOST:PORT or unix:PATH"),
         ({"otlp_export": "collector:4318"}, {}, "--otlp-export: expected http://HOST:4318"),
         ({}, {"XSP_REPLAY_DEVICE": "gpu"}, "use auto, cpu, cuda or cuda:N"),
         (
@@ -145,6 +148,8 @@ def test_levels_accept_codes_and_names_in_any_case(tmp_path: Path) -> None:
 SAMPLES: dict[str, str] = {
     "backend": "unix:/run/triton.sock",
     "listen": "127.0.0.1:9011",
+    "http_listen": "127.0.0.1:9015",
+    "http_backend": "[::1]:8000",
     "metrics_port": "9012",
     "grpc_port": "9013",
     "grace_period": "3.5",
@@ -242,3 +247,24 @@ def test_an_empty_variable_is_unset_except_for_the_force_header() -> None:
     config = load_serve_config({}, env={"XSP_DB": "", "XSP_SAMPLE_FORCE_HEADER": ""})
     assert config.db == ServeConfig().db
     assert config.sample_force_header == ""  # '' switches forcing off
+
+
+def test_the_http_plane_needs_both_addresses_or_neither(tmp_path: Path) -> None:
+    off = load_serve_config({}, env={})
+    assert (off.http_listen, off.http_backend, off.http_plane) == ("", "", False)
+    on = load_serve_config(
+        flags_from(["--http-listen", "0.0.0.0:8010", "--http-backend", "localhost:8000"]), env={}
+    )
+    assert on.http_plane
+    assert on.http_listen_endpoint == Endpoint("0.0.0.0", 8010)
+    assert on.http_backend_endpoint == Endpoint("localhost", 8000)
+    # the missing one is named, with its environment variable
+    with pytest.raises(ConfigError) as info:
+        load_serve_config({"http_backend": "localhost:8000"}, env={})
+    assert "--http-backend needs --http-listen (env XSP_HTTP_LISTEN) too" in str(info.value)
+    # an empty variable switches a file's HTTP plane off, as for the other '' settings
+    toml = tmp_path / "xsp.toml"
+    toml.write_text('http_listen = "0.0.0.0:8010"\nhttp_backend = "localhost:8000"\n')
+    env = {"XSP_CONFIG": str(toml), "XSP_HTTP_LISTEN": "", "XSP_HTTP_BACKEND": ""}
+    assert not load_serve_config({}, env=env).http_plane
+    assert load_serve_config({}, env={"XSP_CONFIG": str(toml)}).http_plane

@@ -11,7 +11,16 @@ backend: docs/architecture.md, "Adding a backend".
 
 from __future__ import annotations
 
-from sidecar.backends.base import Backend, Decoder, FieldPath, MethodInfo, SpanSource
+from sidecar.backends.base import (
+    UNKNOWN_METHOD,
+    Backend,
+    Decoder,
+    FieldPath,
+    HttpCall,
+    HttpRoute,
+    MethodInfo,
+    SpanSource,
+)
 from sidecar.backends.tfserving import TF_SERVING
 from sidecar.backends.triton import TRITON
 
@@ -50,9 +59,12 @@ __all__ = [
     "BACKENDS",
     "TF_SERVING",
     "TRITON",
+    "UNKNOWN_METHOD",
     "Backend",
     "Decoder",
     "FieldPath",
+    "HttpCall",
+    "HttpRoute",
     "MethodInfo",
     "SpanSource",
     "UnknownBackendError",

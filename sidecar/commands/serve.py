@@ -1,4 +1,4 @@
-"""`xsp-sidecar serve`: relay gRPC traffic to the backend and export metrics."""
+"""`xsp-sidecar serve`: relay gRPC (and REST) traffic to the backend and export metrics."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from sidecar.config import (
 
 NAME = "serve"
 HELP = (
-    "relay gRPC traffic to Triton / TF-Serving unchanged, export Prometheus metrics, and "
-    "profile a sample of live requests into SQLite traces"
+    "relay gRPC traffic (and, with --http-listen and --http-backend, REST traffic) to Triton / "
+    "TF-Serving unchanged, export Prometheus metrics, and profile a sample of live requests "
+    "into SQLite traces"
 )
 SAMPLING_DESCRIPTION = (
     "A sampled request is replayed on a local runtime with leveled profiling (model, layer, "

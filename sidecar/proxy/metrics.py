@@ -7,6 +7,11 @@ past `max_methods` distinct names outside the known gRPC tables. Per-call number
 counters turned into metric families at scrape time, so the per-request cost is a few
 dictionary look-ups and integer additions.
 
+Both relays count here: the gRPC relay's calls in `codes`/`stats` (read and written by its C
+walk too), the HTTP relay's in `http` (a `CallPlane` of the same shape); the per-call families
+carry a `protocol` label (`grpc` | `http`) added at scrape time. The HTTP relay's refusals of
+bad input are counted in `xsp_http_refused_total{reason}`.
+
 A sampled call (one the sampling hook traced) also leaves an exemplar `{trace_id="..."}` on
 the duration bucket it fell in (`record_exemplar`): the latest one per bucket per (method,
 model), shown only in the OpenMetrics exposition, so a latency panel links to the trace.
@@ -44,6 +49,13 @@ DURATION_BUCKETS = (
     1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 
+PROTOCOLS = ("grpc", "http")  # values of the per-call families' `protocol` label
+# Reasons the HTTP relay refuses a request (`proxy/http/refusals.py`): `xsp_http_refused_total`
+HTTP_REFUSALS = (
+    "malformed", "header_too_large", "body_too_large", "header_timeout", "smuggling", "upgrade",
+    "backend_unavailable",
+)  # fmt: skip
+
 # Observer hooks whose failures are counted: the label set of `xsp_observer_errors_total{hook}`.
 OBSERVER_HOOKS = ("connection", "request_headers", "request_body", "stream_end", "stream_message")
 
@@ -76,41 +88,54 @@ class _CallCollector(Collector):
 
     def collect(self) -> list[Metric]:
         m = self.metrics
-        return self._families(list(m.codes.items()), list(m.stats.items()), dict(m.observer_errors))
+        planes = [
+            ("grpc", list(m.codes.items()), list(m.stats.items())),
+            ("http", list(m.http.codes.items()), list(m.http.stats.items())),
+        ]
+        return self._families(
+            [(p, codes) for p, codes, _ in planes],
+            [(p, stats) for p, _, stats in planes],
+            dict(m.observer_errors),
+        )
 
     @staticmethod
     def _families(
-        codes: list[tuple[tuple[str, str, str], int]],
-        stats: list[tuple[tuple[str, str], CallStats]],
+        codes: list[tuple[str, list[tuple[tuple[str, str, str], int]]]],
+        stats: list[tuple[str, list[tuple[tuple[str, str], CallStats]]]],
         observer_errors: dict[str, int],
     ) -> list[Metric]:
         requests = CounterMetricFamily(
             "xsp_requests",
-            "gRPC calls relayed, by method, model and gRPC status code.",
-            labels=["method", "model", "grpc_code"],
+            "Calls relayed (gRPC and HTTP), by method, model, gRPC status code (an HTTP call's "
+            "error class) and protocol.",
+            labels=["method", "model", "grpc_code", "protocol"],
         )
-        for labels, value in codes:
-            requests.add_metric(labels, value)
+        for protocol, plane_codes in codes:
+            for labels, value in plane_codes:
+                requests.add_metric([*labels, protocol], value)
         duration = HistogramMetricFamily(
             "xsp_request_duration_seconds",
             "Time from a call's request headers to the end of its response, seen by the relay.",
-            labels=["method", "model"],
+            labels=["method", "model", "protocol"],
         )
         request_bytes = CounterMetricFamily(
             "xsp_request_bytes",
-            "HTTP/2 DATA bytes sent by clients (gRPC-framed request messages).",
-            labels=["method", "model"],
+            "Request body bytes sent by clients (gRPC: HTTP/2 DATA, gRPC-framed messages; "
+            "HTTP: the body, de-chunked).",
+            labels=["method", "model", "protocol"],
         )
         response_bytes = CounterMetricFamily(
             "xsp_response_bytes",
-            "HTTP/2 DATA bytes sent by the backend (gRPC-framed response messages).",
-            labels=["method", "model"],
+            "Response body bytes sent by the backend (gRPC: HTTP/2 DATA, gRPC-framed "
+            "messages; HTTP: the body, de-chunked).",
+            labels=["method", "model", "protocol"],
         )
-        for pair, st in stats:
-            pair_labels = list(pair)
-            duration.add_metric(pair_labels, _buckets(st), sum_value=st.sum)
-            request_bytes.add_metric(pair_labels, st.request_bytes)
-            response_bytes.add_metric(pair_labels, st.response_bytes)
+        for protocol, plane_stats in stats:
+            for pair, st in plane_stats:
+                pair_labels = [*pair, protocol]
+                duration.add_metric(pair_labels, _buckets(st), sum_value=st.sum)
+                request_bytes.add_metric(pair_labels, st.request_bytes)
+                response_bytes.add_metric(pair_labels, st.response_bytes)
         observer = CounterMetricFamily(
             "xsp_observer_errors",
             "Calls of the sampling observer's hooks that failed (the call itself is still "
@@ -134,6 +159,40 @@ def _buckets(
         (le, count) if ex is None else (le, count, ex)
         for le, count, ex in zip(_LE, counts, list(exemplars), strict=True)
     ]
+
+
+class CallPlane:
+    """Per-call counters of one protocol's relay: `codes` (method, model, code) -> calls and
+    `stats` (method, model) -> `CallStats`, labels already bounded (`ProxyMetrics.
+    model_label`/`method_label`). Written by the event-loop thread only."""
+
+    __slots__ = ("codes", "stats")
+
+    def __init__(self) -> None:
+        self.codes: dict[tuple[str, str, str], int] = {}
+        self.stats: dict[tuple[str, str], CallStats] = {}
+
+    def record(
+        self,
+        method: str,
+        model: str,
+        code: str,
+        duration_s: float,
+        request_bytes: int,
+        response_bytes: int,
+    ) -> None:
+        """Count one ended call."""
+        key = (method, model, code)
+        codes = self.codes
+        codes[key] = codes.get(key, 0) + 1
+        st = self.stats.get((method, model))
+        if st is None:
+            st = self.stats[(method, model)] = CallStats()
+        st.buckets[bisect_left(DURATION_BUCKETS, duration_s)] += 1
+        st.count += 1
+        st.sum += duration_s
+        st.request_bytes += request_bytes
+        st.response_bytes += response_bytes
 
 
 class ProxyMetrics:
@@ -165,11 +224,24 @@ class ProxyMetrics:
         # per-call counters, also read and written by the C walk (native.INTERFACE)
         self.codes: dict[tuple[str, str, str], int] = {}
         self.stats: dict[tuple[str, str], CallStats] = {}
+        self.http = CallPlane()  # the HTTP relay's (`proxy/http`)
+        self.http_open = 0  # HTTP requests forwarded and not yet answered in full
         registry.register(_CallCollector(self))
         self.in_flight = Gauge(
-            "xsp_requests_in_flight", "gRPC calls started and not yet ended.", registry=registry
+            "xsp_requests_in_flight",
+            "Calls (gRPC and HTTP) started and not yet ended.",
+            registry=registry,
         )
-        self.in_flight.set_function(lambda: self.open_streams)
+        self.in_flight.set_function(lambda: self.open_streams + self.http_open)
+        self.http_refused = Counter(
+            "xsp_http_refused",
+            "HTTP requests the relay answered itself and never forwarded (then closed the "
+            "connection), by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in HTTP_REFUSALS:
+            self.http_refused.labels(reason)
         self.connections_active = Gauge(
             "xsp_connections_active", "Client connections open now.", registry=registry
         )
@@ -185,7 +257,8 @@ class ProxyMetrics:
             "xsp_observation_failures",
             "Connections whose observation failed (bytes kept flowing): not HTTP/2 or framing "
             "lost (observation stopped), or a header block could not be decoded (calls counted "
-            "by stream from then on, see xsp_unobserved_streams_total).",
+            "by stream from then on, see xsp_unobserved_streams_total); http_response: an "
+            "HTTP backend's response could not be parsed (that connection relayed unobserved).",
             ["reason"],
             registry=registry,
         )
@@ -284,11 +357,15 @@ class ProxyMetrics:
         key = (method, model, code)
         self.codes[key] = self.codes.get(key, 0) + 1
 
-    def record_exemplar(self, method: str, model: str, duration_s: float, trace_id: str) -> None:
+    def record_exemplar(
+        self, method: str, model: str, duration_s: float, trace_id: str, protocol: str = "grpc"
+    ) -> None:
         """Link a sampled call to its trace: after `record` counted the call (same labels and
         duration), keep `{trace_id}` as the exemplar of the bucket it fell in, replacing the
-        one before. Call from the thread that calls `record`."""
-        st = self.stats.get((method, model))
+        one before. Call from the thread that calls `record`. `protocol`: "http" for a call
+        of the HTTP relay (`http.stats`)."""
+        stats = self.http.stats if protocol == "http" else self.stats
+        st = stats.get((method, model))
         if st is None or method in self._per_message:  # no bucket for this call's duration
             return
         exemplars = st.exemplars

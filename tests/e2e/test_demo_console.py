@@ -1,6 +1,7 @@
 """The real demo (`python -m tests.harness.demo`, small): its console adds up against the
-/metrics scrape it writes (demo-out/metrics.txt), names why profiles were skipped or failed,
-and its progress bars count each profile's own work."""
+/metrics scrape it writes (demo-out/metrics.txt), gRPC and REST calls each against its own
+count, names why profiles were skipped or failed, and its progress bars count each profile's
+own work."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import pytest
 
 from sidecar.trace.store import count_traces
 from tests.harness import REPO_ROOT
+from tests.harness.demo.triton import FORCEABLE
 from tests.harness.metrics_text import sample_sum, sums_by
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
-REQUESTS, FORCED = 30, 3
+REQUESTS, FORCED, REST = 30, 3, 10  # REST: every fifth in KServe v2 JSON (curl), the rest binary
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +31,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, Path]:
     cmd = [
         sys.executable, "-m", "tests.harness.demo", "--requests", str(REQUESTS),
         "--forced", str(FORCED), "--forced-models", "simple_cnn,add_sub,ens_cnn", "--out", str(out),
+        "--rest-requests", str(REST),
     ]  # fmt: skip
     run = subprocess.run(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, timeout=240
@@ -46,20 +49,45 @@ def _one(pattern: str, console: str) -> re.Match[str]:
 def test_requests_add_up_to_what_metrics_counted(demo: tuple[str, str, Path]) -> None:
     console, metrics, _ = demo
     m = _one(
-        r"requests: (\d+) traffic \+ (\d+) forced \+ (\d+) forced sent again = (\d+) sent; "
+        r"gRPC requests: (\d+) traffic \+ (\d+) forced \+ (\d+) forced sent again = (\d+) sent; "
         r"the sidecar counted (\d+) \(xsp_requests_total\)$",
         console,
     )
     traffic, forced, again, sent, counted = map(int, m.groups())
     assert (traffic, forced) == (REQUESTS, FORCED)
     assert traffic + forced + again == sent == counted
-    assert counted == round(sample_sum(metrics, "xsp_requests_total", method="ModelInfer"))
+    grpc = {"method": "ModelInfer", "protocol": "grpc"}
+    assert counted == round(sample_sum(metrics, "xsp_requests_total", **grpc))
     # every forced call sent again is explained by the decision that turned it away
     decisions = sums_by(metrics, "xsp_sampling_decisions_total", "decision")
     retried = re.findall(r"(\d+) forced call\(s\) sent again: turned away by (\w+) \(.+\)", console)
     assert sum(int(n) for n, _ in retried) == again
     for n, decision in retried:
         assert decision.startswith("skipped_") and int(n) <= decisions[decision]
+
+
+def test_rest_calls_add_up_beside_the_grpc_ones(demo: tuple[str, str, Path]) -> None:
+    """The REST calls went through the sidecar's HTTP plane: tritonclient.http with binary
+    tensors and KServe v2 JSON (curl), each counted under ModelInfer with protocol="http"."""
+    console, metrics, _ = demo
+    m = _one(
+        r"^ +REST requests: (\d+) tritonclient\.http \(binary tensors\) \+ (\d+) (curl|urllib) "
+        r"\(JSON\) = (\d+) sent; the sidecar counted (\d+) "
+        r'\(xsp_requests_total\{protocol="http"\}\)$',
+        console,
+    )
+    binary, plain, sent, counted = (int(m.group(i)) for i in (1, 2, 4, 5))
+    assert (binary, plain) == (REST - REST // 5, REST // 5)
+    assert binary + plain == sent == counted == REST
+    http = {"method": "ModelInfer", "protocol": "http"}
+    assert counted == round(sample_sum(metrics, "xsp_requests_total", **http))
+    # i % 5 == 4: add_sub in JSON; else i % 3 == 2: add_sub, binary; else simple_cnn, binary
+    per_model = {m: sample_sum(metrics, "xsp_requests_total", model=m, **http) for m in FORCEABLE}
+    assert per_model == {"simple_cnn": 5, "add_sub": 5, "ens_cnn": 0}, per_model
+    assert "REST traffic errors" not in console
+    # the REST line follows the gRPC lines, before the sampling decisions
+    grpc_at, rest_at = console.index("gRPC requests: "), console.index("REST requests: ")
+    assert grpc_at < rest_at < console.index("sampling decisions: ")
 
 
 def test_decisions_and_skips_add_up_with_their_reasons(demo: tuple[str, str, Path]) -> None:

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.tfserving]
 def run_demo(backend: str, out: Path) -> subprocess.CompletedProcess[str]:
     cmd = [
         sys.executable, "-m", "tests.harness.demo", "--backend", backend, "--out", str(out),
-        "--requests", "5", "--forced", "1",
+        "--requests", "5", "--forced", "1", "--rest-requests", "5",
     ]  # fmt: skip
     return subprocess.run(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT,

@@ -71,7 +71,15 @@ def exemplars(openmetrics_text: str, name: str) -> list[tuple[dict[str, str], Ex
 
 
 def sample_value(text: str, name: str, **labels: str) -> float | None:
-    """The value of the sample `name` whose labels are exactly `labels`; None when absent."""
+    """The value of the sample `name` whose labels are exactly `labels`; None when absent.
+    A per-call family's `protocol` label may be left out for `protocol="grpc"` (the series
+    every gRPC test asks for; an HTTP call's are asked for with `protocol="http"`)."""
+    if "protocol" not in labels:
+        grpc = {**labels, "protocol": "grpc"}
+        for sample in samples(text):
+            if sample.name == name and sample.labels in (labels, grpc):
+                return float(sample.value)
+        return None
     for sample in samples(text):
         if sample.name == name and sample.labels == labels:
             return float(sample.value)

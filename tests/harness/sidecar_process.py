@@ -2,7 +2,8 @@
 
 Started with this Python (`python -m sidecar serve`, this checkout first on its path), ready
 once its gRPC health service says SERVING, stopped with SIGTERM (then SIGKILL after 20 s); its
-/metrics is scraped over HTTP.
+/metrics is scraped over HTTP. Given the backend's REST address (`http_backend`), it relays
+REST calls too, on `http_address`.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ class SidecarStartError(StartError):
 class SidecarProcess(ChildProcess):
     """`xsp-sidecar serve` in front of `backend`, on free ports, logging to `log_path`.
 
-    `args` are further `serve` flags. The child gets this process's environment without its
-    `XSP_*` variables (flags only), unless `keep_xsp_env` passes the user's settings through;
-    `extra_env` is added on top. Use as a context manager or call `start()` / `stop()`.
+    `args` are further `serve` flags; `http_backend` (the backend's REST `HOST:PORT`) turns
+    the HTTP plane on, listening on `http_port`. The child gets this process's environment
+    without its `XSP_*` variables (flags only), unless `keep_xsp_env` passes the user's
+    settings through; `extra_env` is added on top. Use as a context manager or call `start()`
+    / `stop()`.
     """
 
     NAME: ClassVar[str] = "the sidecar"
@@ -49,6 +52,8 @@ class SidecarProcess(ChildProcess):
     listen_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     grpc_port: int = field(default_factory=free_port)
+    http_backend: str | None = None
+    http_port: int = field(default_factory=free_port)
     keep_xsp_env: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
@@ -59,14 +64,26 @@ class SidecarProcess(ChildProcess):
         return f"127.0.0.1:{self.listen_port}"
 
     @property
+    def http_address(self) -> str:
+        """Where the HTTP plane listens (with `http_backend`): REST clients call it."""
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.http_address}"
+
+    @property
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def command(self) -> list[str]:
+        http = []
+        if self.http_backend is not None:
+            http = ["--http-listen", self.http_address, "--http-backend", self.http_backend]
         return [
             sys.executable, "-m", "sidecar", "serve", "--backend", self.backend,
             "--listen", self.address, "--metrics-port", str(self.metrics_port),
-            "--grpc-port", str(self.grpc_port), *self.args,
+            "--grpc-port", str(self.grpc_port), *http, *self.args,
         ]  # fmt: skip
 
     def child_env(self) -> dict[str, str]:

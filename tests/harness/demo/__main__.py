@@ -44,6 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="requests to send through the sidecar (default: 300)",
     )
     parser.add_argument(
+        "--rest-requests",
+        type=int,
+        default=100,
+        help="REST requests to send through the sidecar's HTTP plane beside the gRPC ones "
+        "(with triton: tritonclient.http with binary tensors, every fifth KServe v2 JSON with "
+        "curl); 0: gRPC only (default: 100)",
+    )
+    parser.add_argument(
         "--sample-rate",
         type=float,
         default=0.02,
@@ -94,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.requests < 1:
         raise SystemExit("error: --requests must be at least 1")
+    if args.rest_requests < 0:
+        raise SystemExit("error: --rest-requests must be 0 or more")
     given = args.forced_models if args.forced_models is not None else DEFAULT_FORCED[args.backend]
     forced_models = tuple(m.strip() for m in given.split(",") if m.strip())
     unknown = sorted(set(forced_models) - set(forceable))
@@ -109,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         forced=args.forced,
         forced_models=forced_models,
         report_format=args.format,
+        rest_requests=args.rest_requests,
     )
     try:
         return run_demo(options)

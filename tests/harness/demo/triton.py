@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -23,6 +24,7 @@ from tqdm import tqdm
 
 from sidecar.trace.store import count_traces, failed_traces
 from tests.harness import REPO_ROOT
+from tests.harness.demo.rest import GRPC, RestTraffic, counted, json_client, post_json, rest_lines
 from tests.harness.metrics_text import sample_sum, scrape, sums_by
 from tests.harness.process import free_port
 from tests.harness.sidecar_process import SidecarProcess
@@ -47,6 +49,7 @@ class DemoOptions:
     forced: int = 3
     forced_models: tuple[str, ...] = ("simple_cnn",)
     report_format: str = "text"
+    rest_requests: int = 100  # sent through the sidecar's HTTP plane, beside the gRPC ones
 
 
 def fresh_database(path: Path) -> Path:
@@ -60,26 +63,31 @@ def say(message: str) -> None:
     print(f"==> {message}", flush=True)
 
 
-def _inputs(model: str, i: int, rng: np.random.Generator) -> list[grpcclient.InferInput]:
+def _inputs(model: str, i: int, rng: np.random.Generator, client: Any = grpcclient) -> list[Any]:
     """One request's inputs: `simple_cnn` at batch 1-4 (by `i`), `add_sub` of 16 floats, or
-    `ens_cnn` (pre -> simple_cnn) on one image of pixel values 0-255."""
+    `ens_cnn` (pre -> simple_cnn) on one image of pixel values 0-255; `client` is the
+    tritonclient module whose `InferInput`s they are (`grpc`, or `http`: binary tensors)."""
     if model == "ens_cnn":
-        raw = grpcclient.InferInput("RAW", [1, 3, 32, 32], "FP32")
+        raw = client.InferInput("RAW", [1, 3, 32, 32], "FP32")
         raw.set_data_from_numpy(rng.random((1, 3, 32, 32), dtype=np.float32) * 255)
         return [raw]
     if model == "add_sub":
         a = rng.random(16, dtype=np.float32)
-        inputs = [
-            grpcclient.InferInput("INPUT0", [16], "FP32"),
-            grpcclient.InferInput("INPUT1", [16], "FP32"),
-        ]
+        inputs = [client.InferInput(name, [16], "FP32") for name in ("INPUT0", "INPUT1")]
         inputs[0].set_data_from_numpy(a)
         inputs[1].set_data_from_numpy(a)
         return inputs
     batch = 1 + i % 4
-    x = grpcclient.InferInput("input", [batch, 3, 32, 32], "FP32")
+    x = client.InferInput("input", [batch, 3, 32, 32], "FP32")
     x.set_data_from_numpy(rng.random((batch, 3, 32, 32), dtype=np.float32))
     return [x]
+
+
+def add_sub_json(rng: np.random.Generator) -> dict[str, Any]:
+    """An `add_sub` request in KServe v2 JSON (the tensors as JSON numbers)."""
+    a = [round(float(v), 4) for v in rng.random(16)]
+    tensor = {"shape": [16], "datatype": "FP32", "data": a}
+    return {"inputs": [{"name": name, **tensor} for name in ("INPUT0", "INPUT1")]}
 
 
 def send_traffic(address: str, options: DemoOptions) -> dict[str, int]:
@@ -96,6 +104,34 @@ def send_traffic(address: str, options: DemoOptions) -> dict[str, int]:
             counts["error"] += 1
     client.close()
     return counts
+
+
+def send_rest_traffic(address: str, options: DemoOptions) -> RestTraffic:
+    """REST calls through the sidecar's HTTP plane at `address`: simple_cnn (batch 1-4) and
+    add_sub with `tritonclient.http` (binary tensors), and every fifth an add_sub in KServe v2
+    JSON (with curl)."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    client = httpclient.InferenceServerClient(address)
+    rng = np.random.default_rng(2)
+    rest = RestTraffic()
+    binary, plain = "tritonclient.http (binary tensors)", f"{json_client()} (JSON)"
+    desc = "REST requests through the sidecar"
+    for i in tqdm(range(options.rest_requests), desc=desc, unit="req"):
+        if i % 5 == 4:
+            url = f"http://{address}/v2/models/add_sub/infer"
+            status, _ = post_json(url, add_sub_json(rng))
+            rest.add(plain, ok=status == 200)
+            continue
+        model = "add_sub" if i % 3 == 2 else "simple_cnn"
+        try:
+            client.infer(model, _inputs(model, i, rng, httpclient))
+            rest.add(binary)
+        except InferenceServerException:
+            rest.add(binary, ok=False)
+    client.close()
+    return rest
 
 
 def finished(metrics_text: str) -> int:
@@ -257,9 +293,11 @@ def record_and_account(
     forced: ForcedResult,
     db: Path,
     method: str,
+    rest: RestTraffic | None = None,
 ) -> tuple[int, str, list[str]]:
     """Save the final /metrics scrape, show its interesting lines and return the traces
-    stored, the scrape and the console lines that add it all up (`account`)."""
+    stored, the scrape and the console lines that add it all up (`account`; `rest`: the REST
+    calls sent through the HTTP plane, if any)."""
     stored = count_traces(db)
     metrics_text = sidecar.metrics()
     (out / "metrics.txt").write_text(metrics_text)
@@ -267,7 +305,7 @@ def record_and_account(
     for line in interesting_metrics(metrics_text):
         print(f"    {line}")
     say("adding it up:")
-    lines = account(options, counts, forced, metrics_text, db, sidecar.log_path, method)
+    lines = account(options, counts, forced, metrics_text, db, sidecar.log_path, method, rest)
     return stored, metrics_text, lines
 
 
@@ -279,19 +317,21 @@ def account(
     db: Path,
     log_path: Path,
     method: str = "ModelInfer",
+    rest: RestTraffic | None = None,
 ) -> list[str]:
-    """Console lines that add up: every `method` call /metrics counted (traffic, forced calls and
-    the forced calls sent again, with why), every sampling decision (skips with their
-    reasons), every sampled request (profiled or dropped), every profile by outcome (failed
-    ones with their errors) and the traces stored."""
+    """Console lines that add up: every gRPC `method` call /metrics counted (traffic, forced
+    calls and the forced calls sent again, with why), the REST calls beside them (`rest`, sent
+    through the HTTP plane), every sampling decision (skips with their reasons), every sampled
+    request (profiled or dropped), every profile by outcome (failed ones with their errors)
+    and the traces stored."""
     sent = options.requests + forced.attempts
-    counted = round(sample_sum(metrics_text, "xsp_requests_total", method=method))
-    others = round(sample_sum(metrics_text, "xsp_requests_total")) - counted
+    grpc_calls = counted(metrics_text, GRPC, method=method)
+    others = counted(metrics_text, GRPC) - grpc_calls
     retries = forced.attempts - forced.profiles
     lines = [
-        f"requests: {options.requests} traffic + {forced.profiles} forced + {retries} forced "
-        f"sent again = {sent} sent; the sidecar counted {counted} (xsp_requests_total)"
-        + ("" if counted == sent else " (they differ!)"),
+        f"gRPC requests: {options.requests} traffic + {forced.profiles} forced + {retries} forced "
+        f"sent again = {sent} sent; the sidecar counted {grpc_calls} (xsp_requests_total)"
+        + ("" if grpc_calls == sent else " (they differ!)"),
     ]
     if others:  # not the demo's: another client found the sidecar's port
         lines.append(f"  and {others} call(s) of other methods the demo did not send")
@@ -300,6 +340,8 @@ def account(
             f"  {n} forced call(s) sent again: turned away by {decision} "
             f"({_skip_reason(decision, options)})"
         )
+    if rest is not None:
+        lines.extend(rest_lines(rest, metrics_text, method))
     decisions = {d: round(n) for d, n in sums_by(metrics_text, DECISIONS, "decision").items()}
     sampled = decisions.pop("sampled", 0)
     skipped = sum(decisions.values())
@@ -411,12 +453,22 @@ def run_demo(options: DemoOptions) -> int:
             "--levels", "M,L", "--admin", "--admin-listen", f"127.0.0.1:{admin_port}",
         ]  # fmt: skip
         log_path = out / "sidecar.log"
-        sidecar = SidecarProcess(triton.grpc_address, log_path, args, keep_xsp_env=True)
+        sidecar = SidecarProcess(
+            triton.grpc_address, log_path, args, http_backend=triton.http_address,
+            keep_xsp_env=True,
+        )  # fmt: skip
         with sidecar:
             relay = sidecar.address
-            say(f"sidecar relaying on {relay}; metrics on :{sidecar.metrics_port}/metrics")
+            say(f"sidecar relaying gRPC on {relay} and REST on {sidecar.http_address}; metrics "
+                f"on :{sidecar.metrics_port}/metrics")  # fmt: skip
             counts = send_traffic(relay, options)
             say(f"sent {options.requests} requests: {counts['ok']} ok, {counts['error']} errors")
+            rest = None
+            if options.rest_requests:
+                rest = send_rest_traffic(sidecar.http_address, options)
+                say(f"sent {rest.total} REST requests ("
+                    + ", ".join(f"{n} {client}" for client, n in rest.sent.items())
+                    + f"): {rest.total - rest.errors} ok, {rest.errors} errors")  # fmt: skip
             await_sampled(sidecar, options)
             models = ", ".join(options.forced_models)
             say(f"sending {options.forced} request(s) with x-xsp-profile: 1 to {models}")
@@ -430,7 +482,7 @@ def run_demo(options: DemoOptions) -> int:
             client.close()
             wait_for_backend_spans(db)  # Triton exports its spans in batches
             stored, _, lines = record_and_account(
-                sidecar, out, options, counts, forced, db, "ModelInfer"
+                sidecar, out, options, counts, forced, db, "ModelInfer", rest
             )
             for line in lines:
                 print(f"    {line}")

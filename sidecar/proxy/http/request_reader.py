@@ -1,0 +1,232 @@
+"""The client's byte stream cut into requests: header blocks held and checked, bodies followed.
+
+A request's header block is held until complete (bounded by `HttpLimits.header_bytes`), parsed
+by llhttp (httptools) and only then forwarded, with the observer's extra header lines added
+before its blank line; so a malformed or ambiguous block (Content-Length with Transfer-
+Encoding, differing Content-Lengths: request smuggling) is refused and never reaches the
+backend. Body bytes are forwarded as they come (a Content-Length countdown, or `chunked.py`
+for a chunked body), parsed by llhttp on the way (it consumes a Content-Length body without
+a callback), and copied only when the observer captures the body. Each chunk's bytes go out in
+one write where nothing was added (`feed` returns None).
+
+A refusal (`Refused`) stops the stream: what came before it is still forwarded, nothing after.
+A request that says `Connection: close` (or HTTP/1.0 without keep-alive) is the last one:
+bytes after it are dropped, as the backend would drop them.
+"""
+
+from __future__ import annotations
+
+import time
+
+from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
+
+from sidecar.proxy.http import refusals
+from sidecar.proxy.http.calls import Call, CallBook
+from sidecar.proxy.http.chunked import ChunkedFramer, FramingError
+from sidecar.proxy.http.limits import HttpLimits
+from sidecar.proxy.http.routes import HttpRoutes
+
+Piece = bytes | memoryview
+
+
+class Refused(Exception):
+    """A request the relay answers itself (`refusals.REASONS`), then closes."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def _parser_refusal(exc: HttpParserError) -> Refused:
+    text = str(exc)
+    if "Content-Length" in text or "Transfer-Encoding" in text:
+        return Refused(refusals.SMUGGLING, f"ambiguous request framing: {text}")
+    return Refused(refusals.MALFORMED, f"malformed request: {text}")
+
+
+class RequestReader:
+    """Splits one connection's client bytes into requests (see the module docstring)."""
+
+    __slots__ = (
+        "body_left", "book", "call", "chunked", "closing", "content_length", "head",
+        "head_since", "headers", "headers_done", "limits", "message_done", "parser",
+        "refused", "routes", "target", "upgrade",
+    )  # fmt: skip
+
+    def __init__(self, limits: HttpLimits, book: CallBook, routes: HttpRoutes) -> None:
+        self.limits = limits
+        self.book = book
+        self.routes = routes
+        self.parser = HttpRequestParser(self)
+        self.head = b""  # a header block begun and not complete (already fed to llhttp)
+        self.head_since = 0.0  # time.monotonic() at that block's first byte
+        self.body_left = 0  # Content-Length body bytes still to come
+        self.chunked: ChunkedFramer | None = None  # a chunked body being followed
+        self.call: Call | None = None  # the request whose body is being forwarded
+        self.closing = False  # the last request was read: later bytes are dropped
+        self.refused: Refused | None = None
+        # the message being parsed (llhttp callbacks)
+        self.target = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.content_length: int | None = None
+        self.headers_done = False
+        self.message_done = False
+        self.upgrade = False
+
+    # -- llhttp callbacks -----------------------------------------------------------------
+
+    def on_url(self, url: bytes) -> None:
+        self.target += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        self.headers.append((name, value))
+        if name == b"content-length":
+            self.content_length = int(value)  # one, and digits only: llhttp checked
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+
+    def on_message_complete(self) -> None:
+        self.message_done = True
+
+    # -- the byte stream ------------------------------------------------------------------
+
+    def in_message(self) -> bool:
+        """Whether a request is part-way read (its header block or its body)."""
+        return bool(self.head) or self.call is not None
+
+    def feed(self, data: bytes) -> list[Piece] | None:
+        """Read one chunk; returns the pieces to forward (None: `data` whole). Sets `refused`
+        when a request is refused: the pieces before it are still to be forwarded."""
+        if self.refused is not None or self.closing:
+            return []
+        head = self.head
+        fed = len(head)
+        whole = not fed
+        if fed:
+            data = head + data
+            self.head = b""
+        pieces: list[Piece] = []
+        start = pos = 0  # data[start:pos] is forwarded unchanged
+        end = len(data)
+        view = memoryview(data)
+        try:
+            while pos < end:
+                if self.body_left:
+                    take = min(self.body_left, end - pos)
+                    body = view[pos : pos + take]
+                    self.parser.feed_data(body)
+                    call = self.call
+                    assert call is not None
+                    call.request_bytes += take
+                    if call.body is not None:
+                        call.body += body
+                    pos += take
+                    self.body_left -= take
+                    if not self.body_left:
+                        self._request_done(None if call.body is None else bytes(call.body))
+                elif self.chunked is not None:
+                    framer = self.chunked
+                    to = framer.advance(data, pos)
+                    self.parser.feed_data(view[pos:to])
+                    pos = to
+                    assert self.call is not None
+                    self.call.request_bytes = framer.size
+                    if framer.size > self.limits.body_bytes:
+                        raise Refused(refusals.BODY_TOO_LARGE, "request body too large")
+                    if framer.done:
+                        payload = framer.payload() if framer.parts is not None else None
+                        self._request_done(payload)
+                elif self.closing:
+                    end = pos  # after the last request: dropped
+                else:
+                    to, extra = self._header_block(data, view, pos, fed)
+                    fed = 0
+                    if to < 0:  # held: not complete yet
+                        end = pos
+                        break
+                    if extra:
+                        pieces.append(view[start : to - 2])
+                        pieces.append(extra)
+                        start = to - 2
+                    pos = to
+        except Refused as exc:
+            self.refused = exc
+            end = pos
+        except FramingError as exc:
+            self.refused = Refused(refusals.MALFORMED, f"malformed chunked body: {exc}")
+            end = pos
+        except HttpParserError as exc:
+            self.refused = _parser_refusal(exc)
+            end = pos
+        if whole and not pieces and start == 0 and end == len(data):
+            return None
+        if start < end:
+            pieces.append(view[start:end])
+        return pieces
+
+    def _header_block(self, data: bytes, view: memoryview, pos: int, fed: int) -> tuple[int, bytes]:
+        """Read the header block at `pos` (its first `fed` bytes parsed before); returns its
+        end and the lines to add before its blank line, or (-1, b"") where it is not complete
+        (kept in `head`)."""
+        if not fed:
+            self.target = b""
+            self.headers = []
+            self.content_length = None
+            self.headers_done = self.message_done = self.upgrade = False
+        limit = self.limits.header_bytes
+        idx = data.find(b"\r\n\r\n", max(pos, pos + fed - 3))
+        if idx < 0:
+            if len(data) - pos > limit:
+                raise Refused(refusals.HEADER_TOO_LARGE, "request header block too large")
+            self._parse(view[pos + fed :])
+            if not fed:
+                self.head_since = time.monotonic()
+            self.head = data[pos:]
+            return -1, b""
+        to = idx + 4
+        if to - pos > limit:
+            raise Refused(refusals.HEADER_TOO_LARGE, "request header block too large")
+        self._parse(view[pos + fed : to])
+        if not self.headers_done:
+            return to, b""  # empty lines before a request: passed on as they are
+        if self.upgrade:
+            raise Refused(refusals.UPGRADE, "protocol upgrades are not supported")
+        parser = self.parser
+        verb = parser.get_method()
+        target = self.target
+        length = self.content_length
+        chunked = length is None and any(n == b"transfer-encoding" for n, _ in self.headers)
+        if length is not None and length > self.limits.body_bytes:
+            raise Refused(refusals.BODY_TOO_LARGE, f"request body of {length} bytes too large")
+        route = self.routes.http_route(verb, target)
+        call, extra = self.book.start(
+            verb, target, route.method, route.model, self.headers, None if chunked else length
+        )
+        self.call = call
+        if not parser.should_keep_alive():
+            self.closing = True
+        if chunked:
+            self.chunked = ChunkedFramer(capture=call.body is not None)
+        elif length:
+            self.body_left = length
+        else:
+            self._request_done(b"" if call.body is not None else None)
+        return to, extra
+
+    def _parse(self, chunk: memoryview) -> None:
+        try:
+            self.parser.feed_data(chunk)
+        except HttpParserUpgrade:
+            self.upgrade = True  # llhttp parses no body of it: the request is refused
+
+    def _request_done(self, body: bytes | None) -> None:
+        if not self.message_done:  # our framing and llhttp's disagree: trust neither
+            raise Refused(refusals.MALFORMED, "malformed request framing")
+        self.message_done = self.headers_done = False
+        call, self.call = self.call, None
+        self.chunked = None
+        assert call is not None
+        self.book.request_done(call, body)
