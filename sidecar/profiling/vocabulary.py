@@ -24,6 +24,9 @@ ENSEMBLE_STEP = schema.ENSEMBLE_STEP  # attribute of an ensemble step's model sp
 # `LevelRun` attribute: why the run covers only part of the model (an ensemble stopped at a
 # failed step); the experiment then makes the trace `status = error` with it, spans kept
 PARTIAL_REPLAY = schema.PARTIAL_REPLAY
+# The name of a request's input sent without one (TF-Serving REST's plain `instances` or
+# `inputs` value): a runner feeds it to a model of one input.
+UNNAMED_INPUT = "_unnamed"
 
 
 # A backend's model repository lookup, `find(repository, model, version) -> location` (a

@@ -38,6 +38,7 @@ from sidecar.profiling.runners import tf_ops
 from sidecar.profiling.runners.tf_trace import TFEvent, assign, read_xspace
 from sidecar.profiling.runners.timing import check_iterations, timed_loop
 from sidecar.profiling.vocabulary import (
+    UNNAMED_INPUT,
     Iteration,
     LevelNotSupportedError,
     LevelRun,
@@ -151,6 +152,8 @@ class TensorFlowRunner:
 
     def _feed(self, inputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
         expected = set(self.input_signature)
+        if set(inputs) == {UNNAMED_INPUT} and len(expected) == 1:  # a request naming none
+            inputs = {next(iter(expected)): inputs[UNNAMED_INPUT]}
         if set(inputs) != expected:
             raise ProfilingError(
                 f"signature {self.signature!r} takes inputs {sorted(expected)}, "
