@@ -24,16 +24,26 @@ A forced or slow sample that meets a closed duty-cycle gate is held until the ga
 
 An inference stream (a backend's `inference_streams`, e.g. Triton's `ModelStreamInfer`) is not
 decided on as one call: each of its request messages is, by `stream_sampling.StreamSampling`.
+
+The HTTP relay's connections get their hooks from `http_observer_factory`: `HttpSamplingObserver`
+on the hub's `HttpPlane`, the same sampler, metrics, pressure, hold and slow detector deciding
+on the backend's `http_replayable` calls (each one request, so each judged by `sample_slow`),
+with no `quick` answers. A sampled HTTP request's job message is its body packed with what its
+decoder needs (`backends.http_message.pack`: the JSON length Triton's `Inference-Header-Content-
+Length` gives, the request target, the `Content-Encoding`), read from its headers at header
+time; its request span says `protocol: http` and names its route (the path, no query).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from dataclasses import dataclass
 from operator import itemgetter
 
 from sidecar.backends import TRITON, Backend
+from sidecar.backends.http_message import HttpMessageError, pack, target_path
 from sidecar.proxy.streams import (
     ConnectionInfo,
     HeaderDecision,
@@ -46,7 +56,7 @@ from sidecar.sampling.handler import SampleHandler
 from sidecar.sampling.held import Held, HeldSamples
 from sidecar.sampling.metrics import SamplingMetrics
 from sidecar.sampling.pressure import ServingPressure
-from sidecar.sampling.sampled_request import RelayedRequest, Sample, store_request_span
+from sidecar.sampling.sampled_request import HTTP, RelayedRequest, Sample, store_request_span
 from sidecar.sampling.sampler import Decision, Sampler, Tentative
 from sidecar.sampling.slow import SlowDetector
 from sidecar.sampling.stream_sampling import StreamSampling
@@ -76,6 +86,35 @@ class _Pending:
     decision: Decision | None = None
     queued: Taken = False  # where its request span goes at its end (`take.Taken`)
     body: bytes | None = None  # held for `sample_slow` until the stream ends
+    http: _HttpHeaders | None = None  # an HTTP request's: what packing its body needs
+
+
+@dataclass(frozen=True, slots=True)
+class _HttpHeaders:
+    """What an HTTP request's headers say of its body (`http_message.pack`)."""
+
+    target: str
+    json_length: int | None  # Inference-Header-Content-Length (None: all JSON; -1: unreadable)
+    encoding: str  # Content-Encoding
+
+
+_JSON_LENGTH = b"inference-header-content-length"
+_CONTENT_ENCODING = b"content-encoding"
+
+
+def http_headers(start: RequestStart) -> _HttpHeaders:
+    """An HTTP request's header fields its body's packing needs."""
+    json_length: int | None = None
+    encoding = ""
+    for name, value in start.raw_headers:
+        if name == _JSON_LENGTH:
+            try:
+                json_length = int(value)
+            except ValueError:
+                json_length = -1  # refused by `pack`: the sample is dropped as unreadable
+        elif name == _CONTENT_ENCODING:
+            encoding = value.decode("latin-1")
+    return _HttpHeaders(start.path, json_length, encoding)
 
 
 def first_message(body: bytes) -> bytes | None:
@@ -125,6 +164,7 @@ class SamplingHub:
         self.handler = handler
         self.sampled_trace_ids: set[str] = set()
         self._lock = threading.Lock()
+        self._backend = backend
         self.held = HeldSamples(self)  # forced and slow samples waiting for the duty cycle
         self.slow = SlowDetector.of(sampler.settings.slow)  # None: `sample_slow` is off
         # short method name of a replayable call -> the job's method
@@ -157,6 +197,15 @@ class SamplingHub:
 
     def observer_factory(self, info: ConnectionInfo) -> SamplingObserver:
         return SamplingObserver(self)
+
+    @functools.cached_property
+    def http(self) -> HttpPlane:
+        """The hub as the HTTP relay's hooks see it (made on first use)."""
+        return HttpPlane(self, self._backend)
+
+    def http_observer_factory(self, info: ConnectionInfo) -> HttpSamplingObserver:
+        """The hook of one HTTP relay connection (`proxy.streams` protocol, no `quick`)."""
+        return HttpSamplingObserver(self.http)
 
     def is_sampled_trace(self, trace_id: str) -> bool:
         with self._lock:
@@ -241,7 +290,8 @@ class SamplingObserver:
                 return hub.quiet_unpicked  # the relay counts its end: no call into the hook
             if method not in hub.slow_methods or not sampler.may_hold_for_slow():
                 return None  # its duration still feeds the slow threshold at its end
-            self._pending[start.stream_id] = _Pending("", "", Tentative.SLOW, start.method)
+            job = hub.replayable[method]
+            self._pending[start.stream_id] = _Pending("", "", Tentative.SLOW, job)
             return _HOLD_FOR_SLOW
         if tentative is Tentative.GATED or tentative is Tentative.STORE_FAILING:
             self._pending[start.stream_id] = _Pending("", "", tentative)
@@ -270,7 +320,7 @@ class SamplingObserver:
         hub.metrics.record_decision(label, decision)
         if decision is not Decision.SAMPLED:
             return
-        message = first_message(body)
+        message = self._message(pending, body)
         if message is None or model is None:
             _drop(hub, label, "unreadable_request", held)
             return
@@ -314,7 +364,7 @@ class SamplingObserver:
         the budget and duty cycle. False when it is no candidate (its body was not held whole,
         or its model is not in the repository): then it counts as not picked."""
         hub = self._hub
-        message = first_message(pending.body) if pending.body is not None else None
+        message = self._message(pending, pending.body) if pending.body is not None else None
         model = end.model
         if message is None or model is None or not hub.handler.known_model(model):
             return False
@@ -330,14 +380,22 @@ class SamplingObserver:
             self._store_request_span(pending, end)
         return True
 
-    def _store_request_span(self, pending: _Pending, end: StreamEnd) -> None:
-        """The relay's span of a queued request, to the store (a held one's once its job is
-        queued); its exemplar on the latency."""
-        request = RelayedRequest(
+    def _message(self, pending: _Pending, body: bytes) -> bytes | None:
+        """A sampled request's job message: its first gRPC message (None: unreadable)."""
+        return first_message(body)
+
+    def _relayed(self, end: StreamEnd) -> RelayedRequest:
+        """What a sampled call's request span says."""
+        return RelayedRequest(
             end.method, end.path, end.model, end.start_ns, end.start_ns + int(end.duration_s * 1e9),
             end.duration_s, end.grpc_code, end.grpc_message, end.request_bytes, end.response_bytes,
             relay_marks(end),
         )  # fmt: skip
+
+    def _store_request_span(self, pending: _Pending, end: StreamEnd) -> None:
+        """The relay's span of a queued request, to the store (a held one's once its job is
+        queued); its exemplar on the latency."""
+        request = self._relayed(end)
         if isinstance(pending.queued, Held):
             self._hub.held.ended(pending.queued, request)
             return
@@ -345,6 +403,70 @@ class SamplingObserver:
             store_request_span(self._hub, pending.trace_id, pending.span_id, request)
         except Exception:
             log.exception("could not hand the request span to the trace writer")
+
+
+class HttpPlane(SamplingHub):
+    """A hub's HTTP side: its sampler, metrics, pressure, handler, hold, slow detector, labels
+    and sampled traces, shared (one budget, one duty cycle, one set of counters for both
+    protocols), deciding on the backend's `http_replayable` calls. Every such call is one
+    request (no inference streams), judged by `sample_slow` too; the relay gets no `quick`."""
+
+    def __init__(self, hub: SamplingHub, backend: Backend) -> None:
+        # not SamplingHub.__init__: the state is the hub's own, not a copy
+        self.sampler, self.pressure, self.metrics = hub.sampler, hub.pressure, hub.metrics
+        self.handler, self.held, self.slow = hub.handler, hub.held, hub.slow
+        self.sampled_trace_ids, self._lock, self._labels = (
+            hub.sampled_trace_ids, hub._lock, hub._labels
+        )  # fmt: skip
+        self._backend = backend
+        self.replayable = dict(backend.http_replayable)
+        self.per_message = frozenset()
+        self.per_call = frozenset(self.replayable)
+        self.slow_methods = self.per_call
+        self.quiet_unpicked = hub.quiet_unpicked
+        self.quiet_not_replayable = hub.quiet_not_replayable
+        # never handed to a relay: its `coin_picked` stays False, so the hook flips the coin
+        self.quick = QuickDecisions(
+            hub.sampler, self.per_call, self.per_call, self.pressure.counts,
+            self.quiet_unpicked, self.quiet_not_replayable,
+        )  # fmt: skip
+
+
+class HttpSamplingObserver(SamplingObserver):
+    """Per-connection hook of the HTTP relay (see module docstring)."""
+
+    __slots__ = ()
+
+    def __init__(self, plane: HttpPlane) -> None:
+        super().__init__(plane)
+        self.quick = None  # the HTTP relay decides nothing itself
+
+    def on_request_headers(self, start: RequestStart) -> HeaderDecision | QuietEnd | None:
+        decision = super().on_request_headers(start)
+        if type(decision) is HeaderDecision and decision.capture_body:  # picked, or held
+            pending = self._pending.get(start.stream_id)
+            if pending is not None:
+                pending.http = http_headers(start)
+        return decision
+
+    def _message(self, pending: _Pending, body: bytes) -> bytes | None:
+        """The request's body packed with what its decoder needs (None: it cannot be)."""
+        headers = pending.http
+        if headers is None:
+            return None
+        try:
+            return pack(body, headers.json_length, target=headers.target, encoding=headers.encoding)
+        except HttpMessageError:
+            return None
+
+    def _relayed(self, end: StreamEnd) -> RelayedRequest:
+        """An HTTP call's request span: its route (the path, no query) and `protocol: http`."""
+        path = target_path(end.path)
+        return RelayedRequest(
+            end.method, path, end.model, end.start_ns, end.start_ns + int(end.duration_s * 1e9),
+            end.duration_s, end.grpc_code, end.grpc_message, end.request_bytes, end.response_bytes,
+            relay_marks(end), protocol=HTTP,
+        )  # fmt: skip
 
 
 def _drop(hub: SamplingHub, label: str, reason: str, held: bool) -> None:

@@ -44,7 +44,7 @@ from sidecar.live.tf_profiler import (
     TfProfilerSettings,
 )
 from sidecar.live.triton_spans import TritonSpanCollector, TritonTrace
-from sidecar.proxy.streams import RequestStart
+from sidecar.proxy.streams import ConnectionInfo, ConnectionObserver, RequestStart
 from sidecar.replay.job_records import JobResult, Outcome, ProfileJob
 from sidecar.replay.options import ReplayOptions
 from sidecar.sampling.batch_windows import ATTRIBUTE as WINDOW_ATTRIBUTE
@@ -175,7 +175,17 @@ class SamplingPipeline:
             TfCaptureMetricsCollector(self.tf_capture, registry)
         backend = backend_named(config.backend_protocol)
         self.hub = SamplingHub(self.sampler, self.metrics, self, self.pressure, backend)
-        self._capture_path = backend.capture_path  # None: no capture of the backend's side
+        # the method label whose sampled calls get a capture of the backend's side, over gRPC or
+        # HTTP (None: no capture), and the job methods of those calls
+        self._capture_method: str | None = None
+        self._capture_jobs: frozenset[str] = frozenset()
+        if backend.capture_path is not None:
+            self._capture_method = backend.capture_path.rsplit("/", 1)[-1]
+            self._capture_jobs = frozenset(
+                jobs[self._capture_method]
+                for jobs in (backend.replayable, backend.http_replayable)
+                if self._capture_method in jobs
+            )
         find = python_models(backend.repository.find, config.replay_options.python_models)
         self._replayability = ReplayabilityCache(find, config.model_repository)
         self.batch_windows: BatchWindows | None = None
@@ -308,13 +318,17 @@ class SamplingPipeline:
         if self._record_exemplar is not None:
             self._record_exemplar(method, model, duration_s, trace_id)
 
+    def http_observer_factory(self, info: ConnectionInfo) -> ConnectionObserver:
+        """The HTTP relay's hook of one connection (`SamplingHub.http_observer_factory`)."""
+        return self.hub.http_observer_factory(info)
+
     def on_sampled(self, start: RequestStart, trace_id: str, span_id: str) -> None:
         """A request picked at header time: its batch window opens (a backend that counts
-        its batches); a call on a backend's capture path (TF-Serving's Predict) gets a capture
-        of the backend's side."""
+        its batches); a call of the backend's capture path's method (TF-Serving's Predict,
+        over gRPC or REST) gets a capture of the backend's side."""
         if self.batch_windows is not None:
             self.batch_windows.open(trace_id)
-        if self.tf_capture is None or start.path != self._capture_path:
+        if self.tf_capture is None or start.method != self._capture_method:
             return
         try:
             self.tf_capture.request(SampledRequest(trace_id, span_id, time.time_ns()))
@@ -350,8 +364,7 @@ class SamplingPipeline:
             return NOT_TRACED
         if self._backend.spans is SpanSource.OTLP:
             return None if self.receiver is not None else TRACING_OFF
-        path = self._backend.capture_path or ""
-        captured = self.tf_capture is not None and path.rsplit("/", 1)[-1] == job.method
+        captured = self.tf_capture is not None and job.method in self._capture_jobs
         return None if captured else TRACING_OFF
 
     def _write_spans(self, trace_id: str, spans: list[Span]) -> bool:

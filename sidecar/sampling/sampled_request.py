@@ -18,6 +18,8 @@ from sidecar.sampling.metrics import SamplingMetrics
 from sidecar.trace import schema
 from sidecar.trace.spans import Level, Source, Span
 
+GRPC, HTTP = "grpc", "http"  # a request span's `protocol`
+
 
 class Hub(Protocol):
     """What the hand-overs use of the relay's `observer.SamplingHub`."""
@@ -58,6 +60,7 @@ class RelayedRequest:
     request_bytes: int
     response_bytes: int
     marks: Mapping[str, object]  # further attributes: the relay marks (docs/contracts.md)
+    protocol: str = GRPC  # the relay that saw it: `grpc` or `http`
 
 
 def _job(sample: Sample, message: bytes, reason: str) -> ProfileJob:
@@ -116,6 +119,7 @@ def request_span(trace_id: str, span_id: str, request: RelayedRequest) -> Span:
             schema.REQUEST_BYTES: request.request_bytes,
             schema.RESPONSE_BYTES: request.response_bytes,
             schema.PATH: request.path,
+            schema.PROTOCOL: request.protocol,
             schema.MODEL: request.model or "",
             **request.marks,
         },

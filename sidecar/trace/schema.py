@@ -43,7 +43,7 @@ REPLAY_LEVELS: tuple[Level, ...] = (Level.MODEL, Level.LAYER, Level.KERNEL)
 _DEPTH = {Level.MODEL: 0, Level.LAYER: 1, Level.KERNEL: 2}
 LEVEL_CODES = {"M": Level.MODEL, "L": Level.LAYER, "K": Level.KERNEL}
 LEVEL_MEANINGS: dict[Level, str] = {
-    Level.REQUEST: "the gRPC call as the proxy saw it; `kind` = gRPC method",
+    Level.REQUEST: "the call as the proxy saw it (gRPC or HTTP); `kind` = its method label",
     Level.SERVER: "the backend's own spans (Triton's, TF-Serving's `tf_op`s; see below)",
     Level.MODEL: "one model execution in the leveled replay",
     Level.LAYER: "a framework node / op / module; `kind` = op type (`Conv`, `aten::addmm`, ...)",
@@ -110,11 +110,12 @@ _M, _L, _K = Level.MODEL.value, Level.LAYER.value, Level.KERNEL.value
 _LK = f"{_L}/{_K}"
 
 # --- request spans: the relay's view of a live call ---------------------------------------
-GRPC_CODE = _key(_R, "grpc_code", "int", "the call's gRPC status code")
+GRPC_CODE = _key(_R, "grpc_code", "int", "the call's gRPC status code (HTTP: its status's class)")
 GRPC_MESSAGE = _key(_R, "grpc_message", "str", "the call's grpc-message")
-REQUEST_BYTES = _key(_R, "request_bytes", "int", "bytes of the request's DATA frames")
-RESPONSE_BYTES = _key(_R, "response_bytes", "int", "bytes of the response's DATA frames")
-PATH = _key(_R, "path", "str", "the call's :path (/package.Service/Method)")
+REQUEST_BYTES = _key(_R, "request_bytes", "int", "bytes of the request's DATA frames / body")
+RESPONSE_BYTES = _key(_R, "response_bytes", "int", "bytes of the response's DATA frames / body")
+PATH = _key(_R, "path", "str", "the call's :path (/package.Service/Method); HTTP: its path")
+PROTOCOL = _key(_R, "protocol", "str", "the relay that saw the call: `grpc` or `http`")
 MODEL = _key(f"{_R}/{_S}", "model", "str", "the model the request names")
 SIGNATURE_NAME = _key(_R, "signature_name", "str", "TF-Serving: the request's signature")
 VERSION_LABEL = _key(_R, "version_label", "str", "TF-Serving: the request's version label")

@@ -71,6 +71,7 @@ def test_the_request_span_says_what_the_relay_saw() -> None:
         ("request_bytes", 12),
         ("response_bytes", 34),
         ("path", request.path),
+        ("protocol", "grpc"),
         ("model", ""),  # no model read: an empty name
         ("stream_message", True),
         ("relay_request_start_ns", 1_000),

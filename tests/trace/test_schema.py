@@ -36,7 +36,15 @@ SCHEMA_MODULE = "sidecar/trace/schema.py"
 OTHER_MEANINGS: dict[str, tuple[str, ...]] = {
     # the relay's own call fields, metric labels and hook names (`proxy` may not import trace:
     # `sampling` turns them into the request span's attributes)
-    "sidecar/proxy/": ("request_bytes", "response_bytes", "grpc_code", "stream_message"),
+    "sidecar/proxy/": (
+        "request_bytes",
+        "response_bytes",
+        "grpc_code",
+        "stream_message",
+        "protocol",  # also the metric families' label (grpc | http)
+    ),
+    # TF-Serving REST's own JSON key (the request's signature)
+    "sidecar/backends/tf_rest_decode.py": ("signature_name",),
     # CUPTI activity records' own field names
     "sidecar/profiling/gpu/cupti_tracer.py": (
         "correlation_id",
