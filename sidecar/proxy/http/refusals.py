@@ -15,7 +15,7 @@ HEADER_TOO_LARGE = "header_too_large"  # header block over HttpLimits.header_byt
 BODY_TOO_LARGE = "body_too_large"  # body over HttpLimits.body_bytes: 413
 HEADER_TIMEOUT = "header_timeout"  # header block not complete in time (slowloris): 408
 SMUGGLING = "smuggling"  # ambiguous framing (Content-Length with Transfer-Encoding...): 400
-UPGRADE = "upgrade"  # a protocol upgrade or CONNECT the backend would not take: see relay.py
+UPGRADE = "upgrade"  # an upgrade request with a body (llhttp would not parse it): 400
 BACKEND_UNAVAILABLE = "backend_unavailable"  # the backend connection failed: 503
 
 REASONS = (

@@ -12,17 +12,20 @@ response ends the call at the head of the connection's FIFO (`calls.py`), so pip
 requests are matched with their responses in order.
 
 Refusals (`refusals.py`): a malformed request, an ambiguous one (Content-Length with Transfer-
-Encoding, differing Content-Lengths: request smuggling) and an upgrade get 400; a header block
-over the limit 431; a body over the limit 413; a header block not complete within the header
-timeout 408. The refused request is never forwarded (a chunked body found too long part-way is
-cut there). The answer goes to the client once the responses to the requests before it have
-been relayed; then the connection is closed. Each is counted in `xsp_http_refused_total{reason}`.
+Encoding, differing Content-Lengths: request smuggling) and an upgrade with a body get 400; a
+header block over the limit 431; a body over the limit 413; a header block not complete within
+the header timeout 408. The refused request is never forwarded (a chunked body found too long
+part-way is cut there). The answer goes to the client once the responses to the requests
+before it have been relayed; then the connection is closed. Each is counted in
+`xsp_http_refused_total{reason}`.
 
-Upgrade requests: Triton's HTTP endpoint (evhtp) implements no protocol upgrade, and neither
-does TF-Serving's; the relay refuses a request with `Connection: upgrade` + `Upgrade` (e.g.
-`h2c`, `websocket`) and CONNECT with 400 (`reason="upgrade"`): llhttp parses no body of such a
-request, so forwarding it would leave the relay blind to what follows. A backend's 101 would
-turn the connection into an unobserved tunnel (`response_reader.py`).
+Upgrade requests: Triton's HTTP endpoint (evhtp) implements no protocol upgrade: it answers a
+request with `Connection: upgrade` + `Upgrade: h2c` or `websocket` as if the two fields were not
+there (200 over HTTP/1.1, measured on Triton 2.5x), and a CONNECT with 404. The relay forwards
+such a request unchanged, so the client gets the server's own answer. llhttp parses no body of
+an upgrade request, so one that has a body is refused with 400 (`reason="upgrade"`) instead of
+being relayed unchecked. A backend that did answer 101 would turn the connection into an
+unobserved tunnel (`response_reader.py`).
 
 Backend down: a client connection whose backend connection cannot be opened gets 503 with a
 Triton-style JSON body for its first request (counted as a call with grpc_code UNAVAILABLE and

@@ -50,7 +50,7 @@ class RequestReader:
 
     __slots__ = (
         "body_left", "book", "call", "chunked", "closing", "content_length", "head",
-        "head_since", "headers", "headers_done", "limits", "message_done", "parser",
+        "head_since", "headers", "headers_done", "keep_alive", "limits", "message_done", "parser",
         "refused", "routes", "target", "upgrade",
     )  # fmt: skip
 
@@ -71,6 +71,7 @@ class RequestReader:
         self.headers: list[tuple[bytes, bytes]] = []
         self.content_length: int | None = None
         self.headers_done = False
+        self.keep_alive = True
         self.message_done = False
         self.upgrade = False
 
@@ -87,6 +88,8 @@ class RequestReader:
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
+        # read here: llhttp resets it once a message without a body is complete
+        self.keep_alive = self.parser.should_keep_alive()
 
     def on_message_complete(self) -> None:
         self.message_done = True
@@ -130,12 +133,12 @@ class RequestReader:
                 elif self.chunked is not None:
                     framer = self.chunked
                     to = framer.advance(data, pos)
+                    if framer.size > self.limits.body_bytes:  # (this piece is not forwarded)
+                        raise Refused(refusals.BODY_TOO_LARGE, "request body too large")
                     self.parser.feed_data(view[pos:to])
                     pos = to
                     assert self.call is not None
                     self.call.request_bytes = framer.size
-                    if framer.size > self.limits.body_bytes:
-                        raise Refused(refusals.BODY_TOO_LARGE, "request body too large")
                     if framer.done:
                         payload = framer.payload() if framer.parts is not None else None
                         self._request_done(payload)
@@ -161,7 +164,7 @@ class RequestReader:
         except HttpParserError as exc:
             self.refused = _parser_refusal(exc)
             end = pos
-        if whole and not pieces and start == 0 and end == len(data):
+        if whole and not pieces and start == 0 and end == len(data) and self.refused is None:
             return None
         if start < end:
             pieces.append(view[start:end])
@@ -192,13 +195,19 @@ class RequestReader:
         self._parse(view[pos + fed : to])
         if not self.headers_done:
             return to, b""  # empty lines before a request: passed on as they are
-        if self.upgrade:
-            raise Refused(refusals.UPGRADE, "protocol upgrades are not supported")
         parser = self.parser
         verb = parser.get_method()
         target = self.target
         length = self.content_length
         chunked = length is None and any(n == b"transfer-encoding" for n, _ in self.headers)
+        if self.upgrade:
+            # llhttp takes what follows an upgrade request (or CONNECT) for the new protocol
+            # and parses no body of it: one without a body is relayed as the backend reads it
+            # (Triton ignores the Upgrade and answers over HTTP/1.1; llhttp goes on with the
+            # next request), one with a body is refused
+            if chunked or length:
+                raise Refused(refusals.UPGRADE, "an upgrade request with a body")
+            self.message_done = True
         if length is not None and length > self.limits.body_bytes:
             raise Refused(refusals.BODY_TOO_LARGE, f"request body of {length} bytes too large")
         route = self.routes.http_route(verb, target)
@@ -206,7 +215,7 @@ class RequestReader:
             verb, target, route.method, route.model, self.headers, None if chunked else length
         )
         self.call = call
-        if not parser.should_keep_alive():
+        if not self.keep_alive:
             self.closing = True
         if chunked:
             self.chunked = ChunkedFramer(capture=call.body is not None)
@@ -220,7 +229,7 @@ class RequestReader:
         try:
             self.parser.feed_data(chunk)
         except HttpParserUpgrade:
-            self.upgrade = True  # llhttp parses no body of it: the request is refused
+            self.upgrade = True  # see `_header_block`
 
     def _request_done(self, body: bytes | None) -> None:
         if not self.message_done:  # our framing and llhttp's disagree: trust neither

@@ -4,8 +4,8 @@ Each response's header block is parsed by llhttp (httptools): its status, and ho
 framed. A 1xx is an interim response (`100 Continue` answers `Expect: 100-continue`), not the
 final one; the final response of the call at the head of the FIFO ends that call when its
 body ends (a Content-Length countdown, `chunked.py`, or the backend's FIN). A response to HEAD,
-and a 204 or 304, has no body. An error response's body start is kept (bounded) for its
-`{"error": ...}` text.
+and a 204 or 304, has no body (but see `_header_block` for Triton's answer to HEAD). An error
+response's body start is kept (bounded) for its `{"error": ...}` text.
 
 A response that cannot be parsed, or comes with no request open, raises `BrokenResponse`: the
 relay stops observing that connection and keeps forwarding its bytes (counted in
@@ -151,7 +151,11 @@ class ResponseReader:
             call.response_start = time.perf_counter()
         if status >= 400:
             call.error = bytearray()
-        if call.head or status == 204 or status == 304:
+        if call.head and self.content_length and to < len(data) and data[to : to + 5] != b"HTTP/":
+            # a body after a response to HEAD, in the same read: Triton's evhtp sends one with
+            # its 405 (HEAD is not served); take it as the Content-Length says
+            self.body_left = self.content_length
+        elif call.head or status == 204 or status == 304:
             if call.head and self.content_length:
                 self.parser = HttpResponseParser(self)  # llhttp would wait for the body
             self._done(call, checked=False)

@@ -55,9 +55,9 @@ def grpc_code(status: int, text: str = "") -> str:
         return "OK"
     if status in _AMBIGUOUS and text:
         lowered = text.lower()
-        for phrase, code in _BY_TEXT:
+        for phrase, named in _BY_TEXT:
             if phrase in lowered:
-                return code
+                return named
     code = _BY_STATUS.get(status)
     if code is not None:
         return code
