@@ -67,6 +67,22 @@ def test_a_taken_port_is_one_line_that_says_to_run_again(taken_port: int, tmp_pa
     assert line.endswith("; another process took a port the demo had picked; run the demo again")
 
 
+def test_a_taken_http_port_is_one_line_that_names_the_http_plane(
+    taken_port: int, tmp_path: Path
+) -> None:
+    sidecar = SidecarProcess(
+        f"127.0.0.1:{free_port()}", tmp_path / "sidecar.log",
+        http_backend=f"127.0.0.1:{free_port()}", http_port=taken_port,
+    )  # fmt: skip
+    with pytest.raises(StartError) as caught:
+        sidecar.start(timeout=60)
+    line = explain(caught.value)
+    assert line is not None and "\n" not in line, line
+    assert f"cannot listen on 127.0.0.1:{taken_port} for HTTP clients" in line, line
+    assert "--http-listen" in line, line
+    assert line.endswith("; another process took a port the demo had picked; run the demo again")
+
+
 @pytest.mark.triton
 def test_a_triton_that_does_not_start_is_one_line_with_its_first_error(tmp_path: Path) -> None:
     """Issue 26's failure: a SavedModel Triton cannot serve, in its model repository."""
