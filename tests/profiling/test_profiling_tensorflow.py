@@ -16,7 +16,7 @@ from sidecar.profiling.formats import ModelFormat, format_of
 from sidecar.profiling.runners import tf_ops
 from sidecar.profiling.runners.select import runner_for
 from sidecar.profiling.runners.tf_trace import TFClockError, TFEvent, XTrace, assign
-from sidecar.profiling.vocabulary import ProfilingError
+from sidecar.profiling.vocabulary import UNNAMED_INPUT, ProfilingError
 from sidecar.trace.spans import Level
 
 tf = pytest.importorskip("tensorflow")
@@ -185,6 +185,22 @@ def test_savedmodel_formats_and_errors(model_base: Path, cnn: TensorFlowRunner) 
         cnn.run({"image": np.zeros((1, 8, 8, 3), np.float32)}, Level.MODEL, 1, 0)
     with pytest.raises(ProfilingError, match="runtime already started"):
         TensorFlowRunner(model_base / models.CNN, threads=1234)
+
+
+def test_a_rest_predict_without_input_names_feeds_the_one_input(cnn: TensorFlowRunner) -> None:
+    """TF-Serving REST's unnamed rows decode to `UNNAMED_INPUT`, which a signature of one
+    input takes as its own."""
+    import json
+
+    from sidecar.backends.http_message import pack
+    from sidecar.backends.tf_rest_decode import decode_rest_predict
+
+    rows = images()["image"]
+    body = json.dumps({"instances": rows.tolist()}).encode()
+    decoded = decode_rest_predict(pack(body, None, target="/v1/models/cnn:predict"))
+    assert list(decoded.inputs) == [UNNAMED_INPUT]
+    np.testing.assert_array_equal(cnn.outputs(decoded.inputs)["output_0"],
+                                  cnn.outputs({"image": rows})["output_0"])  # fmt: skip
 
 
 # -- the pure parts ---------------------------------------------------------------------
