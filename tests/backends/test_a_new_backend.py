@@ -102,7 +102,7 @@ def test_the_relay_reads_the_model_name_where_the_record_says(toy: Backend) -> N
     conv.response(1, b"\x08\x01")
     tracker.request_scanner.observe(bytes(conv.client))
     tracker.response_scanner.observe(bytes(conv.server))
-    labels = {"method": "Score", "model": "ranker", "grpc_code": "OK"}
+    labels = {"method": "Score", "model": "ranker", "grpc_code": "OK", "protocol": "grpc"}
     assert registry.get_sample_value("xsp_requests_total", labels) == 1
 
 

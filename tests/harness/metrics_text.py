@@ -70,6 +70,22 @@ def exemplars(openmetrics_text: str, name: str) -> list[tuple[dict[str, str], Ex
     ]
 
 
+PER_CALL = (
+    "xsp_requests",
+    "xsp_request_duration_seconds",
+    "xsp_request_bytes",
+    "xsp_response_bytes",
+)
+
+
+def with_protocol(name: str, labels: dict[str, str], protocol: str = "grpc") -> dict[str, str]:
+    """`labels` of a sample `name` with `protocol` added where `name` is one of the per-call
+    families' samples (which carry it) and `labels` name a method but no protocol."""
+    if "method" in labels and "protocol" not in labels and name.startswith(PER_CALL):
+        return {**labels, "protocol": protocol}
+    return labels
+
+
 def sample_value(text: str, name: str, **labels: str) -> float | None:
     """The value of the sample `name` whose labels are exactly `labels`; None when absent.
     A per-call family's `protocol` label may be left out for `protocol="grpc"` (the series

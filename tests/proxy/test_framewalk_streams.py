@@ -460,7 +460,7 @@ def unary_connection() -> tuple[bytes, bytes, list[tuple[bytes, bytes]], int]:
 
 def duration_buckets(registry: CollectorRegistry) -> tuple[float, list[float]]:
     """The ModelInfer/add_sub duration histogram: its sum and its cumulative bucket counts."""
-    labels = {"method": "ModelInfer", "model": "add_sub"}
+    labels = {"method": "ModelInfer", "model": "add_sub", "protocol": "grpc"}
     total = registry.get_sample_value("xsp_request_duration_seconds_sum", labels) or 0.0
     counts = [
         registry.get_sample_value("xsp_request_duration_seconds_bucket", {**labels, "le": le})
@@ -509,7 +509,7 @@ def test_a_unary_call_crosses_into_python_only_until_its_blocks_are_cached() -> 
         assert grew == [0.0] * first + [1.0] * (len(grew) - first)
     assert [c[:2] for c in sent.calls] == [("on_header_block", sid) for sid in (1, 3)]
     assert [c[:2] for c in received.calls] == [("on_header_block", sid) for sid in (1, 1, 3, 3)]
-    labels = {"method": "ModelInfer", "model": "add_sub"}
+    labels = {"method": "ModelInfer", "model": "add_sub", "protocol": "grpc"}
     assert registry.get_sample_value("xsp_requests_total", {**labels, "grpc_code": "OK"}) == 3
     assert registry.get_sample_value("xsp_request_bytes_total", labels) == 3 * size
     assert registry.get_sample_value("xsp_response_bytes_total", labels) == 3 * len(
@@ -556,7 +556,7 @@ def test_a_quiet_call_ends_in_c_once_its_trailers_are_cached() -> None:
     assert [c[:2] for c in received.calls] == [("on_header_block", sid) for sid in (1, 1, 3, 3)]
     assert hook.calls == ["start"] * 3
     assert (hook.ended, hook.per_model) == ([3], {"add_sub": 3})
-    labels = {"method": "ModelInfer", "model": "add_sub", "grpc_code": "OK"}
+    labels = {"method": "ModelInfer", "model": "add_sub", "grpc_code": "OK", "protocol": "grpc"}
     assert registry.get_sample_value("xsp_requests_total", labels) == 3
 
 

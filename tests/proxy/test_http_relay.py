@@ -320,3 +320,30 @@ def test_in_flight_and_shutdown(triton: Any) -> None:
     sock.close()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", side.endpoint.port), timeout=1).close()
+
+
+def test_idle_timeout_and_shutdown_finishes_a_call_in_flight(triton: Any) -> None:
+    from sidecar.proxy.http import HttpLimits
+
+    side = HttpRelayThread(triton.http_address, limits=HttpLimits(idle_timeout_s=0.4))
+    try:
+        with connect(side.address) as idle:
+            idle.sendall(get("/v2/health/ready"))
+            assert read_responses(idle, 1)[0][0].status == 200
+            started = time.monotonic()
+            assert read_until_close(idle, 5) == b""  # closed by the relay once idle
+            assert time.monotonic() - started < 2.5
+        slow = json.dumps({"inputs": [
+            {"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1.0]},
+            {"name": "DELAY_MS", "shape": [1], "datatype": "INT32", "data": [300]},
+        ]}).encode()  # fmt: skip
+        busy = connect(side.address)
+        busy.sendall(post("/v2/models/sleep/infer", slow))
+        time.sleep(0.1)
+        assert side.in_loop(side.relay.in_flight) == 1
+    finally:
+        side.close(grace=3.0)  # waits for the call in flight, then closes
+    responses, _ = read_responses(busy, 1)
+    assert responses[0].status == 200
+    assert read_until_close(busy, 2) == b""
+    busy.close()

@@ -221,3 +221,75 @@ def test_protocol_label_and_refused_family() -> None:
     metrics.record_exemplar("ModelInfer", "m", 0.002, "ab" * 16, protocol="http")
     assert metrics.http.stats[("ModelInfer", "m")].exemplars is not None
     assert metrics.stats[("ModelInfer", "m")].exemplars is None
+
+
+class Raising:
+    """An observer whose every hook raises."""
+
+    def on_request_headers(self, start: RequestStart) -> HeaderDecision:
+        raise RuntimeError("headers")
+
+    def on_request_body(self, sid: int, model: str | None, body: bytes) -> None:
+        raise RuntimeError("body")
+
+    def on_stream_end(self, end: StreamEnd) -> None:
+        raise RuntimeError("end")
+
+
+def test_observer_errors_are_counted_and_the_call_goes_on() -> None:
+    metrics = ProxyMetrics(CollectorRegistry())
+    book = CallBook(metrics, Raising(), 1)
+    reader = RequestReader(HttpLimits(), book, TritonRoutesStandIn())
+    assert reader.feed(REQUESTS[0]) is None
+    ResponseReader(book).feed(RESPONSES[0])
+    assert metrics.observer_errors["request_headers"] == 1
+    assert metrics.observer_errors["stream_end"] == 1
+    assert metrics.http.codes == {("ModelInfer", "a", "OK"): 1}
+
+    class BadField(Observer):
+        def on_request_headers(self, start: RequestStart) -> HeaderDecision:
+            return HeaderDecision(extra_headers=[("x", "a\r\nb: c")], capture_body=True)
+
+        def on_request_body(self, sid: int, model: str | None, body: bytes) -> None:
+            raise RuntimeError("body")
+
+    book = CallBook(metrics, BadField(), 2)
+    reader = RequestReader(HttpLimits(), book, TritonRoutesStandIn())
+    assert reader.feed(REQUESTS[0]) is None  # the field is dropped, the request unchanged
+    assert metrics.observer_errors["request_headers"] == 2
+    assert metrics.observer_errors["request_body"] == 1
+
+
+def test_a_chunked_body_past_the_capture_limit_is_not_delivered() -> None:
+    from sidecar.proxy.streams import HeaderDecision as Decision
+
+    class Small(Observer):
+        def on_request_headers(self, start: RequestStart) -> HeaderDecision:
+            return Decision(capture_body=True, capture_limit=5)
+
+    observer = Small()
+    book = CallBook(ProxyMetrics(CollectorRegistry()), observer, 1)
+    reader = RequestReader(HttpLimits(), book, TritonRoutesStandIn())
+    reader.feed(REQUESTS[2] + REQUESTS[0])  # 11 bytes chunked, then a Content-Length body
+    assert observer.bodies == []
+
+
+@given(st.binary(max_size=300), st.lists(st.integers(0, 400), max_size=6), st.integers(0, 3))
+def test_no_input_escapes_the_readers(junk: bytes, points: list[int], where: int) -> None:
+    book = CallBook(ProxyMetrics(CollectorRegistry()), Observer(), 1)
+    reader = RequestReader(
+        HttpLimits(header_bytes=256, body_bytes=512), book, TritonRoutesStandIn()
+    )
+    valid = REQUESTS[where]
+    stream = valid[: len(valid) // 2] + junk + valid[len(valid) // 2 :] + junk
+    for piece in cuts(stream, points):
+        out = reader.feed(piece)
+        assert out is None or isinstance(out, list)
+    responses = ResponseReader(book)
+    try:
+        for piece in cuts(junk + RESPONSES[where], points):
+            responses.feed(piece)
+    except BrokenResponse:
+        pass
+    book.close("CANCELLED")
+    assert book.metrics.http_open == 0

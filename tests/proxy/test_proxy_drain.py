@@ -284,7 +284,8 @@ def test_shutdown_two_step_goaway_forwards_racing_streams_and_refuses_later_ones
                     if s.name == "xsp_observation_failures_total"]  # fmt: skip
         assert all(s.value == 0 for s in failures)
         ok = registry.get_sample_value(
-            "xsp_requests_total", {"method": "ModelInfer", "model": "_unknown", "grpc_code": "OK"}
+            "xsp_requests_total",
+            {"method": "ModelInfer", "model": "_unknown", "grpc_code": "OK", "protocol": "grpc"},
         )
         assert ok == 2
         sock.close()

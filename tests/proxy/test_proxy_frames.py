@@ -29,6 +29,7 @@ from sidecar.proxy.streams import (
     RequestStart,
     StreamEnd,
 )
+from tests.harness.metrics_text import with_protocol
 from tests.proxy.proxy_h2build import (
     Conversation,
     data_frames,
@@ -63,7 +64,7 @@ def infer_request(model: str, n: int = 4) -> bytes:
 
 
 def sample(reg: CollectorRegistry, name: str, **labels: str) -> float:
-    return reg.get_sample_value(name, labels) or 0.0
+    return reg.get_sample_value(name, with_protocol(name, labels)) or 0.0
 
 
 def scan(

@@ -323,7 +323,7 @@ def test_huge_header_does_not_hide_later_calls(triton: Any, size: int) -> None:
         assert (
             relay.registry.get_sample_value(
                 "xsp_requests_total",
-                {"method": "ModelInfer", "model": "add_sub", "grpc_code": "OK"},
+                {"method": "ModelInfer", "model": "add_sub", "grpc_code": "OK", "protocol": "grpc"},
             )
             == 16
         )
@@ -358,7 +358,7 @@ def _scan_split(client: bytes, server: bytes, step: int, hold: bool) -> tuple[An
 
 
 def _ok(reg: Any, model: str) -> float:
-    labels = {"method": "ModelInfer", "model": model, "grpc_code": "OK"}
+    labels = {"method": "ModelInfer", "model": model, "grpc_code": "OK", "protocol": "grpc"}
     return reg.get_sample_value("xsp_requests_total", labels) or 0.0
 
 
@@ -425,7 +425,7 @@ def test_bad_hpack_restarts_the_table_and_later_calls_are_counted() -> None:
         reg, tracker, _ = _scan_split(bytes(conv.client), bytes(conv.server), 11, hold)
         assert not tracker.failed
         assert _ok(reg, "one") == 1 and _ok(reg, "four") == 2
-        unknown = {"method": "_unknown", "model": "_unknown"}
+        unknown = {"method": "_unknown", "model": "_unknown", "protocol": "grpc"}
         assert reg.get_sample_value("xsp_requests_total", {**unknown, "grpc_code": "INTERNAL"}) == 1
         assert reg.get_sample_value("xsp_requests_total", {**unknown, "grpc_code": "OK"}) == 1
         assert reg.get_sample_value("xsp_unobserved_streams_total") == 2
@@ -450,7 +450,8 @@ def test_16mb_header_frame_is_counted_and_observation_goes_on() -> None:
     assert _ok(reg, "one") == 1
     assert (
         reg.get_sample_value(
-            "xsp_requests_total", {"method": "_unknown", "model": "_unknown", "grpc_code": "OK"}
+            "xsp_requests_total",
+            {"method": "_unknown", "model": "_unknown", "grpc_code": "OK", "protocol": "grpc"},
         )
         == 1
     )

@@ -52,8 +52,14 @@ def test_record_counts_and_histogram() -> None:
         metrics.record("ModelInfer", "m", "OK", duration, 100, 50)
     metrics.record("ModelInfer", "m", "NOT_FOUND", 0.01, 10, 0)
     get = reg.get_sample_value
-    assert get("xsp_requests_total", {"method": "ModelInfer", "model": "m", "grpc_code": "OK"}) == 3
-    labels = {"method": "ModelInfer", "model": "m"}
+    assert (
+        get(
+            "xsp_requests_total",
+            {"method": "ModelInfer", "model": "m", "grpc_code": "OK", "protocol": "grpc"},
+        )
+        == 3
+    )
+    labels = {"method": "ModelInfer", "model": "m", "protocol": "grpc"}
     assert get("xsp_request_duration_seconds_bucket", {**labels, "le": "0.0001"}) == 1
     assert get("xsp_request_duration_seconds_bucket", {**labels, "le": "0.0002"}) == 2
     assert get("xsp_request_duration_seconds_count", labels) == 4
@@ -83,6 +89,6 @@ def test_a_sampled_call_leaves_its_trace_id_on_its_bucket_in_openmetrics_only() 
 
     plain = scrape_registry(reg)
     assert "trace_id" not in plain and " # {" not in plain
-    labels = {"method": "ModelInfer", "model": "m"}
+    labels = {"method": "ModelInfer", "model": "m", "protocol": "grpc"}
     assert sample_value(plain, "xsp_request_duration_seconds_count", **labels) == 4
     assert sample_value(plain, "xsp_request_duration_seconds_bucket", le="0.002", **labels) == 3

@@ -104,7 +104,12 @@ def test_backend_down_gives_unavailable_fast_and_relay_recovers() -> None:
             assert "backend" in (info.value.details() or "")
         failures = relay.registry.get_sample_value("xsp_backend_connect_failures_total")
         assert failures is not None and failures >= 1
-        labels = {"method": "ModelInfer", "model": "_unknown", "grpc_code": "UNAVAILABLE"}
+        labels = {
+            "method": "ModelInfer",
+            "model": "_unknown",
+            "grpc_code": "UNAVAILABLE",
+            "protocol": "grpc",
+        }
         assert relay.registry.get_sample_value("xsp_requests_total", labels) == 1
         server, _ = grpc_backend({"ModelInfer": unary(echo)}, f"127.0.0.1:{port}")
         with grpc.insecure_channel(relay.address) as channel:
@@ -257,7 +262,7 @@ def test_observer_failures_are_counted_and_calls_still_relayed(
         "connection": 0, "request_headers": 3, "request_body": 1, "stream_end": 3,
         "stream_message": 0,
     }  # fmt: skip
-    ok = {"grpc_code": "OK", "method": "ModelInfer", "model": "m"}
+    ok = {"grpc_code": "OK", "method": "ModelInfer", "model": "m", "protocol": "grpc"}
     assert sample_value(text, "xsp_requests_total", **ok) == 3
 
 
@@ -280,7 +285,7 @@ def test_a_failing_observer_factory_is_counted_and_the_connection_relayed(
         relay.close()
     assert sample_value(text, "xsp_observer_errors_total", hook="connection") == 1
     assert sample_value(text, "xsp_observer_errors_total", hook="request_headers") == 0
-    ok = {"grpc_code": "OK", "method": "ModelInfer", "model": "m"}
+    ok = {"grpc_code": "OK", "method": "ModelInfer", "model": "m", "protocol": "grpc"}
     assert sample_value(text, "xsp_requests_total", **ok) == 1
 
 
@@ -309,7 +314,12 @@ def test_unix_socket_backend_and_streaming() -> None:
                 f"m{i % 2}" for i in range(50)
             ]
         # each request message is one inference, under its own model
-        labels = {"method": "ModelStreamInfer", "model": "m0", "grpc_code": "OK"}
+        labels = {
+            "method": "ModelStreamInfer",
+            "model": "m0",
+            "grpc_code": "OK",
+            "protocol": "grpc",
+        }
         assert relay.registry.get_sample_value("xsp_requests_total", labels) == 25
         streams = {"method": "ModelStreamInfer", "grpc_code": "OK"}
         assert relay.registry.get_sample_value("xsp_streams_total", streams) == 1

@@ -17,7 +17,7 @@ from tritonclient.grpc import service_pb2
 from sidecar.proxy import stream_messages
 from sidecar.proxy.inferences import StreamInferences
 from sidecar.proxy.metrics import ProxyMetrics
-from tests.harness.metrics_text import exemplars, scrape_registry
+from tests.harness.metrics_text import exemplars, scrape_registry, with_protocol
 from tests.proxy.proxy_h2build import grpc_message
 
 METHOD = "ModelStreamInfer"
@@ -64,7 +64,7 @@ def table(max_pending: int = 1024) -> tuple[StreamInferences, CollectorRegistry]
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    got = registry.get_sample_value(name, labels)
+    got = registry.get_sample_value(name, with_protocol(name, labels))
     return 0.0 if got is None else got
 
 

@@ -107,7 +107,7 @@ def test_an_unpicked_call_crosses_into_python_zero_times_once_its_blocks_are_cac
     assert list(relay.hub.pressure.counts) == [5, 5]
     assert relay.skipped() == 5
     assert not relay.tracker.streams and not relay.tracker.quiet_ends
-    labels = {"method": "ModelInfer", "model": MODEL, "grpc_code": "OK"}
+    labels = {"method": "ModelInfer", "model": MODEL, "grpc_code": "OK", "protocol": "grpc"}
     assert relay.registry.get_sample_value("xsp_requests_total", labels) == 5
 
 

@@ -208,7 +208,8 @@ def test_a_failing_hook_is_counted_never_raised() -> None:
     assert s.inferences.metrics.observer_errors["stream_message"] == 1
     assert (
         s.proxy_registry.get_sample_value(
-            "xsp_requests_total", {"method": METHOD, "model": "m", "grpc_code": "OK"}
+            "xsp_requests_total",
+            {"method": METHOD, "model": "m", "grpc_code": "OK", "protocol": "grpc"},
         )
         == 1
     )

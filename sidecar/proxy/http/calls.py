@@ -15,6 +15,7 @@ import logging
 import time
 from collections import deque
 
+from sidecar.proxy.http.fields import header_fields
 from sidecar.proxy.http.status import MAX_ERROR_TEXT, error_text, grpc_code
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.streams import (
@@ -91,12 +92,12 @@ class CallBook:
         target: bytes,
         method: str,
         model: str | None,
-        headers: list[tuple[bytes, bytes]],
+        block: bytes,
         body_length: int | None,
     ) -> tuple[Call, bytes]:
-        """A request's header block is complete: open its call; returns it and the header
-        lines the observer wants added (b"" for none). `body_length`: the Content-Length
-        (None: chunked)."""
+        """A request's header block (checked by llhttp) is complete: open its call; returns it
+        and the header lines the observer wants added (b"" for none). `body_length`: the
+        Content-Length (None: chunked)."""
         self.count += 1
         metrics = self.metrics
         call = Call(self.count, metrics.method_label(method), model, verb == b"HEAD")
@@ -106,7 +107,7 @@ class CallBook:
             return call, b""
         call.start_ns = time.time_ns()
         call.path = path = target.decode("utf-8", "replace")
-        raw = [(b":method", verb), (b":path", target), *headers]
+        raw = [(b":method", verb), (b":path", target), *header_fields(block)]
         start = _record(RequestStart, (self.connection_id, call.sid, path, call.method, raw))
         try:
             decision = self.observer.on_request_headers(start)

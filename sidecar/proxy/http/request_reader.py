@@ -23,6 +23,7 @@ from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
 from sidecar.proxy.http import refusals
 from sidecar.proxy.http.calls import Call, CallBook
 from sidecar.proxy.http.chunked import ChunkedFramer, FramingError
+from sidecar.proxy.http.fields import framing
 from sidecar.proxy.http.limits import HttpLimits
 from sidecar.proxy.http.routes import HttpRoutes
 
@@ -49,9 +50,8 @@ class RequestReader:
     """Splits one connection's client bytes into requests (see the module docstring)."""
 
     __slots__ = (
-        "body_left", "book", "call", "chunked", "closing", "content_length", "head",
-        "head_since", "headers", "headers_done", "keep_alive", "limits", "message_done", "parser",
-        "refused", "routes", "target", "upgrade",
+        "body_left", "book", "call", "chunked", "closing", "head", "head_since", "headers_done",
+        "keep_alive", "limits", "message_done", "parser", "refused", "routes", "upgrade",
     )  # fmt: skip
 
     def __init__(self, limits: HttpLimits, book: CallBook, routes: HttpRoutes) -> None:
@@ -67,24 +67,12 @@ class RequestReader:
         self.closing = False  # the last request was read: later bytes are dropped
         self.refused: Refused | None = None
         # the message being parsed (llhttp callbacks)
-        self.target = b""
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.content_length: int | None = None
         self.headers_done = False
         self.keep_alive = True
         self.message_done = False
         self.upgrade = False
 
-    # -- llhttp callbacks -----------------------------------------------------------------
-
-    def on_url(self, url: bytes) -> None:
-        self.target += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        name = name.lower()
-        self.headers.append((name, value))
-        if name == b"content-length":
-            self.content_length = int(value)  # one, and digits only: llhttp checked
+    # -- llhttp callbacks (two a request: the fields are read from the checked block) ------
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
@@ -137,8 +125,11 @@ class RequestReader:
                         raise Refused(refusals.BODY_TOO_LARGE, "request body too large")
                     self.parser.feed_data(view[pos:to])
                     pos = to
-                    assert self.call is not None
-                    self.call.request_bytes = framer.size
+                    call = self.call
+                    assert call is not None
+                    call.request_bytes = framer.size
+                    if framer.parts is not None and framer.size > call.capture_limit:
+                        framer.parts = None  # past the capture limit: not delivered
                     if framer.done:
                         payload = framer.payload() if framer.parts is not None else None
                         self._request_done(payload)
@@ -175,9 +166,6 @@ class RequestReader:
         end and the lines to add before its blank line, or (-1, b"") where it is not complete
         (kept in `head`)."""
         if not fed:
-            self.target = b""
-            self.headers = []
-            self.content_length = None
             self.headers_done = self.message_done = self.upgrade = False
         limit = self.limits.header_bytes
         idx = data.find(b"\r\n\r\n", max(pos, pos + fed - 3))
@@ -195,11 +183,9 @@ class RequestReader:
         self._parse(view[pos + fed : to])
         if not self.headers_done:
             return to, b""  # empty lines before a request: passed on as they are
-        parser = self.parser
-        verb = parser.get_method()
-        target = self.target
-        length = self.content_length
-        chunked = length is None and any(n == b"transfer-encoding" for n, _ in self.headers)
+        verb = self.parser.get_method()
+        block = data[pos:to]
+        target, length, chunked = framing(block)
         if self.upgrade:
             # llhttp takes what follows an upgrade request (or CONNECT) for the new protocol
             # and parses no body of it: one without a body is relayed as the backend reads it
@@ -212,7 +198,7 @@ class RequestReader:
             raise Refused(refusals.BODY_TOO_LARGE, f"request body of {length} bytes too large")
         route = self.routes.http_route(verb, target)
         call, extra = self.book.start(
-            verb, target, route.method, route.model, self.headers, None if chunked else length
+            verb, target, route.method, route.model, block, None if chunked else length
         )
         self.call = call
         if not self.keep_alive:

@@ -21,6 +21,7 @@ from httptools import HttpParserError, HttpResponseParser
 
 from sidecar.proxy.http.calls import Call, CallBook
 from sidecar.proxy.http.chunked import ChunkedFramer, FramingError
+from sidecar.proxy.http.fields import field_value
 
 MAX_HEAD = 1 << 20  # a response header block longer than this is broken
 KEEP_ERROR = 4096  # bytes of an error response's body kept for its error text
@@ -34,8 +35,8 @@ class ResponseReader:
     """Follows one connection's responses (see the module docstring)."""
 
     __slots__ = (
-        "body_left", "book", "call", "chunked", "content_length", "head", "headers_done",
-        "message_done", "parser", "te", "tunnel", "until_close",
+        "body_left", "book", "call", "chunked", "head", "headers_done", "message_done", "parser",
+        "tunnel", "until_close",
     )  # fmt: skip
 
     def __init__(self, book: CallBook) -> None:
@@ -47,19 +48,10 @@ class ResponseReader:
         self.until_close = False  # a body that ends with the backend's FIN
         self.call: Call | None = None  # the call whose response body is being read
         self.tunnel = False  # 101 Switching Protocols: nothing more is HTTP/1.1
-        self.content_length: int | None = None
-        self.te: bytes | None = None
         self.headers_done = False
         self.message_done = False
 
     # -- llhttp callbacks -----------------------------------------------------------------
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        name = name.lower()
-        if name == b"content-length":
-            self.content_length = int(value)
-        elif name == b"transfer-encoding":
-            self.te = value.lower()
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
@@ -124,7 +116,6 @@ class ResponseReader:
 
     def _header_block(self, data: bytes, view: memoryview, pos: int, fed: int) -> int:
         if not fed:
-            self.content_length = self.te = None
             self.headers_done = self.message_done = False
         idx = data.find(b"\r\n\r\n", max(pos, pos + fed - 3))
         if idx < 0:
@@ -142,6 +133,11 @@ class ResponseReader:
             if status == 101:
                 self.tunnel = True
             return to  # interim: the final response is still to come
+        block = data[pos:to]
+        lowered = block.lower()
+        length = field_value(lowered, block, b"\ncontent-length:")
+        te = field_value(lowered, block, b"\ntransfer-encoding:")
+        content_length = None if length is None else int(length)
         opened = self.book.open
         if not opened:
             raise BrokenResponse(f"a {status} response with no request open")
@@ -151,22 +147,22 @@ class ResponseReader:
             call.response_start = time.perf_counter()
         if status >= 400:
             call.error = bytearray()
-        if call.head and self.content_length and to < len(data) and data[to : to + 5] != b"HTTP/":
+        if call.head and content_length and to < len(data) and data[to : to + 5] != b"HTTP/":
             # a body after a response to HEAD, in the same read: Triton's evhtp sends one with
             # its 405 (HEAD is not served); take it as the Content-Length says
-            self.body_left = self.content_length
+            self.body_left = content_length
         elif call.head or status == 204 or status == 304:
-            if call.head and self.content_length:
+            if call.head and content_length:
                 self.parser = HttpResponseParser(self)  # llhttp would wait for the body
             self._done(call, checked=False)
-        elif self.te is not None:
-            if self.te.endswith(b"chunked"):
+        elif te is not None:
+            if te.lower().endswith(b"chunked"):
                 self.chunked = ChunkedFramer()
             else:
                 self.until_close = True
-        elif self.content_length is not None:
-            if self.content_length:
-                self.body_left = self.content_length
+        elif content_length is not None:
+            if content_length:
+                self.body_left = content_length
             else:
                 self._done(call)
         else:
