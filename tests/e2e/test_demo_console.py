@@ -72,19 +72,29 @@ def test_rest_calls_add_up_beside_the_grpc_ones(demo: tuple[str, str, Path]) -> 
     console, metrics, _ = demo
     m = _one(
         r"^ +REST requests: (\d+) tritonclient\.http \(binary tensors\) \+ (\d+) (curl|urllib) "
-        r"\(JSON\) = (\d+) sent; the sidecar counted (\d+) "
-        r'\(xsp_requests_total\{protocol="http"\}\)$',
+        r"\(JSON\) \+ (\d+) tritonclient\.http \(binary tensors, x-xsp-profile: 1\) = (\d+) "
+        r'sent; the sidecar counted (\d+) \(xsp_requests_total\{protocol="http"\}\)$',
         console,
     )
-    binary, plain, sent, counted = (int(m.group(i)) for i in (1, 2, 4, 5))
+    binary, plain, forced, sent, counted = (int(m.group(i)) for i in (1, 2, 4, 5, 6))
     assert (binary, plain) == (REST - REST // 5, REST // 5)
-    assert binary + plain == sent == counted == REST
+    assert binary + plain + forced == sent == counted
+    again = re.findall(r"(\d+) forced REST call\(s\) sent again: turned away by", console)
+    assert forced == 1 + sum(int(n) for n in again)
     http = {"method": "ModelInfer", "protocol": "http"}
     assert counted == round(sample_sum(metrics, "xsp_requests_total", **http))
-    # i % 5 == 4: add_sub in JSON; else i % 3 == 2: add_sub, binary; else simple_cnn, binary
+    # i % 5 == 4: add_sub in JSON; else i % 3 == 2: add_sub, binary; else simple_cnn, binary;
+    # then the forced call(s) to simple_cnn
     per_model = {m: sample_sum(metrics, "xsp_requests_total", model=m, **http) for m in FORCEABLE}
-    assert per_model == {"simple_cnn": 5, "add_sub": 5, "ens_cnn": 0}, per_model
+    assert per_model == {"simple_cnn": 5 + forced, "add_sub": 5, "ens_cnn": 0}, per_model
+    # the forced REST call was profiled, and its trace says it came over HTTP
+    _one(r"forced REST profile 1/1 \(simple_cnn\): ok$", console)
     assert "REST traffic errors" not in console
+    # the traces stored, by the protocol their request span says
+    stored = int(_one(r"^ +traces stored: (\d+) ", console).group(1))
+    m = _one(r"^ +of them (\d+) gRPC and (\d+) REST calls$", console)
+    assert int(m.group(1)) + int(m.group(2)) == stored
+    assert int(m.group(1)) >= FORCED and int(m.group(2)) >= 1
     # the REST line follows the gRPC lines, before the sampling decisions
     grpc_at, rest_at = console.index("gRPC requests: "), console.index("REST requests: ")
     assert grpc_at < rest_at < console.index("sampling decisions: ")
@@ -146,9 +156,8 @@ def test_progress_bars_count_each_profile_not_the_store(demo: tuple[str, str, Pa
         f"forced profile 2/{FORCED} (add_sub)",
         f"forced profile 3/{FORCED} (ens_cnn)",
     }
-    sampled_traffic = (
-        round(sample_sum(metrics, "xsp_sampling_decisions_total", decision="sampled")) - FORCED
-    )
+    sampled = round(sample_sum(metrics, "xsp_sampling_decisions_total", decision="sampled"))
+    sampled_traffic = sampled - FORCED - 1  # and the forced REST call's
     for desc, n, total in bars:
         want = 1 if desc.startswith("forced") else sampled_traffic
         assert int(total) == want and int(n) <= want, (desc, n, total)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from sidecar.trace.spans import Trace, new_trace_id
+from sidecar.trace.schema import PROTOCOL
+from sidecar.trace.spans import Level, Source, Span, Trace, new_span_id, new_trace_id
 from sidecar.trace.store import TraceStore
 from tests.harness.demo.rest import RestTraffic
 from tests.harness.demo.triton import DemoOptions, ForcedResult, account
@@ -61,7 +62,22 @@ def test_rest_calls_are_shown_beside_the_grpc_ones_each_against_its_own_count(
     tmp_path: Path,
 ) -> None:
     db = tmp_path / "traces.db"
-    TraceStore(db).close()
+    with TraceStore(db) as store:
+        for protocol in ("grpc", "http", "http"):
+            trace = Trace(new_trace_id(), "cnn", 1, status="ok")
+            request = Span(
+                trace.trace_id,
+                new_span_id(),
+                None,
+                Level.REQUEST,
+                "ModelInfer",
+                "ModelInfer",
+                0,
+                10,
+                Source.PROXY,
+                attributes={PROTOCOL: protocol},
+            )
+            store.write_trace(trace, [request])  # fmt: skip
     options = DemoOptions(out=tmp_path, requests=4, forced=0)
     rest = RestTraffic()
     for i in range(5):
@@ -85,6 +101,8 @@ def test_rest_calls_are_shown_beside_the_grpc_ones_each_against_its_own_count(
         "REST traffic errors (the client saw them): 1",
     ]
     assert lines[at + 3].startswith("sampling decisions: ")
+    # the stored traces by the protocol their request span says
+    assert lines[-2:] == ["traces stored: 3 (3 ok, 0 failed)", "  of them 1 gRPC and 2 REST calls"]
     # a count that differs says so; without REST traffic there is no REST line
     short = lines_of(_metrics(4), rest)
     assert any(line.endswith('{protocol="http"}) (they differ!)') for line in short)

@@ -9,14 +9,18 @@ it is on PATH (`post_json`), else with Python's urllib, and the line says which.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import sqlite3
 import subprocess
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from sidecar.trace.schema import PROTOCOL, Level, json_path
 from tests.harness.metrics_text import sample_sum
 
 REQUESTS = "xsp_requests_total"
@@ -31,6 +35,7 @@ class RestTraffic:
 
     sent: dict[str, int] = field(default_factory=dict)
     errors: int = 0
+    notes: list[str] = field(default_factory=list)  # shown under the REST line, e.g. resends
 
     def add(self, client: str, ok: bool = True) -> None:
         self.sent[client] = self.sent.get(client, 0) + 1
@@ -57,12 +62,33 @@ def rest_lines(rest: RestTraffic, metrics_text: str, method: str) -> list[str]:
         f"REST requests: {by_client} = {rest.total} sent; the sidecar counted {got} "
         f'(xsp_requests_total{{protocol="http"}}){differ}'
     ]
+    lines.extend(rest.notes)
     others = counted(metrics_text, HTTP) - got
     if others:
         lines.append(f"  and {others} REST call(s) of other methods the demo did not send")
     if rest.errors:
         lines.append(f"REST traffic errors (the client saw them): {rest.errors}")
     return lines
+
+
+BY_PROTOCOL = f"""
+SELECT json_extract(attributes, '{json_path(PROTOCOL)}'), count(DISTINCT trace_id) FROM spans
+WHERE level = '{Level.REQUEST.value}' GROUP BY 1
+"""
+
+
+def traces_by_protocol(db: Path) -> dict[str, int]:
+    """The stored traces by the protocol their request span says (`grpc`, `http`)."""
+    if not db.exists():
+        return {}
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        return {str(p): int(n) for p, n in conn.execute(BY_PROTOCOL).fetchall() if p}
+
+
+def protocol_line(db: Path) -> str:
+    """The "adding it up" line under the traces stored: how many came over each protocol."""
+    found = traces_by_protocol(db)
+    return f"  of them {found.get(GRPC, 0)} gRPC and {found.get(HTTP, 0)} REST calls"
 
 
 def json_client() -> str:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,15 @@ from tqdm import tqdm
 
 from sidecar.trace.store import count_traces, failed_traces
 from tests.harness import REPO_ROOT
-from tests.harness.demo.rest import GRPC, RestTraffic, counted, json_client, post_json, rest_lines
+from tests.harness.demo.rest import (
+    GRPC,
+    RestTraffic,
+    counted,
+    json_client,
+    post_json,
+    protocol_line,
+    rest_lines,
+)
 from tests.harness.metrics_text import sample_sum, scrape, sums_by
 from tests.harness.process import free_port
 from tests.harness.sidecar_process import SidecarProcess
@@ -134,6 +142,37 @@ def send_rest_traffic(address: str, options: DemoOptions) -> RestTraffic:
     return rest
 
 
+REST_FORCED = "tritonclient.http (binary tensors, x-xsp-profile: 1)"
+
+
+def send_rest_forced(
+    sidecar: SidecarProcess, db: Path, options: DemoOptions, rest: RestTraffic
+) -> ForcedResult:
+    """One REST call to simple_cnn with the forced header (tritonclient.http, binary tensors),
+    sent again while turned away, its profile awaited; every attempt is counted in `rest`."""
+    import tritonclient.http as httpclient
+
+    say("sending 1 REST request with x-xsp-profile: 1 to simple_cnn (tritonclient.http)")
+    client = httpclient.InferenceServerClient(sidecar.http_address)
+    rng = np.random.default_rng(3)
+
+    def infer_forced(model: str, k: int) -> None:
+        inputs = _inputs(model, k, rng, httpclient)
+        client.infer(model, inputs, headers={"x-xsp-profile": "1"})
+
+    one = replace(options, forced=1, forced_models=("simple_cnn",))
+    result = send_forced(infer_forced, sidecar.metrics_url, db, one, "forced REST profile")
+    client.close()
+    for _ in range(result.attempts):
+        rest.add(REST_FORCED)
+    for decision, n in sorted(result.turned_away.items()):
+        rest.notes.append(
+            f"  {n} forced REST call(s) sent again: turned away by {decision} "
+            f"({_skip_reason(decision, options)})"
+        )
+    return result
+
+
 def finished(metrics_text: str) -> int:
     """Sampled requests the sidecar is done with: profiled (any outcome) or dropped."""
     return round(sample_sum(metrics_text, PROFILES) + sample_sum(metrics_text, DROPPED))
@@ -184,17 +223,20 @@ def _decision_of_one_call(metrics_url: str, before: dict[str, float]) -> str:
 ForcedCall = Callable[[str, int], None]
 
 
-def send_forced(send: ForcedCall, metrics_url: str, db: Path, options: DemoOptions) -> ForcedResult:
+def send_forced(
+    send: ForcedCall, metrics_url: str, db: Path, options: DemoOptions, what: str = "forced profile"
+) -> ForcedResult:
     """`options.forced` calls with `x-xsp-profile: 1` (made by `send`), one profile at a time,
     to the models of `options.forced_models` in turn. A forced call still respects the budget
     and the worker's duty cycle, so a call that was turned away (counted, with the decision
     that turned it away) is sent again until one is sampled; then its profile is awaited and
-    its outcome printed (a failed profile with the error stored in its trace)."""
+    its outcome printed (a failed profile with the error stored in its trace), each line
+    beginning with `what`."""
     result = ForcedResult()
     count = options.forced
     for k in range(count):
         model = options.forced_models[k % len(options.forced_models)]
-        label = f"forced profile {k + 1}/{count} ({model})"
+        label = f"{what} {k + 1}/{count} ({model})"
         text = scrape(metrics_url)
         done_before = finished(text)
         outcomes_before = sums_by(text, PROFILES, "outcome")
@@ -377,6 +419,8 @@ def account(
         f"{count_traces(db, status='error')} failed"
         + (f", {live_only} live-only)" if live_only else ")")
     )
+    if rest is not None and stored:
+        lines.append(protocol_line(db))
     if counts["error"]:
         lines.append(f"traffic errors (the client saw them): {counts['error']}")
     return lines
@@ -480,6 +524,8 @@ def run_demo(options: DemoOptions) -> int:
 
             forced = send_forced(infer_forced, sidecar.metrics_url, db, options)
             client.close()
+            if rest is not None:
+                send_rest_forced(sidecar, db, options, rest)
             wait_for_backend_spans(db)  # Triton exports its spans in batches
             stored, _, lines = record_and_account(
                 sidecar, out, options, counts, forced, db, "ModelInfer", rest
