@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,8 @@ from tests.harness.tfserving.model_base import (
     ModelBase,
     ServingError,
 )
+
+log = logging.getLogger("tests.harness.tfserving")
 
 API_PATH = re.compile(r"/v1/.*", re.IGNORECASE)
 _VERSION_OR_LABEL = r"(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?"
@@ -92,6 +95,9 @@ class RestApi:
             return 400, ""
         except ServingError as error:
             return HTTP_STATUS.get(error.code, 500), error_json(error.message)
+        except Exception as exc:  # a fault of the stand-in's own: said, not a dropped connection
+            log.exception("REST %s %s failed", verb, path)
+            return 500, error_json(f"{type(exc).__name__}: {exc}")
 
     def _dispatch(self, verb: str, path: str, body: bytes) -> str:
         malformed = json_tensor.invalid(f"Malformed request: {verb} {path}")

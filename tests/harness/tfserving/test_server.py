@@ -319,8 +319,8 @@ def test_rest_model_status_and_metadata_are_grpcs_answers_as_json(
     assert status == {"model_version_status": [{
         "version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""},
     }]}  # fmt: skip
-    for path in (f"/v1/models/{CNN}", f"/v1/models/{CNN}/versions/1"):
-        assert rest(tfserving, path).json() == status
+    for path in (f"/v1/models/{CNN}", f"/v1/models/{CNN}/versions/1", "/V1/Models/keras%5Fcnn"):
+        assert rest(tfserving, path).json() == status  # the name percent-decoded, as curl does
 
     meta_request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
     meta_request.model_spec.name = TRANSFORMER
