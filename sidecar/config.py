@@ -433,6 +433,8 @@ def default_text(key: str) -> str:
     default = next(d for k, d, _ in settings() if k == key)
     if default is None:
         return "none"
+    if default == "":
+        return "''"
     if isinstance(default, bool):
         return "on" if default else "off"
     if isinstance(default, float):

@@ -171,9 +171,7 @@ class Sidecar:
             observer_factory=self.http_observer_factory,
             limits=HttpLimits(idle_timeout_s=config.idle_timeout or None),
         )  # fmt: skip
-        listen = config.http_listen_endpoint
-        with translate_bind_errors(str(listen), "REST clients", "--http-listen"):
-            self.http_listen = await self.http_relay.start(listen)
+        self.http_listen = await self.http_relay.start(config.http_listen_endpoint)
         if not tcp_accepts(backend, 1.0):
             log.warning(
                 "HTTP backend %s does not accept connections yet; REST clients get 503 until "

@@ -67,8 +67,8 @@ def traced_triton(
 @pytest.fixture(scope="session")
 def tfserving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TfServingServer]:
     """The stand-in for `tensorflow_model_server` (real TensorFlow) serving `keras_cnn` and
-    `keras_transformer` from a model base path, with TensorFlow's profiler server on
-    `profiler_address`."""
+    `keras_transformer` from a model base path, TF-Serving's REST API on `rest_url` and
+    TensorFlow's profiler server on `profiler_address`."""
     root = tmp_path_factory.mktemp("tfserving")
     base = build_model_base(root / "models")
     with TfServingServer(base, root / "tfserving.log", profiler=True) as server:

@@ -227,6 +227,7 @@ def test_every_setting_is_a_flag_an_env_variable_a_toml_key_and_a_help_line(
     assert "(env XSP_SAMPLE_RATE, default 0.001)" in help_text
     assert "(env XSP_STORE_RAW_INPUTS, default off)" in help_text
     assert "(env XSP_GRACE_PERIOD, default 10)" in help_text
+    assert "(env XSP_HTTP_LISTEN, default '')" in help_text
 
 
 def test_every_setting_is_in_the_contracts_table() -> None:

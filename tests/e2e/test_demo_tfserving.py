@@ -1,6 +1,8 @@
 """The demo on TF-Serving (`python -m tests.harness.demo --backend tfserving`, small): the
-stand-in with the Keras models, the sidecar in front with the ProfilerService capture, forced
-Predicts turned into traces with Keras layers and server op spans, and the report on them."""
+stand-in with the Keras models, the sidecar in front with the ProfilerService capture, gRPC
+Predicts and REST Predicts (TF-Serving's REST API, through the sidecar's HTTP plane) each
+adding up against its own count, forced Predicts turned into traces with Keras layers and
+server op spans, and the report on them."""
 
 from __future__ import annotations
 
@@ -13,12 +15,13 @@ import pytest
 
 from sidecar.trace.store import count_traces
 from tests.harness import REPO_ROOT
+from tests.harness.demo.tfserving import FORCEABLE
 from tests.harness.metrics_text import sample_sum, sums_by
 from tests.harness.tfserving.models import CNN_LAYERS, TRANSFORMER_LAYERS
 
 pytestmark = [pytest.mark.tfserving, pytest.mark.slow]
 
-REQUESTS, FORCED = 20, 2
+REQUESTS, FORCED, REST = 20, 2, 10  # REST: every fifth with curl, the rest with requests
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +31,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, Path]:
     cmd = [
         sys.executable, "-m", "tests.harness.demo", "--backend", "tfserving",
         "--requests", str(REQUESTS), "--forced", str(FORCED), "--out", str(out),
+        "--rest-requests", str(REST),
     ]  # fmt: skip
     run = subprocess.run(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, timeout=300
@@ -51,7 +55,7 @@ def section(report: str, title: str, next_title: str) -> str:
 def test_the_console_adds_up_against_metrics(demo: tuple[str, str, Path]) -> None:
     console, metrics, out = demo
     m = _one(
-        r"requests: (\d+) traffic \+ (\d+) forced \+ (\d+) forced sent again = (\d+) sent; "
+        r"gRPC requests: (\d+) traffic \+ (\d+) forced \+ (\d+) forced sent again = (\d+) sent; "
         r"the sidecar counted (\d+) \(xsp_requests_total\)$",
         console,
     )
@@ -61,7 +65,7 @@ def test_the_console_adds_up_against_metrics(demo: tuple[str, str, Path]) -> Non
         traffic + forced + again
         == sent
         == counted
-        == round(sample_sum(metrics, "xsp_requests_total", method="Predict"))
+        == round(sample_sum(metrics, "xsp_requests_total", method="Predict", protocol="grpc"))
     )
     outcomes = {o: round(n) for o, n in sums_by(metrics, "xsp_profiles_total", "outcome").items()}
     assert outcomes.get("ok", 0) >= FORCED
@@ -77,6 +81,32 @@ def test_the_console_adds_up_against_metrics(demo: tuple[str, str, Path]) -> Non
     assert sum(captures.values()) == round(
         sample_sum(metrics, "xsp_sampling_decisions_total", decision="sampled")
     )
+
+
+def test_rest_predicts_add_up_beside_the_grpc_ones(demo: tuple[str, str, Path]) -> None:
+    """REST Predicts went through the sidecar's HTTP plane (row and columnar JSON with
+    requests, every fifth with curl), each counted under Predict and its model with
+    protocol="http"."""
+    console, metrics, _ = demo
+    m = _one(
+        r"^ +REST requests: (\d+) requests \(instances\) \+ (\d+) requests \(inputs\) \+ "
+        r"(\d+) (curl|urllib) \(JSON\) = (\d+) sent; the sidecar counted (\d+) "
+        r'\(xsp_requests_total\{protocol="http"\}\)$',
+        console,
+    )
+    rows, columns, plain, sent, counted = (int(m.group(i)) for i in (1, 2, 3, 5, 6))
+    # i % 5 == 4: curl; else i % 3 == 2: keras_transformer (inputs); else keras_cnn (instances)
+    assert (rows, columns, plain) == (5, 3, 2)
+    assert rows + columns + plain == sent == counted == REST
+    http = {"method": "Predict", "protocol": "http"}
+    assert counted == round(sample_sum(metrics, "xsp_requests_total", **http))
+    per_model = {m: sample_sum(metrics, "xsp_requests_total", model=m, **http) for m in FORCEABLE}
+    assert per_model == {"keras_cnn": 7, "keras_transformer": 3}, per_model
+    assert "REST traffic errors" not in console
+    grpc_at, rest_at = console.index("gRPC requests: "), console.index("REST requests: ")
+    assert grpc_at < rest_at < console.index("sampling decisions: ")
+    _one(r"sent 10 REST Predicts \(5 requests \(instances\), 3 requests \(inputs\), 2 "
+         r"(curl|urllib) \(JSON\)\): 10 ok, 0 errors$", console)  # fmt: skip
 
 
 def test_the_forced_traces_show_server_op_spans_and_keras_layers(

@@ -16,10 +16,14 @@ skipped; the forced calls go to `sleep`, whose budget nothing else takes.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -260,3 +264,27 @@ def test_perf_analyzer_over_http_counts_alike(
     assert int(reported.group(1)) == PA_REQUESTS == counted == served
     ok = proc.metric("xsp_requests_total", model="add_sub", grpc_code="OK", **HTTP)
     assert ok == proc.metric("xsp_requests_total", model="add_sub", **HTTP)
+
+
+def test_sigterm_lets_a_rest_call_in_flight_finish(
+    traced_triton: TritonServer, tmp_path: Path
+) -> None:
+    """SIGTERM to the real process while a REST call is at Triton (sleep, 800 ms): the call
+    finishes within the grace period, then the process exits 0."""
+    proc = SidecarProcess(
+        backend=traced_triton.grpc_address, log_path=tmp_path / "sidecar.log",
+        http_backend=traced_triton.http_address, args=["--grace-period", "10"],
+    )  # fmt: skip
+    with proc:
+        url = f"{proc.http_url}/v2/models/sleep/infer"
+        answers: list[tuple[int, Any]] = []
+        call = threading.Thread(target=lambda: answers.append(curl(url, sleep_json(800))))
+        call.start()
+        assert wait_until(lambda: proc.metric("xsp_requests_in_flight") >= 1, 5, 0.02)
+        started = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        call.join(15)
+        assert proc.process is not None and proc.process.wait(15) == 0, proc.log()
+        took = time.monotonic() - started
+    assert [status for status, _ in answers] == [200], answers
+    assert took < 5, took  # it waited for the call, not for the whole grace period

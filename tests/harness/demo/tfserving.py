@@ -1,11 +1,13 @@
 """The demo on TF-Serving: the stand-in for `tensorflow_model_server` with the Keras sample
 models, the sidecar in front (sampling, the server's side captured by TensorFlow's
-ProfilerService), Predict traffic and forced samples, the console summary and the report.
+ProfilerService), Predict traffic over gRPC and over TF-Serving's REST API (through the
+sidecar's HTTP plane), forced samples, the console summary and the report.
 
-The stand-in is real TensorFlow behind TF-Serving's gRPC API (`tests.harness.tfserving`): the
-binary cannot be installed here. Everything runs on this machine on free ports and ends by
-itself; the results stay in the output folder. This process loads TensorFlow (it builds the
-Keras models and encodes the Predict requests); the sidecar itself does not.
+The stand-in is real TensorFlow behind TF-Serving's gRPC and REST APIs
+(`tests.harness.tfserving`): the binary cannot be installed here. Everything runs on this
+machine on free ports and ends by itself; the results stay in the output folder. This process
+loads TensorFlow (it builds the Keras models and encodes the Predict requests); the sidecar
+itself does not.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from typing import Any
 
 import grpc
 import numpy as np
+import requests
 from tqdm import tqdm
 
 from sidecar.trace.spans import Level
 from sidecar.trace.store import TraceStore
 from tests.harness.demo.failures import tensorflow_missing
+from tests.harness.demo.rest import RestTraffic, json_client, post_json
 from tests.harness.demo.triton import (
     BUDGET_PER_MINUTE,
     DUTY_CYCLE,
@@ -93,6 +97,40 @@ def send_traffic(client: PredictClient, options: DemoOptions) -> dict[str, int]:
     return counts
 
 
+def rest_body(model: str, i: int, rng: np.random.Generator) -> dict[str, Any]:
+    """A REST Predict body: keras_cnn in row format (`instances`, batch 1-4), keras_transformer
+    in columnar format (`inputs`, named)."""
+    alias, shape = EXAMPLES[model]
+    value = rng.standard_normal((1 + i % 4, *shape)).astype(np.float32).tolist()
+    return {"instances": value} if model == CNN else {"inputs": {alias: value}}
+
+
+def send_rest_traffic(url: str, options: DemoOptions) -> RestTraffic:
+    """REST Predicts through the sidecar's HTTP plane at `url`, as TF-Serving REST clients
+    send them: `requests` with row (`instances`) or columnar (`inputs`) JSON, and every fifth
+    with curl (`post_json`)."""
+    rng = np.random.default_rng(2)
+    rest = RestTraffic()
+    rows, columns = "requests (instances)", "requests (inputs)"
+    plain = f"{json_client()} (JSON)"
+    with requests.Session() as session:  # one kept-alive connection, as a client keeps it
+        for i in tqdm(range(options.rest_requests), desc="REST Predicts through the sidecar",
+                      unit="req"):  # fmt: skip
+            model = TRANSFORMER if i % 3 == 2 else CNN
+            path = f"{url}/v1/models/{model}:predict"
+            body = rest_body(model, i, rng)
+            if i % 5 == 4:
+                status, _ = post_json(path, body)
+                rest.add(plain, ok=status == 200)
+                continue
+            try:
+                ok = session.post(path, json=body, timeout=60).status_code == 200
+            except requests.RequestException:
+                ok = False
+            rest.add(rows if model == CNN else columns, ok=ok)
+    return rest
+
+
 def capture_lines(metrics_text: str) -> list[str]:
     """The server's side of the sampled Predicts: the ProfilerService captures by outcome."""
     outcomes = {o: round(n) for o, n in sums_by(metrics_text, CAPTURES, "outcome").items() if n}
@@ -145,7 +183,7 @@ def run_tfserving_demo(options: DemoOptions) -> int:
         f"{base}")  # fmt: skip
     build_model_base(base)
     say("starting the stand-in for tensorflow_model_server (real TensorFlow, TF-Serving's gRPC "
-        "API; its ProfilerService on a second port)")  # fmt: skip
+        "and REST APIs; its ProfilerService on a third port)")  # fmt: skip
     with TfServingServer(base, out / "tfserving.log", profiler=True) as server:
         say(f"stand-in ready on {server.grpc_address}; starting the sidecar in front of it")
         args = [
@@ -157,13 +195,22 @@ def run_tfserving_demo(options: DemoOptions) -> int:
             "--tf-profiler-capture-ms", str(CAPTURE_MS),
         ]  # fmt: skip
         log_path = out / "sidecar.log"
-        sidecar = SidecarProcess(server.grpc_address, log_path, args, keep_xsp_env=True)
+        sidecar = SidecarProcess(
+            server.grpc_address, log_path, args, http_backend=server.rest_address,
+            keep_xsp_env=True,
+        )  # fmt: skip
         with sidecar:
             client = PredictClient(sidecar.address)
-            say(f"sidecar relaying on {sidecar.address}; metrics on "
-                f":{sidecar.metrics_port}/metrics")  # fmt: skip
+            say(f"sidecar relaying gRPC on {sidecar.address} and REST on {sidecar.http_address}; "
+                f"metrics on :{sidecar.metrics_port}/metrics")  # fmt: skip
             counts = send_traffic(client, options)
             say(f"sent {options.requests} Predicts: {counts['ok']} ok, {counts['error']} errors")
+            rest = None
+            if options.rest_requests:
+                rest = send_rest_traffic(sidecar.http_url, options)
+                say(f"sent {rest.total} REST Predicts ("
+                    + ", ".join(f"{n} {client}" for client, n in rest.sent.items())
+                    + f"): {rest.total - rest.errors} ok, {rest.errors} errors")  # fmt: skip
             await_sampled(sidecar, options)
             models = ", ".join(options.forced_models)
             say(f"sending {options.forced} Predict(s) with x-xsp-profile: 1 to {models}")
@@ -177,7 +224,7 @@ def run_tfserving_demo(options: DemoOptions) -> int:
             client.close()
             time.sleep(1.5)  # let the last capture and the writer catch up
             stored, metrics_text, lines = record_and_account(
-                sidecar, out, options, counts, forced, db, "Predict"
+                sidecar, out, options, counts, forced, db, "Predict", rest
             )
             for line in [*lines, *capture_lines(metrics_text)]:
                 print(f"    {line}")

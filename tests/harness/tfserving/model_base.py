@@ -22,14 +22,23 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import grpc
 import numpy as np
 import tensorflow as tf
+from google.protobuf import text_format
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
-from tensorflow_serving.apis import model_pb2, predict_pb2
+from tensorflow_serving.apis import (
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_pb2,
+    predict_pb2,
+)
 
 from tests.harness.tfserving.layout import SAVED_MODEL, model_versions
 
 DEFAULT_SIGNATURE = "serving_default"
 SERVE_TAG = "serve"
+SIGNATURE_DEF = "signature_def"
+CLASSIFY_INPUTS, CLASSIFY_CLASSES, CLASSIFY_SCORES = "inputs", "classes", "scores"
+REGRESS_INPUTS, REGRESS_OUTPUTS = "inputs", "outputs"
 
 
 class ServingError(Exception):
@@ -41,7 +50,7 @@ class ServingError(Exception):
         self.message = message
 
 
-def _dtype_name(dtype: int) -> str:
+def dtype_name(dtype: int) -> str:
     """TensorFlow's own name of a `DataType` (`DT_FLOAT` -> `float`), as in its messages."""
     return str(types_pb2.DataType.Name(dtype)).removeprefix("DT_").lower()
 
@@ -91,6 +100,51 @@ class Servable:
             response.outputs[alias].CopyFrom(tf.make_tensor_proto(results[alias].numpy()))
         return response
 
+    def metadata(self) -> get_model_metadata_pb2.GetModelMetadataResponse:
+        """GetModelMetadata's answer: the signature_def map."""
+        signatures = get_model_metadata_pb2.SignatureDefMap()
+        for key, value in self.signature_defs.items():
+            signatures.signature_def[key].CopyFrom(value)
+        response = get_model_metadata_pb2.GetModelMetadataResponse()
+        response.model_spec.name = self.name
+        response.model_spec.version.value = self.version
+        response.metadata[SIGNATURE_DEF].Pack(signatures)
+        return response
+
+    def check_classify(self, signature_name: str) -> None:
+        """TF-Serving's checks of a Classify signature (`PreProcessClassification`, without the
+        method-name check, off by default); INVALID_ARGUMENT where one fails."""
+        signature = self._named(signature_name)
+        if len(signature.inputs) != 1:
+            raise _invalid("Expected one input Tensor.")
+        if len(signature.outputs) not in (1, 2):
+            raise _invalid(f"Expected one or two output Tensors, found {len(signature.outputs)}")
+        if CLASSIFY_INPUTS not in signature.inputs:
+            raise _invalid(f"No classification inputs found in SignatureDef: {_text(signature)}")
+        if CLASSIFY_CLASSES not in signature.outputs and CLASSIFY_SCORES not in signature.outputs:
+            raise _invalid(
+                "Expected classification signature outputs to contain at least one of "
+                f'"{CLASSIFY_CLASSES}" or "{CLASSIFY_SCORES}". Signature was: {_text(signature)}'
+            )
+
+    def check_regress(self, signature_name: str) -> None:
+        """TF-Serving's checks of a Regress signature (`PreProcessRegression`)."""
+        signature = self._named(signature_name)
+        if len(signature.inputs) != 1:
+            raise _invalid("Expected one input Tensor.")
+        if len(signature.outputs) != 1:
+            raise _invalid("Expected one output Tensor.")
+        if REGRESS_INPUTS not in signature.inputs:
+            raise _invalid(f"No regression inputs found in SignatureDef: {_text(signature)}")
+        if REGRESS_OUTPUTS not in signature.outputs:
+            raise _invalid(f"No regression outputs found in SignatureDef: {_text(signature)}")
+
+    def _named(self, signature_name: str) -> meta_graph_pb2.SignatureDef:
+        name = signature_name or DEFAULT_SIGNATURE
+        if name not in self.signature_defs:
+            raise _invalid(f"No signature was found with the name: {name}")
+        return self.signature_defs[name]
+
     def spec(self, signature_name: str = "") -> model_pb2.ModelSpec:
         spec = model_pb2.ModelSpec(name=self.name, signature_name=signature_name)
         spec.version.value = self.version
@@ -128,7 +182,7 @@ class Servable:
                 raise ServingError(
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"Expects arg[{sorted(expected).index(alias)}] to be "
-                    f"{_dtype_name(want.dtype)} but {_dtype_name(proto.dtype)} is provided",
+                    f"{dtype_name(want.dtype)} but {dtype_name(proto.dtype)} is provided",
                 )
             _check_shape(alias, value, want)
             feeds[alias] = tf.constant(value, dtype=tf.dtypes.as_dtype(want.dtype))
@@ -162,6 +216,15 @@ def _check_shape(alias: str, value: np.ndarray, want: meta_graph_pb2.TensorInfo)
             f"input {alias} has shape {list(value.shape)}, which the signature's shape "
             f"{['?' if d < 0 else d for d in dims]} does not accept",
         )
+
+
+def _invalid(message: str) -> ServingError:
+    return ServingError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def _text(message: Any) -> str:
+    """A proto as C++'s `DebugString()` writes it (text format)."""
+    return str(text_format.MessageToString(message))
 
 
 def _status_of(error_code: int) -> Any:
@@ -203,6 +266,8 @@ class ModelBase:
         """The versions GetModelStatus reports for `spec` (one if it names a version)."""
         if not spec.name:
             raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, "Missing model name in request.")
+        if spec.WhichOneof("version_choice") == "version_label":
+            raise _invalid(f"Unrecognized servable version label: {spec.version_label}")
         versions = self.models.get(spec.name)
         if not versions:
             raise ServingError(
@@ -216,3 +281,25 @@ class ModelBase:
                 f"Could not find version {spec.version.value} of model {spec.name}",
             )
         return [versions[spec.version.value]]
+
+    def status(self, spec: model_pb2.ModelSpec) -> get_model_status_pb2.GetModelStatusResponse:
+        """GetModelStatus's answer: every version `spec` names, AVAILABLE."""
+        response = get_model_status_pb2.GetModelStatusResponse()
+        for servable in self.versions(spec):
+            status = response.model_version_status.add(version=servable.version)
+            status.state = get_model_status_pb2.ModelVersionStatus.AVAILABLE
+            status.status.error_message = ""
+        return response
+
+    def metadata(
+        self, request: get_model_metadata_pb2.GetModelMetadataRequest
+    ) -> get_model_metadata_pb2.GetModelMetadataResponse:
+        """GetModelMetadata's answer (only `signature_def` is a metadata field)."""
+        if not request.model_spec.name:
+            raise _invalid("Missing model name in request.")
+        if not request.metadata_field:
+            raise _invalid("GetModelMetadataRequest must specify at least one metadata_field")
+        for name in request.metadata_field:
+            if name != SIGNATURE_DEF:
+                raise _invalid(f"Metadata field {name} is not supported")
+        return self.resolve(request.model_spec).metadata()

@@ -93,9 +93,10 @@ def available_versions(reply: bytes) -> list[int]:
 class TfServingServer(ChildProcess):
     """The stand-in for `tensorflow_model_server` serving `model_base`, on free ports.
 
-    Use as a context manager or call `start()` / `stop()`. With `profiler=True` it also serves
-    TensorFlow's ProfilerService on `profiler_address`. The server's log is kept in `log_path`
-    and its tail is included in the error when start-up fails.
+    Use as a context manager or call `start()` / `stop()`. TF-Serving's REST API listens on
+    `rest_address` (`rest_url`) beside gRPC on `grpc_address`. With `profiler=True` it also
+    serves TensorFlow's ProfilerService on `profiler_address`. The server's log is kept in
+    `log_path` and its tail is included in the error when start-up fails.
     """
 
     NAME: ClassVar[str] = "the TF-Serving stand-in"
@@ -106,6 +107,7 @@ class TfServingServer(ChildProcess):
     profiler: bool = False
     host: str = "127.0.0.1"
     grpc_port: int = field(default_factory=free_port)
+    rest_port: int = field(default_factory=free_port)
     profiler_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
 
@@ -117,6 +119,15 @@ class TfServingServer(ChildProcess):
         return f"{self.host}:{self.grpc_port}"
 
     @property
+    def rest_address(self) -> str:
+        """Where TF-Serving's REST API listens (the binary's `--rest_api_port`)."""
+        return f"{self.host}:{self.rest_port}"
+
+    @property
+    def rest_url(self) -> str:
+        return f"http://{self.rest_address}"
+
+    @property
     def profiler_address(self) -> str:
         if not self.profiler:
             raise RuntimeError("this server was started without a profiler port")
@@ -125,7 +136,8 @@ class TfServingServer(ChildProcess):
     def command(self) -> list[str]:
         cmd = [
             sys.executable, "-m", SERVER_MODULE, "--host", self.host,
-            "--port", str(self.grpc_port), "--model-base-path", str(self.model_base),
+            "--port", str(self.grpc_port), "--rest-api-port", str(self.rest_port),
+            "--model-base-path", str(self.model_base),
         ]  # fmt: skip
         return [*cmd, "--profiler-port", str(self.profiler_port)] if self.profiler else cmd
 
@@ -139,7 +151,7 @@ class TfServingServer(ChildProcess):
 
     def start(self, timeout: float = 120.0) -> Self:
         super().start(timeout)
-        log.info("TF-Serving stand-in ready: grpc %s", self.grpc_address)
+        log.info("TF-Serving stand-in ready: grpc %s, REST %s", self.grpc_address, self.rest_url)
         return self
 
     @contextlib.contextmanager

@@ -9,13 +9,17 @@ TensorFlow behind them, for the tests and the demo:
   `Regress` and `MultiInference` answer UNIMPLEMENTED.
 - `tensorflow.serving.ModelService`: `GetModelStatus` (AVAILABLE for every loaded version);
   `HandleReloadConfigRequest` answers UNIMPLEMENTED.
+- With `--rest-api-port`, TF-Serving's REST API on that port (`rest.py`): `:predict` (row and
+  columnar JSON, the same numbers as gRPC's Predict), `:classify` / `:regress`, model status and
+  metadata, its JSON errors and HTTP status codes.
 - With `--profiler-port`, TensorFlow's profiler server (`ProfilerService`, what TensorBoard's
   "capture profile" calls) on that second port; the real binary serves it on its gRPC port.
 
 Models come from a model base path laid out as TF-Serving's (`<base>/<name>/<version>/`);
 errors are TF-Serving's codes and messages (`model_base.ServingError`).
 
-    python -m tests.harness.tfserving.server --port 8500 --model-base-path /models
+    python -m tests.harness.tfserving.server --port 8500 --rest-api-port 8501 \
+        --model-base-path /models
 """
 
 from __future__ import annotations
@@ -44,11 +48,11 @@ from tensorflow_serving.apis import (
 )
 
 from tests.harness.tfserving.model_base import ModelBase, ServingError
+from tests.harness.tfserving.rest import RestApi, RestServer
 
 log = logging.getLogger("tests.harness.tfserving")
 
 STAND_IN = "stand-in for tensorflow_model_server (which cannot be installed here)"
-SIGNATURE_DEF = "signature_def"
 UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
 
@@ -84,40 +88,28 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         context: grpc.ServicerContext,
     ) -> get_model_metadata_pb2.GetModelMetadataResponse:
         try:
-            if not request.model_spec.name:
-                raise ServingError(
-                    grpc.StatusCode.INVALID_ARGUMENT, "Missing model name in request."
-                )
-            if not request.metadata_field:
-                raise ServingError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    "GetModelMetadataRequest must specify at least one metadata_field",
-                )
-            for name in request.metadata_field:
-                if name != SIGNATURE_DEF:
-                    raise ServingError(
-                        grpc.StatusCode.INVALID_ARGUMENT, f"Metadata field {name} is not supported"
-                    )
-            servable = self.models.resolve(request.model_spec)
+            return self.models.metadata(request)
         except ServingError as error:
             return _abort(context, error)
-        signatures = get_model_metadata_pb2.SignatureDefMap()
-        for key, value in servable.signature_defs.items():
-            signatures.signature_def[key].CopyFrom(value)
-        response = get_model_metadata_pb2.GetModelMetadataResponse()
-        response.model_spec.name = servable.name
-        response.model_spec.version.value = servable.version
-        response.metadata[SIGNATURE_DEF].Pack(signatures)
-        return response
 
     def Classify(
         self, request: classification_pb2.ClassificationRequest, context: grpc.ServicerContext
     ) -> classification_pb2.ClassificationResponse:
+        try:
+            servable = self.models.resolve(request.model_spec)
+            servable.check_classify(request.model_spec.signature_name)
+        except ServingError as error:
+            return _abort(context, error)
         return _unimplemented(context, "Classify")
 
     def Regress(
         self, request: regression_pb2.RegressionRequest, context: grpc.ServicerContext
     ) -> regression_pb2.RegressionResponse:
+        try:
+            servable = self.models.resolve(request.model_spec)
+            servable.check_regress(request.model_spec.signature_name)
+        except ServingError as error:
+            return _abort(context, error)
         return _unimplemented(context, "Regress")
 
     def MultiInference(
@@ -136,15 +128,9 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         self, request: get_model_status_pb2.GetModelStatusRequest, context: grpc.ServicerContext
     ) -> get_model_status_pb2.GetModelStatusResponse:
         try:
-            servables = self.models.versions(request.model_spec)
+            return self.models.status(request.model_spec)
         except ServingError as error:
             return _abort(context, error)
-        response = get_model_status_pb2.GetModelStatusResponse()
-        for servable in servables:
-            status = response.model_version_status.add(version=servable.version)
-            status.state = get_model_status_pb2.ModelVersionStatus.AVAILABLE
-            status.status.error_message = ""
-        return response
 
     def HandleReloadConfigRequest(
         self, request: model_management_pb2.ReloadConfigRequest, context: grpc.ServicerContext
@@ -187,6 +173,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="directory of <name>/<version>/saved_model.pb; every model in it is served",
     )  # fmt: skip
     parser.add_argument(
+        "--rest-api-port", type=int, default=0,
+        help="also serve TF-Serving's REST API on this port (0: off), as the binary's",
+    )  # fmt: skip
+    parser.add_argument(
         "--profiler-port", type=int, default=0,
         help="also serve TensorFlow's ProfilerService on this port (0: off)",
     )  # fmt: skip
@@ -201,17 +191,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     loaded = ", ".join(f"{name} {sorted(v)}" for name, v in models.models.items()) or "none"
     if args.profiler_port:
         start_profiler(args.profiler_port)
+    rest = None
+    if args.rest_api_port:  # before gRPC: a client that saw gRPC ready finds REST too
+        rest = RestServer(RestApi(models), args.host, args.rest_api_port, args.workers)
+        rest.start()
     server, port = build_server(models, f"{args.host}:{args.port}", args.workers)
     profiler = f", ProfilerService on port {args.profiler_port}" if args.profiler_port else ""
+    rest_on = f", REST API on port {args.rest_api_port}" if rest else ""
     log.info(
-        "%s: serving models %s from %s on %s:%d%s",
-        STAND_IN, loaded, args.model_base_path, args.host, port, profiler,
+        "%s: serving models %s from %s on %s:%d%s%s",
+        STAND_IN, loaded, args.model_base_path, args.host, port, rest_on, profiler,
     )  # fmt: skip
     stopped = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopped.set())
     stopped.wait()
     server.stop(1).wait()
+    if rest is not None:
+        rest.stop()
     log.info("stopped")
     return 0
 
