@@ -116,7 +116,9 @@ def ensure_environment(home: Path | None = None, *, python: str | None = None) -
     home = home or default_home()
     venv = home / "venv"
     marker = venv / ".xsp-ready"
-    if not marker.exists():
+    # a venv whose interpreter went missing (pyvenv.cfg, bin/python) is made again
+    whole = all((venv / part).exists() for part in ("pyvenv.cfg", "bin/python"))
+    if not (marker.exists() and whole):
         log.info("creating the Triton environment in %s (one time, ~30 s)", venv)
         home.mkdir(parents=True, exist_ok=True)
         try:
