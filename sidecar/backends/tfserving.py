@@ -36,13 +36,14 @@ MODEL_SERVICE = "/tensorflow.serving.ModelService/"
 PREDICT_PATH = PREDICTION_SERVICE + "Predict"
 HTTP_PREDICT = "HttpPredict"  # the job method of a sampled REST Predict
 
-# TF-Serving's REST routes (`http_rest_api_handler.cc`: its regular expressions, which ignore
-# case; a model name holds neither `/` nor `:`)
+# TF-Serving's REST routes (`http_rest_api_handler.cc`: its regular expressions ignore case,
+# but the handler then compares the verb as written: `:PREDICT` is a malformed request; a
+# model name holds neither `/` nor `:`)
 _MODEL = r"(?i:/v1/models/)(?P<model>[^/:]+)(?i:/versions/[0-9]+|/labels/[^/:]+)?"
 HTTP_ROUTES = (
-    HttpRoute("POST", _MODEL + "(?i::predict)", "Predict"),
-    HttpRoute("POST", _MODEL + "(?i::classify)", "Classify"),
-    HttpRoute("POST", _MODEL + "(?i::regress)", "Regress"),
+    HttpRoute("POST", _MODEL + ":predict", "Predict"),
+    HttpRoute("POST", _MODEL + ":classify", "Classify"),
+    HttpRoute("POST", _MODEL + ":regress", "Regress"),
     HttpRoute("GET", _MODEL, "GetModelStatus"),
     HttpRoute("GET", _MODEL + "(?i:/metadata)", "GetModelMetadata"),
 )

@@ -259,7 +259,10 @@ ACTIVITY_COUNT = _key(_L, "activity_count", "int", "GPU activities attributed to
 INPUTS = _key(TRACE, "inputs", "list", "the inputs: {name, shape, dtype, digest}")
 RAW_INPUTS = _key(TRACE, "raw_inputs", "object", "the request's tensors (--store-raw-inputs)")
 INPUT_SOURCE = _key(TRACE, "input_source", "str", "`request` or `random` (admin profiles)")
-METHOD = _key(TRACE, "method", "str", "the sampled call's gRPC method")
+METHOD = _key(
+    TRACE, "method", "str",
+    "the sampled call's job method: its gRPC method, or Http<method> for a REST call",
+)  # fmt: skip
 REQUEST_SPAN_ID = _key(TRACE, "request_span_id", "str", "the proxy's span of the request")
 RECEIVED_NS = _key(TRACE, "received_ns", "int", "epoch ns the relay received the request")
 REPLAY = _key(TRACE, "replay", "str", "live-only traces: `not_replayable: <reason>`")

@@ -79,8 +79,10 @@ def test_every_triton_route(verb: str, target: str, call: HttpCall) -> None:
         ("GET", "/v1/models/half/labels/stable", HttpCall("GetModelStatus", "half")),
         ("GET", "/v1/models/half/metadata", HttpCall("GetModelMetadata", "half")),
         ("GET", "/v1/models/half/versions/2/metadata", HttpCall("GetModelMetadata", "half")),
-        # TF-Serving's expressions ignore case
-        ("POST", "/V1/Models/half:PREDICT", HttpCall("Predict", "half")),
+        # TF-Serving's expressions ignore case, but its handler compares the verb as written
+        # (`:PREDICT` is answered "Malformed request")
+        ("POST", "/V1/Models/half:predict", HttpCall("Predict", "half")),
+        ("POST", "/v1/models/half:PREDICT", HttpCall("_unknown", None)),
     ],
 )
 def test_every_tf_serving_route(verb: str, target: str, call: HttpCall) -> None:
