@@ -603,6 +603,11 @@ def main(argv: list[str] | None = None) -> int:
         "0: socat's default 8192",
     )  # fmt: skip
     parser.add_argument(
+        "--base-tree", type=Path, default=None,
+        help="--sizes: also relays running another checkout's code (PYTHONPATH; its C "
+        "extensions built or copied in), alternated in the same windows: an A/B of two versions",
+    )  # fmt: skip
+    parser.add_argument(
         "--split-calls", type=int, default=50,
         help="calls scanned in-process for the split-frame cost at sizes >= 1 MiB (50; 0: not)",
     )  # fmt: skip

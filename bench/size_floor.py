@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import statistics
 import subprocess
@@ -172,15 +173,25 @@ class Relay:
 
 
 def start_relays(
-    grpc_backend: str, http_backend: str, protocol: str, repo: Path, tmp: Path
-) -> dict[str, Relay]:
+    grpc_backend: str, http_backend: str, protocol: str, repo: Path, tmp: Path,
+    base_tree: Path | None = None,
+) -> dict[str, Relay]:  # fmt: skip
     """Two `xsp-sidecar serve` relays: sampling off (no model repository) and at its default
-    settings; for HTTP each also relays Triton's HTTP port (`--http-listen`)."""
+    settings; for HTTP each also relays Triton's HTTP port (`--http-listen`). With `base_tree`
+    (another checkout, its C extensions built or copied in) two more, "base off" and "base on",
+    run that tree's code (PYTHONPATH) for an A/B of two versions in the same windows."""
     script = Path(sys.executable).with_name("xsp-sidecar")
     prefix = [str(script)] if script.exists() else [sys.executable, "-m", "sidecar"]
+    on = ("--model-repository", str(repo))
+    variants: list[tuple[str, tuple[str, ...], Path | None]] = [
+        ("relay off", (), None), ("relay on", on, None)
+    ]  # fmt: skip
+    if base_tree is not None:
+        variants[:0] = [("base off", (), base_tree), ("base on", on, base_tree)]
     relays: dict[str, Relay] = {}
     try:
-        for name, sampling in (("relay off", ()), ("relay on", ("--model-repository", str(repo)))):
+        for name, sampling, tree in variants:
+            env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
             grpc_port, http_port = free_port(), free_port()
             cmd = [
                 *prefix, "--log-level", "WARNING", "serve", "--backend", grpc_backend,
@@ -192,7 +203,7 @@ def start_relays(
             if protocol == "http":
                 cmd += ["--http-listen", f"127.0.0.1:{http_port}", "--http-backend", http_backend]
                 port = http_port
-            proc, address = await_listening(subprocess.Popen(cmd), port, name)
+            proc, address = await_listening(subprocess.Popen(cmd, env=env), port, name)
             relays[name] = Relay(proc, address)
     except BaseException:
         stop_relays(relays)
@@ -217,7 +228,8 @@ def measure(
     """Every size and concurrency, the four paths alternated in `args.rounds` windows."""
     backend = http_backend if args.protocol == "http" else grpc_backend
     client = _http_client if args.protocol == "http" else _grpc_client
-    relays = start_relays(grpc_backend, http_backend, args.protocol, repo, tmp)
+    base = getattr(args, "base_tree", None)
+    relays = start_relays(grpc_backend, http_backend, args.protocol, repo, tmp, base)
     try:
         print(f"{args.protocol.upper()} through Triton {backend} (pid {triton_pid}); {MODEL}, "
               f"request and response of each size; {args.duration:.0f} s per path in "
@@ -238,7 +250,7 @@ def alternate(
     client: partial[None], concurrency: int,
 ) -> dict[str, list[Result]]:  # fmt: skip
     """Each path's windows: direct, socat (a fresh one per window), the two relays."""
-    runs: dict[str, list[Result]] = {name: [] for name in PATHS}
+    runs: dict[str, list[Result]] = {name: [] for name in (*PATHS[:2], *relays)}
     window = args.duration / args.rounds
     for _ in range(args.rounds):
         runs["direct"].append(
@@ -307,6 +319,16 @@ def report(size: int, concurrency: int, runs: dict[str, list[Result]]) -> None:
             print(f"  {name:18}{cpu:12.2f}{tput:12.3f}{(p.p50_ms - socat.p50_ms) * 1e3:+10.0f}us")
     print(f"  sampling on adds {on.cpu_us - off.cpu_us:+.1f} us/call (relay process), "
           f"throughput {on.throughput / off.throughput:.3f}x")  # fmt: skip
+    base_off, base_on = pooled.get("base off"), pooled.get("base on")
+    if base_off is not None and base_on is not None:
+        assert base_off.cpu_us is not None and base_on.cpu_us is not None
+        print(f"  vs --base-tree: CPU off {off.cpu_us - base_off.cpu_us:+.1f} us/call "
+              f"({off.cpu_us / base_off.cpu_us:.3f}x), on {on.cpu_us - base_on.cpu_us:+.1f} "
+              f"us/call ({on.cpu_us / base_on.cpu_us:.3f}x); base's sampling on adds "
+              f"{base_on.cpu_us - base_off.cpu_us:+.1f} us/call")  # fmt: skip
+        if socat is not None and socat.cpu_us is not None:
+            print(f"  base vs socat: CPU x {base_off.cpu_us / socat.cpu_us:.2f} (off), calls/s x "
+                  f"{base_off.throughput / socat.throughput:.3f}")  # fmt: skip
 
 
 # -- frames split across reads (gRPC, in-process) ------------------------------------------------

@@ -28,7 +28,8 @@ decided on as one call: each of its request messages is, by `stream_sampling.Str
 The HTTP relay's connections get their hooks from `http_observer_factory`: `HttpSamplingObserver`
 on the hub's `HttpPlane`, the same sampler, metrics, pressure, hold and slow detector deciding
 on the backend's `http_replayable` calls (each one request, so each judged by `sample_slow`),
-with no `quick` answers. A sampled HTTP request's job message is its body packed with what its
+answering with `quick` as the gRPC hook does (the HTTP relay makes the same decision in Python,
+`proxy/http/calls.py`). A sampled HTTP request's job message is its body packed with what its
 decoder needs (`backends.http_message.pack`: the JSON length Triton's `Inference-Header-Content-
 Length` gives, the request target, the `Content-Encoding`), read from its headers at header
 time; its request span says `protocol: http` and names its route (the path, no query).
@@ -204,7 +205,7 @@ class SamplingHub:
         return HttpPlane(self, self._backend)
 
     def http_observer_factory(self, info: ConnectionInfo) -> HttpSamplingObserver:
-        """The hook of one HTTP relay connection (`proxy.streams` protocol, no `quick`)."""
+        """The hook of one HTTP relay connection (`proxy.streams` protocol, with `quick`)."""
         return HttpSamplingObserver(self.http)
 
     def is_sampled_trace(self, trace_id: str) -> bool:
@@ -409,7 +410,8 @@ class HttpPlane(SamplingHub):
     """A hub's HTTP side: its sampler, metrics, pressure, handler, hold, slow detector, labels
     and sampled traces, shared (one budget, one duty cycle, one set of counters for both
     protocols), deciding on the backend's `http_replayable` calls. Every such call is one
-    request (no inference streams), judged by `sample_slow` too; the relay gets no `quick`."""
+    request (no inference streams), judged by `sample_slow` too; the HTTP relay gets its
+    `quick` as the gRPC one does."""
 
     def __init__(self, hub: SamplingHub, backend: Backend) -> None:
         # not SamplingHub.__init__: the state is the hub's own, not a copy
@@ -425,7 +427,7 @@ class HttpPlane(SamplingHub):
         self.slow_methods = self.per_call
         self.quiet_unpicked = hub.quiet_unpicked
         self.quiet_not_replayable = hub.quiet_not_replayable
-        # never handed to a relay: its `coin_picked` stays False, so the hook flips the coin
+        # the HTTP relay's (`proxy/http/calls.py`, in Python), as the gRPC relay's C walk
         self.quick = QuickDecisions(
             hub.sampler, self.per_call, self.per_call, self.pressure.counts,
             self.quiet_unpicked, self.quiet_not_replayable,
@@ -438,8 +440,7 @@ class HttpSamplingObserver(SamplingObserver):
     __slots__ = ()
 
     def __init__(self, plane: HttpPlane) -> None:
-        super().__init__(plane)
-        self.quick = None  # the HTTP relay decides nothing itself
+        super().__init__(plane)  # `quick`: the plane's, with `sample_slow` off
 
     def on_request_headers(self, start: RequestStart) -> HeaderDecision | QuietEnd | None:
         decision = super().on_request_headers(start)

@@ -136,6 +136,48 @@ def test_upgrade_without_body_is_relayed_and_parsing_goes_on() -> None:
     assert reader.refused is None and len(book.open) == 2
 
 
+def test_the_common_chunks_read_as_any_cut() -> None:
+    """The readers' fast paths (a whole request, a header block then its body, a whole 200
+    response, a chunk each) give what the general path gives for the same bytes."""
+    head, body = REQUESTS[0].split(b"\r\n\r\n", 1)
+    ours = [head + b"\r\n\r\n", body, REQUESTS[0], REQUESTS[1], REQUESTS[3]]
+    answers = [RESPONSES[0], RESPONSES[0], RESPONSES[1], RESPONSES[3]]
+    seen = []
+    for chunks in (ours, [b"".join(ours)]):  # one chunk: no fast path
+        metrics = ProxyMetrics(CollectorRegistry())
+        observer = Observer()
+        book = CallBook(metrics, observer, 7)
+        reader = RequestReader(HttpLimits(), book, TritonRoutesStandIn())
+        forwarded = b"".join(
+            c if (out := reader.feed(c)) is None else b"".join(out) for c in chunks
+        )
+        responses = ResponseReader(book)
+        for answer in answers if len(chunks) > 1 else [b"".join(answers)]:
+            responses.feed(answer)
+        assert not book.open and reader.refused is None
+        ends = [(e.stream_id, e.grpc_code, e.request_bytes, e.response_bytes, e.grpc_message)
+                for e in observer.ends]  # fmt: skip
+        seen.append((forwarded, observer.bodies, ends, dict(metrics.http.codes)))
+    assert seen[0] == seen[1]
+    assert seen[0][0].count(b"x-s: 1\r\n") == 4
+
+
+def test_a_last_requests_body_in_a_later_chunk_is_forwarded() -> None:
+    for cut in (0, 5):  # the body whole (fast path), or in two chunks
+        book = CallBook(ProxyMetrics(CollectorRegistry()), None, 1)
+        reader = RequestReader(HttpLimits(), book, TritonRoutesStandIn())
+        head = (
+            b"POST /v2/models/a/infer HTTP/1.1\r\nConnection: close\r\nContent-Length: 10\r\n\r\n"
+        )
+        assert reader.feed(head) is None
+        body = b"0123456789"
+        pieces = [body[:cut], body[cut:]] if cut else [body]
+        out = [p if (o := reader.feed(p)) is None else b"".join(o) for p in pieces]
+        assert b"".join(out) == body and reader.refused is None
+        assert reader.feed(b"GET / HTTP/1.1\r\n\r\n") == []  # after the last request
+        assert len(book.open) == 1 and book.open[0].request_bytes == 10
+
+
 def test_connection_close_drops_what_follows() -> None:
     book = CallBook(ProxyMetrics(CollectorRegistry()), None, 1)
     reader = RequestReader(HttpLimits(), book, TritonRoutesStandIn())

@@ -112,7 +112,7 @@ def test_the_http_hook_is_its_own_class_on_the_shared_hub() -> None:
     s = HttpSetup()
     assert type(s.observer) is HttpSamplingObserver
     assert type(s.grpc_observer) is SamplingObserver  # the gRPC hook is untouched
-    assert s.observer.quick is None  # the HTTP relay decides nothing itself
+    assert s.observer.quick is s.hub.http.quick  # the HTTP relay answers unpicked requests
     plane = s.hub.http
     assert isinstance(plane, HttpPlane) and s.hub.http is plane  # made once
     assert plane.sampler is s.hub.sampler and plane.metrics is s.hub.metrics
@@ -279,3 +279,72 @@ def test_connections_get_their_own_hooks() -> None:
     s = HttpSetup()
     other = s.hub.http_observer_factory(ConnectionInfo(2, "127.0.0.1:9"))
     assert isinstance(other, HttpSamplingObserver) and other is not s.observer
+
+
+def _relay_through(quick: bool) -> tuple[list[bytes], HttpSetup]:
+    """Requests through the HTTP relay's readers and book on one hook, with its `quick`
+    answers or without (the hook decides every request), on the same coin draws."""
+    import random
+    import re
+
+    from sidecar.proxy.http.calls import CallBook
+    from sidecar.proxy.http.limits import HttpLimits
+    from sidecar.proxy.http.request_reader import RequestReader
+    from sidecar.proxy.http.response_reader import ResponseReader
+    from sidecar.proxy.metrics import ProxyMetrics
+
+    s = HttpSetup(rate=0.3)
+    s.sampler.rand = random.Random(7).random
+    if not quick:
+        s.observer.quick = None
+    book = CallBook(ProxyMetrics(CollectorRegistry()), s.observer, 1)
+    requests, responses = RequestReader(HttpLimits(), book, TRITON), ResponseReader(book)
+    body = JSON + BINARY
+    infer = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\n" + (
+        b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n" % (len(JSON), len(body))
+    )
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+    forwarded = []
+    for i in range(300):
+        head = infer + (b"X-Xsp-Profile: 1\r\n" if i % 37 == 0 else b"") + b"\r\n"
+        chunks = [head + body] if i % 2 else [head, body]
+        if i % 11 == 0:
+            chunks = [b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"]
+        for chunk in chunks:
+            pieces = requests.feed(chunk)
+            out = chunk if pieces is None else b"".join(pieces)
+            forwarded.append(re.sub(rb"traceparent: [^\r]*", b"traceparent: (new ids)", out))
+        responses.feed(answer)
+    assert not book.open
+    return forwarded, s
+
+
+def test_the_relays_quick_answers_are_the_hooks_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unpicked or not replayable request the relay answers itself (`quick`) ends counted
+    as the hook would count it; the picked and forced ones still reach the hook."""
+    asked = []
+    hook = HttpSamplingObserver.on_request_headers
+
+    def counting(self: HttpSamplingObserver, start: RequestStart) -> Any:
+        asked.append(start.stream_id)
+        return hook(self, start)
+
+    monkeypatch.setattr(HttpSamplingObserver, "on_request_headers", counting)
+    fast, quick = _relay_through(True)
+    asked_quick, asked[:] = len(asked), []
+    slow, hooked = _relay_through(False)
+    assert len(asked) == 300 and 10 < asked_quick < 150  # the picked and forced ones
+    assert fast == slow  # the same requests picked (traceparent added to the same ones)
+    assert sum(b"traceparent" in f for f in fast) > 10
+    assert list(quick.hub.pressure.counts) == list(hooked.hub.pressure.counts)
+    assert quick.handler.picked and len(quick.handler.picked) == len(hooked.handler.picked)
+    assert len(quick.handler.jobs) == len(hooked.handler.jobs)
+
+    def counted(s: HttpSetup) -> dict[str, float]:
+        return {
+            f"{m.name}{sorted(x.labels.items())}": x.value
+            for m in s.registry.collect() for x in m.samples
+            if not x.name.endswith("_created")
+        }  # fmt: skip
+
+    assert counted(quick) == counted(hooked)

@@ -7,6 +7,13 @@ open calls: a request enters it when its header block is forwarded, and the fina
 42: `RequestStart` at the headers, `on_request_body` with the de-chunked body, `StreamEnd` at
 the response's end, or a `QuietEnd` counted here instead). Observer exceptions are caught,
 logged and counted in `xsp_observer_errors_total{hook}`.
+
+Where the hook has a `quick` (`streams.QuickDecisions`: sampling on, `sample_slow` off), the
+book answers a request the hook would not pick itself, as the gRPC relay's C walk does: a
+replayable method whose block lacks the force header flips the hook's own coin, and an
+unpicked one (or a method never replayed) gets the hook's `QuietEnd` with no `RequestStart`
+made (no header fields split out) and no call into the hook. A picked coin goes to the hook
+with `coin_picked` set, so the hook does not flip again.
 """
 
 from __future__ import annotations
@@ -103,14 +110,43 @@ class CallBook:
         call = Call(self.count, metrics.method_label(method), model, verb == b"HEAD")
         self.open.append(call)
         metrics.http_open += 1
-        if self.observer is None:
+        observer = self.observer
+        if observer is None:
             return call, b""
+        quick = getattr(observer, "quick", None)
+        if quick is not None:  # the hook lets the relay answer what it would not pick
+            method = call.method
+            if method in quick.per_call:
+                coin = quick.coin
+                force = coin.hot.force_header
+                if force is None or b"\n" + force + b":" not in block.lower():
+                    if coin.rand() >= coin.hot.pick_rate:
+                        quick.started[0] += 1
+                        call.quiet = quick.unpicked
+                        return call, b""
+                    quick.coin_picked = True  # the hook must not flip again
+                    try:
+                        return self._ask(observer, call, verb, target, block, body_length)
+                    finally:
+                        quick.coin_picked = False
+            elif method not in quick.replayable:
+                quick.started[0] += 1
+                call.quiet = quick.not_replayable
+                return call, b""
+        return self._ask(observer, call, verb, target, block, body_length)
+
+    def _ask(
+        self, observer: ConnectionObserver, call: Call, verb: bytes, target: bytes, block: bytes,
+        body_length: int | None,
+    ) -> tuple[Call, bytes]:  # fmt: skip
+        """`start`'s call into the hook."""
+        metrics = self.metrics
         call.start_ns = time.time_ns()
         call.path = path = target.decode("utf-8", "replace")
         raw = [(b":method", verb), (b":path", target), *header_fields(block)]
         start = _record(RequestStart, (self.connection_id, call.sid, path, call.method, raw))
         try:
-            decision = self.observer.on_request_headers(start)
+            decision = observer.on_request_headers(start)
         except Exception:
             metrics.observer_errors["request_headers"] += 1
             log.exception("observer.on_request_headers failed")

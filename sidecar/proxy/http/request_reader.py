@@ -17,6 +17,7 @@ bytes after it are dropped, as the backend would drop them.
 from __future__ import annotations
 
 import time
+from time import perf_counter
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
 
@@ -28,6 +29,7 @@ from sidecar.proxy.http.limits import HttpLimits
 from sidecar.proxy.http.routes import HttpRoutes
 
 Piece = bytes | memoryview
+_CRLF = b"\r\n"
 
 
 class Refused(Exception):
@@ -91,8 +93,109 @@ class RequestReader:
     def feed(self, data: bytes) -> list[Piece] | None:
         """Read one chunk; returns the pieces to forward (None: `data` whole). Sets `refused`
         when a request is refused: the pieces before it are still to be forwarded."""
-        if self.refused is not None or self.closing:
+        if self.call is not None:
+            if self.body_left == len(data):  # the rest of a Content-Length body, whole
+                return self._body_end(data)
+            return self._feed(data)
+        if self.head or self.refused is not None or self.closing:
+            return self._feed(data)
+        # The common cases: a chunk that is one whole request, its header block and exactly
+        # the Content-Length body it declares (none: no body), or its header block alone
+        # with that body to follow (http.client, requests: two sends); read in one llhttp
+        # call and one pass here. The fields are read before llhttp checks the block only to
+        # choose this path; every answer still comes from what llhttp accepts (or refuses).
+        idx = data.find(b"\r\n\r\n")
+        to = idx + 4
+        if idx <= 0 or to > self.limits.header_bytes or data[0] in _CRLF:
+            return self._feed(data)
+        block = data[:to] if to < len(data) else data
+        lowered = block.lower()
+        if b"\ntransfer-encoding:" in lowered:
+            return self._feed(data)
+        at = lowered.find(b"\ncontent-length:")
+        if at < 0:
+            length = 0
+        else:
+            at += 16
+            try:
+                length = int(block[at : block.find(b"\r\n", at)])
+            except ValueError:
+                return self._feed(data)
+        if (to + length != len(data) and to != len(data)) or length > self.limits.body_bytes:
+            return self._feed(data)
+        return self._whole(data, block, to, length)
+
+    def _whole(self, data: bytes, block: bytes, to: int, length: int) -> list[Piece] | None:
+        """`feed` of a chunk that is one whole request, or one whole header block whose
+        Content-Length body follows (see there)."""
+        self.headers_done = self.message_done = self.upgrade = False
+        parser = self.parser
+        try:
+            try:
+                parser.feed_data(data)
+            except HttpParserUpgrade:
+                # see `_header_block`: one without a body is relayed, one with a body refused
+                if length:
+                    raise Refused(refusals.UPGRADE, "an upgrade request with a body") from None
+                self.message_done = True
+        except Refused as exc:
+            self.refused = exc
             return []
+        except HttpParserError as exc:
+            self.refused = _parser_refusal(exc)
+            return []
+        verb = parser.get_method()
+        target = block[block.find(b" ") + 1 : block.find(b" HTTP/")]  # llhttp checked the line
+        route = self.routes.http_route(verb, target)
+        book = self.book
+        call, extra = book.start(verb, target, route.method, route.model, block, length)
+        if not self.keep_alive:
+            self.closing = True
+        if length and to == len(data):  # the body follows
+            self.call = call
+            self.body_left = length
+            return [data[: to - 2], extra, data[to - 2 :]] if extra else None
+        if not self.message_done:  # our framing and llhttp's disagree: trust neither
+            self.call = call
+            self.refused = Refused(refusals.MALFORMED, "malformed request framing")
+            if not length:
+                return []
+            return [data[: to - 2], extra, data[to - 2 :]] if extra else [data]
+        self.message_done = self.headers_done = False
+        call.request_bytes = length
+        if call.body is not None:
+            book.request_done(call, data[to:])
+        else:
+            call.request_end = perf_counter()  # `book.request_done` of a body not captured
+        if extra:
+            return [data[: to - 2], extra, data[to - 2 :]]
+        return None
+
+    def _body_end(self, data: bytes) -> list[Piece] | None:
+        """`feed` of a chunk that is the rest of a Content-Length body, exactly."""
+        call = self.call
+        assert call is not None
+        try:
+            self.parser.feed_data(data)
+        except HttpParserError as exc:
+            self.refused = _parser_refusal(exc)
+            return []
+        self.body_left = 0
+        call.request_bytes += len(data)
+        captured = call.body
+        if captured is not None:
+            captured += data
+        try:
+            self._request_done(None if captured is None else bytes(captured))
+        except Refused as exc:
+            self.refused = exc
+            return [data]
+        return None
+
+    def _feed(self, data: bytes) -> list[Piece] | None:
+        """`feed`, any chunk."""
+        if self.refused is not None or (self.closing and self.call is None):
+            return []  # (a last request's body still goes on)
         head = self.head
         fed = len(head)
         whole = not fed
