@@ -80,7 +80,8 @@ def locate(venv: Path) -> TritonEnvironment:
         backend_dir=root / "backends",
         library_dir=site / "nvidia_pytriton.libs",
     )
-    for path in (env.server_binary, env.backend_dir, env.library_dir):
+    # the venv's own interpreter too: the Python backend's stub finds its packages through it
+    for path in (venv / "pyvenv.cfg", env.server_binary, env.backend_dir, env.library_dir):
         if not path.exists():
             raise TritonSetupError(
                 f"{path} is missing: the nvidia-pytriton install in {venv} is incomplete; "
@@ -116,9 +117,7 @@ def ensure_environment(home: Path | None = None, *, python: str | None = None) -
     home = home or default_home()
     venv = home / "venv"
     marker = venv / ".xsp-ready"
-    # a venv whose interpreter went missing (pyvenv.cfg, bin/python) is made again
-    whole = all((venv / part).exists() for part in ("pyvenv.cfg", "bin/python"))
-    if not (marker.exists() and whole):
+    if not marker.exists():
         log.info("creating the Triton environment in %s (one time, ~30 s)", venv)
         home.mkdir(parents=True, exist_ok=True)
         try:
