@@ -181,22 +181,46 @@ class CallPlane:
         request_bytes: int,
         response_bytes: int,
     ) -> None:
-        """Count one ended call."""
-        key = (method, model, code)
-        codes = self.codes
-        codes[key] = codes.get(key, 0) + 1
+        """Count one ended call (labels already bounded). Call from one thread only."""
+        self.record_in(
+            self.call_stats(method, model), (method, model, code),
+            duration_s, request_bytes, response_bytes,
+        )  # fmt: skip
+
+    def call_stats(self, method: str, model: str) -> CallStats:
+        """The counters of one label pair, created on first use (a pair is on /metrics from
+        its first ended call): a caller that ends many calls of one pair keeps it."""
         st = self.stats.get((method, model))
         if st is None:
             st = self.stats[(method, model)] = CallStats()
+        return st
+
+    def record_in(
+        self,
+        st: CallStats,
+        key: tuple[str, str, str],
+        duration_s: float,
+        request_bytes: int,
+        response_bytes: int,
+    ) -> None:
+        """`record` into counters `call_stats` gave, `key` their (method, model, code)."""
+        codes = self.codes
+        codes[key] = codes.get(key, 0) + 1
         st.buckets[bisect_left(DURATION_BUCKETS, duration_s)] += 1
         st.count += 1
         st.sum += duration_s
         st.request_bytes += request_bytes
         st.response_bytes += response_bytes
 
+    def count(self, method: str, model: str, code: str) -> None:
+        """Count one ended call whose duration is unknown (labels already bounded)."""
+        key = (method, model, code)
+        self.codes[key] = self.codes.get(key, 0) + 1
 
-class ProxyMetrics:
-    """The relay's counters, gauges and histogram on one registry.
+
+class ProxyMetrics(CallPlane):
+    """The relay's counters, gauges and histogram on one registry; as a `CallPlane`, the gRPC
+    relay's per-call counters (`http` holds the HTTP relay's).
 
     Per-call numbers are kept in plain Python counters written only by the relay's event-loop
     thread and turned into metric families when the registry is scraped: recording a call is
@@ -222,8 +246,7 @@ class ProxyMetrics:
         # failures of the observer's hooks, by hook (written by the event-loop thread only)
         self.observer_errors = dict.fromkeys(OBSERVER_HOOKS, 0)
         # per-call counters, also read and written by the C walk (native.INTERFACE)
-        self.codes: dict[tuple[str, str, str], int] = {}
-        self.stats: dict[tuple[str, str], CallStats] = {}
+        super().__init__()
         self.http = CallPlane()  # the HTTP relay's (`proxy/http`)
         self.http_open = 0  # HTTP requests forwarded and not yet answered in full
         registry.register(_CallCollector(self))
@@ -311,51 +334,6 @@ class ProxyMetrics:
                 self.methods.add(name)
                 return name
         return OTHER
-
-    def record(
-        self,
-        method: str,
-        model: str,
-        code: str,
-        duration_s: float,
-        request_bytes: int,
-        response_bytes: int,
-    ) -> None:
-        """Count one ended call (labels already bounded). Call from one thread only."""
-        self.record_in(
-            self.call_stats(method, model), (method, model, code),
-            duration_s, request_bytes, response_bytes,
-        )  # fmt: skip
-
-    def call_stats(self, method: str, model: str) -> CallStats:
-        """The counters of one label pair, created on first use (a pair is on /metrics from
-        its first ended call): a caller that ends many calls of one pair keeps it."""
-        st = self.stats.get((method, model))
-        if st is None:
-            st = self.stats[(method, model)] = CallStats()
-        return st
-
-    def record_in(
-        self,
-        st: CallStats,
-        key: tuple[str, str, str],
-        duration_s: float,
-        request_bytes: int,
-        response_bytes: int,
-    ) -> None:
-        """`record` into counters `call_stats` gave, `key` their (method, model, code)."""
-        codes = self.codes
-        codes[key] = codes.get(key, 0) + 1
-        st.buckets[bisect_left(DURATION_BUCKETS, duration_s)] += 1
-        st.count += 1
-        st.sum += duration_s
-        st.request_bytes += request_bytes
-        st.response_bytes += response_bytes
-
-    def count(self, method: str, model: str, code: str) -> None:
-        """Count one ended call whose duration is unknown (labels already bounded)."""
-        key = (method, model, code)
-        self.codes[key] = self.codes.get(key, 0) + 1
 
     def record_exemplar(
         self, method: str, model: str, duration_s: float, trace_id: str, protocol: str = "grpc"
