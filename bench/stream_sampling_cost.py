@@ -23,6 +23,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 from tritonclient.grpc import service_pb2
 
+from sidecar.backends.replayability import REPLAYABLE, Replayability
 from sidecar.proxy import stream_messages
 from sidecar.proxy.inferences import StreamInferences
 from sidecar.proxy.metrics import ProxyMetrics
@@ -65,6 +66,12 @@ class Handler:
         return False
 
     def on_sampled(self, *args: object) -> None: ...
+
+    def replayability(self, model: str) -> Replayability:
+        return REPLAYABLE
+
+    def keep_live(self, *args: object) -> bool:
+        return False
 
     def submit(self, job: object) -> bool:
         return False

@@ -238,22 +238,44 @@ def is_equivalent(m: Mutant, equivalent: dict[tuple[str, str, str, str], str]) -
     return m.key in equivalent or (m.file, m.before, m.after, "") in equivalent
 
 
-def _compile_command(source: Path, target: Path) -> list[str]:
+# The sanitizer pass (a survivor of both profiles): scripts/sanitize.sh's gcc build and runtime.
+SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-g"]
+
+
+def _compile_command(source: Path, target: Path, sanitize: bool = False) -> list[str]:
     include = sysconfig.get_paths()["include"]
     return [
-        sysconfig.get_config_var("CC") or "cc",
+        "gcc" if sanitize else sysconfig.get_config_var("CC") or "cc",
         "-shared",
         "-fPIC",
         "-O2",
         "-fwrapv",
         "-DNDEBUG",
         "-w",
+        *(SANITIZE_FLAGS if sanitize else []),
         f"-I{include}",
         f"-I{source.parent}",
         str(source),
         "-o",
         str(target),
     ]
+
+
+def _sanitizer_env(reports: Path) -> dict[str, str]:
+    """The environment a sanitized build's tests run in: gcc's ASan and UBSan runtimes
+    preloaded, every allocation through malloc, the first report ends the run."""
+    runtimes = [
+        subprocess.run(
+            ["gcc", f"-print-file-name={lib}"], capture_output=True, text=True
+        ).stdout.strip()
+        for lib in ("libasan.so", "libubsan.so")
+    ]
+    return {
+        "LD_PRELOAD": " ".join(runtimes),
+        "PYTHONMALLOC": "malloc",
+        "ASAN_OPTIONS": f"detect_leaks=0:halt_on_error=1:abort_on_error=1:log_path={reports}/asan",
+        "UBSAN_OPTIONS": f"halt_on_error=1:print_stacktrace=1:log_path={reports}/ubsan",
+    }
 
 
 def _children_cpu() -> float:
@@ -278,23 +300,33 @@ class Scratch:
                 shutil.copy2(item, self.root / item.name)
         self.suffix = sysconfig.get_config_var("EXT_SUFFIX")
 
-    def build(self, file: str, source_text: str) -> subprocess.CompletedProcess[str]:
+    def build(
+        self, file: str, source_text: str, sanitize: bool = False
+    ) -> subprocess.CompletedProcess[str]:
         src = self.root / PROXY / file
         src.write_text(source_text)
         target = src.with_name(file[:-2] + self.suffix)
         tmp = target.with_suffix(".tmp")
         done = subprocess.run(
-            _compile_command(src, tmp), capture_output=True, text=True, timeout=300
+            _compile_command(src, tmp, sanitize), capture_output=True, text=True, timeout=300
         )
         if done.returncode == 0:
             os.replace(tmp, target)  # a new inode: no process maps the old one
         return done
 
-    def test(self, file: str, limit: tuple[float, float], profile: str) -> tuple[str, float, float]:
+    def test(
+        self, file: str, limit: tuple[float, float], profile: str, sanitize: bool = False
+    ) -> tuple[str, float, float]:
         """The tests' outcome, wall and CPU seconds. `limit`: (CPU, wall) seconds; a mutant
         that loops for ever is stopped by the CPU limit (a busy machine slows the wall clock,
-        not the CPU a run takes), the wall limit is a backstop."""
+        not the CPU a run takes), the wall limit is a backstop. `sanitize`: the extension was
+        built with the sanitizers (`build(..., sanitize=True)`), whose runtimes are preloaded;
+        a report aborts the run ("crashed")."""
         env = dict(os.environ, PYTHONPATH=str(self.root), HYPOTHESIS_PROFILE=profile)
+        if sanitize:
+            reports = self.root / "sanitizer-reports"
+            reports.mkdir(exist_ok=True)
+            env.update(_sanitizer_env(reports))
         env.pop("PYTEST_ADDOPTS", None)
         cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
         cmd += ["-o", "addopts=", *TESTS[file]]
@@ -348,6 +380,11 @@ def main() -> int:
         "--no-baseline",
         action="store_true",
         help="skip the unmutated run (limits: --timeout, or 300 s CPU) to check a mutant or two",
+    )
+    parser.add_argument(
+        "--no-sanitize",
+        action="store_true",
+        help="no third pass: a survivor of both profiles is not rebuilt under ASan/UBSan",
     )
     parser.add_argument("--list", action="store_true", help="print the mutants and stop")
     parser.add_argument("--report", type=Path, help="also write the markdown table here")
@@ -425,7 +462,19 @@ def main() -> int:
                 if outcome != "survived":
                     return outcome, took
                 outcome, more, _ = scratch.test(m.file, limits[m.file, "mutate-all"], "mutate-all")
-                return outcome, took + more
+                took += more
+                if outcome != "survived" or args.no_sanitize:
+                    return outcome, took
+                # a survivor of both: a memory or UB error only a sanitizer sees, as CI's
+                # sanitizer step would (scripts/sanitize.sh); the `mutate` profile's examples
+                if scratch.build(m.file, m.source, sanitize=True).returncode:
+                    return "survived", took
+                cpu, wall = limits[m.file, "mutate"]
+                outcome, more, _ = scratch.test(m.file, (3 * cpu, 3 * wall), "mutate", True)
+                # only a report (an abort) or a failing test counts; an import error or a
+                # slow run under the sanitizers is no kill
+                verdict = {"crashed": "sanitized", "killed": "killed"}.get(outcome, "survived")
+                return verdict, took + more
             finally:
                 scratch.build(m.file, (ROOT / PROXY / m.file).read_text())
 
@@ -486,7 +535,7 @@ def render(
     for file in files:
         mine = [m for m in plan if m.file == file]
         got = [results[m][0] for m in mine if m in results]
-        killed = sum(o in ("killed", "crashed", "timeout", "error") for o in got)
+        killed = sum(o in ("killed", "crashed", "sanitized", "timeout", "error") for o in got)
         rows.append(
             f"| {file} | {counts[file]['generated']} | {len(mine)} | "
             f"{sum(o != 'equivalent' for o in got)} | {killed} | {got.count('equivalent')} | "

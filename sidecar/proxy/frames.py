@@ -275,7 +275,8 @@ class FrameScanner:
                 )
                 if pos == len(data):
                     return
-                data = data[pos:]
+                self._scan(data, pos)  # no carry here: the walk ran at a frame boundary
+                return
             self._scan(data)
         except ScanError as exc:
             self._fail(exc.reason)
@@ -366,7 +367,7 @@ class FrameScanner:
     def observe_rest(self, data: bytes, pos: int) -> bool:
         """Observe `data` from `pos`, where the C walk stopped; returns `_walkable(False)`."""
         try:
-            self._scan(data[pos:])
+            self._scan(data, pos)  # the pump walked from a frame boundary: no carry
         except Exception as exc:  # observation must never break forwarding
             self.walk_failed(exc)
         return self._walkable(False)
@@ -505,6 +506,7 @@ class FrameScanner:
                 self._remaining = remaining - take
                 if self._remaining == 0:
                     self._finish_frame(pos)
+                    pos = self._walk_on(data, pos)
                 continue
             if self._preface_left:
                 take = min(self._preface_left, n - pos)
@@ -612,6 +614,26 @@ class FrameScanner:
         if hold and not self._holding and n > self._emit_from:
             out.append(data[self._emit_from :] if self._emit_from else data)
         self._emit_from = n
+
+    def _walk_on(self, data: bytes, pos: int) -> int:
+        """A frame split across chunks has just ended at `pos`: the rest of `data` goes back
+        to the C walk (where built) while the scanner stands between whole frames outside a
+        header block, so a large body's reads cost one Python step each (the split frame's
+        end), not one per frame. Returns where the walk stopped (`pos` where it did not run);
+        the walk is `observe`'s or `process`'s, from `pos`."""
+        walk = native_walk
+        if walk is None or pos == len(data) or self.failed or self._block_sid or self._holding:
+            return pos
+        return walk(
+            self.sink,
+            data,
+            pos,
+            self if self.hold else None,
+            self.streams,
+            self.client_side,
+            self.header_cache,
+            self.tracker,
+        )
 
     def _finish_frame(self, pos: int) -> None:
         """Handle a frame whose payload is complete (`pos` is just after it)."""

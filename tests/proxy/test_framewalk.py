@@ -237,6 +237,41 @@ def test_hold_mode_walks_whole_chunks_in_c() -> None:
     assert pieces == [chunk, injected, tail]
 
 
+class CountingWalk:
+    """The C walk, recording where each call started and stopped."""
+
+    def __init__(self) -> None:
+        self.walk = frames.native_walk
+        self.spans: list[tuple[int, int]] = []
+
+    def __call__(self, sink: Any, data: bytes, start: int, *rest: Any) -> int:
+        assert self.walk is not None
+        stop = self.walk(sink, data, start, *rest)
+        self.spans.append((start, stop))
+        return stop
+
+
+@pytest.mark.parametrize("hold", [False, True])
+def test_after_a_split_frame_ends_the_rest_of_the_chunk_is_walked_in_c(hold: bool) -> None:
+    """A large body comes in reads that end inside a frame: the read after one finishes that
+    frame in Python, then hands the rest back to the walk at the next frame boundary (not one
+    Python step per frame until the read ends), and the calls are the Python scanner's."""
+    body = [frame(frames.DATA, 0, 1, bytes([i]) * 1000) for i in range(8)]
+    data = b"".join(body) + frame(frames.DATA, frames.FLAG_END_STREAM, 1, b"end")
+    cut = len(body[0]) // 2  # the first read ends inside the first frame
+    counting = CountingWalk()
+    if hold:
+        assert process_all(data, [cut], counting, 16384, None) == process_all(
+            data, [cut], None, 16384, None
+        )
+    else:
+        assert observe_all(data, [cut], counting) == observe_all(data, [cut], None)
+    # the first read: the walk stops at once (a split frame); the second: Python ends that
+    # frame, and the walk takes every frame after it, to the read's end
+    rest = len(data) - cut
+    assert counting.spans == [(0, 0), (len(body[0]) - cut, rest)]
+
+
 # The fields of a stream's record (`streams._PyStream`; `_framewalk.Stream` has the same), and
 # those that are times (compared as whether they are set: the two runs differ in when).
 STREAM_FIELDS = [f.name for f in dataclasses.fields(streams._PyStream)]

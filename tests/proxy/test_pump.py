@@ -812,3 +812,125 @@ def test_after_the_scanners_python_raised_the_next_chunk_asks_it_again() -> None
         pump(call[:-3])
     # a PING: the walk would take it whole, with nothing to give the scanner's Python
     assert entered_from_pump(pump, frames.ping_frame(b"12345678"))["frames.py"] >= 1
+
+
+def pump_on_scanner(walk: Any, hold: bool) -> tuple[Any, Any]:
+    """`walked_by`'s pump and the scanner it is routed to."""
+    tracker = ConnectionTracker(
+        ProxyMetrics(CollectorRegistry()), observer=Hook(60) if hold else None
+    )
+    scanner = tracker.request_scanner
+    pump = Pump(lambda data: pytest.fail("disarmed"), never_lost)
+    pump.route(Peer(), scanner, walk)
+    scanner.pump = pump
+    pump.armed = True
+    return pump, scanner
+
+
+def answering(scanner: Any, name: str, answer: Callable[..., object]) -> list[tuple[Any, ...]]:
+    """Replace the scanner's method `name` by one that records its arguments and returns
+    `answer(*arguments)`; the record."""
+    seen: list[tuple[Any, ...]] = []
+
+    def method(*args: Any) -> object:
+        seen.append(args)
+        return answer(*args)
+
+    setattr(scanner, name, method)
+    return seen
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["observe mode", "hold mode"])
+def test_what_the_scanners_python_answers_is_released(hold: bool) -> None:
+    """Where the scanner's Python says it stands (observe mode: a truth value; hold mode:
+    (pieces, truth value)), from a whole chunk or from where the walk stopped, is dropped
+    after the chunk: here each answer holds a fresh object, which must not outlive it."""
+    made: list[weakref.ref[Marker]] = []
+
+    def answer(*args: object) -> object:
+        marker = Marker()  # truthy: the next chunk starts in the walk
+        made.append(weakref.ref(marker))
+        return ([b"x"], marker) if hold else marker
+
+    pump, scanner = pump_on_scanner(frames.native_walk, hold)
+    step, rest = ("process_step", "process_rest") if hold else ("observe_step", "observe_rest")
+    steps, rests = answering(scanner, step, answer), answering(scanner, rest, answer)
+    first, call, _ = frame_aligned_calls(2)
+    pump(first)  # the scanner's Python (step) answers
+    pump(call[:-3])  # the walk stops inside the last frame: the scanner's Python (rest)
+    assert len(steps) == 1 and len(rests) == 1 and len(made) == 2
+    gc.collect()
+    assert [ref() for ref in made] == [None, None]
+
+
+class Stop(BaseException):
+    """Not an Exception: the scanner's Python raises it on (as it would KeyboardInterrupt)."""
+
+
+@pytest.mark.parametrize(
+    "failure",
+    ["observe: the walk raises past the scanner", "hold: the walk raises past the scanner",
+     "hold: the rest raises", "hold: the rest answers badly"],
+)  # fmt: skip
+def test_where_a_chunk_failed_the_next_asks_the_scanners_python(failure: str) -> None:
+    """Where a chunk's walk or the scanner's Python for its rest failed and the pump stays
+    armed (an exception that is not an Exception; the scanner's own Python raising or
+    answering badly), the pump does not know where the scanner stands: the next chunk goes
+    to the scanner's Python (step), not to the walk."""
+    hold = failure.startswith("hold")
+    walk_in_c = frames.native_walk
+    assert walk_in_c is not None
+    stop = [False]
+
+    def walk(*args: Any) -> int:
+        if stop[0]:
+            stop[0] = False
+            raise Stop
+        return walk_in_c(*args)
+
+    pump, scanner = pump_on_scanner(walk, hold)
+    first, call, after, _ = frame_aligned_calls(3)
+    pump(first)  # the real scanner's Python: the next chunk starts in the walk
+    expected: type[BaseException] = Stop
+    if failure.endswith("raises past the scanner"):
+        stop[0] = True
+    elif failure.endswith("rest raises"):
+
+        def rest(*args: object) -> None:
+            raise LookupError("the scanner's Python")
+
+        scanner.process_rest = rest
+        expected = LookupError
+    else:
+        scanner.process_rest = lambda *args: ([b"x"],)
+        expected = TypeError
+    with pytest.raises(expected):
+        pump(call[:-3])  # cut inside a frame: the walk stops short, the rest to Python
+    assert pump.armed
+    step = "process_step" if hold else "observe_step"
+    steps = answering(scanner, step, lambda *args: ([], False) if hold else False)
+    pump(after)
+    assert len(steps) == 1
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["observe mode", "hold mode"])
+def test_only_an_int_from_the_walk_reaches_the_scanners_python(hold: bool) -> None:
+    """The walk's answer goes to the scanner's Python (rest) as the int it is, even one
+    outside the chunk (-1 here, which is no error); an answer that is no int fails the call
+    before any Python of the scanner runs."""
+    answers: list[object] = [-1]
+
+    def walk(*args: object) -> object:
+        return answers[0]
+
+    pump, scanner = pump_on_scanner(walk, hold)
+    rest = "process_rest" if hold else "observe_rest"
+    rests = answering(scanner, rest, lambda *args: ([], True) if hold else True)
+    first, call, after, _ = frame_aligned_calls(3)
+    pump(first)
+    pump(call)
+    assert rests == [(call, -1)]
+    answers[0] = Marker()
+    with pytest.raises(TypeError, match="an integer is required"):
+        pump(after)
+    assert len(rests) == 1
