@@ -229,10 +229,8 @@ static int hold_chunk(Pump *p, Chunk *c, PyObject *data) {
     if (!p->walkable)
         return forward_pieces(p, c, PyObject_CallMethodOneArg(c->scanner, s_process_step, data));
     PyObject *end = walk(c, data);
-    if (end == NULL) {
-        p->walkable = 0;
+    if (end == NULL) /* forward_pieces sets walkable on every path */
         return forward_pieces(p, c, walk_failed(c->scanner, s_hold_failed, data));
-    }
     Py_ssize_t pos = PyLong_AsSsize_t(end);
     if (pos == -1 && PyErr_Occurred()) {
         Py_DECREF(end);
