@@ -36,7 +36,11 @@ ruff format --check .
 echo "==> mypy"
 mypy sidecar analysis tests/harness
 echo "==> pytest"
-pytest -q "$@"
+if [ "$#" -eq 0 ]; then
+    pytest -q --durations=30 --durations-min=20  # the slowest, to keep CI within its budget
+else
+    pytest -q "$@"
+fi
 # The relay's pure-Python paths are a product too (no compiler at install): the relay's and the
 # sampling hook's tests again with every C path off (about 3 min on 2 busy cores, 351 tests; the
 # C-vs-Python comparisons skip). Then the relay's C parsers (issue 44), bounded: every fuzz

@@ -934,3 +934,160 @@ def test_only_an_int_from_the_walk_reaches_the_scanners_python(hold: bool) -> No
     with pytest.raises(TypeError, match="an integer is required"):
         pump(after)
     assert len(rests) == 1
+
+
+def test_after_the_fallback_took_a_chunk_the_next_asks_the_scanners_python() -> None:
+    """A chunk the pump hands to its fallback (here: not bytes) is scanned by the relay's
+    Python, which may leave the scanner inside a frame: the next chunk, once armed again,
+    goes to the scanner's Python, not to the walk, and the call is read whole."""
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()))
+    scanner = tracker.request_scanner
+    walk_in_c = frames.native_walk
+    assert walk_in_c is not None
+    walked: list[tuple[bytes, int]] = []
+
+    def walk(sink: Any, data: bytes, start: int, *rest: Any) -> int:
+        walked.append((data, start))
+        return walk_in_c(sink, data, start, *rest)
+
+    pump = Pump(lambda data: scanner.observe(bytes(data)), never_lost)
+    pump.route(Peer(), scanner, walk)
+    scanner.pump = pump
+    pump.armed = True
+    first, call, after = frame_aligned_calls(2)
+    pump(first)  # the scanner's Python: from here the next chunk would start in the walk
+    pump(bytearray(call[:12]))  # the fallback: the scanner now stands inside a frame
+    assert not scanner.at_frame_boundary()
+    rest = call[12:]
+    pump(rest)
+    assert (rest, 0) not in walked  # the scanner's Python (observe_step), from where it stood
+    pump(after)
+    assert tracker.last_stream_id == 3 and tracker.in_flight == 2 and not scanner.failed
+
+
+class Unpicking(Hook):
+    """Holds (hold mode) but picks nothing and wants no end: every request is the walk's."""
+
+    def on_request_headers(self, start: Any) -> None:
+        self.seen.append(("start", *start))
+
+
+def test_hold_mode_leaks_no_reference_to_the_scanners_pieces() -> None:
+    """In hold mode a chunk the walk takes whole is written as it is after the pump reads the
+    scanner's `out` (empty: nothing emitted); that read's reference is dropped."""
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=Unpicking(60))
+    scanner = tracker.request_scanner
+    assert scanner.hold
+    peer = Peer()
+    pump = Pump(lambda data: pytest.fail("disarmed"), never_lost)
+    pump.route(peer, scanner, frames.native_walk)
+    scanner.pump = pump
+    pump.armed = True
+    first, *calls = frame_aligned_calls(60)
+    pump(first)
+    pump(calls[0])
+    out = scanner.out
+    held = sys.getrefcount(out)
+    for call in calls[1:]:
+        pump(call)
+    now = sys.getrefcount(out)  # outside the assert: pytest's rewriting holds its operands
+    assert scanner.out is out
+    assert now == held
+    assert peer.chunks[-len(calls) :] == calls  # each written whole
+
+
+class Truth:
+    """A truth value of its own (weakly referable, so a leaked reference shows), or one whose
+    bool() raises."""
+
+    def __init__(self, value: bool | None) -> None:
+        self.value = value
+
+    def __bool__(self) -> bool:
+        if self.value is None:
+            raise LookupError("no truth value")
+        return self.value
+
+
+class Scanned:
+    """What route() reads of a scanner, each attribute settable."""
+
+    def __init__(self, client_side: object, hold: object) -> None:
+        self.sink = self.streams = self.header_cache = self.tracker = None
+        self.client_side = client_side
+        self.hold = hold
+
+
+def test_route_releases_the_truth_values_it_reads() -> None:
+    """route() reads the scanner's `client_side` and `hold` as truth values and keeps neither."""
+    pump = Pump(lambda data: None, never_lost)
+    side, hold = Truth(True), Truth(False)
+    refs = weakref.ref(side), weakref.ref(hold)
+    scanner = Scanned(side, hold)
+    pump.route(Peer(), scanner, frames.native_walk)
+    del side, hold
+    scanner.client_side = scanner.hold = None
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None]
+
+
+@pytest.mark.parametrize("failing", ["client_side", "hold", "a missing hold"])
+def test_a_failed_route_raises_and_releases_what_it_read(failing: str) -> None:
+    """Where reading the scanner fails (bool() raises, an attribute is missing), route()
+    raises that error and drops every attribute it had read, the transport's first."""
+    pump = Pump(lambda data: None, never_lost)
+    peer = Peer()
+    transport = SimpleNamespace(write=peer.write, writelines=peer.writelines)
+    scanner = Scanned(Truth(True), Truth(True))
+    if failing == "a missing hold":
+        del scanner.hold
+    else:
+        setattr(scanner, failing, Truth(None))
+    watched = (transport.write, transport.writelines, scanner.client_side)
+    before = [sys.getrefcount(x) for x in watched]
+    expected = AttributeError if failing == "a missing hold" else LookupError
+    with pytest.raises(expected):
+        pump.route(transport, scanner, frames.native_walk)
+    after = [sys.getrefcount(x) for x in watched]
+    assert after == before
+
+
+def test_a_pump_routed_again_asks_the_new_scanners_python_first() -> None:
+    """route() forgets where the last scanner stood: the first chunk after it goes to the new
+    scanner's Python (which says where it stands), not straight to the walk."""
+    walk_in_c = frames.native_walk
+    assert walk_in_c is not None
+    walked: list[tuple[bytes, int]] = []
+
+    def walk(sink: Any, data: bytes, start: int, *rest: Any) -> int:
+        walked.append((data, start))
+        return walk_in_c(sink, data, start, *rest)
+
+    pump, _tracker, _ = routed(Peer())
+    first, call, _ = frame_aligned_calls(2)
+    pump(first)
+    pump(call)  # walkable: walked in C
+    fresh = ConnectionTracker(ProxyMetrics(CollectorRegistry()))
+    scanner = fresh.request_scanner
+    pump.route(Peer(), scanner, walk)  # still armed (setting `armed` would also forget)
+    scanner.pump = pump
+    assert pump.armed
+    pump(first)  # the new scanner's preface: only its Python knows to expect one
+    assert (first, 0) not in walked
+    assert fresh.request_scanner.at_frame_boundary() and not fresh.failed
+
+
+def test_the_fallback_is_released_after_each_chunk_it_takes() -> None:
+    """A disarmed pump hands each chunk to its fallback, holding it only for the call."""
+    taken: list[bytes] = []
+
+    def fallback(data: bytes) -> None:
+        taken.append(data)
+
+    pump = Pump(fallback, never_lost)
+    held = sys.getrefcount(fallback)
+    for i in range(100):
+        pump(b"%d" % i)
+    now = sys.getrefcount(fallback)
+    assert len(taken) == 100
+    assert now == held
