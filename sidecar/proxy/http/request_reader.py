@@ -171,6 +171,13 @@ class RequestReader:
             return [data[: to - 2], extra, data[to - 2 :]]
         return None
 
+    def adopt(self, block: bytes) -> None:
+        """The C pump (`_httppump.c`) read `block`, a header block llhttp accepted whose
+        Content-Length body follows (none of it read yet), and set `call` and `body_left`:
+        this reader's parser reads the block too, so the body goes on here."""
+        self.headers_done = self.message_done = self.upgrade = False
+        self.parser.feed_data(block)
+
     def _body_end(self, data: bytes) -> list[Piece] | None:
         """`feed` of a chunk that is the rest of a Content-Length body, exactly."""
         call = self.call
