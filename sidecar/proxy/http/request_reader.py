@@ -145,7 +145,12 @@ class RequestReader:
             self.refused = _parser_refusal(exc)
             return []
         verb = parser.get_method()
-        target = block[block.find(b" ") + 1 : block.find(b" HTTP/")]  # llhttp checked the line
+        # llhttp checked the line; it also takes one with no version (HTTP/0.9's form), whose
+        # target `fields.framing` reads as the general path does (the fuzzer found the two
+        # paths naming different targets there)
+        line = block[: block.find(_CRLF)]
+        at = line.find(b" HTTP/")
+        target = line[line.find(b" ") + 1 : at] if at > 0 else line.split()[1]
         route = self.routes.http_route(verb, target)
         book = self.book
         call, extra = book.start(verb, target, route.method, route.model, block, length)
