@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import itertools
 import random
+import re
 import socket
 import sys
 from typing import Any
@@ -484,3 +485,57 @@ def test_route_cache_holds_each_request_line_once() -> None:
         b"GET /v2/health/live": ("ServerLive", None),
     }
     assert RELAYING is proto.state
+
+
+# -- the real sampling hook ----------------------------------------------------------------------
+
+
+def _through_real_hook(pump: bool) -> tuple[bytes, dict[str, float], Any]:
+    """The bench's kind of traffic (header block and body in two reads, a health check, a
+    forced request) through a client protocol whose hook is the real `HttpSamplingObserver`
+    (its `quick` from the hub, its coin seeded), answered by the backend each time."""
+    from sidecar.backends import TRITON
+    from sidecar.proxy.http.relay import _BackendProtocol
+    from tests.sampling.test_http_observer import BINARY, JSON, HttpSetup
+
+    s = HttpSetup(rate=0.3)
+    s.sampler.rand = random.Random(7).random
+    proto, _, back = client(pump, s.observer)  # type: ignore[arg-type]
+    proto.relay.routes = TRITON
+    proto.requests.routes = TRITON
+    backend = _BackendProtocol(proto)
+    body = JSON + BINARY
+    infer = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\n" + (
+        b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n" % (len(JSON), len(body))
+    )
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+    for i in range(300):
+        head = infer + (b"X-Xsp-Profile: 1\r\n" if i % 37 == 0 else b"") + b"\r\n"
+        chunks = [head + body] if i % 2 else [head, body]
+        if i % 11 == 0:
+            chunks = [b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"]
+        for chunk in chunks:
+            proto.data_received(chunk)
+        backend.data_received(answer)
+    assert not proto.book.open
+    forwarded = re.sub(rb"traceparent: [^\r]*", b"traceparent: (new ids)", bytes(back.out))
+    counted = {
+        f"{m.name}{sorted(x.labels.items())}": x.value
+        for registry in (s.registry, proto.registry)  # type: ignore[attr-defined]
+        for m in registry.collect() for x in m.samples
+        if not x.name.endswith("_created") and "seconds" not in x.name
+    }  # fmt: skip
+    return forwarded, counted, s
+
+
+def test_the_real_hooks_quick_answers_are_made_in_c_as_in_python() -> None:
+    """With the real hook, the pump answers unpicked and not replayable requests itself and
+    hands picked and forced ones to Python: the same requests carry a traceparent, and the
+    hook's and the relay's counters agree."""
+    fast, fast_counts, c_setup = _through_real_hook(True)
+    slow, slow_counts, p_setup = _through_real_hook(False)
+    assert fast == slow
+    assert sum(b"traceparent" in line for line in fast.split(b"\r\n")) > 10
+    assert fast_counts == slow_counts
+    assert list(c_setup.hub.pressure.counts) == list(p_setup.hub.pressure.counts)
+    assert len(c_setup.handler.picked) == len(p_setup.handler.picked) > 0
