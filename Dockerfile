@@ -51,7 +51,7 @@ ARG PIP_EXTRA_INDEX_URL=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 # a C compiler for the relay's frame and message walkers and its C data_received
-# (sidecar/proxy/_framewalk.c, _messagewalk.c, _pump.c); build stage only
+# (sidecar/proxy/_framewalk.c, _messagewalk.c, _pump.c, _httppump.c); build stage only
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
@@ -65,7 +65,8 @@ RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install ".${EXTRAS}" \
     && /opt/venv/bin/python -c "import sidecar.proxy._framewalk" \
     && /opt/venv/bin/python -c "import sidecar.proxy._messagewalk" \
-    && /opt/venv/bin/python -c "import sidecar.proxy._pump"
+    && /opt/venv/bin/python -c "import sidecar.proxy._pump" \
+    && /opt/venv/bin/python -c "import sidecar.proxy._httppump"
 
 FROM ${PYTHON_IMAGE} AS runtime-cpu
 COPY --from=build-cpu /opt/venv /opt/venv
@@ -101,6 +102,7 @@ RUN python3 -m venv /opt/venv \
     && /opt/venv/bin/python -c "import sidecar.proxy._framewalk" \
     && /opt/venv/bin/python -c "import sidecar.proxy._messagewalk" \
     && /opt/venv/bin/python -c "import sidecar.proxy._pump" \
+    && /opt/venv/bin/python -c "import sidecar.proxy._httppump" \
     && /opt/venv/bin/python -c "from cupti import cupti; cupti.ActivityKind.RUNTIME" \
     && /opt/venv/bin/pip uninstall -y onnxruntime \
     && /opt/venv/bin/pip install "${ORT_GPU_SPEC}"

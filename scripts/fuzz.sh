@@ -21,7 +21,7 @@ if [ "${1:-}" = "--ci" ]; then
     shift
 fi
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(framewalk pump messagewalk model_name hpack)
+[ ${#targets[@]} -gt 0 ] || targets=(framewalk pump messagewalk model_name hpack httppump)
 
 if [ -z "${VIRTUAL_ENV:-}" ] && [ -f .venv/bin/activate ]; then
     # shellcheck disable=SC1091

@@ -51,13 +51,16 @@ EQUIVALENT = ROOT / "scripts" / "mutants_equivalent.txt"
 TESTS = {
     "_messagewalk.c": ["tests/proxy/test_messagewalk.py"],
     "_pump.c": ["tests/proxy/test_pump.py"],
+    "_httppump.c": ["tests/proxy/test_httppump.py"],
     "_framewalk.c": [
         "tests/proxy/test_model_name_c.py",
         "tests/proxy/test_framewalk.py",
         "tests/proxy/test_framewalk_streams.py",
     ],
 }
-ORDER = ["_messagewalk.c", "_pump.c", "_framewalk.c"]
+ORDER = ["_messagewalk.c", "_pump.c", "_framewalk.c", "_httppump.c"]
+# sources built into an extension beside its own (vendored, not mutated)
+LINKED = {"_httppump.c": ["llhttp/api.c", "llhttp/http.c", "llhttp/llhttp.c"]}
 
 # one token swapped for its opposite wherever it appears (returned values, flags, truth)
 SWAPS = {
@@ -256,6 +259,7 @@ def _compile_command(source: Path, target: Path, sanitize: bool = False) -> list
         f"-I{include}",
         f"-I{source.parent}",
         str(source),
+        *(str(source.parent / extra) for extra in LINKED.get(source.name, ())),
         "-o",
         str(target),
     ]

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The relay's C extensions under AddressSanitizer and UndefinedBehaviorSanitizer.
 #
-# Builds _framewalk, _pump and _messagewalk with -fsanitize=address,undefined in a scratch copy
+# Builds _framewalk, _pump, _messagewalk and _httppump with -fsanitize=address,undefined in a scratch copy
 # of the tree (the checkout's own .so files are left as they are), then, with the sanitizer
 # runtimes preloaded (PYTHONMALLOC=malloc so ASan sees every allocation), halting on the first
 # report, runs from that copy:
 #   1. the C-against-Python property tests (frame walk, stream bookkeeping, pump, message
-#      walk, model name, the fuzz corpora) and real gRPC calls through a relay to a grpcio
+#      walk, model name, the HTTP pump, the fuzz corpora) and real gRPC calls through a relay to a grpcio
 #      backend (test_pump's unary calls, sampling off and on; a stream, test_proxy_relay's);
 #   2. every fuzz target (scripts/fuzz.sh) on its seed corpus and on SANITIZE_CORPUS/<target>/
 #      (a coverage-guided run's grown corpus: scripts/fuzz.sh's FUZZ_WORK/corpus) where given;
@@ -96,7 +96,7 @@ echo "==> sanitizers: building the C extensions with $(basename "$cc") $flags"
 (cd "$scratch" && CC="$cc" CFLAGS="$flags" LDFLAGS="-fsanitize=address,undefined" \
     python setup.py --quiet build_ext --inplace >build.log 2>&1) \
     || { cat "$scratch/build.log" >&2; echo "sanitizer build failed" >&2; exit 1; }
-for ext in _framewalk _pump _messagewalk; do
+for ext in _framewalk _pump _messagewalk _httppump; do
     so=$(ls "$scratch"/sidecar/proxy/"$ext".*.so 2>/dev/null || true)
     if [ -z "$so" ] || ! nm -D "$so" | grep -c __asan_init >/dev/null; then
         cat "$scratch/build.log" >&2
@@ -115,15 +115,15 @@ cd "$scratch"
 # the sanitized build must be what the tests import, not the checkout's
 python - <<'PY'
 import os
-from sidecar.proxy import _framewalk, _messagewalk, _pump
-for mod in (_framewalk, _pump, _messagewalk):
+from sidecar.proxy import _framewalk, _httppump, _messagewalk, _pump
+for mod in (_framewalk, _pump, _messagewalk, _httppump):
     assert mod.__file__.startswith(os.environ["PYTHONPATH"]), mod.__file__
 print("    sanitized extensions imported from the scratch copy")
 PY
 
 tests=(tests/proxy/test_framewalk.py tests/proxy/test_framewalk_streams.py
     tests/proxy/test_pump.py tests/proxy/test_messagewalk.py tests/proxy/test_model_name_c.py
-    tests/proxy/test_fuzz_regressions.py
+    tests/proxy/test_httppump.py tests/proxy/test_fuzz_regressions.py
     tests/proxy/test_proxy_relay.py::test_unix_socket_backend_and_streaming)
 # shellcheck disable=SC2206
 [ -z "${SANITIZE_TESTS:-}" ] || tests=($SANITIZE_TESTS)  # a narrower selection, while developing

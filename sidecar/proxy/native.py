@@ -1,15 +1,17 @@
 """The relay's C extensions: the one switch that turns them off, which paths run, and every
 Python name their C code reads or calls.
 
-Three extensions sit on the relay's hot path, each with a pure-Python reference that is also
+Four extensions sit on the relays' hot paths, each with a pure-Python reference that is also
 the fallback (setup.py builds them where a C compiler exists):
 
 - `_framewalk`: the frame walk (`frames.FrameScanner`'s fast branch, `streams`' DATA and
   cached-header bookkeeping);
 - `_pump`: a relayed direction's `data_received` (`relay.py`'s is the reference);
-- `_messagewalk`: an inference stream's message reading (`stream_messages.py`).
+- `_messagewalk`: an inference stream's message reading (`stream_messages.py`);
+- `_httppump`: the HTTP relay's client `data_received` (`http/relay.py` and
+  `http/request_reader.py` are the reference), with llhttp built in.
 
-`XSP_NATIVE=off` (read once, at import) switches all three off: the relay then runs the
+`XSP_NATIVE=off` (read once, at import) switches all four off: the relay then runs the
 pure-Python paths only, as where the extensions are not built. The tests run whole both ways.
 
 `INTERFACE` declares, for each extension, every Python attribute its C code reads or calls
@@ -26,7 +28,7 @@ import os
 from types import ModuleType
 
 ENV = "XSP_NATIVE"
-EXTENSIONS = ("_framewalk", "_pump", "_messagewalk")
+EXTENSIONS = ("_framewalk", "_pump", "_messagewalk", "_httppump")
 
 _SCANNER = "sidecar.proxy.frames:FrameScanner"
 _SINK = "sidecar.proxy.frames:FrameSink"
@@ -38,6 +40,15 @@ _QUICK = "sidecar.proxy.streams:QuickDecisions"
 _METHOD = "sidecar.backends.base:MethodInfo"
 _SAMPLER = "sidecar.sampling.sampler:Sampler"
 _HOT = "sidecar.sampling.sampler:HotSettings"
+
+_READER = "sidecar.proxy.http.request_reader:RequestReader"
+_BOOK = "sidecar.proxy.http.calls:CallBook"
+_CALL = "sidecar.proxy.http.calls:Call"
+_CALL_SLOTS = (
+    "body", "capture_limit", "error", "head", "method", "model", "path", "quiet",
+    "request_bytes", "request_end", "response_bytes", "response_start", "sampled", "sid",
+    "start", "start_ns", "status",
+)  # fmt: skip
 
 # what the pump reads and calls of its direction's FrameScanner
 _PUMP_SCANNER = (
@@ -78,6 +89,27 @@ INTERFACE: dict[str, dict[str, str]] = {
     },
     # no attribute read: `pick` is a member its owner sets (stream_sampling.py)
     "_messagewalk": {},
+    "_httppump": {
+        "write": "asyncio:WriteTransport",  # the backend's
+        **dict.fromkeys(
+            ("call", "refused", "closing", "body_left", "book", "routes", "limits", "adopt"),
+            _READER,
+        ),
+        **dict.fromkeys(("header_bytes", "body_bytes"), "sidecar.proxy.http.limits:HttpLimits"),
+        **dict.fromkeys(("count", "open", "observer", "metrics", "drawn"), _BOOK),
+        **dict.fromkeys(("http_open", "method_label"), _METRICS),
+        "http_route": "sidecar.backends.base:Backend",
+        "append": "collections:deque",  # CallBook.open
+        "quick": "sidecar.sampling.observer:HttpSamplingObserver",
+        **dict.fromkeys(
+            ("per_call", "replayable", "coin", "unpicked", "not_replayable", "started"), _QUICK
+        ),
+        **dict.fromkeys(("hot", "rand"), _SAMPLER),
+        **dict.fromkeys(("force_header", "pick_rate"), _HOT),
+        # every slot of a Call (made here as Call.__init__ makes one); `method` and `model`
+        # are read from the route's HttpCall too, `head` from the reader
+        **dict.fromkeys(_CALL_SLOTS, _CALL),
+    },
 }
 
 

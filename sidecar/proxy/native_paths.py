@@ -1,6 +1,6 @@
 """Which of the relay's C paths run now, for the log and /metrics: read from the modules
-that hold each path's switch (`frames`, `relay`, `stream_messages`), so it sits above them and
-`native` (which they import) stays below."""
+that hold each path's switch (`frames`, `relay`, `stream_messages`, `http.relay`), so it sits
+above them and `native` (which they import) stays below."""
 
 from __future__ import annotations
 
@@ -9,23 +9,29 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from sidecar.proxy import frames, native, relay, stream_messages
+from sidecar.proxy.http import relay as http_relay
 
 
 def paths() -> dict[str, bool]:
-    """Which of the relay's C paths run now: `walk`, `pump` and `message_walk` (a test may
-    have set a module's switch to None since import; the pump runs only with the walk)."""
+    """Which of the relay's C paths run now: `walk`, `pump`, `message_walk` and `http_pump`
+    (a test may have set a module's switch to None since import; the pump runs only with the
+    walk)."""
     walk = frames.native_walk is not None
     return {
         "walk": walk,
         "pump": walk and relay.native_pump is not None,
         "message_walk": stream_messages.native_readers is not None,
+        "http_pump": http_relay.native_http_pump is not None,
     }
 
 
 def describe() -> str:
     """One line for the log: each path on or off, and why where off."""
     now = paths()
-    why = {"walk": "_framewalk", "pump": "_pump", "message_walk": "_messagewalk"}
+    why = {
+        "walk": "_framewalk", "pump": "_pump", "message_walk": "_messagewalk",
+        "http_pump": "_httppump",
+    }  # fmt: skip
     parts = []
     for path, on in now.items():
         reason = native.errors.get(why[path], "switched off by the caller")
@@ -45,8 +51,9 @@ class NativeInfo(Collector):
         labels["switch"] = "on" if native.ENABLED else "off"
         info = GaugeMetricFamily(
             "xsp_relay_native_info",
-            "The relay's C paths: the frame walk, the pump (a direction's data_received) and "
-            "the message walk, each on or off (off: not built, or XSP_NATIVE=off); always 1.",
+            "The relay's C paths: the frame walk, the pump (a direction's data_received), the "
+            "message walk and the HTTP pump (the HTTP client's data_received), each on or off "
+            "(off: not built, or XSP_NATIVE=off); always 1.",
             labels=list(labels),
         )
         info.add_metric(list(labels.values()), 1)

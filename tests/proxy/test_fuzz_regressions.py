@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(
     reason="the relay's C extensions are not built here",
 )
 
-TARGETS = ["framewalk", "pump", "messagewalk", "model_name", "hpack"]
+TARGETS = ["framewalk", "pump", "messagewalk", "model_name", "hpack", "httppump"]
 REGRESSIONS = Path(__file__).parents[1] / "fuzz" / "regressions"
 
 

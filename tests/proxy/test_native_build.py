@@ -24,6 +24,8 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.proxy import frames, native, native_check, relay, stream_messages
 from sidecar.proxy.frames import FrameScanner
+from sidecar.proxy.http import relay as http_relay
+from sidecar.proxy.http.calls import CallBook
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.native_paths import NativeInfo, describe, paths
 from sidecar.proxy.streams import ConnectionTracker
@@ -45,6 +47,9 @@ INSTANCES: dict[str, Callable[[], object]] = {
     "sidecar.proxy.streams:ConnectionTracker": _tracker,
     "sidecar.proxy.metrics:ProxyMetrics": lambda: ProxyMetrics(CollectorRegistry()),
     "sidecar.sampling.sampler:Sampler": lambda: Sampler(SamplingSettings()),
+    "sidecar.proxy.http.calls:CallBook": lambda: CallBook(
+        ProxyMetrics(CollectorRegistry()), None, 1
+    ),
 }
 
 
@@ -90,10 +95,11 @@ def test_every_extension_imports_where_a_compiler_exists(extension: str) -> None
 
 def test_the_relay_runs_every_c_path_unless_switched_off() -> None:
     on = native.ENABLED and HAS_CC
-    assert paths() == {"walk": on, "pump": on, "message_walk": on}
+    assert paths() == {"walk": on, "pump": on, "message_walk": on, "http_pump": on}
     assert (frames.native_walk is not None) is on
     assert (relay.native_pump is not None) is on
     assert (stream_messages.native_readers is not None) is on
+    assert (http_relay.native_http_pump is not None) is on
 
 
 def test_the_check_passes_here_and_names_a_missing_extension_with_its_error(
@@ -102,7 +108,7 @@ def test_the_check_passes_here_and_names_a_missing_extension_with_its_error(
     if not HAS_CC:
         pytest.skip("no C compiler here")
     assert native_check.main(["--require"]) == 0
-    assert "built: _framewalk, _pump, _messagewalk" in capsys.readouterr().out
+    assert "built: _framewalk, _pump, _messagewalk, _httppump" in capsys.readouterr().out
     log = tmp_path / "setup.log"
     log.write_text(
         "building 'sidecar.proxy._pump' extension\n"
@@ -129,7 +135,7 @@ def test_the_info_gauge_says_which_paths_run(monkeypatch: pytest.MonkeyPatch) ->
     registry.register(NativeInfo())
     on = "on" if paths()["walk"] else "off"
     switch = "on" if native.ENABLED else "off"
-    labels = {"walk": on, "pump": on, "message_walk": on, "switch": switch}
+    labels = {"walk": on, "pump": on, "message_walk": on, "http_pump": on, "switch": switch}
     assert registry.get_sample_value("xsp_relay_native_info", labels) == 1
     monkeypatch.setattr(frames, "native_walk", None)  # no walk: no pump either
     off = {**labels, "walk": "off", "pump": "off"}
@@ -151,9 +157,10 @@ def test_xsp_native_off_switches_every_c_path_off() -> None:
     )
     assert run.returncode == 0, run.stderr
     assert "walk off (XSP_NATIVE=off), pump off (XSP_NATIVE=off), message_walk off" in run.stdout
+    assert "http_pump off (XSP_NATIVE=off)" in run.stdout
     assert (
-        'xsp_relay_native_info{message_walk="off",pump="off",switch="off",walk="off"} 1.0'
-        in run.stdout
+        'xsp_relay_native_info{http_pump="off",message_walk="off",pump="off",switch="off",'
+        'walk="off"} 1.0' in run.stdout
     )
 
 
@@ -188,7 +195,10 @@ def test_serve_logs_the_paths_once_and_exports_the_gauge() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    gauge = 'xsp_relay_native_info{message_walk="off",pump="off",switch="off",walk="off"} 1.0'
+    gauge = (
+        'xsp_relay_native_info{http_pump="off",message_walk="off",pump="off",switch="off",'
+        'walk="off"} 1.0'
+    )
     assert gauge in exposition
     assert out.count("relay C paths:") == 1, out
     assert "walk off (XSP_NATIVE=off)" in out

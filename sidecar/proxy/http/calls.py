@@ -92,6 +92,9 @@ class CallBook:
         self.connection_id = connection_id
         self.open: deque[Call] = deque()
         self.count = 0  # requests started on this connection (the next one's stream id - 1)
+        # a coin the C pump (`_httppump.c`) flipped for the next request and found picked:
+        # `start` goes on from it instead of flipping again (one draw a request)
+        self.drawn: float | None = None
 
     def start(
         self,
@@ -120,7 +123,12 @@ class CallBook:
                 coin = quick.coin
                 force = coin.hot.force_header
                 if force is None or b"\n" + force + b":" not in block.lower():
-                    if coin.rand() >= coin.hot.pick_rate:
+                    draw = self.drawn
+                    if draw is None:
+                        draw = coin.rand()
+                    else:
+                        self.drawn = None
+                    if draw >= coin.hot.pick_rate:
                         quick.started[0] += 1
                         call.quiet = quick.unpicked
                         return call, b""

@@ -52,11 +52,12 @@ import itertools
 import logging
 import socket
 import time
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from sidecar.endpoint import Endpoint, translate_bind_errors
+from sidecar.proxy import native
 from sidecar.proxy.http import refusals
-from sidecar.proxy.http.calls import CallBook
+from sidecar.proxy.http.calls import Call, CallBook
 from sidecar.proxy.http.limits import HttpLimits
 from sidecar.proxy.http.request_reader import Refused, RequestReader
 from sidecar.proxy.http.response_reader import BrokenResponse, ResponseReader
@@ -65,7 +66,18 @@ from sidecar.proxy.http.status import grpc_code
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.streams import ConnectionInfo, ObserverFactory
 
+if TYPE_CHECKING:
+    from sidecar.proxy._httppump import Pump
+
 log = logging.getLogger(__name__)
+
+# The client direction's C `data_received` (`_httppump.c`): whole requests (a Content-Length
+# body or none) forwarded and booked with no bytecode while the connection is RELAYING and
+# observed; the `data_received` below is the reference and takes every other chunk.
+# `native_http_pump` may be set to None to relay through Python only (the tests do).
+native_http_pump: type[Pump] | None
+_httppump = native.load("_httppump")  # None: not built, or XSP_NATIVE=off
+native_http_pump = None if _httppump is None else _httppump.Pump
 
 HIGH_WATER = 1 << 20
 LOW_WATER = 256 << 10
@@ -176,6 +188,22 @@ class _ClientProtocol(asyncio.Protocol):
         self._idle_since = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._unavailable_text = ""
+        # the C data_received of client chunks (None: Python's), routed once the backend is
+        # connected and armed by `arm` while RELAYING and observed
+        self.pump: Pump | None = None
+        if native_http_pump is not None:
+            self.pump = native_http_pump(self.data_received, self.close)
+            vars(self)["data_received"] = self.pump  # uvloop calls protocol.data_received
+
+    def arm(self) -> None:
+        """Let the C pump take client chunks while RELAYING and observed (after each change
+        of `state`, `backend` or `responses`); disarmed, it hands what it holds to Python."""
+        pump = self.pump
+        if pump is None:
+            return
+        armed = self.state is RELAYING and self.responses is not None and self.backend is not None
+        if pump.armed != armed:
+            pump.armed = armed
 
     # -- client side ----------------------------------------------------------------------
 
@@ -254,6 +282,8 @@ class _ClientProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = CLOSED
+        if self.pump is not None:
+            self.pump.release()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -301,18 +331,26 @@ class _ClientProtocol(asyncio.Protocol):
         if self.state is not CONNECTING:  # closed meanwhile
             transport.close()
             return
-        self.backend = cast(asyncio.Transport, transport)
-        self.state = RELAYING
+        backend = cast(asyncio.Transport, transport)
+        self.relaying(backend)
         pending, self.pending = self.pending, []
         for data in pending:
             self.data_received(data)
         if self.client_eof and self.state is RELAYING:
-            if self.backend.can_write_eof() and not self.backend.is_closing():
-                self.backend.write_eof()
+            if backend.can_write_eof() and not backend.is_closing():
+                backend.write_eof()
             else:
                 self.close()
         elif pending:
             self.transport.resume_reading()
+
+    def relaying(self, backend: asyncio.Transport) -> None:
+        """The backend connection is open: relay to it (the C pump routed to it and armed)."""
+        self.backend = backend
+        self.state = RELAYING
+        if self.pump is not None:
+            self.pump.route(backend, self.requests, self.relay.route_cache, Call)
+            self.arm()
 
     def _unavailable_data(self, data: bytes) -> None:
         """Client bytes while the backend is down: answer the first request with 503."""
@@ -353,6 +391,7 @@ class _ClientProtocol(asyncio.Protocol):
         if self.responses is None:
             return
         self.responses = None
+        self.arm()
         if reason:
             self.relay.metrics.observation_failures.labels("http_response").inc()
             log.warning(
@@ -379,6 +418,7 @@ class _ClientProtocol(asyncio.Protocol):
             self.book.end(cut, grpc_code(status, refused.message), refused.message)
         self.refusal = answer
         self.state = REFUSING
+        self.arm()
         self.transport.pause_reading()
         if not self.book.open or self.responses is None:
             self.send_refusal()
@@ -397,6 +437,7 @@ class _ClientProtocol(asyncio.Protocol):
         (closing with unread bytes could reset the connection before it reads the answer)."""
         self.state = CLOSING
         backend, self.backend = self.backend, None
+        self.arm()
         if backend is not None:
             backend.close()
         transport = self.transport
@@ -444,8 +485,9 @@ class _ClientProtocol(asyncio.Protocol):
             return
         if limits.idle_timeout_s is None:
             return
-        if self.activity != self._idle_mark or not self.idle():
-            self._idle_mark = self.activity
+        activity = self.activity + (0 if self.pump is None else self.pump.chunks)
+        if activity != self._idle_mark or not self.idle():
+            self._idle_mark = activity
             self._idle_since = now
         elif now - self._idle_since >= limits.idle_timeout_s:
             self.finish(b"")
@@ -471,6 +513,8 @@ class HttpRelay:
         self.limits = limits
         self.connect_timeout = connect_timeout
         self.connections: set[_ClientProtocol] = set()
+        # request line up to its version -> (method label, model): the C pump's routes
+        self.route_cache: dict[bytes, tuple[str, str | None]] = {}
         self._ids = itertools.count(1)
         self._server: asyncio.AbstractServer | None = None
         self._sweep_handle: asyncio.TimerHandle | None = None

@@ -145,7 +145,12 @@ class RequestReader:
             self.refused = _parser_refusal(exc)
             return []
         verb = parser.get_method()
-        target = block[block.find(b" ") + 1 : block.find(b" HTTP/")]  # llhttp checked the line
+        # llhttp checked the line; it also takes one with no version (HTTP/0.9's form), whose
+        # target `fields.framing` reads as the general path does (the fuzzer found the two
+        # paths naming different targets there)
+        line = block[: block.find(_CRLF)]
+        at = line.find(b" HTTP/")
+        target = line[line.find(b" ") + 1 : at] if at > 0 else line.split()[1]
         route = self.routes.http_route(verb, target)
         book = self.book
         call, extra = book.start(verb, target, route.method, route.model, block, length)
@@ -170,6 +175,13 @@ class RequestReader:
         if extra:
             return [data[: to - 2], extra, data[to - 2 :]]
         return None
+
+    def adopt(self, block: bytes) -> None:
+        """The C pump (`_httppump.c`) read `block`, a header block llhttp accepted whose
+        Content-Length body follows (none of it read yet), and set `call` and `body_left`:
+        this reader's parser reads the block too, so the body goes on here."""
+        self.headers_done = self.message_done = self.upgrade = False
+        self.parser.feed_data(block)
 
     def _body_end(self, data: bytes) -> list[Piece] | None:
         """`feed` of a chunk that is the rest of a Content-Length body, exactly."""
