@@ -135,6 +135,39 @@ def test_the_walker_stops_where_the_python_scanner_must_take_over() -> None:
         walk(sink, whole, len(whole) + 1, None)
 
 
+def test_the_walker_takes_each_frame_type_it_handles_and_leaves_the_others() -> None:
+    """Each type the fast path handles is taken whole (its payload read, or skipped where
+    nothing is observed); every other type (a push promise, a CONTINUATION with no header
+    block before it, an unknown type) is left to the Python scanner, which judges it."""
+    walk = frames.native_walk
+    assert walk is not None
+    f = frames
+    taken = {
+        f.DATA: frame(f.DATA, 0, 1, b"x"),
+        f.HEADERS: frame(f.HEADERS, f.FLAG_END_HEADERS, 1, b"\x82"),
+        f.PRIORITY: frame(f.PRIORITY, 0, 1, b"\0\0\0\0\x10"),
+        f.RST_STREAM: frame(f.RST_STREAM, 0, 1, b"\0\0\0\x08"),
+        f.SETTINGS: frame(f.SETTINGS, 0, 0, b""),
+        f.PING: frame(f.PING, 0, 0, b"12345678"),
+        f.GOAWAY: frame(f.GOAWAY, 0, 0, b"\0\0\0\1\0\0\0\0"),
+        f.WINDOW_UPDATE: frame(f.WINDOW_UPDATE, 0, 0, b"\0\0\1\0"),
+    }
+    for ftype, data in taken.items():
+        assert walk(RecordingSink(), data, 0, None) == len(data), ftype
+    left = {
+        f.PUSH_PROMISE: frame(f.PUSH_PROMISE, f.FLAG_END_HEADERS, 1, b"\0\0\0\2\x82"),
+        f.CONTINUATION: frame(f.CONTINUATION, f.FLAG_END_HEADERS, 1, b"\x82"),
+        0x0A: frame(0x0A, 0, 0, b"origin"),
+        0x0B: frame(0x0B, 0, 1, b"x"),
+    }
+    for ftype, data in left.items():
+        sink = RecordingSink()
+        assert walk(sink, data, 0, None) == 0 and sink.calls == [], ftype
+    stray = left[f.CONTINUATION] + taken[f.DATA]
+    assert observe_all(stray, [], walk) == observe_all(stray, [], None)
+    assert observe_all(stray, [], walk)[1]  # the scanner failed: no header block before it
+
+
 def test_a_sink_exception_propagates() -> None:
     class Failing(RecordingSink):
         def on_end_stream(self, stream_id: int) -> None:

@@ -93,9 +93,28 @@ def test_random_bytes(head: bytes, path: tuple[int, ...]) -> None:
 
 
 def test_paths_it_does_not_read_are_refused() -> None:
-    for path in [(), (-1,), (2**61,), tuple([1] * 9)]:
+    for path in [(), (-1,), (2**61,), tuple([1] * 9), [1], (1.0,), 1]:
         with pytest.raises(ValueError):
-            c_name(grpc_message(b""), path)
+            c_name(grpc_message(b""), path)  # type: ignore[arg-type]
+    deepest = tuple([1] * 8)  # the deepest path it reads
+    nested = b"m"
+    for _ in deepest:  # field 1 inside field 1, eight deep
+        nested = field_bytes(1, nested)
+    head = grpc_message(nested)
+    assert same(head, deepest) == "m"
+
+
+def test_a_message_size_is_read_from_all_four_prefix_bytes() -> None:
+    """Whether the head holds the whole message (no name: None) or not yet (NEED_MORE)
+    turns on the size in the 5-byte prefix: sizes past 64 KiB and 16 MiB, where each of its
+    four bytes counts, the head exactly the message or one byte short of it."""
+    for size in (0x01_02_03, 0x01_00_02_03 + 7):
+        tag = b"\x12" + _varint(size - 1 - len(_varint(size)))  # field 2: not the name
+        body = tag + b"x" * (size - len(tag))
+        assert len(body) == size
+        message = grpc_message(body)
+        assert same(message, (1,)) is None
+        assert same(message[:-1], (1,)) is NEED_MORE
 
 
 def test_a_tag_beyond_64_bits_is_not_a_small_field_number() -> None:
