@@ -456,3 +456,18 @@ def test_real_exchanges_in_hold_mode_make_the_same_calls_and_pieces(
     assert with_c == relay_all(data, cuts, None)
     assert not with_c[3]  # never failed
     assert with_c[4] == 0  # nothing held at the end
+
+
+def test_a_c_stream_record_has_every_field_of_the_python_one_each_settable() -> None:
+    """`_framewalk.Stream` stands in for `streams._PyStream`: the same fields, each read and
+    written as on the dataclass (Python code sets them on either)."""
+    native = streams._NativeStream
+    if native is None:
+        pytest.skip("the C stream record is not built here")
+    py = streams._PyStream(7, "/p", "M", (1,), 1.5)
+    c = native(7, "/p", "M", (1,), 1.5)
+    for name in STREAM_FIELDS:
+        assert getattr(c, name) == getattr(py, name), name
+        value = getattr(py, name)
+        setattr(c, name, value)  # raises where a member is read-only
+        assert getattr(c, name) == value, name

@@ -153,3 +153,16 @@ def built_heads(draw: st.DrawFn) -> tuple[bytes, tuple[int, ...]]:
 @given(built_heads())
 def test_heads_built_down_the_path(case: tuple[bytes, tuple[int, ...]]) -> None:
     same(*case)
+
+
+def test_extract_model_name_checks_its_arguments_and_releases_the_head() -> None:
+    """Three arguments, else TypeError; the head's buffer is released after each read (a
+    bytearray can then grow again), found or not."""
+    with pytest.raises(TypeError, match="extract_model_name"):
+        framewalk.extract_model_name(b"", (1,))
+    with pytest.raises(TypeError):
+        c_name(object(), (1,))  # type: ignore[arg-type]
+    req = service_pb2.ModelInferRequest(model_name="add_sub")
+    for head in (bytearray(grpc_message(req.SerializeToString())), bytearray(b"\0\0")):
+        c_name(head, (1,))
+        head.append(0)  # BufferError while the read still holds it
