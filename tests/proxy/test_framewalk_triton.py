@@ -123,7 +123,8 @@ def test_metrics_and_request_spans_are_the_same_with_the_walker_on_and_off(
     off_text, off = relay_traffic(triton, tmp_path / "off.db")
     paths_on, on_text_rest = paths_and_rest(sample_map(on_text))
     paths_off, off_text_rest = paths_and_rest(sample_map(off_text))
-    assert paths_on == {"walk": "on", "pump": "on", "message_walk": "on", "switch": "on"}
+    paths = {"walk": "on", "pump": "on", "message_walk": "on", "http_pump": "on", "switch": "on"}
+    assert paths_on == paths
     assert paths_off == {**paths_on, "walk": "off", "pump": "off"}
     assert set(on_text_rest) == set(off_text_rest)  # every series, timed too
     assert paths_and_rest(on)[1] == paths_and_rest(off)[1]
