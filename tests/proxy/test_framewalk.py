@@ -8,7 +8,10 @@ type, padding, priority, header blocks split into CONTINUATION frames, chunks cu
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
+import tracemalloc
+import weakref
 from typing import Any
 
 import pytest
@@ -471,3 +474,81 @@ def test_a_c_stream_record_has_every_field_of_the_python_one_each_settable() -> 
         value = getattr(py, name)
         setattr(c, name, value)  # raises where a member is read-only
         assert getattr(c, name) == value, name
+
+
+def c_stream() -> Any:
+    native = streams._NativeStream
+    if native is None:
+        pytest.skip("the C stream record is not built here")
+    return native(1, "/p", "M", (1,), 1.5)
+
+
+class Marker:
+    pass
+
+
+def test_a_freed_c_stream_record_releases_its_members_and_memory() -> None:
+    """A record dropped releases what it holds, leaves the cycle collector before (a member's
+    `__del__` may run a collection: it must not find the record being freed) and returns its
+    memory."""
+    st = c_stream()
+    held = Marker()
+    gone = weakref.ref(held)
+    st.model = held
+    del held
+    tracked: list[bool] = []
+
+    class Collecting:
+        def __del__(self) -> None:
+            gc.collect()
+            tracked.append(any(id(o) == freed for o in gc.get_objects()))
+
+    st.body = Collecting()
+    freed = id(st)
+    del st
+    assert gone() is None and tracked == [False]
+    tracemalloc.start()
+    try:
+        for _ in range(4):
+            c_stream()
+        start = tracemalloc.get_traced_memory()[0]
+        for _ in range(2000):
+            c_stream()
+        grown = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert grown < 16 * 1024, grown
+
+
+def test_calls_walked_in_c_leave_no_memory_behind() -> None:
+    """Unary calls whose records the walk updates in place (the head read for the model
+    name and replaced, the response's statuses) keep nothing once they have ended."""
+    if frames.native_walk is None or streams._NativeStream is None:
+        pytest.skip("the C walk is not built here")
+    conv = Conversation()
+    prefaces = bytes(conv.client), bytes(conv.server)
+    calls: list[tuple[bytes, bytes]] = []
+    for sid in range(1, 2 * 700, 2):
+        client_at, server_at = len(conv.client), len(conv.server)
+        conv.request(sid, INFER, infer_request("m" * 40))
+        conv.response(sid, b"\0" * 8)
+        calls.append((bytes(conv.client[client_at:]), bytes(conv.server[server_at:])))
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()))
+    tracker.request_scanner.observe(prefaces[0])
+    tracker.response_scanner.observe(prefaces[1])
+
+    def run(some: list[tuple[bytes, bytes]]) -> None:
+        for request, response in some:
+            tracker.request_scanner.observe(request)
+            tracker.response_scanner.observe(response)
+
+    run(calls[:200])
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        run(calls[200:])
+        grown = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert tracker.in_flight == 0 and not tracker.failed
+    assert grown < 16 * 1024, grown  # a leaked head (a bytearray) a call would be ~30 KiB
