@@ -936,12 +936,8 @@ def test_only_an_int_from_the_walk_reaches_the_scanners_python(hold: bool) -> No
     assert len(rests) == 1
 
 
-def test_after_the_fallback_took_a_chunk_the_next_asks_the_scanners_python() -> None:
-    """A chunk the pump hands to its fallback (here: not bytes) is scanned by the relay's
-    Python, which may leave the scanner inside a frame: the next chunk, once armed again,
-    goes to the scanner's Python, not to the walk, and the call is read whole."""
-    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()))
-    scanner = tracker.request_scanner
+def recording_walk() -> tuple[Callable[..., int], list[tuple[bytes, int]]]:
+    """The C walk, and the (chunk, start) of each call made to it."""
     walk_in_c = frames.native_walk
     assert walk_in_c is not None
     walked: list[tuple[bytes, int]] = []
@@ -949,6 +945,17 @@ def test_after_the_fallback_took_a_chunk_the_next_asks_the_scanners_python() -> 
     def walk(sink: Any, data: bytes, start: int, *rest: Any) -> int:
         walked.append((data, start))
         return walk_in_c(sink, data, start, *rest)
+
+    return walk, walked
+
+
+def test_after_the_fallback_took_a_chunk_the_next_asks_the_scanners_python() -> None:
+    """A chunk the pump hands to its fallback (here: not bytes) is scanned by the relay's
+    Python, which may leave the scanner inside a frame: the next chunk, once armed again,
+    goes to the scanner's Python, not to the walk, and the call is read whole."""
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()))
+    scanner = tracker.request_scanner
+    walk, walked = recording_walk()
 
     pump = Pump(lambda data: scanner.observe(bytes(data)), never_lost)
     pump.route(Peer(), scanner, walk)
@@ -1055,13 +1062,7 @@ def test_a_failed_route_raises_and_releases_what_it_read(failing: str) -> None:
 def test_a_pump_routed_again_asks_the_new_scanners_python_first() -> None:
     """route() forgets where the last scanner stood: the first chunk after it goes to the new
     scanner's Python (which says where it stands), not straight to the walk."""
-    walk_in_c = frames.native_walk
-    assert walk_in_c is not None
-    walked: list[tuple[bytes, int]] = []
-
-    def walk(sink: Any, data: bytes, start: int, *rest: Any) -> int:
-        walked.append((data, start))
-        return walk_in_c(sink, data, start, *rest)
+    walk, walked = recording_walk()
 
     pump, _tracker, _ = routed(Peer())
     first, call, _ = frame_aligned_calls(2)
