@@ -56,6 +56,8 @@ TESTS = {
         "tests/proxy/test_model_name_c.py",
         "tests/proxy/test_framewalk.py",
         "tests/proxy/test_framewalk_streams.py",
+        "tests/proxy/test_framewalk_counters.py",
+        "tests/proxy/test_framewalk_quick.py",
     ],
 }
 ORDER = ["_messagewalk.c", "_pump.c", "_framewalk.c", "_httppump.c"]
@@ -381,6 +383,12 @@ def main() -> int:
         "--grep", help="only mutants whose --list line contains this text (one mutant, say)"
     )
     parser.add_argument(
+        "--only",
+        type=Path,
+        help="only the mutants this file lists, one a line as a run prints them "
+        "(`_framewalk.c:312 constant 5 to 6: ...`): an earlier run's survivors, say",
+    )
+    parser.add_argument(
         "--no-baseline",
         action="store_true",
         help="skip the unmutated run (limits: --timeout, or 300 s CPU) to check a mutant or two",
@@ -406,6 +414,9 @@ def main() -> int:
             made = [m for m in made if int(lo) <= m.line <= int(hi or lo)]
         if args.grep:
             made = [m for m in made if args.grep in _listing(m)]
+        if args.only:
+            wanted = {line.strip() for line in args.only.read_text().splitlines()}
+            made = [m for m in made if _progress(m) in wanted]
         counts[file] = {"generated": len(made)}
         if args.sample and args.sample < len(made):
             made = random.Random(f"{args.seed}{file}").sample(made, args.sample)
@@ -509,7 +520,7 @@ def main() -> int:
                 mark = "SURVIVED " if outcome == "survived" else ""
                 print(
                     f"[{done_count}/{total} {elapsed:5.0f}s] {mark}{outcome:10} {took:5.1f}s "
-                    f"{m.file}:{m.line} {m.operator}: {m.after}",
+                    + _progress(m),
                     flush=True,
                 )
     finally:
@@ -521,6 +532,11 @@ def main() -> int:
     if args.report:
         args.report.write_text(report)
     return 1 if any(o == "survived" for o, _ in results.values()) else 0
+
+
+def _progress(m: Mutant) -> str:
+    """The mutant as a run's progress lines name it (what `--only` reads)."""
+    return f"{m.file}:{m.line} {m.operator}: {m.after}"
 
 
 def _listing(m: Mutant) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import itertools
+import sys
 import tracemalloc
 import weakref
 from typing import Any
@@ -180,6 +181,90 @@ def test_a_sink_exception_propagates() -> None:
     assert walk is not None
     with pytest.raises(KeyError):
         walk(Failing(), frame(frames.DATA, frames.FLAG_END_STREAM, 1, b""), 0, None)
+
+
+class Answer:
+    """A fresh object per sink answer (truthy or not): a weak reference tells whether anything
+    still holds it."""
+
+    def __init__(self, truth: bool) -> None:
+        self.truth = truth
+
+    def __bool__(self) -> bool:
+        return self.truth
+
+
+class AnsweringSink(RecordingSink):
+    """Answers every call with a fresh `Answer` (on_data: truthy for odd stream ids; a header
+    block: truthy, to be injected), keeps weak references to them; `emit_injected` (the walk's
+    `hold`) records its call and answers the same way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answers: list[weakref.ref[Answer]] = []
+
+    def answer(self, truth: bool = True) -> Answer:
+        made = Answer(truth)
+        self.answers.append(weakref.ref(made))
+        return made
+
+    def on_header_block(  # type: ignore[override]
+        self, stream_id: int, end_stream: bool, block: bytes, ftype: int
+    ) -> Answer:
+        super().on_header_block(stream_id, end_stream, block, ftype)
+        return self.answer()
+
+    def on_data(self, stream_id: int, length: int) -> Answer:  # type: ignore[override]
+        return self.answer(super().on_data(stream_id, length))
+
+    def on_data_payload(self, stream_id: int, chunk: bytes) -> Answer:  # type: ignore[override]
+        super().on_data_payload(stream_id, chunk)
+        return self.answer()
+
+    def on_end_stream(self, stream_id: int) -> Answer:  # type: ignore[override]
+        super().on_end_stream(stream_id)
+        return self.answer()
+
+    def on_control(  # type: ignore[override]
+        self, ftype: int, flags: int, stream_id: int, payload: bytes
+    ) -> Answer:
+        super().on_control(ftype, flags, stream_id, payload)
+        return self.answer()
+
+    def emit_injected(self, data: bytes, at: int, extra: object) -> Answer:
+        self.calls.append(("injected", at, bool(extra)))
+        return self.answer()
+
+
+def test_what_the_walk_gives_the_sink_and_the_sink_answers_is_released() -> None:
+    """Every object the walk makes for a sink call (a stream id, a length, a payload, a
+    position past 256: no cached small int) is held by the sink's records alone once the walk
+    returns, and every answer the sink gave is freed."""
+    walk = frames.native_walk
+    assert walk is not None
+    f = frames
+    data = (
+        frame(f.DATA, f.FLAG_END_STREAM, 1001, b"a" * 300)  # wanted: delivered
+        + frame(f.DATA, 0, 1002, b"b" * 300)  # not wanted
+        + frame(f.HEADERS, f.FLAG_END_HEADERS | f.FLAG_END_STREAM, 1003, b"\x82")
+        + frame(f.PING, 0, 0, b"12345678")
+        + frame(f.RST_STREAM, 0, 1005, b"\0\0\0\x08")
+    )
+    sink = AnsweringSink()
+    assert walk(sink, data, 0, sink) == len(data)
+    assert [c[0] for c in sink.calls] == [
+        "data", "payload", "end", "data", "headers", "injected", "control", "control",
+    ]  # fmt: skip
+    fresh: dict[int, list[Any]] = {}  # id -> [the object, how many records hold it]
+    for call in sink.calls:
+        for arg in call[1:]:
+            if (type(arg) is int and arg > 256) or (type(arg) is bytes and len(arg) > 1):
+                fresh.setdefault(id(arg), [arg, 0])[1] += 1
+    del arg
+    extra = {repr(x)[:20]: sys.getrefcount(x) - held for x, held in fresh.values()}
+    assert len(fresh) >= 8 and len(set(extra.values())) == 1, extra  # the records' only
+    gc.collect()
+    assert len(sink.answers) == 8 and all(ref() is None for ref in sink.answers)
 
 
 # -- hold mode: the same calls, and the same pieces forwarded ---------------------------------

@@ -439,17 +439,17 @@ def test_the_walks_coin_decides_as_the_hooks_given_the_same_draws(
     assert counts[0] >= counts[1] and not picked_flag
 
 
-def unary_connection() -> tuple[bytes, bytes, list[tuple[bytes, bytes]], int]:
-    """A connection's first bytes each way (preface, settings), three unary calls (stream ids
-    1, 3, 5) as request and response chunks (as a gRPC client and Triton send them), and the
-    request message's size."""
+def unary_connection(count: int = 3) -> tuple[bytes, bytes, list[tuple[bytes, bytes]], int]:
+    """A connection's first bytes each way (preface, settings), `count` unary calls (stream ids
+    1, 3, 5, ...) as request and response chunks (as a gRPC client and Triton send them), and
+    the request message's size."""
     conv = Conversation()
     start, server_start = bytes(conv.client), bytes(conv.server)
     req = service_pb2.ModelInferRequest(model_name="add_sub")
     req.raw_input_contents.append(b"\1" * 64)
     message = grpc_message(req.SerializeToString())
     calls = []
-    for sid in (1, 3, 5):
+    for sid in range(1, 2 * count, 2):
         client, server = len(conv.client), len(conv.server)
         conv.client += headers_frames(conv.client_encoder.encode(request_headers(INFER)), sid)
         conv.client += data_frames(message, sid, end_stream=True)

@@ -1,0 +1,286 @@
+"""The relay's own decisions in C (`QuickDecisions`), read as carefully as network bytes.
+
+Where the request direction's HPACK cache holds a new request's block, the C walk reads the
+hook's `quick` (its sets of methods, its coin, its force header, its `QuietEnd`s) and answers
+an unpicked request itself (`quick_answer`, `cached_request_start` in `_framewalk.c`). Those
+objects are the hook's, and may be anything: an attribute that raises, a set that is a list,
+a coin that answers a string, a cached header list of another shape. Each must give one of
+three outcomes, as its case says: decided in C, handed to the hook (as without the C walk), or
+observation stopped with every byte still forwarded; never a crash. And whatever the walk
+reads, over many calls decided and ended in C, it releases: no reference count grows.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar.proxy import frames, streams
+from sidecar.proxy.metrics import ProxyMetrics
+from sidecar.proxy.streams import (
+    ConnectionTracker,
+    QuickDecisions,
+    QuietEnd,
+    RequestStart,
+    StreamEnd,
+)
+from tests.proxy.test_framewalk_streams import unary_connection
+
+pytestmark = pytest.mark.skipif(
+    frames.native_walk is None or streams._NativeStream is None,
+    reason="the C frame walker is not built here",
+)
+
+RAISES = object()  # an attribute that raises when read
+
+
+class Faulty:
+    """Every attribute of `inner`, but those in `faults`: raised (RAISES) or that value;
+    writes go to `inner` (a fault of None for a write: it raises)."""
+
+    def __init__(self, inner: Any, faults: dict[str, Any]) -> None:
+        object.__setattr__(self, "_inner", inner)
+        object.__setattr__(self, "_faults", faults)
+
+    def __getattr__(self, name: str) -> Any:
+        fault = self._faults.get(name, self)
+        if fault is RAISES:
+            raise RuntimeError(f"{name} cannot be read")
+        return getattr(self._inner, name) if fault is self else fault
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._faults:
+            raise RuntimeError(f"{name} cannot be written")
+        setattr(self._inner, name, value)
+
+
+def never_picks() -> float:
+    return 0.5
+
+
+class Hook:
+    """Answers every request `quick.unpicked` (1 added to `quick.started[0]` first), as a
+    sampling hook with a coin that does not pick would; counts the requests it is asked."""
+
+    def __init__(self, per_call: frozenset[str], replayable: frozenset[str]) -> None:
+        self.ended = [0, 0]
+        self.per_model: dict[str, int] = {}
+        self.hot = SimpleNamespace(pick_rate=float("0.25"), force_header=b"x-force")
+        self.coin = SimpleNamespace(hot=self.hot, rand=never_picks)
+        self.unpicked = QuietEnd(self.ended, 1, self.per_model)
+        self.not_replayable = QuietEnd(self.ended, 0)
+        self.started = [0]
+        self.quick = QuickDecisions(
+            self.coin, per_call, replayable, self.started, self.unpicked, self.not_replayable
+        )  # fmt: skip
+        self.asked = 0
+
+    def on_request_headers(self, start: RequestStart) -> QuietEnd:
+        self.asked += 1
+        self.quick.started[0] += 1
+        return self.quick.unpicked if start.method in self.quick.replayable else (
+            self.quick.not_replayable
+        )  # fmt: skip
+
+    def on_request_body(self, stream_id: int, model: str | None, body: bytes) -> None:
+        raise AssertionError("an unpicked request's body is never given")
+
+    def on_stream_end(self, end: StreamEnd) -> None:
+        raise AssertionError("a quiet request's end is never given")
+
+
+COIN = (frozenset({"ModelInfer"}), frozenset({"ModelInfer"}))  # decided by a coin flip
+NEVER: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())  # a method never replayed
+
+
+def broken(where: str, faults: dict[str, Any]) -> Callable[[Hook, Any], None]:
+    """A change to the hook's `quick` graph: the object at `where` made `Faulty`."""
+
+    def apply(hook: Hook, tracker: ConnectionTracker) -> None:
+        if where == "quick":
+            tracker.quick = Faulty(hook.quick, faults)  # type: ignore[assignment]
+        elif where == "coin":
+            hook.quick.coin = Faulty(hook.coin, faults)
+        else:
+            hook.coin.hot = Faulty(hook.hot, faults)
+
+    return apply
+
+
+def headers_as(shape: Callable[[list[Any]], Any]) -> Callable[[Hook, Any], None]:
+    """A change to the request direction's cached header lists (only C reads them there)."""
+
+    def apply(hook: Hook, tracker: ConnectionTracker) -> None:
+        cache = tracker.request.decoder.cache
+        for block, (headers, summary) in list(cache.items()):
+            cache[block] = (shape(headers), summary)
+
+    return apply
+
+
+def force(name: Any) -> Callable[[Hook, Any], None]:
+    def apply(hook: Hook, tracker: ConnectionTracker) -> None:
+        hook.hot.force_header = name
+
+    return apply
+
+
+def rate(value: float) -> Callable[[Hook, Any], None]:
+    def apply(hook: Hook, tracker: ConnectionTracker) -> None:
+        hook.hot.pick_rate = value
+
+    return apply
+
+
+def first_name(hook: Hook, tracker: ConnectionTracker) -> None:
+    """The force header is the block's first field (":method")."""
+    headers, _ = next(iter(tracker.request.decoder.cache.values()))
+    hook.hot.force_header = headers[0][0]
+
+
+def picked_but_unwritable(hook: Hook, tracker: ConnectionTracker) -> None:
+    rate(0.75)(hook, tracker)
+    broken("quick", {"coin_picked": None})(hook, tracker)
+
+
+def names_as_str(headers: list[Any]) -> list[Any]:
+    return [(name.decode(), value) for name, value in headers]
+
+
+def raising_rand() -> float:
+    raise RuntimeError("no draw")
+
+
+# case -> (methods, the change before the third call, outcome: "C", "hook" or "fails")
+CASES: dict[str, tuple[tuple[frozenset[str], frozenset[str]], Any, str]] = {
+    "unpicked": (COIN, lambda hook, tracker: None, "C"),
+    "never replayed": (NEVER, lambda hook, tracker: None, "C"),
+    "replayable, not per call": (
+        (frozenset(), frozenset({"ModelInfer"})),
+        lambda hook, tracker: None,
+        "hook",
+    ),
+    "picked": (COIN, rate(0.75), "hook"),
+    "picked at a rate equal to the draw": (COIN, rate(0.5), "C"),
+    "no force header": (COIN, force(None), "C"),
+    "a force header of a present name": (COIN, force(b"te"), "hook"),
+    "a force header first in the block": (COIN, first_name, "hook"),
+    "a force header as long as a present name": (COIN, force(b":metho_"), "C"),
+    "a force header not bytes": (COIN, force("te"), "hook"),
+    "per_call unreadable": (COIN, broken("quick", {"per_call": RAISES}), "fails"),
+    "per_call a list": (COIN, broken("quick", {"per_call": ["ModelInfer"]}), "hook"),
+    "replayable unreadable": (NEVER, broken("quick", {"replayable": RAISES}), "fails"),
+    "replayable a list": (NEVER, broken("quick", {"replayable": []}), "hook"),
+    "not_replayable unreadable": (NEVER, broken("quick", {"not_replayable": RAISES}), "fails"),
+    "started unreadable (never replayed)": (NEVER, broken("quick", {"started": RAISES}), "fails"),
+    "coin unreadable": (COIN, broken("quick", {"coin": RAISES}), "fails"),
+    "hot unreadable": (COIN, broken("coin", {"hot": RAISES}), "fails"),
+    "force_header unreadable": (COIN, broken("hot", {"force_header": RAISES}), "fails"),
+    "pick_rate unreadable": (COIN, broken("hot", {"pick_rate": RAISES}), "fails"),
+    "pick_rate not a number": (COIN, broken("hot", {"pick_rate": "0.5"}), "fails"),
+    "rand unreadable": (COIN, broken("coin", {"rand": RAISES}), "fails"),
+    "rand raises": (COIN, broken("coin", {"rand": raising_rand}), "fails"),
+    "rand answers no number": (COIN, broken("coin", {"rand": lambda: "0.1"}), "fails"),
+    "coin_picked not writable": (COIN, picked_but_unwritable, "fails"),
+    "unpicked unreadable": (COIN, broken("quick", {"unpicked": RAISES}), "fails"),
+    "started unreadable": (COIN, broken("quick", {"started": RAISES}), "fails"),
+    "headers a tuple": (COIN, headers_as(tuple), "hook"),
+    "a header a list": (COIN, headers_as(lambda hs: [list(h) for h in hs]), "hook"),
+    "a header of three": (COIN, headers_as(lambda hs: [(*h, b"") for h in hs]), "hook"),
+    "a header's name a str": (COIN, headers_as(names_as_str), "hook"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_walk_decides_hands_over_or_stops_observing_never_worse(case: str) -> None:
+    methods, change, outcome = CASES[case]
+    start, server_start, calls, _ = unary_connection()
+    hook = Hook(*methods)
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=hook)
+    forwarded = tracker.request_scanner.process(start)
+    tracker.response_scanner.observe(server_start)
+    for i, (request, response) in enumerate(calls):
+        if i == 2:
+            change(hook, tracker)
+        forwarded += tracker.request_scanner.process(request)
+        tracker.response_scanner.observe(response)
+    assert b"".join(forwarded) == start + b"".join(request for request, _ in calls)
+    failed = tracker.request_scanner.failed
+    if outcome == "fails":
+        assert failed and hook.asked == 2
+        return
+    assert not failed and not tracker.response_scanner.failed
+    assert hook.asked == (2 if outcome == "C" else 3)
+    assert hook.started == [3] and not tracker.streams and not tracker.quiet_ends
+    replayed = "ModelInfer" in hook.quick.replayable and case != "replayable a list"
+    assert hook.ended == ([0, 3] if replayed else [3, 0])
+    assert hook.per_model == ({"add_sub": 3} if replayed else {})
+    if outcome == "C":
+        assert hook.quick.coin_picked is False
+
+
+def referenced(hook: Hook, tracker: ConnectionTracker) -> dict[str, Any]:
+    """Every object the walk reads to decide and end a call in C (those not shared with the
+    rest of the process: no small int, no None)."""
+    quick, coin, hot, metrics = hook.quick, hook.coin, hook.hot, tracker.metrics
+    return {
+        "observer": hook, "quick": quick, "per_call": quick.per_call,
+        "replayable": quick.replayable, "coin": coin, "hot": hot,
+        "force_header": hot.force_header, "pick_rate": hot.pick_rate, "rand": coin.rand,
+        "unpicked": quick.unpicked, "not_replayable": quick.not_replayable,
+        "started": quick.started, "ended": hook.ended, "per_model": hook.per_model,
+        "quiet_ends": tracker.quiet_ends, "metrics": metrics, "methods": metrics.methods,
+        "models": metrics.models, "codes": metrics.codes, "stats": metrics.stats,
+        "streams": tracker.streams,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("methods", [COIN, NEVER], ids=["unpicked", "never replayed"])
+def test_calls_decided_and_ended_in_c_release_what_they_read(
+    methods: tuple[frozenset[str], frozenset[str]],
+) -> None:
+    start, server_start, calls, _ = unary_connection(40)
+    hook = Hook(*methods)
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=hook)
+    tracker.request_scanner.process(start)
+    tracker.response_scanner.observe(server_start)
+    counts: list[dict[str, int]] = []
+    for i, (request, response) in enumerate(calls):
+        tracker.request_scanner.process(request)
+        tracker.response_scanner.observe(response)
+        if i in (2, len(calls) - 1):  # the first call decided in C, and the last
+            counts.append({k: sys.getrefcount(v) for k, v in referenced(hook, tracker).items()})
+    assert hook.asked == 2 and hook.started == [len(calls)]
+    assert counts[0] == counts[1]
+
+
+def test_the_draw_is_the_hooks_own_coin() -> None:
+    """The walk calls `coin.rand` once per request it decides, the value it compares."""
+    draws = random.Random(7)
+    made: list[float] = []
+
+    def rand() -> float:
+        made.append(draws.random())
+        return made[-1]
+
+    start, server_start, calls, _ = unary_connection(30)
+    hook = Hook(*COIN)
+    hook.coin.rand = rand
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=hook)
+    tracker.request_scanner.process(start)
+    tracker.response_scanner.observe(server_start)
+    for request, response in calls:
+        asked = hook.asked
+        tracker.request_scanner.process(request)
+        tracker.response_scanner.observe(response)
+        if made and asked == hook.asked:  # decided in C: unpicked
+            assert made[-1] >= hook.hot.pick_rate
+        hook.quick.coin_picked = False
+    picked = sum(d < hook.hot.pick_rate for d in made)
+    assert len(made) == len(calls) - 2 and hook.asked == 2 + picked
