@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from tritonclient.grpc import service_pb2
 
+from sidecar.backends.base import MethodInfo
 from sidecar.proxy import frames, streams
 from sidecar.proxy.frames import DATA, FLAG_END_STREAM
 from sidecar.proxy.inferences import InferenceEnd
@@ -576,3 +577,57 @@ def test_without_the_walker_the_sinks_do_the_same_work() -> None:
         assert {c[0] for c in sent.calls} == {"on_header_block"} | DATA_CALLS
     finally:
         frames.native_walk = saved
+
+
+def nested(path: tuple[int, ...], value: bytes) -> bytes:
+    """`value` as the length-delimited field at `path` (outermost first)."""
+    for num in reversed(path):
+        value = field_bytes(num, value)
+    return value
+
+
+MAX_PATH = 8  # the deepest model field path `_framewalk.c` reads itself
+
+
+@pytest.mark.parametrize(
+    "path",
+    [(1,), (2, 1), (3,) * MAX_PATH, (3,) * (MAX_PATH + 1), (2**61 - 1,), (2**61,)],
+    ids=lambda p: f"{len(p)} deep, field {p[0]}",
+)
+@pytest.mark.parametrize("frame_size", [16384, 3])
+def test_a_model_field_the_walk_cannot_read_is_read_by_the_sink(
+    path: tuple[int, ...], frame_size: int
+) -> None:
+    """A backend's model field path deeper than the walk reads, or a field number past its
+    bound, is left to the sink's Python: each request's model name is the same either way,
+    whole in one DATA frame or spread over many."""
+    message = grpc_message(field_bytes(9, b"x") + nested(path, b"deep-model"))
+    seen = []
+    for walker in (frames.native_walk, None):
+        saved = frames.native_walk
+        frames.native_walk = walker
+        try:
+            metrics = ProxyMetrics(
+                CollectorRegistry(), methods={INFER.encode(): MethodInfo("ModelInfer", path)}
+            )
+            tracker = ConnectionTracker(metrics)
+            conv = Conversation()
+            tracker.request_scanner.observe(bytes(conv.client))
+            models = []
+            for sid in (1, 3, 5):
+                at = len(conv.client)
+                conv.client += headers_frames(
+                    conv.client_encoder.encode(request_headers(INFER)), sid
+                )
+                conv.client += data_frames(message, sid, end_stream=True, max_size=frame_size)
+                tracker.request_scanner.observe(bytes(conv.client[at:]))
+                record = tracker.streams[sid]
+                models.append((type(record).__name__, record.model, record.head))
+            seen.append((models, tracker.request_scanner.failed))
+        finally:
+            frames.native_walk = saved
+    with_c, without = seen
+    assert [m[1:] for m in with_c[0]] == [m[1:] for m in without[0]]
+    assert with_c[0][0][0] == "Stream" and without[0][0][0] == "_PyStream"
+    assert with_c[1] is without[1] is False
+    assert with_c[0][0][1] == "deep-model"
