@@ -387,8 +387,8 @@ static int read_head(Stream *st, const char *payload, Py_ssize_t length) {
     PyObject *name = r == NAME_FOUND ? name_text(val, len) : Py_NewRef(Py_None);
     if (name == NULL)
         return -1;
-    replace(&st->model, name);
     replace(&st->head, Py_NewRef(Py_None));
+    replace(&st->model, name);
     return 0;
 }
 

@@ -212,7 +212,7 @@ class AnsweringSink(RecordingSink):
         self, stream_id: int, end_stream: bool, block: bytes, ftype: int
     ) -> Answer:
         super().on_header_block(stream_id, end_stream, block, ftype)
-        return self.answer()
+        return self.answer(stream_id % 4 == 3)  # falsy (not None): nothing to inject
 
     def on_data(self, stream_id: int, length: int) -> Answer:  # type: ignore[override]
         return self.answer(super().on_data(stream_id, length))
@@ -247,13 +247,15 @@ def test_what_the_walk_gives_the_sink_and_the_sink_answers_is_released() -> None
         frame(f.DATA, f.FLAG_END_STREAM, 1001, b"a" * 300)  # wanted: delivered
         + frame(f.DATA, 0, 1002, b"b" * 300)  # not wanted
         + frame(f.HEADERS, f.FLAG_END_HEADERS | f.FLAG_END_STREAM, 1003, b"\x82")
+        + frame(f.HEADERS, f.FLAG_END_HEADERS | f.FLAG_END_STREAM, 1005, b"\x82")
         + frame(f.PING, 0, 0, b"12345678")
         + frame(f.RST_STREAM, 0, 1005, b"\0\0\0\x08")
     )
     sink = AnsweringSink()
     assert walk(sink, data, 0, sink) == len(data)
     assert [c[0] for c in sink.calls] == [
-        "data", "payload", "end", "data", "headers", "injected", "control", "control",
+        "data", "payload", "end", "data", "headers", "injected", "headers", "control",
+        "control",
     ]  # fmt: skip
     fresh: dict[int, list[Any]] = {}  # id -> [the object, how many records hold it]
     for call in sink.calls:
@@ -264,7 +266,7 @@ def test_what_the_walk_gives_the_sink_and_the_sink_answers_is_released() -> None
     extra = {repr(x)[:20]: sys.getrefcount(x) - held for x, held in fresh.values()}
     assert len(fresh) >= 8 and len(set(extra.values())) == 1, extra  # the records' only
     gc.collect()
-    assert len(sink.answers) == 8 and all(ref() is None for ref in sink.answers)
+    assert len(sink.answers) == 9 and all(ref() is None for ref in sink.answers)
 
 
 # -- hold mode: the same calls, and the same pieces forwarded ---------------------------------

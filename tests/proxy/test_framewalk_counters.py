@@ -211,3 +211,22 @@ def test_a_request_decided_in_c_counts_its_start_as_the_hook_would(kind: str) ->
     assert c_started.python_sets == ([] if native else [0])
     if isinstance(c_started, array.array):
         c_started.append(0)
+
+
+class Wrapping(WatchedArray):
+    """Native 64-bit ints whose own item methods take any index (modulo its length)."""
+
+    def __getitem__(self, key: Any) -> Any:
+        return super().__getitem__(key % len(self))
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key % len(self), value)
+
+
+def test_an_index_past_a_machine_word_reaches_the_containers_own_methods() -> None:
+    """An index no `Py_ssize_t` holds is no in-place bump: the container's own `seq[key] += 1`
+    gets it, with nothing left over from the failed conversion."""
+    with_c = third_call(frames.native_walk, [0], c_ended := watched(Wrapping("q", [5, 7])), 2**70)
+    without = third_call(None, [0], watched(Wrapping("q", [5, 7])), 2**70)
+    assert with_c[:4] == without[:4] == ([1], [6, 7], {"add_sub": 3}, (False, False))
+    assert with_c[4] == 2 and c_ended.python_sets == [0]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import sys
+import time
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -284,3 +285,25 @@ def test_the_draw_is_the_hooks_own_coin() -> None:
         hook.quick.coin_picked = False
     picked = sum(d < hook.hot.pick_rate for d in made)
     assert len(made) == len(calls) - 2 and hook.asked == 2 + picked
+
+
+def test_a_request_decided_in_c_is_stamped_as_the_sink_stamps_one() -> None:
+    """Its record's wall-clock start (`time.time_ns`), monotonic start and path text, as
+    `ConnectionTracker.ask_observer` sets them."""
+    start, server_start, calls, _ = unary_connection()
+    hook = Hook(*COIN)
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=hook)
+    tracker.request_scanner.process(start)
+    tracker.response_scanner.observe(server_start)
+    for request, response in calls[:2]:
+        tracker.request_scanner.process(request)
+        tracker.response_scanner.observe(response)
+    wall, clock = time.time_ns(), time.perf_counter()
+    tracker.request_scanner.process(calls[2][0])
+    wall_after, clock_after = time.time_ns(), time.perf_counter()
+    assert hook.asked == 2  # decided in C
+    record = tracker.streams[5]
+    assert type(record) is streams._NativeStream
+    assert wall <= record.start_ns <= wall_after
+    assert clock <= record.start <= record.request_end <= clock_after
+    assert record.path_text == "/inference.GRPCInferenceService/ModelInfer"

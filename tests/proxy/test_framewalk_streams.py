@@ -237,7 +237,8 @@ def connections(draw: st.DrawFn) -> list[tuple[bool, bytes]]:
             body = b"".join(stream_response("add_sub", str(i)) for i in range(2))
         else:
             body = grpc_message(b"\x0a\x03out" + b"\0" * draw(st.sampled_from([0, 5000])))
-        conv.server += data_frames(body, sid, max_size=draw(st.sampled_from([16384, 50])))
+        sizes = [16384, 50, 1] if kinds[sid] == "stream" else [16384, 50]  # 1: byte by byte
+        conv.server += data_frames(body, sid, max_size=draw(st.sampled_from(sizes)))
         trailers = [("grpc-status", str(status))] + ([("grpc-message", "bad%20x")] * status)
         conv.server += headers_frames(enc.encode(trailers), sid, end_stream=True)
 
