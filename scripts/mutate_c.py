@@ -58,6 +58,7 @@ TESTS = {
         "tests/proxy/test_framewalk_streams.py",
         "tests/proxy/test_framewalk_counters.py",
         "tests/proxy/test_framewalk_quick.py",
+        "tests/proxy/test_framewalk_endings.py",
     ],
 }
 ORDER = ["_messagewalk.c", "_pump.c", "_framewalk.c", "_httppump.c"]

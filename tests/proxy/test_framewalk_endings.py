@@ -1,0 +1,286 @@
+"""A call's end in C (`ending_ready`, `end_call` in `_framewalk.c`), read as carefully as
+network bytes.
+
+Where the response direction's HPACK cache holds a call's trailers and the hook wants nothing
+at its end (no hook, or a `QuietEnd`), the walk ends the call itself: the in-flight count, the
+call's counters and histogram in `ProxyMetrics`, the `QuietEnd`'s counts. What it reads (the
+tracker's quiet ends, the metrics' label sets and tables, the `QuietEnd` and its counters) may
+be anything the Python allows. Each case must give one of three outcomes: ended in C, handed
+to the sink (which ends it as without the C walk), or observation stopped with every byte
+still forwarded; the counts of a call ended either way are the same.
+"""
+
+from __future__ import annotations
+
+from collections import UserDict
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar.proxy import frames, streams
+from sidecar.proxy.metrics import ProxyMetrics
+from sidecar.proxy.streams import ConnectionTracker, QuietEnd, RequestStart, StreamEnd
+from tests.proxy.proxy_h2build import Conversation
+from tests.proxy.test_framewalk import Recorder
+from tests.proxy.test_framewalk_quick import RAISES, Faulty
+from tests.proxy.test_framewalk_streams import INFER
+
+pytestmark = pytest.mark.skipif(
+    frames.native_walk is None or streams._NativeStream is None,
+    reason="the C frame walker is not built here",
+)
+
+
+class Hook:
+    """Answers every request with `answer` (a `QuietEnd` counted in `ended[1]` by model
+    label, unless a case changes it); records the ends it is given."""
+
+    def __init__(self) -> None:
+        self.ended = [0, 0]
+        self.per_model: dict[str, int] = {}
+        self.answer: Any = QuietEnd(self.ended, 1, self.per_model)
+        self.ends: list[StreamEnd] = []
+
+    def on_request_headers(self, start: RequestStart) -> Any:
+        return self.answer
+
+    def on_request_body(self, stream_id: int, model: str | None, body: bytes) -> None:
+        raise AssertionError("no body is asked for")
+
+    def on_stream_end(self, end: StreamEnd) -> None:
+        self.ends.append(end)
+
+
+def calls(message: bytes) -> tuple[bytes, bytes, list[tuple[bytes, bytes]]]:
+    """Three unary calls (stream ids 1, 3, 5) of `message`, each answered OK."""
+    conv = Conversation()
+    start, server_start = bytes(conv.client), bytes(conv.server)
+    out = []
+    for sid in (1, 3, 5):
+        client, server = len(conv.client), len(conv.server)
+        conv.request(sid, INFER, message)
+        conv.response(sid, b"\x0a\x03out")
+        out.append((bytes(conv.client[client:]), bytes(conv.server[server:])))
+    return start, server_start, out
+
+
+ADD_SUB = b"\x0a\x07add_sub"  # ModelInferRequest.model_name = "add_sub"
+
+
+class PropertyFault:
+    """Makes one attribute of an object raise, by giving it a subclass with that property."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, obj: Any) -> None:
+        def broken(_: Any) -> Any:
+            raise RuntimeError(f"{self.name} cannot be read")
+
+        obj.__class__ = type("Broken", (type(obj),), {self.name: property(broken)})
+
+
+class Evil:
+    """A key that collides with stream id 5 and, once armed, cannot be compared."""
+
+    armed = False
+
+    def __hash__(self) -> int:
+        return 5
+
+    def __eq__(self, other: object) -> bool:
+        if self.armed:
+            raise RuntimeError("no comparison")
+        return False
+
+
+def evil_key() -> Any:
+    """A key in the quiet ends before stream 5's (so a lookup of 5 meets it), armed once 5
+    is in."""
+    key = Evil()
+
+    def insert(hook: Hook, tracker: ConnectionTracker) -> None:
+        tracker.quiet_ends[key] = None  # type: ignore[index]
+
+    def arm(hook: Hook, tracker: ConnectionTracker) -> None:
+        key.armed = True
+
+    insert.at_request = True  # type: ignore[attr-defined]
+    insert.then = arm  # type: ignore[attr-defined]
+    return insert
+
+
+class Labels(list):  # type: ignore[type-arg]
+    """A label set that is not a set (ProxyMetrics' `models` as a list)."""
+
+    def add(self, name: str) -> None:
+        self.append(name)
+
+
+class PerModel(UserDict):  # type: ignore[type-arg]
+    """A QuietEnd's per-model counts in a mapping that is not a dict."""
+
+
+def on_tracker(change: Callable[[ConnectionTracker], None]) -> Any:
+    return lambda hook, tracker: change(tracker)
+
+
+def on_metrics(change: Callable[[ProxyMetrics], None]) -> Any:
+    return lambda hook, tracker: change(tracker.metrics)
+
+
+def answer(make: Callable[[Hook], Any]) -> Any:
+    """The hook's answer to the third request (made before it: every other change is made
+    between the third request and its response)."""
+
+    def apply(hook: Hook, tracker: ConnectionTracker) -> None:
+        hook.answer = make(hook)
+
+    apply.at_request = True  # type: ignore[attr-defined]
+    return apply
+
+
+def stats_of(change: Callable[[Any], Any]) -> Any:
+    """Every CallStats of the metrics replaced by `change(stats)`."""
+
+    def apply(hook: Hook, tracker: ConnectionTracker) -> None:
+        table = tracker.metrics.stats
+        for key, value in list(table.items()):
+            table[key] = change(value)
+
+    return apply
+
+
+def models_over_the_bound(metrics: ProxyMetrics) -> None:
+    metrics.models.clear()
+    metrics.max_models = 0
+
+
+# case -> (the request message, the change before the third call, outcome: "C", "sink" or
+# "fails")
+CASES: dict[str, tuple[bytes, Any, str]] = {
+    "as is": (ADD_SUB, lambda hook, tracker: None, "C"),
+    "no model name": (b"\x12\x02xy", lambda hook, tracker: None, "C"),
+    "an empty model name": (b"\x0a\x00", lambda hook, tracker: None, "C"),
+    "the hook wants the end": (ADD_SUB, answer(lambda hook: None), "sink"),
+    "quiet_ends unreadable": (ADD_SUB, on_tracker(PropertyFault("quiet_ends")), "fails"),
+    "quiet_ends not a dict": (
+        ADD_SUB,
+        on_tracker(lambda t: setattr(t, "quiet_ends", UserDict(t.quiet_ends))),
+        "sink",
+    ),
+    "quiet_ends' lookup raises": (ADD_SUB, evil_key(), "fails"),
+    "metrics unreadable": (ADD_SUB, on_tracker(PropertyFault("metrics")), "fails"),
+    "models unreadable": (ADD_SUB, on_metrics(PropertyFault("models")), "fails"),
+    "models not a set": (
+        ADD_SUB,
+        on_metrics(lambda m: setattr(m, "models", Labels(m.models))),
+        "sink",
+    ),
+    "a model past the label bound": (ADD_SUB, on_metrics(models_over_the_bound), "sink"),
+    "codes unreadable": (ADD_SUB, on_metrics(PropertyFault("codes")), "fails"),
+    "stats unreadable": (ADD_SUB, on_metrics(PropertyFault("stats")), "fails"),
+    "codes not a dict": (
+        ADD_SUB,
+        on_metrics(lambda m: setattr(m, "codes", UserDict(m.codes))),
+        "sink",
+    ),
+    "stats not a dict": (
+        ADD_SUB,
+        on_metrics(lambda m: setattr(m, "stats", UserDict(m.stats))),
+        "sink",
+    ),
+    "a label set's first call": (ADD_SUB, on_metrics(lambda m: m.codes.clear()), "sink"),
+    "a label pair's first call": (ADD_SUB, on_metrics(lambda m: m.stats.clear()), "sink"),
+    "per_model not a dict": (
+        ADD_SUB,
+        answer(lambda h: QuietEnd(h.ended, 1, PerModel(h.per_model))),
+        "C",
+    ),
+    "per_model's get raises": (
+        ADD_SUB,
+        answer(lambda h: QuietEnd(h.ended, 1, Faulty(PerModel(), {"get": RAISES}))),
+        "fails",
+    ),
+    "no per_model": (ADD_SUB, answer(lambda h: QuietEnd(h.ended, 1)), "C"),
+    "ended unreadable": (
+        ADD_SUB,
+        answer(lambda h: Faulty(h.answer, {"ended": RAISES})),
+        "fails",
+    ),
+    "index unreadable": (
+        ADD_SUB,
+        answer(lambda h: Faulty(h.answer, {"index": RAISES})),
+        "fails",
+    ),
+    "per_model unreadable": (
+        ADD_SUB,
+        answer(lambda h: Faulty(h.answer, {"per_model": RAISES})),
+        "fails",
+    ),
+    "buckets unreadable": (ADD_SUB, stats_of(lambda s: Faulty(s, {"buckets": RAISES})), "fails"),
+    "count not writable": (ADD_SUB, stats_of(lambda s: Faulty(s, {"count": None})), "fails"),
+    "sum not writable": (ADD_SUB, stats_of(lambda s: Faulty(s, {"sum": None})), "fails"),
+    "request_bytes not writable": (
+        ADD_SUB,
+        stats_of(lambda s: Faulty(s, {"request_bytes": None})),
+        "fails",
+    ),
+    "response_bytes not writable": (
+        ADD_SUB,
+        stats_of(lambda s: Faulty(s, {"response_bytes": None})),
+        "fails",
+    ),
+}
+
+
+def counted(hook: Hook, tracker: ConnectionTracker) -> tuple[Any, ...]:
+    """What the three calls' ends leave counted (the metrics read through `ProxyMetrics`'s
+    own tables, whatever their kind)."""
+    metrics = tracker.metrics
+    codes = {k: v for k, v in dict(metrics.codes).items() if v}
+    stats = {
+        k: (s.count, s.request_bytes, s.response_bytes, sum(s.buckets))
+        for k, s in dict(metrics.stats).items()
+    }
+    return hook.ended, dict(hook.per_model), len(hook.ends), codes, stats, metrics.open_streams
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_walk_ends_a_call_hands_it_over_or_stops_observing_never_worse(case: str) -> None:
+    message, change, outcome = CASES[case]
+    start, server_start, exchanges = calls(message)
+    hook = Hook()
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=hook)
+    forwarded = tracker.request_scanner.process(start)
+    tracker.response_scanner.observe(server_start)
+    received = tracker.response_scanner.sink = Recorder(tracker.response)
+    at_request = getattr(change, "at_request", False)
+    for i, (request, response) in enumerate(exchanges):
+        if i == 2 and at_request:
+            change(hook, tracker)
+        forwarded += tracker.request_scanner.process(request)
+        after = getattr(change, "then", None) if at_request else change
+        if i == 2 and after is not None:
+            after(hook, tracker)
+        tracker.response_scanner.observe(response)
+    assert b"".join(forwarded) == start + b"".join(request for request, _ in exchanges)
+    if outcome == "fails":
+        assert tracker.response_scanner.failed
+        return
+    assert not tracker.request_scanner.failed and not tracker.response_scanner.failed
+    by_sink = [c[1] for c in received.calls if c[0] == "on_header_block"]
+    assert by_sink == ([1, 1, 3, 3, 5] if outcome == "sink" else [1, 1, 3, 3])  # its trailers
+    assert not tracker.streams and tracker.in_flight == 0
+    ended, _, ends, codes, stats, _ = counted(hook, tracker)
+    assert sum(ended) + ends == 3
+    cleared = case in ("a label set's first call", "a label pair's first call")  # counts anew
+    assert sum(codes.values()) == (1 if "label set" in case else 3)
+    assert sum(s[0] for s in stats.values()) == sum(s[3] for s in stats.values())
+    assert sum(s[0] for s in stats.values()) == (1 if "label pair" in case else 3)
+    per_model = hook.answer.per_model if isinstance(hook.answer, QuietEnd) else None
+    if per_model is not None and message == ADD_SUB and not cleared:
+        bound = case == "a model past the label bound"  # the third call under "_other"
+        assert dict(per_model) == ({"add_sub": 2, "_other": 1} if bound else {"add_sub": 3})
