@@ -260,7 +260,7 @@ def connections(draw: st.DrawFn) -> list[tuple[bool, bytes]]:
             else:
                 body = unary_body(draw, kind)
             tiny = len(body) < 400 and draw(st.booleans())  # the name over several frames
-            size = draw(st.sampled_from([3, 7])) if tiny else draw(st.sampled_from([16384, 700]))
+            size = draw(st.sampled_from([1, 3, 7])) if tiny else draw(st.sampled_from([16384, 700]))
             pad = draw(st.sampled_from([0, 0, 0, 2]))
             ending = draw(st.sampled_from(["end", "end", "empty-end", "reset"]))
             conv.client += data_frames(
@@ -595,7 +595,7 @@ MAX_PATH = 8  # the deepest model field path `_framewalk.c` reads itself
     [(1,), (2, 1), (3,) * MAX_PATH, (3,) * (MAX_PATH + 1), (2**61 - 1,), (2**61,)],
     ids=lambda p: f"{len(p)} deep, field {p[0]}",
 )
-@pytest.mark.parametrize("frame_size", [16384, 3])
+@pytest.mark.parametrize("frame_size", [16384, 3, 1])
 def test_a_model_field_the_walk_cannot_read_is_read_by_the_sink(
     path: tuple[int, ...], frame_size: int
 ) -> None:
