@@ -125,6 +125,19 @@ def headers_as(shape: Callable[[list[Any]], Any]) -> Callable[[Hook, Any], None]
     return apply
 
 
+def entries_as(shape: Callable[[tuple[Any, Any]], Any]) -> Callable[[Hook, Any], None]:
+    """The request direction's cached entries ((headers, (path, timeout, MethodInfo)))
+    reshaped: the walk takes only the exact shape, the sink's Python unpacks any sequence of
+    the right lengths."""
+
+    def apply(hook: Hook, tracker: ConnectionTracker) -> None:
+        cache = tracker.request.decoder.cache
+        for block, entry in list(cache.items()):
+            cache[block] = shape(entry)
+
+    return apply
+
+
 def force(name: Any) -> Callable[[Hook, Any], None]:
     def apply(hook: Hook, tracker: ConnectionTracker) -> None:
         hook.hot.force_header = name
@@ -192,6 +205,10 @@ CASES: dict[str, tuple[tuple[frozenset[str], frozenset[str]], Any, str]] = {
     "unpicked unreadable": (COIN, broken("quick", {"unpicked": RAISES}), "fails"),
     "started unreadable": (COIN, broken("quick", {"started": RAISES}), "fails"),
     "headers a tuple": (COIN, headers_as(tuple), "hook"),
+    "a cached entry a list": (COIN, entries_as(list), "hook"),
+    "a cached summary a list": (COIN, entries_as(lambda e: (e[0], list(e[1]))), "hook"),
+    "a cached entry of three": (COIN, entries_as(lambda e: (*e, None)), "fails"),
+    "a cached summary of four": (COIN, entries_as(lambda e: (e[0], (*e[1], None))), "fails"),
     "a header a list": (COIN, headers_as(lambda hs: [list(h) for h in hs]), "hook"),
     "a header of three": (COIN, headers_as(lambda hs: [(*h, b"") for h in hs]), "hook"),
     "a header's name a str": (COIN, headers_as(names_as_str), "hook"),
