@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import UserDict
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -80,6 +81,24 @@ class PropertyFault:
             raise RuntimeError(f"{self.name} cannot be read")
 
         obj.__class__ = type("Broken", (type(obj),), {self.name: property(broken)})
+
+
+class ReadOnce:
+    """Makes one attribute of an object readable once more, then raising."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, obj: Any) -> None:
+        value, reads = getattr(obj, self.name), [0]
+
+        def once(_: Any) -> Any:
+            reads[0] += 1
+            if reads[0] > 1:
+                raise RuntimeError(f"{self.name} read twice")
+            return value
+
+        obj.__class__ = type("Broken", (type(obj),), {self.name: property(once)})
 
 
 class Evil:
@@ -215,6 +234,24 @@ CASES: dict[str, tuple[bytes, Any, str]] = {
     "a cached summary of four": (
         ADD_SUB,
         response_cache(lambda e: (e[0], (*e[1], None))),
+        "fails",
+    ),
+    "open_streams unreadable": (ADD_SUB, on_metrics(PropertyFault("open_streams")), "fails"),
+    "codes readable once": (ADD_SUB, on_metrics(ReadOnce("codes")), "fails"),
+    "a count not a number": (
+        ADD_SUB,
+        on_metrics(lambda m: m.codes.update(dict.fromkeys(m.codes, "3"))),
+        "fails",
+    ),
+    "buckets a tuple": (ADD_SUB, stats_of(lambda s: Faulty(s, {"buckets": (0,) * 20})), "fails"),
+    "per_model's count not a number": (
+        ADD_SUB,
+        answer(lambda h: QuietEnd(h.ended, 1, {"add_sub": "2"})),
+        "fails",
+    ),
+    "per_model read-only": (
+        ADD_SUB,
+        answer(lambda h: QuietEnd(h.ended, 1, MappingProxyType(h.per_model))),
         "fails",
     ),
     "a label set's first call": (ADD_SUB, on_metrics(lambda m: m.codes.clear()), "sink"),
