@@ -23,6 +23,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.proxy import frames, streams
+from sidecar.proxy.frames import ScanError
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.streams import (
     ConnectionTracker,
@@ -239,8 +240,7 @@ def test_the_walk_decides_hands_over_or_stops_observing_never_worse(case: str) -
     replayed = "ModelInfer" in hook.quick.replayable and case != "replayable a list"
     assert hook.ended == ([0, 3] if replayed else [3, 0])
     assert hook.per_model == ({"add_sub": 3} if replayed else {})
-    if outcome == "C":
-        assert hook.quick.coin_picked is False
+    assert hook.quick.coin_picked is False  # picked by the walk: freed after the hook's turn
 
 
 def referenced(hook: Hook, tracker: ConnectionTracker) -> dict[str, Any]:
@@ -324,3 +324,39 @@ def test_a_request_decided_in_c_is_stamped_as_the_sink_stamps_one() -> None:
     assert wall <= record.start_ns <= wall_after
     assert clock <= record.start <= record.request_end <= clock_after
     assert record.path_text == "/inference.GRPCInferenceService/ModelInfer"
+
+
+class FailingSink:
+    """The request direction's sink, but a header block raises `ScanError("protocol")`."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def on_header_block(self, *args: Any) -> Any:
+        raise ScanError("protocol", "the sink failed")
+
+
+def test_a_picked_requests_sink_failure_is_the_one_reported_and_the_coin_is_freed() -> None:
+    """The walk flipped the coin (picked), then the sink raised: the coin is freed for later
+    requests (`coin_picked` False again) and the sink's own error is the one observation
+    stops with."""
+    registry = CollectorRegistry()
+    start, server_start, calls, _ = unary_connection()
+    hook = Hook(*COIN)
+    tracker = ConnectionTracker(ProxyMetrics(registry), observer=hook)
+    forwarded = tracker.request_scanner.process(start)
+    tracker.response_scanner.observe(server_start)
+    for request, response in calls[:2]:
+        forwarded += tracker.request_scanner.process(request)
+        tracker.response_scanner.observe(response)
+    hook.hot.pick_rate = 0.75
+    tracker.request_scanner.sink = FailingSink(tracker.request_scanner.sink)
+    forwarded += tracker.request_scanner.process(calls[2][0])
+    assert b"".join(forwarded) == start + b"".join(request for request, _ in calls)
+    assert tracker.request_scanner.failed and hook.quick.coin_picked is False
+    failures = "xsp_observation_failures_total"
+    assert registry.get_sample_value(failures, {"reason": "protocol"}) == 1
+    assert registry.get_sample_value(failures, {"reason": "internal"}) is None
