@@ -360,3 +360,53 @@ def test_a_picked_requests_sink_failure_is_the_one_reported_and_the_coin_is_free
     failures = "xsp_observation_failures_total"
     assert registry.get_sample_value(failures, {"reason": "protocol"}) == 1
     assert registry.get_sample_value(failures, {"reason": "internal"}) is None
+
+
+def test_counts_made_in_c_release_the_numbers_they_replace() -> None:
+    """Each count the walk adds to (the call's counters and histogram, the in-flight gauge,
+    the hook's started and ended counts, its per-model counts) holds a number past the small
+    ints CPython shares; once calls have been decided and ended in C, nothing but the test
+    holds the numbers they replaced, and each new number is held by its container alone."""
+    start, server_start, calls, _ = unary_connection(6)
+    hook = Hook(*COIN)
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=hook)
+    tracker.request_scanner.process(start)
+    tracker.response_scanner.observe(server_start)
+    for request, response in calls[:3]:
+        tracker.request_scanner.process(request)
+        tracker.response_scanner.observe(response)
+    metrics, big = tracker.metrics, 10**12
+    for stats in metrics.stats.values():
+        stats.count, stats.sum = big + 1, float(big)
+        stats.request_bytes, stats.response_bytes = big + 2, big + 3
+        stats.buckets = [big + 10 + i for i in range(len(stats.buckets))]
+    metrics.codes.update(dict.fromkeys(metrics.codes, big + 4))
+    metrics.open_streams = big + 5
+    hook.started[0], hook.ended[1] = big + 6, big + 7
+    hook.per_model["add_sub"] = big + 8
+
+    def numbers() -> list[Any]:
+        out: list[Any] = [metrics.open_streams, hook.started[0], hook.ended[1]]
+        out += [hook.per_model["add_sub"], *metrics.codes.values()]
+        for stats in metrics.stats.values():
+            out += [stats.count, stats.sum, stats.request_bytes, stats.response_bytes]
+            out += stats.buckets
+        return out
+
+    replaced = numbers()
+    for request, response in calls[3:]:
+        tracker.request_scanner.process(request)
+        tracker.response_scanner.observe(response)
+    assert hook.asked == 2  # all four decided and ended in C
+    now = numbers()
+    control = [float(big)]  # held by its list alone
+    gone = [x for x in replaced if all(x is not y for y in now)]
+    # the in-flight gauge, started, ended, per model, the code's count, the call's count, sum,
+    # bytes each way, one bucket (the others unchanged)
+    assert len(gone) == 10
+    held = {sys.getrefcount(x) for x in gone}
+    assert held == {sys.getrefcount(x) for x in control}, held
+    new = [x for x in now if all(x is not y for y in replaced)]
+    held_now = {sys.getrefcount(x) for x in new}
+    assert held_now == {sys.getrefcount(x) + 2 for x in control}, held_now  # container, `now`
+    assert hook.started[0] == big + 9 and metrics.open_streams == big + 5
