@@ -13,7 +13,7 @@ still forwarded; the counts of a call ended either way are the same.
 from __future__ import annotations
 
 from collections import UserDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import MappingProxyType
 from typing import Any
 
@@ -21,7 +21,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.proxy import frames, streams
-from sidecar.proxy.metrics import ProxyMetrics
+from sidecar.proxy.metrics import DURATION_BUCKETS, ProxyMetrics
+from sidecar.proxy.model_name import UNKNOWN_MODEL
 from sidecar.proxy.streams import ConnectionTracker, QuietEnd, RequestStart, StreamEnd
 from tests.proxy.proxy_h2build import Conversation
 from tests.proxy.test_framewalk import Recorder
@@ -310,9 +311,10 @@ def counted(hook: Hook, tracker: ConnectionTracker) -> tuple[Any, ...]:
     return hook.ended, dict(hook.per_model), len(hook.ends), codes, stats, metrics.open_streams
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_the_walk_ends_a_call_hands_it_over_or_stops_observing_never_worse(case: str) -> None:
-    message, change, outcome = CASES[case]
+def run(message: bytes, change: Any) -> tuple[Hook, ConnectionTracker, Recorder, bytes, bytes]:
+    """The three calls with sampling on, `change` made before the third call's response (or
+    its request): the hook, the tracker, the response sink's record, what was forwarded and
+    what should have been."""
     start, server_start, exchanges = calls(message)
     hook = Hook()
     tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=hook)
@@ -328,14 +330,26 @@ def test_the_walk_ends_a_call_hands_it_over_or_stops_observing_never_worse(case:
         if i == 2 and after is not None:
             after(hook, tracker)
         tracker.response_scanner.observe(response)
-    assert b"".join(forwarded) == start + b"".join(request for request, _ in exchanges)
+    sent = start + b"".join(request for request, _ in exchanges)
+    return hook, tracker, received, b"".join(forwarded), sent
+
+
+def by_sink(received: Recorder) -> list[int]:
+    """The stream ids of the response blocks the sink was given."""
+    return [c[1] for c in received.calls if c[0] == "on_header_block"]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_walk_ends_a_call_hands_it_over_or_stops_observing_never_worse(case: str) -> None:
+    message, change, outcome = CASES[case]
+    hook, tracker, received, forwarded, sent = run(message, change)
+    assert forwarded == sent
     if outcome == "fails":
         assert tracker.response_scanner.failed
         return
     assert not tracker.request_scanner.failed and not tracker.response_scanner.failed
-    by_sink = [c[1] for c in received.calls if c[0] == "on_header_block"]
     expected = {"C": [1, 1, 3, 3], "sink": [1, 1, 3, 3, 5], "sink, both blocks": [1, 1, 3, 3, 5, 5]}
-    assert by_sink == expected[outcome]  # "sink": its trailers
+    assert by_sink(received) == expected[outcome]  # "sink": its trailers
     assert not tracker.streams and tracker.in_flight == 0
     ended, _, ends, codes, stats, _ = counted(hook, tracker)
     assert sum(ended) + ends == 3
@@ -347,3 +361,73 @@ def test_the_walk_ends_a_call_hands_it_over_or_stops_observing_never_worse(case:
     if per_model is not None and message == ADD_SUB and not cleared:
         bound = case == "a model past the label bound"  # the third call under "_other"
         assert dict(per_model) == ({"add_sub": 2, "_other": 1} if bound else {"add_sub": 3})
+
+
+@pytest.fixture
+def configure() -> Iterator[Callable[..., None]]:
+    """`_framewalk.configure`, its constants restored after the test."""
+    module = streams._framewalk
+    yield module.configure
+    module.configure(streams._STATUS_NAMES, UNKNOWN_MODEL, DURATION_BUCKETS)
+
+
+def test_configure_takes_only_the_constants_of_a_calls_end(configure: Any) -> None:
+    names, bounds = streams._STATUS_NAMES, DURATION_BUCKETS
+    for bad in [
+        (), (names, UNKNOWN_MODEL), (names, UNKNOWN_MODEL, bounds, None),
+        (UserDict(names), UNKNOWN_MODEL, bounds), (names, None, bounds),
+        (names, UNKNOWN_MODEL, list(bounds)), (names, UNKNOWN_MODEL, (0.0,) * 65),
+        (names, UNKNOWN_MODEL, (0.0, "1")),
+    ]:  # fmt: skip
+        with pytest.raises(TypeError):
+            configure(*bad)
+    configure(names, UNKNOWN_MODEL, (0.0,) * 64)  # at the bound
+    configure(names, UNKNOWN_MODEL, (1, 2.0))  # ints are numbers too
+
+
+@pytest.mark.parametrize(
+    ("bounds", "bucket"), [((0.0, 0.0, 0.0), 3), ((1e9,), 0), ((0.0, 1e9, 1e9), 1), ((), 0)]
+)
+def test_a_call_ended_in_c_lands_in_the_bucket_its_bounds_give(
+    configure: Any, bounds: tuple[float, ...], bucket: int
+) -> None:
+    """`bisect_left(bounds, duration)`, as `ProxyMetrics.record` does with the bounds
+    `configure` gave (every duration is above 0 and below 1e9 s)."""
+    before: list[int] = []
+
+    def snapshot(hook: Hook, tracker: ConnectionTracker) -> None:
+        (stats,) = tracker.metrics.stats.values()
+        before.extend(stats.buckets)
+
+    configure(streams._STATUS_NAMES, UNKNOWN_MODEL, bounds)
+    _, tracker, received, _, _ = run(ADD_SUB, snapshot)
+    (stats,) = tracker.metrics.stats.values()
+    assert by_sink(received) == [1, 1, 3, 3]  # the third call ended in C
+    grew = [b - a for a, b in zip(before, stats.buckets, strict=True)]
+    assert grew == [0] * bucket + [1] + [0] * (len(grew) - bucket - 1)
+
+
+def labelled(model: str, code: str = "OK") -> Any:
+    """The third call's label set made beforehand (its counters exist: the walk may end it)."""
+
+    def apply(hook: Hook, tracker: ConnectionTracker) -> None:
+        tracker.metrics.call_stats("ModelInfer", model)
+        tracker.metrics.codes[("ModelInfer", model, code)] = 0
+
+    return apply
+
+
+def test_the_constants_configure_gave_name_a_calls_end(configure: Any) -> None:
+    """The model label of a call with no model name, and the code names of grpc-status
+    values; a status the names lack is the sink's to count."""
+    configure(streams._STATUS_NAMES, "unnamed", DURATION_BUCKETS)
+    _, tracker, received, _, _ = run(b"", labelled("unnamed"))
+    assert by_sink(received) == [1, 1, 3, 3]
+    assert tracker.metrics.codes[("ModelInfer", "unnamed", "OK")] == 1  # the third, in C
+    configure({b"0": "ZERO"}, UNKNOWN_MODEL, DURATION_BUCKETS)
+    _, tracker, received, _, _ = run(ADD_SUB, labelled("add_sub", "ZERO"))
+    assert by_sink(received) == [1, 1, 3, 3]
+    assert tracker.metrics.codes[("ModelInfer", "add_sub", "ZERO")] == 1
+    configure({}, UNKNOWN_MODEL, DURATION_BUCKETS)
+    _, tracker, received, _, _ = run(ADD_SUB, lambda hook, tracker: None)
+    assert by_sink(received) == [1, 1, 3, 3, 5]
