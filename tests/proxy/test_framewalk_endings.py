@@ -132,6 +132,46 @@ def evil_key() -> Any:
     return insert
 
 
+class Colliding:
+    """A key hashed as `twin` that, once the third request is in, cannot be compared."""
+
+    armed = False
+
+    def __init__(self, twin: object) -> None:
+        self.twin = twin
+
+    def __hash__(self) -> int:
+        return hash(self.twin)
+
+    def __eq__(self, other: object) -> bool:
+        if Colliding.armed:
+            raise RuntimeError("no comparison")
+        return False
+
+
+def colliding_in(table: str, key: tuple[str, ...]) -> Any:
+    """A key colliding with `key` in the metrics' `table` (codes or stats)."""
+
+    def apply(hook: Hook, tracker: ConnectionTracker) -> None:
+        Colliding.armed = False
+        table_ = getattr(tracker.metrics, table)
+        value = table_.pop(key)
+        table_[Colliding(key)] = None  # first in the key's probe sequence
+        table_[key] = value
+        Colliding.armed = True
+
+    return apply
+
+
+class Name(str):
+    """A model name that is a str, but not exactly one."""
+
+
+def model_of_a_str_subclass(hook: Hook, tracker: ConnectionTracker) -> None:
+    record = tracker.streams[5]
+    record.model = Name(record.model)
+
+
 class Labels(list):  # type: ignore[type-arg]
     """A label set that is not a set (ProxyMetrics' `models` as a list)."""
 
@@ -255,6 +295,13 @@ CASES: dict[str, tuple[bytes, Any, str]] = {
         answer(lambda h: QuietEnd(h.ended, 1, MappingProxyType(h.per_model))),
         "fails",
     ),
+    "codes' lookup raises": (
+        ADD_SUB,
+        colliding_in("codes", ("ModelInfer", "add_sub", "OK")),
+        "fails",
+    ),
+    "stats' lookup raises": (ADD_SUB, colliding_in("stats", ("ModelInfer", "add_sub")), "fails"),
+    "a model name of a str subclass": (ADD_SUB, model_of_a_str_subclass, "sink"),
     "a label set's first call": (ADD_SUB, on_metrics(lambda m: m.codes.clear()), "sink"),
     "a label pair's first call": (ADD_SUB, on_metrics(lambda m: m.stats.clear()), "sink"),
     "per_model not a dict": (
