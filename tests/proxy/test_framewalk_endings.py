@@ -12,6 +12,7 @@ still forwarded; the counts of a call ended either way are the same.
 
 from __future__ import annotations
 
+import sys
 from collections import UserDict
 from collections.abc import Callable, Iterator
 from types import MappingProxyType
@@ -26,7 +27,13 @@ from sidecar.proxy.model_name import UNKNOWN_MODEL
 from sidecar.proxy.streams import ConnectionTracker, QuietEnd, RequestStart, StreamEnd
 from tests.proxy.proxy_h2build import Conversation
 from tests.proxy.test_framewalk import Recorder
-from tests.proxy.test_framewalk_quick import RAISES, Faulty
+from tests.proxy.test_framewalk_quick import (
+    RAISES,
+    READ_ONLY,
+    Faulty,
+    Injected,
+    failure_reasons,
+)
 from tests.proxy.test_framewalk_streams import INFER
 
 pytestmark = pytest.mark.skipif(
@@ -72,14 +79,20 @@ ADD_SUB = b"\x0a\x07add_sub"  # ModelInferRequest.model_name = "add_sub"
 
 
 class PropertyFault:
-    """Makes one attribute of an object raise, by giving it a subclass with that property."""
+    """Makes one attribute of an object raise, by giving it a subclass with that property
+    (with `once`, only its next read: the relay's own clean-up reads it too)."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, name: str, once: bool = False) -> None:
+        self.name, self.once = name, once
 
     def __call__(self, obj: Any) -> None:
+        value, reads = obj.__dict__.get(self.name), [0]
+
         def broken(_: Any) -> Any:
-            raise RuntimeError(f"{self.name} cannot be read")
+            reads[0] += 1
+            if self.once and reads[0] > 1:
+                return value
+            raise Injected(f"{self.name} cannot be read")
 
         obj.__class__ = type("Broken", (type(obj),), {self.name: property(broken)})
 
@@ -96,7 +109,7 @@ class ReadOnce:
         def once(_: Any) -> Any:
             reads[0] += 1
             if reads[0] > 1:
-                raise RuntimeError(f"{self.name} read twice")
+                raise Injected(f"{self.name} read twice")
             return value
 
         obj.__class__ = type("Broken", (type(obj),), {self.name: property(once)})
@@ -112,7 +125,7 @@ class Evil:
 
     def __eq__(self, other: object) -> bool:
         if self.armed:
-            raise RuntimeError("no comparison")
+            raise Injected("no comparison")
         return False
 
 
@@ -145,7 +158,7 @@ class Colliding:
 
     def __eq__(self, other: object) -> bool:
         if Colliding.armed:
-            raise RuntimeError("no comparison")
+            raise Injected("no comparison")
         return False
 
 
@@ -202,6 +215,15 @@ def answer(make: Callable[[Hook], Any]) -> Any:
     return apply
 
 
+def quiet_end(change: Callable[[QuietEnd], Any]) -> Any:
+    """The third call's QuietEnd, as the tracker keeps it for its end, replaced."""
+
+    def apply(hook: Hook, tracker: ConnectionTracker) -> None:
+        tracker.quiet_ends[5] = change(tracker.quiet_ends[5])
+
+    return apply
+
+
 def stats_of(change: Callable[[Any], Any]) -> Any:
     """Every CallStats of the metrics replaced by `change(stats)`."""
 
@@ -245,7 +267,7 @@ CASES: dict[str, tuple[bytes, Any, str]] = {
         "sink",
     ),
     "quiet_ends' lookup raises": (ADD_SUB, evil_key(), "fails"),
-    "metrics unreadable": (ADD_SUB, on_tracker(PropertyFault("metrics")), "fails"),
+    "metrics unreadable": (ADD_SUB, on_tracker(PropertyFault("metrics", once=True)), "fails"),
     "models unreadable": (ADD_SUB, on_metrics(PropertyFault("models")), "fails"),
     "models not a set": (
         ADD_SUB,
@@ -278,7 +300,7 @@ CASES: dict[str, tuple[bytes, Any, str]] = {
         "fails",
     ),
     "open_streams unreadable": (ADD_SUB, on_metrics(PropertyFault("open_streams")), "fails"),
-    "codes readable once": (ADD_SUB, on_metrics(ReadOnce("codes")), "fails"),
+    "codes read once": (ADD_SUB, on_metrics(ReadOnce("codes")), "fails"),
     "a count not a number": (
         ADD_SUB,
         on_metrics(lambda m: m.codes.update(dict.fromkeys(m.codes, "3"))),
@@ -317,30 +339,30 @@ CASES: dict[str, tuple[bytes, Any, str]] = {
     "no per_model": (ADD_SUB, answer(lambda h: QuietEnd(h.ended, 1)), "C"),
     "ended unreadable": (
         ADD_SUB,
-        answer(lambda h: Faulty(h.answer, {"ended": RAISES})),
+        quiet_end(lambda q: Faulty(q, {"ended": RAISES})),
         "fails",
     ),
     "index unreadable": (
         ADD_SUB,
-        answer(lambda h: Faulty(h.answer, {"index": RAISES})),
+        quiet_end(lambda q: Faulty(q, {"index": RAISES})),
         "fails",
     ),
     "per_model unreadable": (
         ADD_SUB,
-        answer(lambda h: Faulty(h.answer, {"per_model": RAISES})),
+        quiet_end(lambda q: Faulty(q, {"per_model": RAISES})),
         "fails",
     ),
     "buckets unreadable": (ADD_SUB, stats_of(lambda s: Faulty(s, {"buckets": RAISES})), "fails"),
-    "count not writable": (ADD_SUB, stats_of(lambda s: Faulty(s, {"count": None})), "fails"),
-    "sum not writable": (ADD_SUB, stats_of(lambda s: Faulty(s, {"sum": None})), "fails"),
+    "count not writable": (ADD_SUB, stats_of(lambda s: Faulty(s, {"count": READ_ONLY})), "fails"),
+    "sum not writable": (ADD_SUB, stats_of(lambda s: Faulty(s, {"sum": READ_ONLY})), "fails"),
     "request_bytes not writable": (
         ADD_SUB,
-        stats_of(lambda s: Faulty(s, {"request_bytes": None})),
+        stats_of(lambda s: Faulty(s, {"request_bytes": READ_ONLY})),
         "fails",
     ),
     "response_bytes not writable": (
         ADD_SUB,
-        stats_of(lambda s: Faulty(s, {"response_bytes": None})),
+        stats_of(lambda s: Faulty(s, {"response_bytes": READ_ONLY})),
         "fails",
     ),
 }
@@ -393,6 +415,8 @@ def test_the_walk_ends_a_call_hands_it_over_or_stops_observing_never_worse(case:
     assert forwarded == sent
     if outcome == "fails":
         assert tracker.response_scanner.failed
+        injected = any(w in case for w in ("unreadable", "raises", "writable", "read once"))
+        assert failure_reasons(tracker) == ({"injected"} if injected else {"internal"})
         return
     assert not tracker.request_scanner.failed and not tracker.response_scanner.failed
     expected = {"C": [1, 1, 3, 3], "sink": [1, 1, 3, 3, 5], "sink, both blocks": [1, 1, 3, 3, 5, 5]}
@@ -478,3 +502,27 @@ def test_the_constants_configure_gave_name_a_calls_end(configure: Any) -> None:
     configure({}, UNKNOWN_MODEL, DURATION_BUCKETS)
     _, tracker, received, _, _ = run(ADD_SUB, lambda hook, tracker: None)
     assert by_sink(received) == [1, 1, 3, 3, 5]
+
+
+def test_calls_handed_to_the_sink_at_their_end_release_what_the_walk_read() -> None:
+    """Each call's end is looked up in C (the tracker's quiet ends, its metrics, the label
+    set's count), then handed to the sink (its label pair's counters are made anew each
+    time): what the walk read for it is released."""
+    conv = Conversation()
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=Hook())
+    tracker.request_scanner.process(bytes(conv.client))
+    tracker.response_scanner.observe(bytes(conv.server))
+    received = tracker.response_scanner.sink = Recorder(tracker.response)
+    metrics, quiet_ends = tracker.metrics, tracker.quiet_ends
+    counts = []
+    for sid in range(1, 80, 2):
+        at, server_at = len(conv.client), len(conv.server)
+        conv.request(sid, INFER, ADD_SUB)
+        conv.response(sid, b"\x0a\x03out")
+        tracker.request_scanner.process(bytes(conv.client[at:]))
+        metrics.stats.clear()  # the label pair's first call: the sink's
+        tracker.response_scanner.observe(bytes(conv.server[server_at:]))
+        if sid in (5, 79):
+            counts.append((sys.getrefcount(metrics), sys.getrefcount(quiet_ends)))
+    assert by_sink(received)[-1] == 79 and not tracker.response_scanner.failed
+    assert counts[0] == counts[1]

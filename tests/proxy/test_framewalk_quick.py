@@ -40,25 +40,44 @@ pytestmark = pytest.mark.skipif(
 )
 
 RAISES = object()  # an attribute that raises when read
+READ_ONLY = object()  # an attribute read as it is, that raises when written
+
+
+class Injected(ScanError):
+    """What a fault raises: a `ScanError`, so its reason ("injected") is the one a failed
+    observation reports if the walk passes the fault's own exception on."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("injected", detail)
+
+
+def failure_reasons(tracker: ConnectionTracker) -> set[str]:
+    """The reasons observation stopped for, as counted on /metrics."""
+    return {
+        sample.labels["reason"]
+        for family in tracker.metrics.observation_failures.collect()
+        for sample in family.samples
+        if sample.name.endswith("_total") and sample.value
+    }
 
 
 class Faulty:
-    """Every attribute of `inner`, but those in `faults`: raised (RAISES) or that value;
-    writes go to `inner` (a fault of None for a write: it raises)."""
+    """Every attribute of `inner`, but those in `faults`: raised (RAISES), read-only
+    (READ_ONLY: its write raises) or that value; other writes go to `inner`."""
 
     def __init__(self, inner: Any, faults: dict[str, Any]) -> None:
         object.__setattr__(self, "_inner", inner)
         object.__setattr__(self, "_faults", faults)
 
     def __getattr__(self, name: str) -> Any:
-        fault = self._faults.get(name, self)
+        fault = self._faults.get(name, READ_ONLY)
         if fault is RAISES:
-            raise RuntimeError(f"{name} cannot be read")
-        return getattr(self._inner, name) if fault is self else fault
+            raise Injected(f"{name} cannot be read")
+        return getattr(self._inner, name) if fault is READ_ONLY else fault
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in self._faults:
-            raise RuntimeError(f"{name} cannot be written")
+        if self._faults.get(name) is READ_ONLY:
+            raise Injected(f"{name} cannot be written")
         setattr(self._inner, name, value)
 
 
@@ -161,7 +180,7 @@ def first_name(hook: Hook, tracker: ConnectionTracker) -> None:
 
 def picked_but_unwritable(hook: Hook, tracker: ConnectionTracker) -> None:
     rate(0.75)(hook, tracker)
-    broken("quick", {"coin_picked": None})(hook, tracker)
+    broken("quick", {"coin_picked": READ_ONLY})(hook, tracker)
 
 
 def names_as_str(headers: list[Any]) -> list[Any]:
@@ -169,7 +188,7 @@ def names_as_str(headers: list[Any]) -> list[Any]:
 
 
 def raising_rand() -> float:
-    raise RuntimeError("no draw")
+    raise Injected("no draw")
 
 
 # case -> (methods, the change before the third call, outcome: "C", "hook" or "fails")
@@ -233,6 +252,8 @@ def test_the_walk_decides_hands_over_or_stops_observing_never_worse(case: str) -
     failed = tracker.request_scanner.failed
     if outcome == "fails":
         assert failed and hook.asked == 2
+        injected = "unreadable" in case or "raises" in case or "writable" in case
+        assert failure_reasons(tracker) == ({"injected"} if injected else {"internal"})
         return
     assert not failed and not tracker.response_scanner.failed
     assert hook.asked == (2 if outcome == "C" else 3)
