@@ -187,6 +187,13 @@ def names_as_str(headers: list[Any]) -> list[Any]:
     return [(name.decode(), value) for name, value in headers]
 
 
+class NoFloat:
+    """A number whose float() raises the injected fault."""
+
+    def __float__(self) -> float:
+        raise Injected("no float")
+
+
 def raising_rand() -> float:
     raise Injected("no draw")
 
@@ -218,6 +225,9 @@ CASES: dict[str, tuple[tuple[frozenset[str], frozenset[str]], Any, str]] = {
     "force_header unreadable": (COIN, broken("hot", {"force_header": RAISES}), "fails"),
     "pick_rate unreadable": (COIN, broken("hot", {"pick_rate": RAISES}), "fails"),
     "pick_rate not a number": (COIN, broken("hot", {"pick_rate": "0.5"}), "fails"),
+    "pick_rate's float raises": (COIN, broken("hot", {"pick_rate": NoFloat()}), "fails"),
+    "a pick_rate of -1": (COIN, rate(-1.0), "C"),
+    "rand's float raises": (COIN, broken("coin", {"rand": NoFloat}), "fails"),
     "rand unreadable": (COIN, broken("coin", {"rand": RAISES}), "fails"),
     "rand raises": (COIN, broken("coin", {"rand": raising_rand}), "fails"),
     "rand answers no number": (COIN, broken("coin", {"rand": lambda: "0.1"}), "fails"),
