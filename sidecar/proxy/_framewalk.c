@@ -530,7 +530,7 @@ static long long time_ns(void) {
 }
 
 /* Whether the raw header list `headers` (as the HPACK cache holds it) has a field named
- * `wanted` (bytes): 1 yes, 0 no, -1 error, 2 not a list of pairs this reads. */
+ * `wanted` (bytes): 1 yes, 0 no, 2 not a list of pairs this reads (it cannot fail). */
 static int has_field(PyObject *headers, PyObject *wanted) {
     if (!PyList_Check(headers) || !PyBytes_CheckExact(wanted))
         return 2;
@@ -592,13 +592,9 @@ static int quick_answer(PyObject *quick, PyObject *method, PyObject *headers, Py
             (hot = PyObject_GetAttr(coin, s_hot)) == NULL ||
             (value = PyObject_GetAttr(hot, s_force_header)) == NULL)
             goto error;
-        if (value != Py_None) {
-            int forced = has_field(headers, value);
-            if (forced < 0)
-                goto error;
-            if (forced)
-                goto out; /* the hook reads the force header's value */
-        }
+        if (value != Py_None && has_field(headers, value))
+            goto out; /* the hook reads the force header's value (or the list is not one
+                       * has_field reads) */
         Py_CLEAR(value);
         if (double_of(value = PyObject_GetAttr(hot, s_pick_rate), &rate) < 0)
             goto error;

@@ -187,6 +187,34 @@ def names_as_str(headers: list[Any]) -> list[Any]:
     return [(name.decode(), value) for name, value in headers]
 
 
+class Collides:
+    """Hashed as `twin`; compared with anything, it raises the injected fault (once
+    `armed`, as it is unless a set is being built around it)."""
+
+    armed = True
+
+    def __init__(self, twin: object) -> None:
+        self.twin = twin
+
+    def __hash__(self) -> int:
+        return hash(self.twin)
+
+    def __eq__(self, other: object) -> bool:
+        if Collides.armed:
+            raise Injected("no comparison")
+        return False
+
+
+def colliding_method(hook: Hook, tracker: ConnectionTracker) -> None:
+    """The metrics' method label set with a key that ModelInfer's lookup meets first."""
+    methods = tracker.metrics.methods
+    Collides.armed = False
+    methods.discard("ModelInfer")
+    methods.add(Collides("ModelInfer"))  # type: ignore[arg-type]
+    methods.add("ModelInfer")
+    Collides.armed = True
+
+
 class NoFloat:
     """A number whose float() raises the injected fault."""
 
@@ -216,6 +244,17 @@ CASES: dict[str, tuple[tuple[frozenset[str], frozenset[str]], Any, str]] = {
     "a force header not bytes": (COIN, force("te"), "hook"),
     "per_call unreadable": (COIN, broken("quick", {"per_call": RAISES}), "fails"),
     "per_call a list": (COIN, broken("quick", {"per_call": ["ModelInfer"]}), "hook"),
+    "per_call's lookup raises": (
+        COIN,
+        broken("quick", {"per_call": frozenset({Collides("ModelInfer")})}),
+        "fails",
+    ),
+    "replayable's lookup raises": (
+        NEVER,
+        broken("quick", {"replayable": frozenset({Collides("ModelInfer")})}),
+        "fails",
+    ),
+    "the method label's lookup raises": (COIN, colliding_method, "fails"),
     "replayable unreadable": (NEVER, broken("quick", {"replayable": RAISES}), "fails"),
     "replayable a list": (NEVER, broken("quick", {"replayable": []}), "hook"),
     "not_replayable unreadable": (NEVER, broken("quick", {"not_replayable": RAISES}), "fails"),
@@ -296,6 +335,13 @@ def test_calls_decided_and_ended_in_c_release_what_they_read(
 ) -> None:
     start, server_start, calls, _ = unary_connection(40)
     hook = Hook(*methods)
+    draws: list[float] = []
+
+    def rand() -> float:  # a fresh float each draw, kept here
+        draws.append(float(f"0.{len(draws) + 50}"))
+        return draws[-1]
+
+    hook.coin.rand = rand
     tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=hook)
     tracker.request_scanner.process(start)
     tracker.response_scanner.observe(server_start)
@@ -307,6 +353,11 @@ def test_calls_decided_and_ended_in_c_release_what_they_read(
             counts.append({k: sys.getrefcount(v) for k, v in referenced(hook, tracker).items()})
     assert hook.asked == 2 and hook.started == [len(calls)]
     assert counts[0] == counts[1]
+    held = {sys.getrefcount(x) for x in draws}  # the list's alone
+    control = [float("0.5")]
+    held_control = {sys.getrefcount(x) for x in control}
+    assert held == (held_control if draws else set())
+    assert len(draws) == (len(calls) - 2 if methods == COIN else 0)
 
 
 def test_the_draw_is_the_hooks_own_coin() -> None:
