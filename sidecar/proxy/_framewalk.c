@@ -812,10 +812,10 @@ static int ending_ready(Stream *st, PyObject *sid, PyObject *status, PyObject *t
         goto error;
     e->count = PyDict_GetItemWithError(codes, e->key);
     if (e->count == NULL)
-        goto missing; /* the first call of this label set: `record` makes its counters */
+        goto fail; /* the first call of this label set: `record` makes its counters */
     e->stats = Py_XNewRef(PyDict_GetItemWithError(all, pair));
     if (e->stats == NULL)
-        goto missing;
+        goto fail;
     r = 0;
 out:
     Py_XDECREF(observer);
@@ -826,11 +826,7 @@ out:
     if (r != 0)
         ending_clear(e);
     return r;
-missing:
-    if (PyErr_Occurred())
-        goto error;
-    goto out;
-fail:
+fail: /* not a call this ends, unless an error is set */
     if (!PyErr_Occurred())
         goto out;
 error:
