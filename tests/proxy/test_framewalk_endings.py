@@ -32,6 +32,7 @@ from tests.proxy.test_framewalk_quick import (
     READ_ONLY,
     Faulty,
     Injected,
+    PropertyFault,
     failure_reasons,
 )
 from tests.proxy.test_framewalk_streams import INFER
@@ -76,25 +77,6 @@ def calls(message: bytes) -> tuple[bytes, bytes, list[tuple[bytes, bytes]]]:
 
 
 ADD_SUB = b"\x0a\x07add_sub"  # ModelInferRequest.model_name = "add_sub"
-
-
-class PropertyFault:
-    """Makes one attribute of an object raise, by giving it a subclass with that property
-    (with `once`, only its next read: the relay's own clean-up reads it too)."""
-
-    def __init__(self, name: str, once: bool = False) -> None:
-        self.name, self.once = name, once
-
-    def __call__(self, obj: Any) -> None:
-        value, reads = obj.__dict__.get(self.name), [0]
-
-        def broken(_: Any) -> Any:
-            reads[0] += 1
-            if self.once and reads[0] > 1:
-                return value
-            raise Injected(f"{self.name} cannot be read")
-
-        obj.__class__ = type("Broken", (type(obj),), {self.name: property(broken)})
 
 
 class ReadOnce:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import sys
 import time
+from collections import UserDict
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -81,6 +82,25 @@ class Faulty:
         setattr(self._inner, name, value)
 
 
+class PropertyFault:
+    """Makes one attribute of an object raise, by giving it a subclass with that property
+    (with `once`, only its next read: the relay's own clean-up reads it too)."""
+
+    def __init__(self, name: str, once: bool = False) -> None:
+        self.name, self.once = name, once
+
+    def __call__(self, obj: Any) -> None:
+        value, reads = obj.__dict__.get(self.name), [0]
+
+        def broken(_: Any) -> Any:
+            reads[0] += 1
+            if self.once and reads[0] > 1:
+                return value
+            raise Injected(f"{self.name} cannot be read")
+
+        obj.__class__ = type("Broken", (type(obj),), {self.name: property(broken)})
+
+
 def never_picks() -> float:
     return 0.5
 
@@ -118,6 +138,29 @@ class Hook:
 
 COIN = (frozenset({"ModelInfer"}), frozenset({"ModelInfer"}))  # decided by a coin flip
 NEVER: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())  # a method never replayed
+
+
+def on_tracker(change: Callable[[ConnectionTracker], Any]) -> Callable[[Hook, Any], None]:
+    return lambda hook, tracker: change(tracker)
+
+
+class Labels(list):  # type: ignore[type-arg]
+    """A label set that is not a set (a list that `add`s)."""
+
+    def add(self, name: str) -> None:
+        self.append(name)
+
+
+class NoBool:
+    """A value whose truth raises the injected fault."""
+
+    def __bool__(self) -> bool:
+        raise Injected("no truth")
+
+
+def info_as(faults: dict[str, Any]) -> Callable[[Hook, Any], None]:
+    """The cached requests' MethodInfo made `Faulty`."""
+    return entries_as(lambda e: (e[0], (*e[1][:2], Faulty(e[1][2], faults))))
 
 
 def broken(where: str, faults: dict[str, Any]) -> Callable[[Hook, Any], None]:
@@ -274,6 +317,59 @@ CASES: dict[str, tuple[tuple[frozenset[str], frozenset[str]], Any, str]] = {
     "unpicked unreadable": (COIN, broken("quick", {"unpicked": RAISES}), "fails"),
     "started unreadable": (COIN, broken("quick", {"started": RAISES}), "fails"),
     "headers a tuple": (COIN, headers_as(tuple), "hook"),
+    "draining (refuse_above set)": (
+        COIN,
+        on_tracker(lambda t: setattr(t, "refuse_above", 1)),
+        "ignored",
+    ),
+    "a stream id already seen": (
+        COIN,
+        on_tracker(lambda t: setattr(t, "last_stream_id", 5)),
+        "ignored",
+    ),
+    "last_stream_id -1": (COIN, on_tracker(lambda t: setattr(t, "last_stream_id", -1)), "C"),
+    "last_stream_id not an int": (
+        COIN,
+        on_tracker(lambda t: setattr(t, "last_stream_id", 3.0)),
+        "hook",
+    ),
+    "last_stream_id past 64 bits": (
+        COIN,
+        on_tracker(lambda t: setattr(t, "last_stream_id", 2**64)),
+        "fails",
+    ),
+    "quick None": (COIN, on_tracker(lambda t: setattr(t, "quick", None)), "hook"),
+    "quiet_ends not a dict": (
+        COIN,
+        on_tracker(lambda t: setattr(t, "quiet_ends", UserDict(t.quiet_ends))),
+        "hook",
+    ),
+    "quiet_ends unreadable": (COIN, on_tracker(PropertyFault("quiet_ends", once=True)), "fails"),
+    "metrics unreadable": (COIN, on_tracker(PropertyFault("metrics", once=True)), "fails"),
+    "methods unreadable": (
+        COIN,
+        lambda h, t: PropertyFault("methods", once=True)(t.metrics),
+        "fails",
+    ),
+    "open_streams unreadable": (
+        COIN,
+        lambda h, t: PropertyFault("open_streams", once=True)(t.metrics),
+        "fails",
+    ),
+    "methods not a set": (
+        COIN,
+        lambda h, t: setattr(t.metrics, "methods", Labels(t.metrics.methods)),
+        "hook",
+    ),
+    "a method the label set lacks": (
+        COIN,
+        lambda h, t: t.metrics.methods.discard("ModelInfer"),
+        "hook",
+    ),
+    "per_message unreadable": (COIN, info_as({"per_message": RAISES}), "fails"),
+    "per_message's truth raises": (COIN, info_as({"per_message": NoBool()}), "fails"),
+    "name unreadable": (COIN, info_as({"name": RAISES}), "fails"),
+    "model_field unreadable": (COIN, info_as({"model_field": RAISES}), "fails"),
     "a cached entry a list": (COIN, entries_as(list), "hook"),
     "a cached summary a list": (COIN, entries_as(lambda e: (e[0], list(e[1]))), "hook"),
     "a cached entry of three": (COIN, entries_as(lambda e: (*e, None)), "fails"),
@@ -299,6 +395,9 @@ def test_the_walk_decides_hands_over_or_stops_observing_never_worse(case: str) -
         tracker.response_scanner.observe(response)
     assert b"".join(forwarded) == start + b"".join(request for request, _ in calls)
     failed = tracker.request_scanner.failed
+    if outcome == "ignored":  # not a new request, as the sink's Python sees it
+        assert not failed and hook.asked == 2 and hook.started == [2] and 5 not in tracker.streams
+        return
     if outcome == "fails":
         assert failed and hook.asked == 2
         injected = "unreadable" in case or "raises" in case or "writable" in case
