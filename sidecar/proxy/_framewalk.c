@@ -865,8 +865,7 @@ static int end_call(Stream *st, PyObject *sid, PyObject *streams, Ending *e) {
     Py_CLEAR(value);
     if ((value = PyLong_FromLongLong(st->response_bytes)) == NULL ||
         add_attr(e->stats, s_response_bytes, value) < 0)
-        goto out;
-    Py_CLEAR(value);
+        goto out; /* (value is released at out) */
     if (e->quiet != NULL) { /* the QuietEnd's counts */
         PyObject *quiet = Py_NewRef(e->quiet), *ended = NULL, *at = NULL, *per_model = NULL;
         int failed = PyDict_DelItem(e->quiet_table, sid) < 0 ||
