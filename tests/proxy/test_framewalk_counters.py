@@ -16,6 +16,7 @@ from __future__ import annotations
 import array
 import ctypes
 import random
+import sys
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -230,3 +231,14 @@ def test_an_index_past_a_machine_word_reaches_the_containers_own_methods() -> No
     without = third_call(None, [0], watched(Wrapping("q", [5, 7])), 2**70)
     assert with_c[:4] == without[:4] == ([1], [6, 7], {"add_sub": 3}, (False, False))
     assert with_c[4] == 2 and c_ended.python_sets == [0]
+
+
+def test_a_quiet_ends_index_is_released_after_each_count() -> None:
+    """An index past the small ints CPython shares (into a container whose own item methods
+    take it): the walk's reads of it leave it held by the QuietEnd and the test alone."""
+    index = 10**12
+    before = sys.getrefcount(index)
+    with_c = third_call(frames.native_walk, [0], c_ended := watched(Wrapping("q", [5, 7])), index)
+    after = sys.getrefcount(index)
+    assert with_c[1] == [6, 7] and with_c[4] == 2 and c_ended.python_sets == [0]
+    assert after == before

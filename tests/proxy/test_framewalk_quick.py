@@ -425,6 +425,8 @@ def referenced(hook: Hook, tracker: ConnectionTracker) -> dict[str, Any]:
         "quiet_ends": tracker.quiet_ends, "metrics": metrics, "methods": metrics.methods,
         "models": metrics.models, "codes": metrics.codes, "stats": metrics.stats,
         "streams": tracker.streams,
+        **{f"stats {k}": v for k, v in metrics.stats.items()},
+        **{f"buckets {k}": v.buckets for k, v in metrics.stats.items()},
     }  # fmt: skip
 
 
