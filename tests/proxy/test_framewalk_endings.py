@@ -508,3 +508,21 @@ def test_calls_handed_to_the_sink_at_their_end_release_what_the_walk_read() -> N
             counts.append((sys.getrefcount(metrics), sys.getrefcount(quiet_ends)))
     assert by_sink(received)[-1] == 79 and not tracker.response_scanner.failed
     assert counts[0] == counts[1]
+
+
+def test_a_response_block_of_a_stream_no_longer_tracked_is_passed_over_in_c() -> None:
+    """A response's cached blocks again, for a stream that has ended: the sink would find no
+    record and do nothing, so the walk calls it for nothing."""
+    conv = Conversation()
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=Hook())
+    tracker.request_scanner.process(bytes(conv.client))
+    tracker.response_scanner.observe(bytes(conv.server))
+    received = tracker.response_scanner.sink = Recorder(tracker.response)
+    for sid in (1, 3, 5):
+        at, server_at = len(conv.client), len(conv.server)
+        conv.request(sid, INFER, ADD_SUB)
+        conv.response(sid, b"\x0a\x03out")
+        tracker.request_scanner.process(bytes(conv.client[at:]))
+        tracker.response_scanner.observe(response := bytes(conv.server[server_at:]))
+    tracker.response_scanner.observe(response)  # stream 5's response once more
+    assert by_sink(received) == [1, 1, 3, 3] and not tracker.response_scanner.failed

@@ -12,6 +12,7 @@ reads, over many calls decided and ended in C, it releases: no reference count g
 
 from __future__ import annotations
 
+import gc
 import random
 import sys
 import time
@@ -338,6 +339,18 @@ CASES: dict[str, tuple[tuple[frozenset[str], frozenset[str]], Any, str]] = {
         on_tracker(lambda t: setattr(t, "last_stream_id", 2**64)),
         "fails",
     ),
+    "observer unreadable": (COIN, on_tracker(PropertyFault("observer", once=True)), "fails"),
+    "refuse_above unreadable": (
+        COIN,
+        on_tracker(PropertyFault("refuse_above", once=True)),
+        "fails",
+    ),
+    "last_stream_id unreadable": (
+        COIN,
+        on_tracker(PropertyFault("last_stream_id", once=True)),
+        "fails",
+    ),
+    "quick unreadable": (COIN, on_tracker(PropertyFault("quick", once=True)), "fails"),
     "quick None": (COIN, on_tracker(lambda t: setattr(t, "quick", None)), "hook"),
     "quiet_ends not a dict": (
         COIN,
@@ -595,3 +608,40 @@ def test_counts_made_in_c_release_the_numbers_they_replace() -> None:
     assert held_gone == {n + 1 for n in held_control}, held_gone
     assert held_new == {n + 2 for n in held_control}, held_new
     assert hook.started[0] == big + 9 and metrics.open_streams == big + 5
+
+
+@pytest.mark.parametrize(
+    "fault",
+    ["coin_picked not writable", "rand raises", "started unreadable", "unpicked unreadable",
+     "replayable's lookup raises", "not_replayable unreadable", "per_message unreadable",
+     "quiet_ends unreadable", "open_streams unreadable"],
+)  # fmt: skip
+def test_a_request_start_that_fails_in_c_releases_what_it_read(fault: str) -> None:
+    """Connection after connection whose third request's start fails in C, one hook: what
+    the walk read of the hook's objects before it failed is released each time."""
+    methods, change, outcome = CASES[fault]
+    assert outcome == "fails"
+    hook = Hook(*methods)
+    shared = [hook, hook.quick.per_call, hook.quick.replayable, hook.coin, hook.hot,
+              hook.hot.force_header, hook.quick.unpicked, hook.quick.not_replayable,
+              hook.started]  # fmt: skip
+    counts = []
+    for i in range(12):
+        hook.hot.pick_rate = 0.25
+        hook.quick.coin = hook.coin
+        hook.coin.hot = hook.hot
+        start, server_start, calls, _ = unary_connection()
+        tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=hook)
+        tracker.request_scanner.process(start)
+        tracker.response_scanner.observe(server_start)
+        for j, (request, response) in enumerate(calls):
+            if j == 2:
+                change(hook, tracker)
+            tracker.request_scanner.process(request)
+            tracker.response_scanner.observe(response)
+        assert tracker.request_scanner.failed
+        del tracker
+        gc.collect()
+        if i in (1, 11):
+            counts.append([sys.getrefcount(x) for x in shared])
+    assert counts[0] == counts[1]
