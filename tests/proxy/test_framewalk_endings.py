@@ -12,6 +12,7 @@ still forwarded; the counts of a call ended either way are the same.
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections import UserDict
 from collections.abc import Callable, Iterator
@@ -32,6 +33,7 @@ from tests.proxy.test_framewalk_quick import (
     READ_ONLY,
     Faulty,
     Injected,
+    NoBool,
     PropertyFault,
     failure_reasons,
 )
@@ -306,6 +308,11 @@ CASES: dict[str, tuple[bytes, Any, str]] = {
     ),
     "stats' lookup raises": (ADD_SUB, colliding_in("stats", ("ModelInfer", "add_sub")), "fails"),
     "a model name of a str subclass": (ADD_SUB, model_of_a_str_subclass, "sink"),
+    "a cached :status whose truth raises": (
+        ADD_SUB,
+        response_cache(lambda e: (e[0], (*e[1][:2], NoBool()))),
+        "fails",
+    ),
     "a label set's first call": (ADD_SUB, on_metrics(lambda m: m.codes.clear()), "sink"),
     "a label pair's first call": (ADD_SUB, on_metrics(lambda m: m.stats.clear()), "sink"),
     "per_model not a dict": (
@@ -526,3 +533,45 @@ def test_a_response_block_of_a_stream_no_longer_tracked_is_passed_over_in_c() ->
         tracker.response_scanner.observe(response := bytes(conv.server[server_at:]))
     tracker.response_scanner.observe(response)  # stream 5's response once more
     assert by_sink(received) == [1, 1, 3, 3] and not tracker.response_scanner.failed
+
+
+@pytest.mark.parametrize(
+    "fault",
+    ["a cached :status whose truth raises", "codes read once", "count not writable",
+     "ended unreadable", "per_model's get raises", "buckets unreadable",
+     "stats' lookup raises", "models unreadable"],
+)  # fmt: skip
+def test_a_call_end_that_fails_in_c_releases_what_it_read(fault: str) -> None:
+    """Connection after connection, one hook and one ProxyMetrics, whose third call's end
+    fails in C: what the walk read for it is released each time."""
+    message, change, outcome = CASES[fault]
+    assert outcome == "fails"
+    hook, metrics = Hook(), ProxyMetrics(CollectorRegistry())
+    counts = []
+    for i in range(12):
+        hook.answer = QuietEnd(hook.ended, 1, hook.per_model)
+        start, server_start, exchanges = calls(message)
+        tracker = ConnectionTracker(metrics, observer=hook)
+        tracker.request_scanner.process(start)
+        tracker.response_scanner.observe(server_start)
+        at_request = getattr(change, "at_request", False)
+        for j, (request, response) in enumerate(exchanges):
+            if j == 2 and at_request:
+                change(hook, tracker)
+            tracker.request_scanner.process(request)
+            if j == 2 and not at_request:
+                change(hook, tracker)
+            tracker.response_scanner.observe(response)
+        assert tracker.response_scanner.failed
+        metrics.__class__ = ProxyMetrics  # a property fault undone
+        Colliding.armed = False
+        metrics.codes = {k: v for k, v in metrics.codes.items() if type(k) is tuple}
+        metrics.stats = {k: v for k, v in metrics.stats.items() if type(k) is tuple}
+        metrics.stats = {k: getattr(v, "_inner", v) for k, v in metrics.stats.items()}
+        del tracker
+        gc.collect()
+        shared = [hook, metrics, hook.ended, hook.per_model, metrics.codes, metrics.stats,
+                  metrics.models, metrics.methods]  # fmt: skip
+        if i in (1, 11):
+            counts.append([sys.getrefcount(x) for x in shared])
+    assert counts[0] == counts[1]

@@ -145,9 +145,11 @@ class QuickHook:
             hot=SimpleNamespace(pick_rate=pick_rate, force_header=FORCE.encode()),
             rand=random.Random(seed).random,
         )
+        # an inference stream replayed (its messages sampled) on odd seeds, never on even ones
+        streamed = {"ModelStreamInfer"} if seed % 2 else set()
         self.quick = QuickDecisions(
             coin, frozenset({"ModelInfer", "Predict"}),
-            frozenset({"ModelInfer", "Predict", "ModelStreamInfer"}), self.counts,
+            frozenset({"ModelInfer", "Predict"} | streamed), self.counts,
             QuietEnd(self.counts, 1, self.skipped), QuietEnd(self.counts, 1),
         )  # fmt: skip
 
