@@ -259,6 +259,13 @@ def colliding_method(hook: Hook, tracker: ConnectionTracker) -> None:
     Collides.armed = True
 
 
+class RaisingCounts(list):  # type: ignore[type-arg]
+    """Counters whose count raises the injected fault."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise Injected("no count")
+
+
 class NoFloat:
     """A number whose float() raises the injected fault."""
 
@@ -317,6 +324,7 @@ CASES: dict[str, tuple[tuple[frozenset[str], frozenset[str]], Any, str]] = {
     "coin_picked not writable": (COIN, picked_but_unwritable, "fails"),
     "unpicked unreadable": (COIN, broken("quick", {"unpicked": RAISES}), "fails"),
     "started unreadable": (COIN, broken("quick", {"started": RAISES}), "fails"),
+    "started's count raises": (COIN, broken("quick", {"started": RaisingCounts([0])}), "fails"),
     "headers a tuple": (COIN, headers_as(tuple), "hook"),
     "draining (refuse_above set)": (
         COIN,
