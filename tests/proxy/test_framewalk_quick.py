@@ -34,6 +34,7 @@ from sidecar.proxy.streams import (
     RequestStart,
     StreamEnd,
 )
+from tests.proxy.proxy_h2build import Conversation
 from tests.proxy.test_framewalk_streams import unary_connection
 
 pytestmark = pytest.mark.skipif(
@@ -653,3 +654,57 @@ def test_a_request_start_that_fails_in_c_releases_what_it_read(fault: str) -> No
         if i in (1, 11):
             counts.append([sys.getrefcount(x) for x in shared])
     assert counts[0] == counts[1]
+
+
+class Falsy:
+    """A false value of its own (not the shared False)."""
+
+    def __bool__(self) -> bool:
+        return False
+
+
+def test_a_request_started_in_c_keeps_no_reference_it_does_not_need() -> None:
+    """Calls decided and ended in C on stream ids past the small ints, what the walk reads of
+    the cached MethodInfo made objects of their own: each is held afterwards as before; the
+    last stream id each call replaces is let go; a record holds its path text alone."""
+    conv = Conversation()
+    hook = Hook(*COIN)
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=hook)
+    tracker.request_scanner.process(bytes(conv.client))
+    tracker.response_scanner.observe(bytes(conv.server))
+    per_message, name, field = Falsy(), "".join(["Model", "Infer"]), tuple([1])
+    counts, paths, lasts = [], [], []
+    for sid in range(1001, 1041, 2):
+        at, server_at = len(conv.client), len(conv.server)
+        conv.request(sid, "/inference.GRPCInferenceService/ModelInfer", b"\x0a\x01m")
+        conv.response(sid, b"\x0a\x03out")
+        if sid == 1005:  # the blocks are cached: from now on the walk decides
+            info_as({"per_message": per_message, "name": name, "model_field": field})(hook, tracker)
+        last = tracker.last_stream_id
+        tracker.request_scanner.process(bytes(conv.client[at:]))
+        if sid >= 1005:
+            paths.append(sys.getrefcount(tracker.streams[sid].path_text))  # the record, the arg
+            lasts.append(sys.getrefcount(last))  # `last`, the arg: the tracker holds `sid`
+        del last
+        tracker.response_scanner.observe(bytes(conv.server[server_at:]))
+        if sid in (1005, 1039):
+            counts.append([sys.getrefcount(x) for x in (per_message, name, field)])
+    assert hook.asked == 2 and not tracker.request_scanner.failed
+    assert counts[0] == counts[1] and set(paths) == {2} and set(lasts) == {2}
+
+
+def test_a_draining_connections_requests_release_what_the_walk_read() -> None:
+    start, server_start, calls, _ = unary_connection(20)
+    hook = Hook(*COIN)
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=hook)
+    tracker.request_scanner.process(start)
+    tracker.response_scanner.observe(server_start)
+    counts = []
+    for i, (request, response) in enumerate(calls):
+        if i == 2:
+            tracker.refuse_above = 10**12 + 1  # a number of its own, no stream refused
+        tracker.request_scanner.process(request)
+        tracker.response_scanner.observe(response)
+        if i in (2, len(calls) - 1):
+            counts.append(sys.getrefcount(tracker.refuse_above))
+    assert counts[0] == counts[1] and not tracker.request_scanner.failed
