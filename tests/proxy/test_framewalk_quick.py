@@ -223,6 +223,23 @@ def first_name(hook: Hook, tracker: ConnectionTracker) -> None:
     hook.hot.force_header = headers[0][0]
 
 
+class NoReset(QuickDecisions):
+    """A QuickDecisions whose coin, once picked, cannot be freed (`coin_picked = False`)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "coin_picked" and value is False and getattr(self, "coin_picked", False):
+            raise Injected("the coin stays picked")
+        super().__setattr__(name, value)
+
+
+def picked_and_never_reset(hook: Hook, tracker: ConnectionTracker) -> None:
+    rate(0.75)(hook, tracker)
+    q = hook.quick
+    tracker.quick = NoReset(
+        q.coin, q.per_call, q.replayable, q.started, q.unpicked, q.not_replayable
+    )  # fmt: skip
+
+
 def picked_but_unwritable(hook: Hook, tracker: ConnectionTracker) -> None:
     rate(0.75)(hook, tracker)
     broken("quick", {"coin_picked": READ_ONLY})(hook, tracker)
@@ -323,6 +340,11 @@ CASES: dict[str, tuple[tuple[frozenset[str], frozenset[str]], Any, str]] = {
     "rand raises": (COIN, broken("coin", {"rand": raising_rand}), "fails"),
     "rand answers no number": (COIN, broken("coin", {"rand": lambda: "0.1"}), "fails"),
     "coin_picked not writable": (COIN, picked_but_unwritable, "fails"),
+    "coin_picked not writable back": (
+        COIN,
+        picked_and_never_reset,
+        "fails",
+    ),  # after the hook's turn
     "unpicked unreadable": (COIN, broken("quick", {"unpicked": RAISES}), "fails"),
     "started unreadable": (COIN, broken("quick", {"started": RAISES}), "fails"),
     "started's count raises": (COIN, broken("quick", {"started": RaisingCounts([0])}), "fails"),
@@ -421,7 +443,7 @@ def test_the_walk_decides_hands_over_or_stops_observing_never_worse(case: str) -
         assert not failed and hook.asked == 2 and hook.started == [2] and 5 not in tracker.streams
         return
     if outcome == "fails":
-        assert failed and hook.asked == 2
+        assert failed and hook.asked == (3 if case == "coin_picked not writable back" else 2)
         injected = "unreadable" in case or "raises" in case or "writable" in case
         assert failure_reasons(tracker) == ({"injected"} if injected else {"internal"})
         return
