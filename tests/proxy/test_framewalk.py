@@ -267,6 +267,9 @@ def test_what_the_walk_gives_the_sink_and_the_sink_answers_is_released() -> None
     assert len(fresh) >= 8 and len(set(extra.values())) == 1, extra  # the records' only
     gc.collect()
     assert len(sink.answers) == 9 and all(ref() is None for ref in sink.answers)
+    observing = AnsweringSink()  # observe mode (no hold): a block's answer is not injected
+    assert walk(observing, data, 0, None) == len(data)
+    assert "injected" not in [c[0] for c in observing.calls] and len(observing.calls) == 8
 
 
 # -- hold mode: the same calls, and the same pieces forwarded ---------------------------------
