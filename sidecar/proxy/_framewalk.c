@@ -756,8 +756,7 @@ static void ending_clear(Ending *e) {
     Py_CLEAR(e->key);
     Py_CLEAR(e->stats);
     Py_CLEAR(e->quiet_table);
-    Py_CLEAR(e->label);
-    e->count = e->quiet = NULL; /* borrowed from their dicts */
+    Py_CLEAR(e->label); /* (count and quiet are borrowed from their dicts) */
 }
 
 /* 0 ready (e filled), 1 not a call this ends (the sink is called), -1 error. */
@@ -988,10 +987,8 @@ static int headers_frame(PyObject *sink, PyObject *sid, unsigned long stream_id,
         if (quick == NULL || PyObject_SetAttr(quick, s_coin_picked, Py_False) < 0)
             failed = -1;
         Py_XDECREF(quick);
-        if (type != NULL) {
-            PyErr_Clear();
-            PyErr_Restore(type, value, traceback);
-        }
+        if (type != NULL)
+            PyErr_Restore(type, value, traceback); /* (any error of our own is dropped) */
     }
     Py_XDECREF(args[2]);
     Py_XDECREF(args[3]);

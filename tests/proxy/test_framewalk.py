@@ -246,8 +246,8 @@ def test_what_the_walk_gives_the_sink_and_the_sink_answers_is_released() -> None
     data = (
         frame(f.DATA, f.FLAG_END_STREAM, 1001, b"a" * 300)  # wanted: delivered
         + frame(f.DATA, 0, 1002, b"b" * 300)  # not wanted
-        + frame(f.HEADERS, f.FLAG_END_HEADERS | f.FLAG_END_STREAM, 1003, b"\x82")
-        + frame(f.HEADERS, f.FLAG_END_HEADERS | f.FLAG_END_STREAM, 1005, b"\x82")
+        + frame(f.HEADERS, f.FLAG_END_HEADERS | f.FLAG_END_STREAM, 1003, b"\x82\x86")
+        + frame(f.HEADERS, f.FLAG_END_HEADERS | f.FLAG_END_STREAM, 1005, b"\x82\x86")
         + frame(f.PING, 0, 0, b"12345678")
         + frame(f.RST_STREAM, 0, 1005, b"\0\0\0\x08")
     )

@@ -100,7 +100,8 @@ class ReadOnce:
 
 
 class Evil:
-    """A key that collides with stream id 5 and, once armed, cannot be compared."""
+    """A key that collides with stream id 5 and, once armed, cannot be compared, once (the
+    sink's Python, after the walk, would compare it as any key)."""
 
     armed = False
 
@@ -109,6 +110,7 @@ class Evil:
 
     def __eq__(self, other: object) -> bool:
         if self.armed:
+            self.armed = False
             raise Injected("no comparison")
         return False
 
@@ -142,6 +144,7 @@ class Colliding:
 
     def __eq__(self, other: object) -> bool:
         if Colliding.armed:
+            Colliding.armed = False  # once: the sink's Python may compare it later
             raise Injected("no comparison")
         return False
 
@@ -158,6 +161,15 @@ def colliding_in(table: str, key: tuple[str, ...]) -> Any:
         Colliding.armed = True
 
     return apply
+
+
+def colliding_model(metrics: ProxyMetrics) -> None:
+    """The model label set with a key that add_sub's lookup meets first, raising once."""
+    Colliding.armed = False
+    metrics.models.discard("add_sub")
+    metrics.models.add(Colliding("add_sub"))  # type: ignore[arg-type]
+    metrics.models.add("add_sub")
+    Colliding.armed = True
 
 
 class Name(str):
@@ -252,6 +264,8 @@ CASES: dict[str, tuple[bytes, Any, str]] = {
     ),
     "quiet_ends' lookup raises": (ADD_SUB, evil_key(), "fails"),
     "metrics unreadable": (ADD_SUB, on_tracker(PropertyFault("metrics", once=True)), "fails"),
+    "observer unreadable": (ADD_SUB, on_tracker(PropertyFault("observer", once=True)), "fails"),
+    "the model label's lookup raises": (ADD_SUB, on_metrics(colliding_model), "fails"),
     "models unreadable": (ADD_SUB, on_metrics(PropertyFault("models")), "fails"),
     "models not a set": (
         ADD_SUB,

@@ -566,10 +566,25 @@ class FailingSink:
         raise ScanError("protocol", "the sink failed")
 
 
+class Watched(QuickDecisions):
+    """QuickDecisions whose writes run Python (and are recorded): code the walk must not run
+    with an exception pending."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "coin_picked":
+            self.__dict__.setdefault("writes", []).append(value)
+        super().__setattr__(name, value)
+
+
+def watched_quick(hook: Hook) -> Watched:
+    q = hook.quick
+    return Watched(q.coin, q.per_call, q.replayable, q.started, q.unpicked, q.not_replayable)
+
+
 def test_a_picked_requests_sink_failure_is_the_one_reported_and_the_coin_is_freed() -> None:
     """The walk flipped the coin (picked), then the sink raised: the coin is freed for later
-    requests (`coin_picked` False again) and the sink's own error is the one observation
-    stops with."""
+    requests (`coin_picked` False again, written through Python while the sink's error waits)
+    and the sink's own error is the one observation stops with."""
     registry = CollectorRegistry()
     start, server_start, calls, _ = unary_connection()
     hook = Hook(*COIN)
@@ -580,13 +595,39 @@ def test_a_picked_requests_sink_failure_is_the_one_reported_and_the_coin_is_free
         forwarded += tracker.request_scanner.process(request)
         tracker.response_scanner.observe(response)
     hook.hot.pick_rate = 0.75
+    tracker.quick = quick = watched_quick(hook)
     tracker.request_scanner.sink = FailingSink(tracker.request_scanner.sink)
     forwarded += tracker.request_scanner.process(calls[2][0])
     assert b"".join(forwarded) == start + b"".join(request for request, _ in calls)
-    assert tracker.request_scanner.failed and hook.quick.coin_picked is False
+    assert tracker.request_scanner.failed and quick.__dict__["writes"] == [
+        False,
+        True,
+        False,
+    ]  # made, picked, freed
     failures = "xsp_observation_failures_total"
     assert registry.get_sample_value(failures, {"reason": "protocol"}) == 1
     assert registry.get_sample_value(failures, {"reason": "internal"}) is None
+
+
+def test_picked_requests_release_what_the_walk_read() -> None:
+    """Requests the walk flips the coin of and hands to the hook (picked): the QuickDecisions
+    it reads again to free the coin is released each time."""
+    start, server_start, calls, _ = unary_connection(30)
+    hook = Hook(*COIN)
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=hook)
+    tracker.request_scanner.process(start)
+    tracker.response_scanner.observe(server_start)
+    tracker.quick = quick = watched_quick(hook)
+    hook.hot.pick_rate = 0.75  # every draw (0.5) picks
+    counts = []
+    for i, (request, response) in enumerate(calls):
+        tracker.request_scanner.process(request)
+        tracker.response_scanner.observe(response)
+        if i in (2, len(calls) - 1):
+            counts.append(sys.getrefcount(quick))
+    assert hook.asked == len(calls)
+    assert quick.__dict__["writes"] == [False] + [True, False] * (len(calls) - 2)
+    assert counts[0] == counts[1]
 
 
 def test_counts_made_in_c_release_the_numbers_they_replace() -> None:
