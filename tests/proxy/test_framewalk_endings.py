@@ -473,6 +473,7 @@ def test_a_call_ended_in_c_lands_in_the_bucket_its_bounds_give(
         (stats,) = tracker.metrics.stats.values()
         before.extend(stats.buckets)
 
+    configure(streams._STATUS_NAMES, UNKNOWN_MODEL, (0.0,) * 64)  # past the bounds: zeros
     configure(streams._STATUS_NAMES, UNKNOWN_MODEL, bounds)
     _, tracker, received, _, _ = run(ADD_SUB, snapshot)
     (stats,) = tracker.metrics.stats.values()
