@@ -218,6 +218,9 @@ static PyMemberDef stream_members[] = {
 #undef OBJ
 
 static PyObject *empty_bytes, *empty_str, *zero;
+/* 0..255 as ints, made at import and kept: frame types and flags (a byte each) and bucket
+ * positions (below MAX_BOUNDS) are passed on as borrowed references, nothing to release */
+static PyObject *small_ints[256];
 
 static Stream *stream_make(PyTypeObject *type, long long sid, PyObject *path, PyObject *method,
                            PyObject *model_field, double start, PyObject *timeout) {
@@ -835,7 +838,7 @@ error:
 
 /* ConnectionTracker.end for a call `ending_ready` said this ends. */
 static int end_call(Stream *st, PyObject *sid, PyObject *streams, Ending *e) {
-    PyObject *codes = NULL, *buckets = NULL, *value = NULL, *index = NULL;
+    PyObject *codes = NULL, *buckets = NULL, *value = NULL;
     int r = -1;
     Py_INCREF(st); /* the table held the record */
     if (PyDict_DelItem(streams, sid) < 0 || add_attr(e->metrics, s_open_streams, minus_one) < 0)
@@ -851,7 +854,7 @@ static int end_call(Stream *st, PyObject *sid, PyObject *streams, Ending *e) {
     while (i < n_bounds && bounds[i] < duration)
         i++;
     if ((buckets = PyObject_GetAttr(e->stats, s_buckets)) == NULL ||
-        (index = PyLong_FromSsize_t(i)) == NULL || add_one(buckets, index) < 0 ||
+        add_one(buckets, small_ints[i]) < 0 ||
         add_attr(e->stats, s_count, one) < 0)
         goto out;
     Py_CLEAR(value);
@@ -899,7 +902,6 @@ out:
     Py_XDECREF(codes);
     Py_XDECREF(buckets);
     Py_XDECREF(value);
-    Py_XDECREF(index);
     return r;
 }
 
@@ -957,7 +959,7 @@ static int headers_frame(PyObject *sink, PyObject *sid, unsigned long stream_id,
                          PyObject *tracker, int request) {
     int end_stream = (flags & END_STREAM) != 0;
     PyObject *args[4] = {sid, end_stream ? Py_True : Py_False,
-                         PyBytes_FromStringAndSize(payload, length), PyLong_FromLong(HEADERS)};
+                         PyBytes_FromStringAndSize(payload, length), small_ints[HEADERS]};
     int failed = -1, picked = 0;
     if (args[2] != NULL && cache != NULL && streams != NULL) {
         failed = request ? (tracker == NULL ? 1
@@ -968,12 +970,11 @@ static int headers_frame(PyObject *sink, PyObject *sid, unsigned long stream_id,
                                                    end_stream);
         if (failed <= 0) {
             Py_DECREF(args[2]);
-            Py_XDECREF(args[3]);
             return failed;
         }
         failed = -1;
     }
-    if (args[2] != NULL && args[3] != NULL) {
+    if (args[2] != NULL) {
         PyObject *extra = call_sink(sink, s_on_header_block, args, 4);
         if (extra != NULL) {
             failed = (hold != NULL && extra != Py_None) ? inject(hold, data, at, extra) : 0;
@@ -991,20 +992,17 @@ static int headers_frame(PyObject *sink, PyObject *sid, unsigned long stream_id,
             PyErr_Restore(type, value, traceback); /* (any error of our own is dropped) */
     }
     Py_XDECREF(args[2]);
-    Py_XDECREF(args[3]);
     return failed;
 }
 
 static int control_frame(PyObject *sink, PyObject *sid, int ftype, int flags,
                          const char *payload, Py_ssize_t length) {
-    PyObject *args[4] = {PyLong_FromLong(ftype), PyLong_FromLong(flags), sid,
+    PyObject *args[4] = {small_ints[ftype], small_ints[flags], sid,
                          PyBytes_FromStringAndSize(payload, length)};
-    int failed = -1;
-    if (args[0] != NULL && args[1] != NULL && args[3] != NULL)
-        failed = done(call_sink(sink, s_on_control, args, 4));
-    Py_XDECREF(args[0]);
-    Py_XDECREF(args[1]);
-    Py_XDECREF(args[3]);
+    if (args[3] == NULL)
+        return -1;
+    int failed = done(call_sink(sink, s_on_control, args, 4));
+    Py_DECREF(args[3]);
     return failed;
 }
 
@@ -1185,6 +1183,9 @@ PyMODINIT_FUNC PyInit__framewalk(void) {
     zero = PyLong_FromLong(0);
     if (!empty_bytes || !empty_str || !zero)
         return NULL;
+    for (int i = 0; i < 256; i++)
+        if ((small_ints[i] = PyLong_FromLong(i)) == NULL)
+            return NULL;
     if (PyType_Ready(&StreamType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&framewalk_module);
