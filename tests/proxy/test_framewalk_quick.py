@@ -154,10 +154,17 @@ class Labels(list):  # type: ignore[type-arg]
 
 
 class NoBool:
-    """A value whose truth raises the injected fault."""
+    """A false value whose truth raises the injected fault the first time it is asked (so
+    the sink's Python, asking after the walk, would not raise it again)."""
+
+    def __init__(self) -> None:
+        self.asked = False
 
     def __bool__(self) -> bool:
-        raise Injected("no truth")
+        if not self.asked:
+            self.asked = True
+            raise Injected("no truth")
+        return False
 
 
 def info_as(faults: dict[str, Any]) -> Callable[[Hook, Any], None]:
