@@ -778,3 +778,22 @@ def test_a_draining_connections_requests_release_what_the_walk_read() -> None:
         if i in (2, len(calls) - 1):
             counts.append(sys.getrefcount(tracker.refuse_above))
     assert counts[0] == counts[1] and not tracker.request_scanner.failed
+
+
+@pytest.mark.parametrize("methods", [COIN, NEVER], ids=["not per call", "never replayed"])
+def test_an_inference_stream_is_started_by_the_sink_never_in_c(
+    methods: tuple[frozenset[str], frozenset[str]],
+) -> None:
+    """Its request messages are counted one by one (`inferences`), which only the sink's
+    Python sets up: the walk leaves each such request to it, cached block or not."""
+    conv = Conversation()
+    hook = Hook(*methods)
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=hook)
+    tracker.request_scanner.process(bytes(conv.client))
+    tracker.response_scanner.observe(bytes(conv.server))
+    for sid in (1, 3, 5):
+        at = len(conv.client)
+        conv.request(sid, "/inference.GRPCInferenceService/ModelStreamInfer", b"\x0a\x01m")
+        tracker.request_scanner.process(bytes(conv.client[at:]))
+        assert tracker.streams[sid].inferences is not None
+    assert hook.asked == 3 and not tracker.request_scanner.failed
