@@ -13,6 +13,7 @@ import itertools
 import sys
 import tracemalloc
 import weakref
+from collections import UserDict
 from typing import Any
 
 import pytest
@@ -644,3 +645,31 @@ def test_calls_walked_in_c_leave_no_memory_behind() -> None:
     # 348 bytes here over 500 calls; one object a call kept (a head, a count, a duration: 24
     # bytes or more) is 12 KiB or more
     assert grown < 4 * 1024, grown
+
+
+def test_the_walk_takes_only_the_arguments_it_documents() -> None:
+    """`walk(sink, data: bytes, start, hold=None, streams: dict | None = None, request=False,
+    header_cache: dict | None = None, tracker=None)`: three to eight, of those kinds; a start
+    outside the data is refused; anything else is a TypeError, before any byte is read."""
+    walk = frames.native_walk
+    assert walk is not None
+    data = frame(frames.DATA, 0, 1, b"x")
+    sink = RecordingSink()
+    assert walk(sink, data, 0) == len(data)  # three: the least
+    assert walk(sink, data, 0, None, {}, False, {}, None) == len(data)  # eight: the most
+    for bad in [
+        (sink, data), (sink, data, 0, None, {}, False, {}, None, None),
+        (sink, bytearray(data), 0), (sink, data.decode("latin-1"), 0),
+        (sink, data, 0, None, UserDict()), (sink, data, 0, None, {}, False, UserDict()),
+    ]:  # fmt: skip
+        with pytest.raises(TypeError):
+            walk(*bad)
+    for start in (-1, len(data) + 1):
+        with pytest.raises(ValueError):
+            walk(sink, data, start)
+    with pytest.raises(OverflowError):
+        walk(sink, data, 2**70)
+    with pytest.raises(TypeError):
+        walk(sink, data, "0")
+    assert walk(sink, data, len(data)) == len(data)  # at the end: nothing to read
+    assert sink.calls == [("data", 1, 1), ("payload", 1, b"x")]  # (an empty table: no stream)
