@@ -673,3 +673,12 @@ def test_the_walk_takes_only_the_arguments_it_documents() -> None:
         walk(sink, data, "0")
     assert walk(sink, data, len(data)) == len(data)  # at the end: nothing to read
     assert sink.calls == [("data", 1, 1), ("payload", 1, b"x")]  # (an empty table: no stream)
+    for n in range(3, 9):  # each count, the rest left to their defaults
+        assert walk(RecordingSink(), data, 0, *(None, None, False, None, None)[: n - 3]) == 9 + 1
+    block = frame(frames.HEADERS, frames.FLAG_END_HEADERS, 1, b"\x82\x86")
+    answering = AnsweringSink()  # no hold given: an answer is never injected
+    assert walk(answering, block, 0) == len(block)
+    assert [c[0] for c in answering.calls] == ["headers"]
+    plain = RecordingSink()  # a stream table but no header cache: every block is the sink's
+    assert walk(plain, block, 0, None, {}, False, None) == len(block)
+    assert [c[0] for c in plain.calls] == ["headers"]
