@@ -579,7 +579,9 @@ class Watched(QuickDecisions):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "coin_picked":
-            self.__dict__.setdefault("writes", []).append(value)
+            # an index of -1 is an error only where an exception is pending (C's `-1 and
+            # PyErr_Occurred()`): the walk must have put the sink's aside
+            self.__dict__.setdefault("writes", []).append((value, False)[-1] or value)
         super().__setattr__(name, value)
 
 
