@@ -675,6 +675,11 @@ def test_the_walk_takes_only_the_arguments_it_documents() -> None:
     assert sink.calls == [("data", 1, 1), ("payload", 1, b"x")]  # (an empty table: no stream)
     for n in range(3, 9):  # each count, the rest left to their defaults
         assert walk(RecordingSink(), data, 0, *(None, None, False, None, None)[: n - 3]) == 9 + 1
+    if streams._NativeStream is not None:  # five: a stream table, its record counted in C
+        record = streams._NativeStream(1, b"/p", "M", None, 1.5)
+        quiet = RecordingSink()
+        assert walk(quiet, data, 0, None, {1: record}) == len(data)
+        assert record.response_bytes == 1 and quiet.calls == []
     block = frame(frames.HEADERS, frames.FLAG_END_HEADERS, 1, b"\x82\x86")
     answering = AnsweringSink()  # no hold given: an answer is never injected
     assert walk(answering, block, 0) == len(block)
