@@ -680,6 +680,11 @@ def test_the_walk_takes_only_the_arguments_it_documents() -> None:
         quiet = RecordingSink()
         assert walk(quiet, data, 0, None, {1: record}) == len(data)
         assert record.response_bytes == 1 and quiet.calls == []
+        for args in [(True,), (True, None), (True, None, None)]:  # six to eight: the direction
+            record = streams._NativeStream(1, b"/p", "M", None, 1.5)
+            assert walk(quiet, data, 0, None, {1: record}, *args) == len(data)
+            assert (record.request_bytes, record.response_bytes) == (1, 0)
+            assert quiet.calls == []
     block = frame(frames.HEADERS, frames.FLAG_END_HEADERS, 1, b"\x82\x86")
     answering = AnsweringSink()  # no hold given: an answer is never injected
     assert walk(answering, block, 0) == len(block)
