@@ -692,3 +692,33 @@ def test_the_walk_takes_only_the_arguments_it_documents() -> None:
     plain = RecordingSink()  # a stream table but no header cache: every block is the sink's
     assert walk(plain, block, 0, None, {}, False, None) == len(block)
     assert [c[0] for c in plain.calls] == ["headers"]
+
+
+def test_a_frame_past_64_kib_is_read_to_its_length() -> None:
+    """A length's three bytes, the top one included (frames past 16 KiB where the peer
+    allowed them)."""
+    walk = frames.native_walk
+    assert walk is not None
+    for size in (65535, 65536, 70000, (1 << 24) - 1):
+        data = frame(frames.DATA, 0, 1, b"x" * size)
+        sink = RecordingSink()
+        assert walk(sink, data, 0) == len(data)
+        assert [c[:3] for c in sink.calls] == [("data", 1, size), ("payload", 1, b"x" * size)]
+
+
+def test_a_response_block_in_the_cache_is_read_in_c_without_a_tracker() -> None:
+    """The response direction reads its header cache with a stream table alone (observe
+    mode, no tracker): a cached block that does not end the stream marks the record's response
+    start and statuses, and the sink is not called."""
+    if streams._NativeStream is None:
+        pytest.skip("the C stream record is not built here")
+    walk = frames.native_walk
+    assert walk is not None
+    block = b"\x88\x89"
+    data = frame(frames.HEADERS, frames.FLAG_END_HEADERS, 1, block)
+    for args in [(), (None,)]:  # seven arguments, or eight with no tracker
+        record = streams._NativeStream(1, b"/p", "M", None, 1.5)
+        sink = RecordingSink()
+        cache = {block: ([(b":status", b"200")], (None, b"", b"200"))}
+        assert walk(sink, data, 0, None, {1: record}, False, cache, *args) == len(data)
+        assert sink.calls == [] and record.http_status == b"200" and record.response_start > 0
