@@ -722,3 +722,15 @@ def test_a_response_block_in_the_cache_is_read_in_c_without_a_tracker() -> None:
         cache = {block: ([(b":status", b"200")], (None, b"", b"200"))}
         assert walk(sink, data, 0, None, {1: record}, False, cache, *args) == len(data)
         assert sink.calls == [] and record.http_status == b"200" and record.response_start > 0
+
+
+def test_a_stream_id_is_read_from_all_four_bytes_without_the_reserved_bit() -> None:
+    walk = frames.native_walk
+    assert walk is not None
+    for sid in (1, 0x100, 0x10000, 0x1000000, 0x12345678, 0x7FFFFFFF):
+        for reserved in (0, 0x80000000):
+            wire_id = (sid | reserved).to_bytes(4, "big")  # frame_header masks the bit
+            data = (1).to_bytes(3, "big") + bytes([frames.DATA, 0]) + wire_id + b"x"
+            sink = RecordingSink()
+            assert walk(sink, data, 0) == len(data)
+            assert sink.calls[0] == ("data", sid, 1), (hex(sid), reserved)
