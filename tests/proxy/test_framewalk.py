@@ -734,3 +734,22 @@ def test_a_stream_id_is_read_from_all_four_bytes_without_the_reserved_bit() -> N
             sink = RecordingSink()
             assert walk(sink, data, 0) == len(data)
             assert sink.calls[0] == ("data", sid, 1), (hex(sid), reserved)
+
+
+def test_the_walk_goes_on_past_frames_it_skips_and_takes_blocks_up_to_the_limit() -> None:
+    """PRIORITY and WINDOW_UPDATE frames are stepped over, the walk going on with the next
+    frame; a HEADERS frame is taken up to `MAX_HEADER_BLOCK` bytes, one past it is left to the
+    Python scanner (which stops observing)."""
+    walk = frames.native_walk
+    assert walk is not None
+    f = frames
+    data = frame(f.DATA, 0, 1, b"x")
+    for skipped in (frame(f.WINDOW_UPDATE, 0, 0, b"\0\0\1\0"), frame(f.PRIORITY, 0, 1, b"\0" * 5)):
+        sink = RecordingSink()
+        assert walk(sink, skipped + data, 0) == len(skipped) + len(data)
+        assert sink.calls[0] == ("data", 1, 1)
+    for size, taken in ((f.MAX_HEADER_BLOCK, True), (f.MAX_HEADER_BLOCK + 1, False)):
+        block = frame(f.HEADERS, f.FLAG_END_HEADERS, 1, b"\x82" * size)
+        sink = RecordingSink()
+        assert walk(sink, block, 0) == (len(block) if taken else 0)
+        assert len(sink.calls) == taken
