@@ -457,6 +457,7 @@ def test_configure_takes_only_the_constants_of_a_calls_end(configure: Any) -> No
             configure(*bad)
     configure(names, UNKNOWN_MODEL, (0.0,) * 64)  # at the bound
     configure(names, UNKNOWN_MODEL, (1, 2.0))  # ints are numbers too
+    configure(names, UNKNOWN_MODEL, (-1.0, 0.0))  # -1.0 is a bound, not an error
 
 
 @pytest.mark.parametrize(
