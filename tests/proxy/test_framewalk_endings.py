@@ -35,6 +35,7 @@ from tests.proxy.test_framewalk_quick import (
     Injected,
     NoBool,
     PropertyFault,
+    entries_as,
     failure_reasons,
 )
 from tests.proxy.test_framewalk_streams import INFER
@@ -232,16 +233,7 @@ def stats_of(change: Callable[[Any], Any]) -> Any:
 
 
 def response_cache(shape: Callable[[tuple[Any, Any]], Any]) -> Any:
-    """The response direction's cached entries ((headers, (grpc-status, grpc-message,
-    :status))) reshaped: the walk takes only the exact shape, the sink's Python unpacks any
-    sequence of the right lengths."""
-
-    def apply(hook: Hook, tracker: ConnectionTracker) -> None:
-        cache = tracker.response.decoder.cache
-        for block, entry in list(cache.items()):
-            cache[block] = shape(entry)
-
-    return apply
+    return entries_as(shape, "response")
 
 
 def models_over_the_bound(metrics: ProxyMetrics) -> None:

@@ -197,13 +197,15 @@ def headers_as(shape: Callable[[list[Any]], Any]) -> Callable[[Hook, Any], None]
     return apply
 
 
-def entries_as(shape: Callable[[tuple[Any, Any]], Any]) -> Callable[[Hook, Any], None]:
-    """The request direction's cached entries ((headers, (path, timeout, MethodInfo)))
-    reshaped: the walk takes only the exact shape, the sink's Python unpacks any sequence of
-    the right lengths."""
+def entries_as(
+    shape: Callable[[tuple[Any, Any]], Any], direction: str = "request"
+) -> Callable[[Any, Any], None]:
+    """A direction's cached entries reshaped (the request's: (headers, (path, timeout,
+    MethodInfo)); the response's: (headers, (grpc-status, grpc-message, :status))): the walk
+    takes only the exact shape, the sink's Python unpacks any sequence of the right lengths."""
 
-    def apply(hook: Hook, tracker: ConnectionTracker) -> None:
-        cache = tracker.request.decoder.cache
+    def apply(hook: Any, tracker: ConnectionTracker) -> None:
+        cache = getattr(tracker, direction).decoder.cache
         for block, entry in list(cache.items()):
             cache[block] = shape(entry)
 
