@@ -31,6 +31,7 @@ from tests.proxy.test_framewalk import Recorder
 from tests.proxy.test_framewalk_quick import (
     RAISES,
     READ_ONLY,
+    Collides,
     Faulty,
     Injected,
     NoBool,
@@ -100,77 +101,43 @@ class ReadOnce:
         obj.__class__ = type("Broken", (type(obj),), {self.name: property(once)})
 
 
-class Evil:
-    """A key that collides with stream id 5 and, once armed, cannot be compared, once (the
-    sink's Python, after the walk, would compare it as any key)."""
-
-    armed = False
-
-    def __hash__(self) -> int:
-        return 5
-
-    def __eq__(self, other: object) -> bool:
-        if self.armed:
-            self.armed = False
-            raise Injected("no comparison")
-        return False
-
-
 def evil_key() -> Any:
-    """A key in the quiet ends before stream 5's (so a lookup of 5 meets it), armed once 5
-    is in."""
-    key = Evil()
+    """A key in the quiet ends that collides with stream 5's, put there before 5's (so a
+    lookup of 5 meets it first), armed once 5 is in."""
 
     def insert(hook: Hook, tracker: ConnectionTracker) -> None:
-        tracker.quiet_ends[key] = None  # type: ignore[index]
+        Collides.armed = False
+        tracker.quiet_ends[Collides(5)] = None  # type: ignore[index]
 
     def arm(hook: Hook, tracker: ConnectionTracker) -> None:
-        key.armed = True
+        Collides.armed = True
 
     insert.at_request = True  # type: ignore[attr-defined]
     insert.then = arm  # type: ignore[attr-defined]
     return insert
 
 
-class Colliding:
-    """A key hashed as `twin` that, once the third request is in, cannot be compared."""
-
-    armed = False
-
-    def __init__(self, twin: object) -> None:
-        self.twin = twin
-
-    def __hash__(self) -> int:
-        return hash(self.twin)
-
-    def __eq__(self, other: object) -> bool:
-        if Colliding.armed:
-            Colliding.armed = False  # once: the sink's Python may compare it later
-            raise Injected("no comparison")
-        return False
-
-
 def colliding_in(table: str, key: tuple[str, ...]) -> Any:
     """A key colliding with `key` in the metrics' `table` (codes or stats)."""
 
     def apply(hook: Hook, tracker: ConnectionTracker) -> None:
-        Colliding.armed = False
+        Collides.armed = False
         table_ = getattr(tracker.metrics, table)
         value = table_.pop(key)
-        table_[Colliding(key)] = None  # first in the key's probe sequence
+        table_[Collides(key)] = None  # first in the key's probe sequence
         table_[key] = value
-        Colliding.armed = True
+        Collides.armed = True
 
     return apply
 
 
 def colliding_model(metrics: ProxyMetrics) -> None:
     """The model label set with a key that add_sub's lookup meets first, raising once."""
-    Colliding.armed = False
+    Collides.armed = False
     metrics.models.discard("add_sub")
-    metrics.models.add(Colliding("add_sub"))  # type: ignore[arg-type]
+    metrics.models.add(Collides("add_sub"))  # type: ignore[arg-type]
     metrics.models.add("add_sub")
-    Colliding.armed = True
+    Collides.armed = True
 
 
 class Name(str):
@@ -572,7 +539,7 @@ def test_a_call_end_that_fails_in_c_releases_what_it_read(fault: str) -> None:
             tracker.response_scanner.observe(response)
         assert tracker.response_scanner.failed
         metrics.__class__ = ProxyMetrics  # a property fault undone
-        Colliding.armed = False
+        Collides.armed = False
         metrics.codes = {k: v for k, v in metrics.codes.items() if type(k) is tuple}
         metrics.stats = {k: v for k, v in metrics.stats.items() if type(k) is tuple}
         metrics.stats = {k: getattr(v, "_inner", v) for k, v in metrics.stats.items()}
