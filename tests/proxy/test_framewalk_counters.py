@@ -16,10 +16,8 @@ from __future__ import annotations
 import array
 import ctypes
 import gc
-import random
 import sys
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -30,11 +28,9 @@ from sidecar.proxy import frames, streams
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.streams import (
     ConnectionTracker,
-    QuickDecisions,
     QuietEnd,
-    RequestStart,
-    StreamEnd,
 )
+from tests.proxy.test_framewalk_quick import COIN, Hook
 from tests.proxy.test_framewalk_streams import unary_connection
 
 pytestmark = pytest.mark.skipif(
@@ -130,33 +126,6 @@ def values(container: Any) -> Any:
     return list(container)
 
 
-class UnpickedHook:
-    """Answers every request as a hook with a coin that never picks does (`QuickDecisions`,
-    pick rate 0): 1 added to `quick.started[0]`, then `quick.unpicked`."""
-
-    def __init__(self) -> None:
-        coin = SimpleNamespace(
-            hot=SimpleNamespace(pick_rate=0.0, force_header=None), rand=random.Random(1).random
-        )
-        self.per_model: dict[str, int] = {}
-        unpicked = QuietEnd([0, 0], 1, self.per_model)
-        self.quick = QuickDecisions(
-            coin, frozenset({"ModelInfer"}), frozenset({"ModelInfer"}), [0], unpicked, unpicked
-        )  # fmt: skip
-        self.asked = 0
-
-    def on_request_headers(self, start: RequestStart) -> QuietEnd:
-        self.asked += 1
-        self.quick.started[0] += 1
-        return self.quick.unpicked
-
-    def on_request_body(self, stream_id: int, model: str | None, body: bytes) -> None:
-        raise AssertionError("an unpicked request's body is never given")
-
-    def on_stream_end(self, end: StreamEnd) -> None:
-        raise AssertionError("a quiet request's end is never given")
-
-
 def third_call(walker: Any, started: Any, ended: Any, index: Any) -> tuple[Any, ...]:
     """Three unary calls on one connection with sampling on, the third counted in `started`
     (its start) and `ended[index]` (its end). What the counters, the hook and the scanners
@@ -165,7 +134,7 @@ def third_call(walker: Any, started: Any, ended: Any, index: Any) -> tuple[Any, 
     frames.native_walk = walker
     try:
         start, server_start, calls, _ = unary_connection()
-        hook = UnpickedHook()
+        hook = Hook(*COIN)  # a coin that does not pick: every request unpicked
         tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=hook)
         tracker.request_scanner.process(start)
         tracker.response_scanner.observe(server_start)
