@@ -138,6 +138,16 @@ class Hook:
         raise AssertionError("a quiet request's end is never given")
 
 
+def connected(hook: Hook, count: int = 3) -> tuple[ConnectionTracker, list[tuple[bytes, bytes]]]:
+    """A tracker with `hook` on a fresh connection, its prefaces passed, and `count` unary
+    calls to send (`unary_connection`)."""
+    start, server_start, calls, _ = unary_connection(count)
+    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=hook)
+    tracker.request_scanner.process(start)
+    tracker.response_scanner.observe(server_start)
+    return tracker, calls
+
+
 COIN = (frozenset({"ModelInfer"}), frozenset({"ModelInfer"}))  # decided by a coin flip
 NEVER: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())  # a method never replayed
 
@@ -499,7 +509,6 @@ def referenced(hook: Hook, tracker: ConnectionTracker) -> dict[str, Any]:
 def test_calls_decided_and_ended_in_c_release_what_they_read(
     methods: tuple[frozenset[str], frozenset[str]],
 ) -> None:
-    start, server_start, calls, _ = unary_connection(40)
     hook = Hook(*methods)
     draws: list[float] = []
 
@@ -508,9 +517,7 @@ def test_calls_decided_and_ended_in_c_release_what_they_read(
         return draws[-1]
 
     hook.coin.rand = rand
-    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=hook)
-    tracker.request_scanner.process(start)
-    tracker.response_scanner.observe(server_start)
+    tracker, calls = connected(hook, 40)
     counts: list[dict[str, int]] = []
     for i, (request, response) in enumerate(calls):
         tracker.request_scanner.process(request)
@@ -535,12 +542,9 @@ def test_the_draw_is_the_hooks_own_coin() -> None:
         made.append(draws.random())
         return made[-1]
 
-    start, server_start, calls, _ = unary_connection(30)
     hook = Hook(*COIN)
     hook.coin.rand = rand
-    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=hook)
-    tracker.request_scanner.process(start)
-    tracker.response_scanner.observe(server_start)
+    tracker, calls = connected(hook, 30)
     for request, response in calls:
         asked = hook.asked
         tracker.request_scanner.process(request)
@@ -555,11 +559,8 @@ def test_the_draw_is_the_hooks_own_coin() -> None:
 def test_a_request_decided_in_c_is_stamped_as_the_sink_stamps_one() -> None:
     """Its record's wall-clock start (`time.time_ns`), monotonic start and path text, as
     `ConnectionTracker.ask_observer` sets them."""
-    start, server_start, calls, _ = unary_connection()
     hook = Hook(*COIN)
-    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=hook)
-    tracker.request_scanner.process(start)
-    tracker.response_scanner.observe(server_start)
+    tracker, calls = connected(hook)
     for request, response in calls[:2]:
         tracker.request_scanner.process(request)
         tracker.response_scanner.observe(response)
@@ -635,11 +636,8 @@ def test_a_picked_requests_sink_failure_is_the_one_reported_and_the_coin_is_free
 def test_picked_requests_release_what_the_walk_read() -> None:
     """Requests the walk flips the coin of and hands to the hook (picked): the QuickDecisions
     it reads again to free the coin is released each time."""
-    start, server_start, calls, _ = unary_connection(30)
     hook = Hook(*COIN)
-    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=hook)
-    tracker.request_scanner.process(start)
-    tracker.response_scanner.observe(server_start)
+    tracker, calls = connected(hook, 30)
     tracker.quick = quick = watched_quick(hook)
     hook.hot.pick_rate = 0.75  # every draw (0.5) picks
     counts = []
@@ -658,11 +656,8 @@ def test_counts_made_in_c_release_the_numbers_they_replace() -> None:
     the hook's started and ended counts, its per-model counts) holds a number past the small
     ints CPython shares; once calls have been decided and ended in C, nothing but the test
     holds the numbers they replaced, and each new number is held by its container alone."""
-    start, server_start, calls, _ = unary_connection(6)
     hook = Hook(*COIN)
-    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=hook)
-    tracker.request_scanner.process(start)
-    tracker.response_scanner.observe(server_start)
+    tracker, calls = connected(hook, 6)
     for request, response in calls[:3]:
         tracker.request_scanner.process(request)
         tracker.response_scanner.observe(response)
@@ -780,11 +775,8 @@ def test_a_request_started_in_c_keeps_no_reference_it_does_not_need() -> None:
 
 
 def test_a_draining_connections_requests_release_what_the_walk_read() -> None:
-    start, server_start, calls, _ = unary_connection(20)
     hook = Hook(*COIN)
-    tracker = ConnectionTracker(ProxyMetrics(CollectorRegistry()), observer=hook)
-    tracker.request_scanner.process(start)
-    tracker.response_scanner.observe(server_start)
+    tracker, calls = connected(hook, 20)
     counts = []
     for i, (request, response) in enumerate(calls):
         if i == 2:
