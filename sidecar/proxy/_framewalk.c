@@ -1176,16 +1176,16 @@ static const PyName names[] = {
 PyMODINIT_FUNC PyInit__framewalk(void) {
     if (intern_names(names, N_NAMES(names)) < 0)
         return NULL;
-    if ((one = PyLong_FromLong(1)) == NULL || (minus_one = PyLong_FromLong(-1)) == NULL)
-        return NULL;
-    empty_bytes = PyBytes_FromStringAndSize(NULL, 0);
-    empty_str = PyUnicode_FromStringAndSize(NULL, 0);
-    zero = PyLong_FromLong(0);
-    if (!empty_bytes || !empty_str || !zero)
-        return NULL;
     for (int i = 0; i < 256; i++)
         if ((small_ints[i] = PyLong_FromLong(i)) == NULL)
             return NULL;
+    zero = small_ints[0], one = small_ints[1]; /* kept by the table */
+    if ((minus_one = PyLong_FromLong(-1)) == NULL)
+        return NULL;
+    empty_bytes = PyBytes_FromStringAndSize(NULL, 0);
+    empty_str = PyUnicode_FromStringAndSize(NULL, 0);
+    if (!empty_bytes || !empty_str)
+        return NULL;
     if (PyType_Ready(&StreamType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&framewalk_module);
