@@ -26,19 +26,10 @@ from sidecar.proxy import frames, streams
 from sidecar.proxy.metrics import DURATION_BUCKETS, ProxyMetrics
 from sidecar.proxy.model_name import UNKNOWN_MODEL
 from sidecar.proxy.streams import ConnectionTracker, QuietEnd, RequestStart, StreamEnd
+from tests.proxy.faults import RAISES, READ_ONLY, Collides, Faulty, Injected, NoBool, PropertyFault
 from tests.proxy.proxy_h2build import Conversation
 from tests.proxy.test_framewalk import Recorder
-from tests.proxy.test_framewalk_quick import (
-    RAISES,
-    READ_ONLY,
-    Collides,
-    Faulty,
-    Injected,
-    NoBool,
-    PropertyFault,
-    entries_as,
-    failure_reasons,
-)
+from tests.proxy.test_framewalk_quick import entries_as, failure_reasons
 from tests.proxy.test_framewalk_streams import INFER
 
 pytestmark = pytest.mark.skipif(
