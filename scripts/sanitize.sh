@@ -124,7 +124,7 @@ PY
 tests=(tests/proxy/test_framewalk.py tests/proxy/test_framewalk_streams.py
     tests/proxy/test_framewalk_counters.py tests/proxy/test_framewalk_quick.py
     tests/proxy/test_framewalk_endings.py tests/proxy/test_pump.py tests/proxy/test_messagewalk.py tests/proxy/test_model_name_c.py
-    tests/proxy/test_httppump.py tests/proxy/test_fuzz_regressions.py
+    tests/proxy/test_httppump.py tests/proxy/test_httppump_faults.py tests/proxy/test_fuzz_regressions.py
     tests/proxy/test_proxy_relay.py::test_unix_socket_backend_and_streaming)
 # shellcheck disable=SC2206
 [ -z "${SANITIZE_TESTS:-}" ] || tests=($SANITIZE_TESTS)  # a narrower selection, while developing

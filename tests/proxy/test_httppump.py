@@ -17,6 +17,7 @@ import random
 import re
 import socket
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -48,10 +49,13 @@ class Transport:
         self.closing = False
         self.eof = False
         self.broken = False  # write raises RuntimeError (uvloop: closed)
+        self.error: Callable[[], Exception] | None = None  # write raises what this makes
 
     def write(self, data: Any) -> None:
         if self.broken:
             raise RuntimeError("closed")
+        if self.error is not None:
+            raise self.error()
         self.out += data
 
     def writelines(self, pieces: Any) -> None:
