@@ -126,9 +126,10 @@ COPY --chmod=0755 docker/healthcheck.py /usr/local/bin/xsp-healthcheck
 USER 10001:10001
 WORKDIR /home/xsp
 VOLUME ["/data"]
-# relay, Prometheus /metrics, own gRPC (health, reflection), OTLP/HTTP receiver. The admin
+# relay, Prometheus /metrics, own gRPC (health, reflection), OTLP/HTTP receiver, and the
+# HTTP/REST relay where it is on (--http-listen 0.0.0.0:8010, as the chart sets). The admin
 # API (--admin, 127.0.0.1:8014 by default) is loopback-only and deliberately not exposed.
-EXPOSE 8011 8012 8013 4318
+EXPOSE 8011 8012 8013 4318 8010
 # The gRPC health service: SERVING only while the backend behind the relay is ready.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
     CMD ["xsp-healthcheck"]

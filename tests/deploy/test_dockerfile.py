@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tests.deploy.helpers import REPO, container, manifests, one, render
+from tests.deploy.helpers import REPO, container, load_values_file, manifests, one, render
 
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
@@ -161,7 +161,9 @@ def test_final_image_runs_as_a_user_with_a_grpc_health_check() -> None:
     assert ["--chmod=0755", "docker/healthcheck.py", "/usr/local/bin/xsp-healthcheck"] in copies
     assert final.all("ENTRYPOINT") == ['["xsp-sidecar"]']
     exposed = {p for e in final.all("EXPOSE") for p in e.split()}
-    assert exposed == {"8011", "8012", "8013", "4318"}
+    sidecar = load_values_file("values.yaml")["sidecar"]  # the chart's ports
+    ports = [sidecar[p] for p in ("listenPort", "metricsPort", "grpcPort", "otlpPort")]
+    assert exposed == {str(p) for p in [*ports, sidecar["http"]["listenPort"]]}
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert "xsp-sidecar" in scripts
 
