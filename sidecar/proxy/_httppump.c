@@ -21,9 +21,9 @@
  * block, not refused, not closing) or where this pump read the header block of the reader's
  * call and none of its body yet (`owned`: the body's rest is then taken here when the chunk
  * holds all of it). From there, whole requests are read one by one: the header block found
- * (CRLFCRLF) and bounded as the reader bounds it, no Transfer-Encoding, a plain decimal
- * Content-Length or none, within the body limit, then llhttp itself (vendored, the version
- * httptools parses with) must accept the message and end it exactly where that framing says,
+ * (CRLFCRLF) and bounded as the reader bounds it, a plain decimal Content-Length or none,
+ * within the body limit, then llhttp itself (vendored, the version httptools parses with) must
+ * accept the message and end it exactly where that framing says (so no Transfer-Encoding),
  * keep-alive and no upgrade. The last request may stop at its block's end with its body to
  * follow. Then the route (the cache; a miss asks `reader.routes.http_route` once) and, where the
  * connection has an observer, its `quick` decision as `CallBook.start` makes it (a coin flipped
@@ -65,10 +65,7 @@ static int on_headers_complete(llhttp_t *h) {
     s->method = h->method;
     /* read here: llhttp resets it once a message without a body is complete */
     s->keep_alive = llhttp_should_keep_alive(h);
-    if (h->upgrade) { /* as httptools: no body parsed; the Python path decides */
-        s->upgrade = 1;
-        return 1;
-    }
+    s->upgrade = h->upgrade; /* judged leaves an upgrade to the Python path, body or none */
     return 0;
 }
 
@@ -123,14 +120,16 @@ static double perf_counter(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Where `\n<name>:` starts in `block` compared as bytes.lower() would (`name` lowercase), or
- * -1: the first field `name`, as `fields.field_value` finds it. */
-static Py_ssize_t field_at(const char *block, Py_ssize_t len, const char *name, Py_ssize_t n) {
+/* Where the value of the first field `name` starts in `block` (just past its ':'), the name
+ * compared as bytes.lower() would (`name`: lowercase), or NULL: as `fields.field_value` finds
+ * it. */
+static const char *field_value(const char *block, Py_ssize_t len, const char *name,
+                               Py_ssize_t n) {
     const char *end = block + len;
     for (const char *at = memchr(block, '\n', len); at != NULL;
          at = memchr(at + 1, '\n', end - at - 1)) {
         if (end - at - 1 < n + 1)
-            return -1;
+            return NULL;
         Py_ssize_t i = 0;
         for (; i < n; i++) {
             char c = at[1 + i];
@@ -140,34 +139,30 @@ static Py_ssize_t field_at(const char *block, Py_ssize_t len, const char *name, 
                 break;
         }
         if (i == n && at[1 + n] == ':')
-            return at - block;
+            return at + n + 2;
     }
-    return -1;
+    return NULL;
 }
 
-/* The Content-Length of `block` where it is plain (spaces or tabs, decimal digits, spaces or
- * tabs, CR): 0 with `*length` set (0 where absent), or -1 where not plain. */
-static int content_length(const char *block, Py_ssize_t len, Py_ssize_t *length) {
-    Py_ssize_t at = field_at(block, len, "content-length", 14);
-    *length = 0;
-    if (at < 0)
+/* The Content-Length of `block` (a header block: it ends CRLFCRLF) where it is plain (spaces or
+ * tabs, decimal digits, spaces or tabs, CR): its value (0 where absent), or -1 where not plain.
+ * Each loop stops at a CR at the latest, as the field's value does not hold the block's end. */
+static Py_ssize_t content_length(const char *block, Py_ssize_t len) {
+    const char *c = field_value(block, len, "content-length", 14);
+    if (c == NULL)
         return 0;
-    const char *c = block + at + 16, *end = block + len;
-    while (c < end && (*c == ' ' || *c == '\t'))
+    while (*c == ' ' || *c == '\t')
         c++;
     int digits = 0;
     Py_ssize_t value = 0;
-    for (; c < end && *c >= '0' && *c <= '9'; c++) {
+    for (; *c >= '0' && *c <= '9'; c++) {
         if (++digits > 15)
             return -1; /* larger than any body limit: the Python path refuses it */
         value = value * 10 + (*c - '0');
     }
-    while (c < end && (*c == ' ' || *c == '\t'))
+    while (*c == ' ' || *c == '\t')
         c++;
-    if (!digits || c >= end || *c != '\r')
-        return -1;
-    *length = value;
-    return 0;
+    return digits && *c == '\r' ? value : -1;
 }
 
 /* One request taken from a chunk: its bytes [at, end) and what its call is booked with. */
@@ -297,7 +292,7 @@ static int quick_answer(PyObject *book, PyObject *observer, const char *block, P
                 PyErr_SetString(PyExc_TypeError, "force_header: bytes or None");
                 goto error;
             }
-            if (field_at(block, len, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value)) >= 0)
+            if (field_value(block, len, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value)))
                 goto out; /* the hook reads the force header's value */
         }
         Py_CLEAR(value);
@@ -346,9 +341,10 @@ static int take(Pump *p, PyObject *reader, PyObject *book, PyObject *metrics,
         const char *crlf = memmem(data + at, (size_t)(n - at), "\r\n\r\n", 4);
         if (crlf == NULL)
             return 0;
-        Py_ssize_t to = crlf - data + 4, length;
-        if (to - at > p->header_bytes || field_at(data + at, to - at, "transfer-encoding", 17) >= 0 ||
-            content_length(data + at, to - at, &length) < 0 || length > p->body_bytes)
+        /* (llhttp judges the rest: a Transfer-Encoding, two lengths, bytes a request may not
+         * hold; these only find where the request would end) */
+        Py_ssize_t to = crlf - data + 4, length = content_length(data + at, to - at);
+        if (to - at > p->header_bytes || length < 0 || length > p->body_bytes)
             return 0;
         int last_follows = 0;
         Py_ssize_t end = to + length;
