@@ -51,7 +51,7 @@ EQUIVALENT = ROOT / "scripts" / "mutants_equivalent.txt"
 TESTS = {
     "_messagewalk.c": ["tests/proxy/test_messagewalk.py"],
     "_pump.c": ["tests/proxy/test_pump.py"],
-    "_httppump.c": ["tests/proxy/test_httppump.py", "tests/proxy/test_httppump_faults.py"],
+    "_httppump.c": ["tests/proxy/test_httppump_faults.py", "tests/proxy/test_httppump.py"],
     "_framewalk.c": [
         "tests/proxy/test_model_name_c.py",
         "tests/proxy/test_framewalk.py",
