@@ -21,11 +21,10 @@
  * block, not refused, not closing) or where this pump read the header block of the reader's
  * call and none of its body yet (`owned`: the body's rest is then taken here when the chunk
  * holds all of it). From there, whole requests are read one by one: the header block found
- * (CRLFCRLF) and bounded as the reader bounds it, a plain decimal Content-Length or none,
- * within the body limit, then llhttp itself (vendored, the version httptools parses with) must
- * accept the message and end it exactly where that framing says (so no Transfer-Encoding),
- * keep-alive and no upgrade. The last request may stop at its block's end with its body to
- * follow. Then the route (the cache; a miss asks `reader.routes.http_route` once) and, where the
+ * (CRLFCRLF) and bounded as the reader bounds it, then llhttp itself (vendored, the version
+ * httptools parses with) reads the request and says where it ends: a Content-Length body or
+ * none (no Transfer-Encoding), within the body limit, keep-alive and no upgrade. The last
+ * request may stop at its block's end with its body to follow. Then the route (the cache; a miss asks `reader.routes.http_route` once) and, where the
  * connection has an observer, its `quick` decision as `CallBook.start` makes it (a coin flipped
  * here and picked is left in `book.drawn` for the Python path). The first request that is none
  * of this, and everything after it in the chunk, goes to `fallback` unchanged: the bytes taken
@@ -55,8 +54,9 @@ static PyObject *zero, *one, *zero_float, *empty_str;
 
 /* What llhttp said of one message (its callbacks). */
 typedef struct {
-    int headers, done, keep_alive, upgrade;
+    int headers, done, keep_alive, upgrade, encoded;
     uint8_t method;
+    uint64_t length; /* the Content-Length (0: none) */
 } Seen;
 
 static int on_headers_complete(llhttp_t *h) {
@@ -66,12 +66,15 @@ static int on_headers_complete(llhttp_t *h) {
     /* read here: llhttp resets it once a message without a body is complete */
     s->keep_alive = llhttp_should_keep_alive(h);
     s->upgrade = h->upgrade; /* judged leaves an upgrade to the Python path, body or none */
+    s->encoded = (h->flags & F_TRANSFER_ENCODING) != 0; /* chunked: the Python path's */
+    /* read here: llhttp counts it down as the body goes by */
+    s->length = h->flags & F_CONTENT_LENGTH ? h->content_length : 0;
     return 0;
 }
 
 static int on_message_complete(llhttp_t *h) {
     ((Seen *)h->data)->done = 1;
-    return HPE_PAUSED; /* stop right after it: where it ended is checked against our framing */
+    return HPE_PAUSED; /* stop right after it: where it ended is where the request ends */
 }
 
 typedef struct {
@@ -144,27 +147,6 @@ static const char *field_value(const char *block, Py_ssize_t len, const char *na
     return NULL;
 }
 
-/* The Content-Length of `block` (a header block: it ends CRLFCRLF) where it is plain (spaces or
- * tabs, decimal digits, spaces or tabs, CR): its value (0 where absent), or -1 where not plain.
- * Each loop stops at a CR at the latest, as the field's value does not hold the block's end. */
-static Py_ssize_t content_length(const char *block, Py_ssize_t len) {
-    const char *c = field_value(block, len, "content-length", 14);
-    if (c == NULL)
-        return 0;
-    while (*c == ' ' || *c == '\t')
-        c++;
-    int digits = 0;
-    Py_ssize_t value = 0;
-    for (; *c >= '0' && *c <= '9'; c++) {
-        if (++digits > 15)
-            return -1; /* larger than any body limit: the Python path refuses it */
-        value = value * 10 + (*c - '0');
-    }
-    while (*c == ' ' || *c == '\t')
-        c++;
-    return digits && *c == '\r' ? value : -1;
-}
-
 /* One request taken from a chunk: its bytes [at, end) and what its call is booked with. */
 typedef struct {
     Py_ssize_t at, to, end, length;
@@ -179,18 +161,26 @@ static void message_clear(Message *m) {
     Py_CLEAR(m->started);
 }
 
-/* Run llhttp over data[at:end): 1 where it ended the message exactly at `end` (`follows`: took
- * the header block and wants a body), 0 where not. */
-static int judged(Pump *p, const char *data, Py_ssize_t at, Py_ssize_t end, int follows) {
+/* Run llhttp over data[at:n), a request whose header block ends at `to`: 1 where it read a
+ * whole request (its end into *end), or that block ending the chunk (to == n) with its
+ * Content-Length body to follow (*follows set, *end = to), kept alive, no upgrade, no
+ * Transfer-Encoding, its body within the reader's limit; 0 where not. */
+static int judged(Pump *p, const char *data, Py_ssize_t at, Py_ssize_t to, Py_ssize_t n,
+                  Py_ssize_t *end, int *follows) {
     memset(&p->seen, 0, sizeof(p->seen));
     llhttp_reset(&p->parser);
-    llhttp_errno_t err = llhttp_execute(&p->parser, data + at, (size_t)(end - at));
+    llhttp_errno_t err = llhttp_execute(&p->parser, data + at, (size_t)(n - at));
     Seen *s = &p->seen;
-    if (!s->headers || !s->keep_alive || s->upgrade)
+    if (!s->headers || !s->keep_alive || s->upgrade || s->encoded ||
+        s->length > (uint64_t)p->body_bytes)
         return 0;
-    if (follows)
-        return err == HPE_OK && !s->done;
-    return err == HPE_PAUSED && s->done && llhttp_get_error_pos(&p->parser) == data + end;
+    if (s->done) { /* paused by on_message_complete: the message ends where llhttp stopped */
+        *end = llhttp_get_error_pos(&p->parser) - data;
+        return *end - to == (Py_ssize_t)s->length; /* (its block ends where ours does) */
+    }
+    *end = to;
+    *follows = 1;
+    return err == HPE_OK && to == n; /* else: a part of a body, or an error */
 }
 
 /* The route of a request line: (label, model) into `m`; 0, or -1 with an exception. */
@@ -341,21 +331,11 @@ static int take(Pump *p, PyObject *reader, PyObject *book, PyObject *metrics,
         const char *crlf = memmem(data + at, (size_t)(n - at), "\r\n\r\n", 4);
         if (crlf == NULL)
             return 0;
-        /* (llhttp judges the rest: a Transfer-Encoding, two lengths, bytes a request may not
-         * hold; these only find where the request would end) */
-        Py_ssize_t to = crlf - data + 4, length = content_length(data + at, to - at);
-        if (to - at > p->header_bytes || length < 0 || length > p->body_bytes)
-            return 0;
+        Py_ssize_t to = crlf - data + 4, end;
         int last_follows = 0;
-        Py_ssize_t end = to + length;
-        if (end > n) {
-            if (to != n)
-                return 0; /* part of a body: the reader's */
-            last_follows = 1;
-            end = to;
-        }
-        if (!judged(p, data, at, end, last_follows))
+        if (to - at > p->header_bytes || !judged(p, data, at, to, n, &end, &last_follows))
             return 0;
+        Py_ssize_t length = (Py_ssize_t)p->seen.length;
         const char *sp1 = memchr(data + at, ' ', (size_t)(to - at));
         const char *sp2 = sp1 == NULL ? NULL : memchr(sp1 + 1, ' ', (size_t)(data + to - sp1 - 1));
         if (sp2 == NULL || data + to - sp2 < 6 || memcmp(sp2, " HTTP/", 6) != 0)

@@ -487,16 +487,22 @@ def head_with_length(digits: str) -> bytes:
     return b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: %s\r\n\r\n" % digits.encode()
 
 
-@pytest.mark.parametrize(("digits", "owned"), [("9" * 15, True), ("1" + "0" * 15, False)])
-def test_a_content_length_of_up_to_15_digits_is_read_in_c(digits: str, owned: bool) -> None:
-    """Past 15 digits (beyond any body limit a host could hold) the reader reads the length;
-    up to there, under a limit that allows it, the pump owns the call whose body follows."""
-    c_side = client(True, None)
-    c_side[0].requests.limits = HttpLimits(header_bytes=400, body_bytes=10**17)
-    routed(c_side)
-    c_side[0].data_received(head_with_length(digits))
-    assert c_side[0].pump.owns is owned
-    assert c_side[0].requests.body_left == int(digits)
+@pytest.mark.parametrize(
+    ("digits", "owned"),
+    [("9" * 15, True), ("1" + "0" * 16, True), ("1" + "0" * 16 + "1", False), ("9" * 30, False)],
+)
+def test_a_content_length_is_read_as_llhttp_reads_it(digits: str, owned: bool) -> None:
+    """Any Content-Length within the body limit (10**17 here) is the owned call's body to come;
+    past it, or past what llhttp reads (2**64), the reader takes the request and refuses it."""
+    side = client(True, None)
+    side[0].requests.limits = HttpLimits(header_bytes=400, body_bytes=10**17)
+    routed(side)
+    side[0].data_received(head_with_length(digits))
+    assert side[0].pump.owns is owned
+    if owned:
+        assert side[0].requests.body_left == int(digits)
+    else:
+        assert side[0].requests.refused is not None
 
 
 @pytest.mark.parametrize(
@@ -573,6 +579,9 @@ GET = b"GET /v2/health/live HTTP/1.1\r\n"
         (GET + b"Content-Length: \r\n\r\n", False),
         (GET + b"Content-Length: 0 0\r\n\r\n", False),
         (GET + b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n", False),
+        (GET + b"Transfer-Encoding: chunked\r\n\r\n", False),  # its chunks to follow
+        (HEADER + BODY[:1], False),  # a part of a body
+        (GET + b"Content-Length:\t2\r\n\r\n{}", True),
         (GET + b"Transfer-Encoding: identity\r\nContent-Length: 0\r\n\r\n", False),
         (GET + b"Content-Length: 0\r\nContent-Length: 0\r\n\r\n", False),
         (GET + b"Connection: close\r\n\r\n", False),
