@@ -18,6 +18,7 @@ import sys
 import time
 import tracemalloc
 from collections import deque
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -366,11 +367,11 @@ def call_type(cls: type) -> Any:
 
 
 class CollidesLater:
-    """Hashed as `twin`; its `n`th comparison from now raises the injected fault (a route
-    cache's lookup compares once, and the insert after it again)."""
+    """Hashed as `twin`; every `n`th comparison raises the injected fault (a route cache's
+    lookup compares once, and the insert after it again)."""
 
     def __init__(self, twin: object, n: int) -> None:
-        self.twin, self.left = twin, n
+        self.twin, self.n, self.left = twin, n, n
 
     def __hash__(self) -> int:
         return hash(self.twin)
@@ -378,6 +379,7 @@ class CollidesLater:
     def __eq__(self, other: object) -> bool:
         self.left -= 1
         if self.left == 0:
+            self.left = self.n
             raise Injected("no comparison")
         return False
 
@@ -419,6 +421,11 @@ def test_a_fault_only_c_meets_raises_its_own_error(name: str) -> None:
     fault, rate, chunks, forwards = C_ONLY[name]
     side = client(True, Hook(5, rate))
     fault(side)
+    asked: list[bytes] = []
+    routes = side[0].requests.routes
+    side[0].requests.routes = SimpleNamespace(
+        http_route=lambda verb, target: asked.append(target) or routes.http_route(verb, target)
+    )
     *before, last = chunks
     for chunk in before:
         assert feed(side, chunk) is None
@@ -430,6 +437,8 @@ def test_a_fault_only_c_meets_raises_its_own_error(name: str) -> None:
         assert proto.book.count == count
     if "cache" in name:
         assert proto.relay.route_cache == cached
+    if name == "the route cache's lookup raises":
+        assert asked == []  # nothing after the failed lookup: the routes not asked
 
 
 # a round again after these is not the same path: the reader is left mid-body
