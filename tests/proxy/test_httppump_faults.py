@@ -16,7 +16,6 @@ from __future__ import annotations
 import gc
 import sys
 import time
-import tracemalloc
 from collections import deque
 from types import SimpleNamespace
 from typing import Any
@@ -28,6 +27,7 @@ from sidecar.proxy.http.limits import HttpLimits
 from sidecar.proxy.http.relay import _ClientProtocol
 from sidecar.proxy.streams import QuickDecisions
 from tests.proxy.faults import RAISES, READ_ONLY, Faulty, Injected, NoBool, raising_rand
+from tests.proxy.native_lifetimes import memory_kept_by, tracked_while_freed
 from tests.proxy.test_httppump import (
     BODY,
     HEADER,
@@ -703,35 +703,13 @@ def test_a_pump_leaves_the_collector_before_it_drops_its_references() -> None:
     """Code its references run when freed (a `__del__`) may run the cycle collector: the pump
     being freed must not be among the objects it tracks (it would free it a second time)."""
     assert Pump is not None
-    tracked: list[bool] = []
-
-    class Fallback:
-        def __call__(self, data: bytes) -> None:
-            pass
-
-        def __del__(self) -> None:
-            tracked.append(any(id(o) == freed for o in gc.get_objects()))
-
-    pump = Pump(Fallback(), lambda: None)
-    freed = id(pump)
-    del pump
-    assert tracked == [False]
+    assert tracked_while_freed(lambda watcher: Pump(watcher, watcher)) == [False]
 
 
 def test_a_freed_pump_returns_its_memory() -> None:
     """2,000 pumps made and dropped keep no memory (each holds an llhttp parser: ~300 B)."""
     assert Pump is not None
-    lost = lambda: None  # noqa: E731
-    tracemalloc.start()
-    try:
-        for _ in range(4):
-            Pump(lost, lost)
-        start = tracemalloc.get_traced_memory()[0]
-        for _ in range(2000):
-            Pump(lost, lost)
-        grown = tracemalloc.get_traced_memory()[0] - start
-    finally:
-        tracemalloc.stop()
+    grown = memory_kept_by(lambda: Pump(print, print))
     assert grown < 16 * 1024, grown
 
 

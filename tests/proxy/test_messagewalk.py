@@ -14,6 +14,7 @@ import gc
 import itertools
 import sys
 import tracemalloc
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -30,6 +31,7 @@ from sidecar.proxy.stream_messages import (
     ResponseReader,
     ResponseReading,
 )
+from tests.proxy.native_lifetimes import tracked_while_freed
 from tests.proxy.proxy_h2build import grpc_message
 from tests.proxy.wire_strategies import (
     capture_limits,
@@ -484,21 +486,16 @@ def test_a_walker_leaves_the_collector_before_it_drops_its_references() -> None:
     """Code its references run when freed (a `__del__`) may run the cycle collector: the walker
     being freed must not be among the objects it tracks (it would free it a second time)."""
     assert native is not None
-    tracked: list[bool] = []
 
-    class Collected:
-        def __call__(self, size: int) -> None:
-            return None
+    def with_pick(walker_type: Any) -> Any:
+        def make(watcher: Any) -> Any:
+            walker = walker_type()
+            walker.pick = watcher
+            return walker
 
-        def __del__(self) -> None:
-            tracked.append(any(id(o) == freed for o in gc.get_objects()))
+        return make
 
-    for walker_type in native:
-        walker = walker_type()
-        walker.pick = Collected()
-        freed = id(walker)
-        del walker
-    assert tracked == [False, False]
+    assert [tracked_while_freed(with_pick(t)) for t in native] == [[False], [False]]
 
 
 def test_a_prefix_gives_its_size_from_all_four_bytes() -> None:

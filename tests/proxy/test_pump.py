@@ -16,7 +16,6 @@ from __future__ import annotations
 import gc
 import sys
 import time
-import tracemalloc
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -34,6 +33,7 @@ from sidecar.proxy import frames, relay, streams
 from sidecar.proxy.frames import ScanError
 from sidecar.proxy.metrics import ProxyMetrics
 from sidecar.proxy.streams import ConnectionTracker
+from tests.proxy.native_lifetimes import memory_kept_by, tracked_while_freed
 from tests.proxy.proxy_h2build import Conversation
 from tests.proxy.proxy_harness import RelayThread, grpc_backend, unary
 from tests.proxy.test_framewalk_streams import (
@@ -593,33 +593,12 @@ def test_the_pumps_arguments_are_checked() -> None:
 def test_a_pump_leaves_the_collector_before_it_drops_its_references() -> None:
     """Code its references run when freed (a `__del__`) may run the cycle collector: the pump
     being freed must not be among the objects it tracks (it would free it a second time)."""
-    tracked: list[bool] = []
-
-    class Fallback:
-        def __call__(self, data: bytes) -> None:
-            pass
-
-        def __del__(self) -> None:
-            tracked.append(any(id(o) == freed for o in gc.get_objects()))
-
-    pump = Pump(Fallback(), never_lost)
-    freed = id(pump)
-    del pump
-    assert tracked == [False]
+    assert tracked_while_freed(lambda watcher: Pump(watcher, never_lost)) == [False]
 
 
 def test_a_freed_pump_returns_its_memory() -> None:
     """2,000 pumps made and dropped keep no memory (each is about 130 bytes)."""
-    tracemalloc.start()
-    try:
-        for _ in range(4):
-            Pump(never_lost, never_lost)
-        start = tracemalloc.get_traced_memory()[0]
-        for _ in range(2000):
-            Pump(never_lost, never_lost)
-        grown = tracemalloc.get_traced_memory()[0] - start
-    finally:
-        tracemalloc.stop()
+    grown = memory_kept_by(lambda: Pump(never_lost, never_lost))
     assert grown < 16 * 1024, grown
 
 
