@@ -93,7 +93,7 @@ def test_metadata_and_statistics_identical(stubs: dict[str, Any]) -> None:
 
 def test_stream_infer(stubs: dict[str, Any]) -> None:
     requests = [add_sub_request(8, seed) for seed in range(5)]
-    replies = list(stubs["relay"].ModelStreamInfer(iter(requests)))
+    replies = list(stubs["relay"].ModelStreamInfer(iter(requests), timeout=60))
     assert len(replies) == 5
     for req, reply in zip(requests, replies, strict=True):
         assert not reply.error_message

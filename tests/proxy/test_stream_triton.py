@@ -24,6 +24,7 @@ from tests.proxy.proxy_harness import SidecarThread
 
 pytestmark = pytest.mark.triton
 METHOD = "ModelStreamInfer"
+STREAM_DEADLINE_S = 60  # a hung stream fails here, with what it got, not at the suite timeout
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +48,17 @@ def stream(address: str, messages: list[Any], pause_s: float = 0.0) -> list[Any]
             yield msg
             time.sleep(pause_s)
 
+    replies: list[Any] = []
     with grpc.insecure_channel(address) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        return list(stub.ModelStreamInfer(send()))
+        try:
+            replies.extend(stub.ModelStreamInfer(send(), timeout=STREAM_DEADLINE_S))
+        except grpc.RpcError as exc:
+            if exc.code() is not grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise
+            got = [r.infer_response.id or r.error_message for r in replies]
+            pytest.fail(f"the stream did not end in {STREAM_DEADLINE_S} s; replies: {got}")
+    return replies
 
 
 def tokens(
