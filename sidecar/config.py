@@ -188,7 +188,11 @@ class ServeConfig:
     )
     tls_cert: Path | None = field(
         default=None,
-        metadata=row(parsers.path, "PEM", "terminate TLS on the client side with this certificate"),
+        metadata=row(
+            parsers.path,
+            "PEM",
+            "terminate TLS on the client side (gRPC and HTTP ports) with this certificate",
+        ),
     )
     tls_key: Path | None = field(
         default=None, metadata=row(parsers.path, "PEM", "private key for --tls-cert")

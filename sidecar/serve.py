@@ -46,11 +46,12 @@ log = logging.getLogger(__name__)
 SAMPLING_HEALTH_SERVICE = "xsp.sampling"
 
 
-def tls_context(cert: str, key: str) -> ssl.SSLContext:
-    """Server-side TLS context that offers HTTP/2 (ALPN h2)."""
+def tls_context(cert: str, key: str, alpn: str = "h2") -> ssl.SSLContext:
+    """Server-side TLS context that offers one application protocol: HTTP/2 (ALPN `h2`) for
+    the gRPC port, `http/1.1` for the HTTP plane."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
-    context.set_alpn_protocols(["h2"])
+    context.set_alpn_protocols([alpn])
     return context
 
 
@@ -151,8 +152,10 @@ class Sidecar:
         )  # fmt: skip
         if self.http_relay is not None:
             log.info(
-                "relaying REST calls %s -> %s (HTTP/1.1, %s routes; sampling %s)",
-                self.http_listen, config.http_backend_endpoint, config.backend_protocol,
+                "relaying REST calls %s -> %s (HTTP/1.1%s, %s routes; sampling %s)",
+                self.http_listen, config.http_backend_endpoint,
+                " over TLS" if self.http_relay.ssl_context is not None else "",
+                config.backend_protocol,
                 "on" if self.http_observer_factory is not None else "off",
             )  # fmt: skip
         else:
@@ -166,10 +169,14 @@ class Sidecar:
         """The HTTP plane's relay: REST calls to --http-backend, counted under the backend's
         routes, and sampled by the pipeline's HTTP observers when sampling is on."""
         backend = config.http_backend_endpoint
+        context = None
+        if config.tls_cert is not None and config.tls_key is not None:
+            context = tls_context(str(config.tls_cert), str(config.tls_key), "http/1.1")
         self.http_relay = HttpRelay(
             backend, backend_named(config.backend_protocol), metrics,
             observer_factory=self.http_observer_factory,
             limits=HttpLimits(idle_timeout_s=config.idle_timeout or None),
+            ssl_context=context,
         )  # fmt: skip
         self.http_listen = await self.http_relay.start(config.http_listen_endpoint)
         if not tcp_accepts(backend, 1.0):

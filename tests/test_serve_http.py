@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import http.client
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
 from sidecar.endpoint import PortInUseError
 from tests.harness.metrics_text import sample_sum, scrape
 from tests.harness.process import free_port
+from tests.harness.tls import self_signed
 from tests.proxy.proxy_harness import SidecarThread
 
 INFER = "/v2/models/{}/infer"
@@ -125,3 +128,35 @@ def test_a_taken_http_port_is_a_clear_error(backend: str) -> None:
     with pytest.raises(PortInUseError) as info:
         SidecarThread("127.0.0.1:1", http_listen=taken, http_backend=f"127.0.0.1:{free_port()}")
     assert "--http-listen" in info.value.strerror
+
+
+def test_tls_cert_terminates_tls_on_the_http_plane_too(
+    backend: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="sidecar.serve")
+    cert, key = self_signed(tmp_path)
+    side = SidecarThread(
+        "127.0.0.1:1", http_listen="127.0.0.1:0", http_backend=backend,
+        tls_cert=cert, tls_key=key,
+    )  # fmt: skip
+    try:
+        listen = side.sidecar.http_listen
+        assert listen is not None
+        context = ssl.create_default_context(cafile=str(cert))
+        context.set_alpn_protocols(["h2", "http/1.1"])  # the gRPC port would pick h2
+        conn = http.client.HTTPSConnection("localhost", listen.port, timeout=10, context=context)
+        try:
+            conn.request("POST", INFER.format("cnn"), b'{"x": 2}')
+            response = conn.getresponse()
+            assert (response.status, response.read()) == (200, b'{"x": 2}')
+            assert conn.sock.selected_alpn_protocol() == "http/1.1"
+        finally:
+            conn.close()
+        with pytest.raises(http.client.RemoteDisconnected):
+            post(f"127.0.0.1:{listen.port}", INFER.format("cnn"))  # plain HTTP: no answer
+        text = scrape(side.metrics_url)
+        http_calls = {"protocol": "http", "method": "ModelInfer"}
+        assert sample_sum(text, "xsp_requests_total", **http_calls) == 1
+    finally:
+        side.close()
+    assert any("(HTTP/1.1 over TLS, triton routes" in r.getMessage() for r in caplog.records)

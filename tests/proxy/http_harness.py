@@ -71,6 +71,7 @@ class HttpRelayThread(LoopThread):
         limits: HttpLimits | None = None,
         registry: CollectorRegistry | None = None,
         routes: Any = None,
+        ssl_context: Any = None,
     ) -> None:
         super().__init__()
         self.registry = registry or CollectorRegistry()
@@ -78,7 +79,7 @@ class HttpRelayThread(LoopThread):
         host, port = backend.rsplit(":", 1)
         self.relay = HttpRelay(
             Endpoint(host, int(port)), routes or triton_routes(), self.metrics,
-            observer_factory, limits or HttpLimits(),
+            observer_factory, limits or HttpLimits(), ssl_context=ssl_context,
         )  # fmt: skip
         self.endpoint = self.run(self.relay.start(Endpoint("127.0.0.1", 0)))
         self.address = f"127.0.0.1:{self.endpoint.port}"

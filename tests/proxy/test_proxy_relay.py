@@ -5,10 +5,8 @@ health, /metrics over HTTP, header injection, Unix sockets, TLS, streaming."""
 from __future__ import annotations
 
 import random
-import shutil
 import socket
 import ssl
-import subprocess
 import tempfile
 import threading
 import time
@@ -28,6 +26,7 @@ from sidecar.proxy.streams import ConnectionInfo, HeaderDecision, RequestStart, 
 from sidecar.serve import tls_context
 from tests.harness.metrics_text import sample_value, samples, scrape, scrape_registry
 from tests.harness.process import free_port
+from tests.harness.tls import self_signed
 from tests.proxy.proxy_harness import (
     RelayThread,
     SidecarThread,
@@ -328,24 +327,9 @@ def test_unix_socket_backend_and_streaming() -> None:
         relay.close()
 
 
-def _self_signed(tmp: Path) -> tuple[Path, Path]:
-    """A throw-away self-signed certificate for localhost, made by the openssl CLI."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("the openssl command is needed to make a test certificate")
-    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
-    subprocess.run(
-        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-keyout", str(key_path), "-out", str(cert_path), "-days", "1",
-         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return cert_path, key_path
-
-
 def test_tls_termination(tmp_path: Path, backend: tuple[grpc.Server, int]) -> None:
     _, port = backend
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     context = tls_context(str(cert), str(key))
     assert isinstance(context, ssl.SSLContext)
     relay = RelayThread(Endpoint("127.0.0.1", port), ssl_context=context)

@@ -37,6 +37,10 @@ Timeouts: one sweep per relay (not a timer per request) answers 408 to a header 
 more than `HttpLimits.header_timeout_s` ago and closes a connection with nothing in flight and
 no byte either way for `idle_timeout_s`.
 
+TLS (`ssl_context`, HTTPS): terminated on the client side as the gRPC relay terminates it; the
+backend connection stays plain HTTP (Triton's HTTP endpoint has no TLS). A handshake not done
+within the header timeout closes the connection, as a slow header block is answered 408.
+
 Shutdown (`shutdown(grace_period)`): stop accepting; each connection is closed as soon as no
 request is open or part-way read on it; after the grace period the rest are closed (their open
 calls end as UNAVAILABLE). HTTP/1.1 has no way to tell a client to stop before a response, so
@@ -51,6 +55,7 @@ import enum
 import itertools
 import logging
 import socket
+import ssl
 import time
 from typing import TYPE_CHECKING, cast
 
@@ -505,6 +510,7 @@ class HttpRelay:
         limits: HttpLimits = HttpLimits(),  # noqa: B008 (frozen)
         *,
         connect_timeout: float = CONNECT_TIMEOUT_S,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.backend = backend
         self.routes = routes
@@ -512,6 +518,7 @@ class HttpRelay:
         self.observer_factory = observer_factory
         self.limits = limits
         self.connect_timeout = connect_timeout
+        self.ssl_context = ssl_context  # TLS terminated on the client side (HTTPS)
         self.connections: set[_ClientProtocol] = set()
         # request line up to its version -> (method label, model): the C pump's routes
         self.route_cache: dict[bytes, tuple[str, str | None]] = {}
@@ -523,15 +530,21 @@ class HttpRelay:
     async def start(self, listen: Endpoint) -> Endpoint:
         """Start listening; returns the bound address (useful with port 0)."""
         self.loop = asyncio.get_running_loop()
+        context = self.ssl_context
+        # a client that opens a connection and never ends its handshake is a header trickle
+        # too: it gets the header block's time
+        handshake = self.limits.header_timeout_s if context is not None else None
         with translate_bind_errors(str(listen), "HTTP clients", "--http-listen"):
             if listen.unix_path:
                 self._server = await self.loop.create_unix_server(
-                    lambda: _ClientProtocol(self), listen.unix_path
-                )
+                    lambda: _ClientProtocol(self), listen.unix_path, ssl=context,
+                    ssl_handshake_timeout=handshake,
+                )  # fmt: skip
             else:
                 self._server = await self.loop.create_server(
-                    lambda: _ClientProtocol(self), listen.host, listen.port, reuse_address=True
-                )
+                    lambda: _ClientProtocol(self), listen.host, listen.port, reuse_address=True,
+                    ssl=context, ssl_handshake_timeout=handshake,
+                )  # fmt: skip
         self._schedule_sweep()
         if listen.unix_path:
             return listen
