@@ -9,7 +9,8 @@ the layout of the gRPC request's `raw_input_contents`, so the arrays are the one
 deserialize_bytes_tensor`, BF16 widened to float32 as `kserve_decode` does it (tritonclient's
 `deserialize_bf16_tensor` gives the same numbers one element at a time, in Python), the rest
 by `triton_to_np_dtype`. JSON `data` is nested or flat, in row-major order: numbers, `true`/
-`false` for BOOL, strings (UTF-8) for BYTES. The model version is read from the path
+`false` for BOOL, strings (UTF-8) for BYTES; FP16 and BF16 only as binary data, as Triton
+reads them (it answers 400 to either in JSON). The model version is read from the path
 (`/versions/{v}`).
 """
 
@@ -29,6 +30,9 @@ from sidecar.backends.http_message import HttpMessageError, target_path, unpack
 from sidecar.backends.kserve_decode import NUMPY_DTYPES, SHARED_MEMORY_PARAMETER
 
 BINARY_DATA_SIZE = "binary_data_size"
+# datatypes Triton's HTTP endpoint does not read from JSON `data` (it answers 400): a request
+# that sends them so was never run, so it is not replayed either
+JSON_REFUSED = frozenset({"FP16", "BF16"})
 _VERSION = re.compile(r"/versions/([0-9]+)/infer")
 
 
@@ -153,6 +157,11 @@ def _from_binary(raw: bytes, datatype: str, shape: tuple[int, ...], name: str) -
 
 def _from_json(data: Any, datatype: str, shape: tuple[int, ...], name: str) -> np.ndarray:
     """One input's JSON `data`, nested or flat, row-major."""
+    if datatype in JSON_REFUSED:
+        raise KServeHttpDecodeError(
+            f"input {name!r} is {datatype} in JSON, which Triton refuses (400: receiving "
+            f"{datatype} data via JSON is not supported): only binary data carries {datatype}"
+        )
     count = math.prod(shape)
     flat = _flatten(data, name)
     if len(flat) != count:
@@ -184,8 +193,7 @@ def _from_json(data: Any, datatype: str, shape: tuple[int, ...], name: str) -> n
         return np.array(flat, dtype=dtype).reshape(shape)
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in flat):
         raise KServeHttpDecodeError(f"input {name!r} is {datatype}: its data must be numbers")
-    # FP16, FP32, FP64; BF16 as float32 (as it is widened from binary)
-    return np.array(flat, dtype=dtype).reshape(shape)
+    return np.array(flat, dtype=dtype).reshape(shape)  # FP32, FP64
 
 
 def _flatten(data: Any, name: str) -> list[Any]:

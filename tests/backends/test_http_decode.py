@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import http.client
 import json
 import os
 import zlib
@@ -24,7 +25,11 @@ import tritonclient.http as httpclient
 from sidecar.backends import TF_SERVING, TRITON
 from sidecar.backends.base import DecodedInputs
 from sidecar.backends.http_message import HttpMessage, HttpMessageError, pack, unpack
-from sidecar.backends.kserve_http_decode import KServeHttpDecodeError, decode_http_infer
+from sidecar.backends.kserve_http_decode import (
+    JSON_REFUSED,
+    KServeHttpDecodeError,
+    decode_http_infer,
+)
 from sidecar.backends.tf_rest_decode import UNNAMED_INPUT, TfRestDecodeError, decode_rest_predict
 from sidecar.trace import schema
 from tests.backends.test_kserve_decode import RAW_CASES, make_input, request_bytes
@@ -100,8 +105,12 @@ def grpc_arrays(tensors: dict[str, tuple[str, np.ndarray]]) -> dict[str, np.ndar
     return decoded.inputs
 
 
-@pytest.mark.parametrize("datatype", sorted(RAW_CASES))
-@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+@pytest.mark.parametrize(
+    ("datatype", "binary"),
+    [(dt, True) for dt in sorted(RAW_CASES)]
+    + [(dt, False) for dt in sorted(RAW_CASES) if dt not in JSON_REFUSED],
+    ids=lambda v: {True: "binary", False: "json"}.get(v, v) if isinstance(v, bool) else v,
+)
 def test_each_datatype_decodes_as_the_grpc_request_of_the_same_tensor(
     datatype: str, binary: bool
 ) -> None:
@@ -111,6 +120,37 @@ def test_each_datatype_decodes_as_the_grpc_request_of_the_same_tensor(
     decoded = TRITON.decoders["HttpModelInfer"](pack(body, json_size, target=INFER))
     assert decoded.version == ""
     assert_same(decoded.inputs, grpc_arrays(tensors))
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("datatype", sorted(JSON_REFUSED))
+def test_fp16_and_bf16_in_json_are_refused_as_the_real_triton_refuses_them(
+    triton: Any, datatype: str
+) -> None:
+    def body(dt: str) -> bytes:
+        inputs = [{"name": n, "shape": [2], "datatype": dt, "data": [0.5, 1.0]}
+                  for n in ("INPUT0", "INPUT1")]  # fmt: skip
+        return json.dumps({"inputs": inputs}).encode()
+
+    def triton_answers(data: bytes) -> tuple[int, dict[str, Any]]:
+        host, port = triton.http_address.rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        try:
+            conn.request("POST", "/v2/models/add_sub/infer", data)
+            response = conn.getresponse()
+            return response.status, json.loads(response.read())
+        finally:
+            conn.close()
+
+    status, answer = triton_answers(body(datatype))
+    assert status == 400
+    assert f"receiving {datatype} data via JSON is not supported" in answer["error"]
+    with pytest.raises(KServeHttpDecodeError, match=f"is {datatype} in JSON, which Triton"):
+        decode_http_infer(pack(body(datatype), None, target="/v2/models/add_sub/infer"))
+    # the same body as FP32: Triton runs it, and it decodes
+    assert triton_answers(body("FP32"))[0] == 200
+    decoded = decode_http_infer(pack(body("FP32"), None, target="/v2/models/add_sub/infer"))
+    np.testing.assert_array_equal(decoded.inputs["INPUT0"], np.array([0.5, 1.0], np.float32))
 
 
 def test_bf16_binary_is_widened_as_the_grpc_decoder_widens_it() -> None:
