@@ -6,10 +6,19 @@
  * relay lost the same cost with `_pump.c`. uvloop calls whatever `protocol.data_received` is,
  * so this object stands in for the client protocol's bound method.
  *
- * Pump(fallback, lost)
+ * Pump(fallback, lost, failed)
  *   `fallback(data)`: the protocol's Python `data_received` (the reference), which takes every
  *   chunk the pump does not. `lost()`: called where the backend transport's `write` raises
  *   RuntimeError (uvloop: it is closed), after the chunk's calls are booked, as relay.py does.
+ *   `failed(exc, booked)`: an Exception met reading or booking through the objects the pump
+ *   reads (the reader, the book, the route cache, the hook's `quick`): observation can fail,
+ *   forwarding must not. Met before any of the chunk was forwarded or booked (`booked` False):
+ *   the pump takes no chunk any more, and `fallback` takes this one and every later one
+ *   (where the fault is the hook's, Python's reader meets it too and stops observing). Met
+ *   after (`booked` True: booking what was written, or handing an owned call to the reader):
+ *   the rest of the chunk is written as it is, then `failed` stops the connection's
+ *   observation. An error of the backend's `write` (not RuntimeError) or of `fallback` itself
+ *   is raised, as Python's `data_received` raises it.
  * route(transport, reader, cache, call)
  *   The backend transport, the connection's `request_reader.RequestReader`, the relay's route
  *   cache (a dict: request line up to its version -> (method label, model)) and the `Call`
@@ -80,7 +89,7 @@ static int on_message_complete(llhttp_t *h) {
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *fallback, *lost;                        /* the protocol's Python side */
+    PyObject *fallback, *lost, *failed;               /* the protocol's Python side */
     PyObject *write, *reader, *cache, *call_type;     /* set by route() */
     PyObject *owned, *owned_block; /* a call whose block was read here, none of its body yet */
     Py_ssize_t left;               /* the owned call's body length */
@@ -90,10 +99,12 @@ typedef struct {
     llhttp_settings_t settings;
     Seen seen;
     char armed;
+    char broken; /* `failed(exc, False)` was told: never armed again */
 } Pump;
 
 #define PUMP_OBJECTS(X)                                                                       \
-    X(fallback) X(lost) X(write) X(reader) X(cache) X(call_type) X(owned) X(owned_block)
+    X(fallback) X(lost) X(failed) X(write) X(reader) X(cache) X(call_type) X(owned)            \
+    X(owned_block)
 
 static int pump_traverse(Pump *p, visitproc visit, void *arg) {
 #define VISIT(name) Py_VISIT(p->name);
@@ -477,11 +488,92 @@ static int hand_over(Pump *p) {
     return 0;
 }
 
+/* The exception set, taken from the thread (normalized, its traceback attached). */
+static PyObject *taken_error(void) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL)
+        PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return value;
+}
+
+/* `failed(exc, booked)`, where the pump is not released: 0, or -1. Takes `exc`. */
+static int tell_failed(Pump *p, PyObject *exc, int booked) {
+    int r = 0;
+    if (p->failed != NULL) {
+        PyObject *failed = Py_NewRef(p->failed);
+        PyObject *args[2] = {exc == NULL ? Py_None : exc, booked ? Py_True : Py_False};
+        PyObject *told = PyObject_Vectorcall(failed, args, 2, NULL);
+        Py_DECREF(failed);
+        r = told == NULL ? -1 : 0;
+        Py_XDECREF(told);
+    }
+    Py_XDECREF(exc);
+    return r;
+}
+
+static PyObject *to_fallback(Pump *p, PyObject *data);
+
+/* An Exception (set) met before anything of `data` was forwarded or booked: Python's reader
+ * takes this chunk and every later one (see the top). Anything else is raised. */
+static PyObject *step_back(Pump *p, PyObject *data) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        return NULL;
+    p->armed = 0;
+    p->broken = 1;
+    if (tell_failed(p, taken_error(), 0) < 0)
+        return NULL;
+    return to_fallback(p, data);
+}
+
+/* An Exception (set) met after bytes were forwarded or calls booked: data[from:] is written
+ * as it is, then `failed(exc, True)` stops the connection's observation. */
+static PyObject *give_up(Pump *p, PyObject *data, Py_ssize_t from) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception) || !PyBytes_CheckExact(data))
+        return NULL;
+    PyObject *exc = taken_error();
+    p->armed = 0;
+    p->broken = 1;
+    Py_CLEAR(p->owned);
+    Py_CLEAR(p->owned_block);
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
+    int closed = 0;
+    if (from < n && p->write != NULL) {
+        PyObject *write = Py_NewRef(p->write), *written = NULL;
+        PyObject *rest = PyBytes_FromStringAndSize(PyBytes_AS_STRING(data) + from, n - from);
+        if (rest != NULL)
+            written = PyObject_CallOneArg(write, rest);
+        Py_DECREF(write);
+        Py_XDECREF(rest);
+        if (written == NULL) {
+            if (rest == NULL || !PyErr_ExceptionMatches(PyExc_RuntimeError)) {
+                Py_XDECREF(exc);
+                return NULL;
+            }
+            PyErr_Clear(); /* uvloop: the backend transport is closed */
+            closed = 1;
+        }
+        Py_XDECREF(written);
+    }
+    if (tell_failed(p, exc, 1) < 0)
+        return NULL;
+    if (closed && p->lost != NULL) {
+        PyObject *lost = Py_NewRef(p->lost);
+        PyObject *result = PyObject_CallNoArgs(lost);
+        Py_DECREF(lost);
+        return result;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *to_fallback(Pump *p, PyObject *data) {
     if (p->fallback == NULL)
         Py_RETURN_NONE; /* released: the connection is gone */
-    if (hand_over(p) < 0)
-        return NULL;
+    if (hand_over(p) < 0) /* the owned call's block was forwarded and booked */
+        return give_up(p, data, 0);
     PyObject *fallback = Py_NewRef(p->fallback);
     PyObject *result = PyObject_CallOneArg(fallback, data);
     Py_DECREF(fallback);
@@ -566,21 +658,24 @@ static PyObject *take_chunk(Pump *p, Chunk *c, PyObject *data) {
         if (n < p->left)
             return to_fallback(p, data);
         pos = body_end = p->left;
-        Py_CLEAR(p->owned);
-        Py_CLEAR(p->owned_block);
     } else {
         int ok = at_boundary(c->reader);
         if (ok <= 0)
-            return ok < 0 ? NULL : to_fallback(p, data);
+            return ok < 0 ? step_back(p, data) : to_fallback(p, data);
     }
+    PyObject *taken = NULL;
     if (take(p, c->reader, c->book, c->metrics, c->observer, bytes, n, &pos, msgs, &count,
-             &follows) < 0)
-        goto error;
+             &follows) < 0 ||
+        (pos != 0 &&
+         (taken = pos == n ? Py_NewRef(data) : PyBytes_FromStringAndSize(bytes, pos)) == NULL)) {
+        for (int i = 0; i < count; i++)
+            message_clear(&msgs[i]);
+        return step_back(p, data);
+    }
     if (pos == 0)
         return to_fallback(p, data);
-    PyObject *taken = pos == n ? Py_NewRef(data) : PyBytes_FromStringAndSize(bytes, pos);
-    if (taken == NULL)
-        goto error;
+    Py_CLEAR(p->owned); /* its body's rest is written here */
+    Py_CLEAR(p->owned_block);
     PyObject *written = PyObject_CallOneArg(c->write, taken);
     Py_DECREF(taken);
     int closed = 0;
@@ -595,7 +690,7 @@ static PyObject *take_chunk(Pump *p, Chunk *c, PyObject *data) {
     for (int i = 0; i < count; i++)
         message_clear(&msgs[i]);
     if (failed < 0)
-        return NULL;
+        return give_up(p, data, pos);
     if (closed) {
         p->armed = 0;
         return PyObject_CallNoArgs(c->lost);
@@ -604,7 +699,7 @@ static PyObject *take_chunk(Pump *p, Chunk *c, PyObject *data) {
         Py_RETURN_NONE;
     PyObject *rest = PyBytes_FromStringAndSize(bytes + pos, n - pos);
     if (rest == NULL)
-        return NULL;
+        return give_up(p, data, pos);
     PyObject *result = to_fallback(p, rest);
     Py_DECREF(rest);
     return result;
@@ -625,22 +720,25 @@ static PyObject *pump_call(Pump *p, PyObject *const *args, size_t nargsf, PyObje
     p->chunks++;
     Chunk c = {Py_NewRef(p->write), Py_NewRef(p->reader), Py_NewRef(p->lost), NULL, NULL,
                NULL, Py_XNewRef(p->owned)};
-    PyObject *result = NULL;
+    PyObject *result;
     if ((c.book = PyObject_GetAttr(c.reader, s_book)) != NULL &&
         (c.metrics = PyObject_GetAttr(c.book, s_metrics)) != NULL &&
         (c.observer = PyObject_GetAttr(c.book, s_observer)) != NULL)
         result = take_chunk(p, &c, data);
+    else
+        result = step_back(p, data);
     chunk_drop(&c);
     return result;
 }
 
 static PyObject *pump_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"fallback", "lost", NULL};
-    PyObject *fallback, *lost;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:Pump", names, &fallback, &lost))
+    static char *names[] = {"fallback", "lost", "failed", NULL};
+    PyObject *fallback, *lost, *failed;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO:Pump", names, &fallback, &lost,
+                                     &failed))
         return NULL;
-    if (!PyCallable_Check(fallback) || !PyCallable_Check(lost)) {
-        PyErr_SetString(PyExc_TypeError, "Pump(fallback, lost): two callables");
+    if (!PyCallable_Check(fallback) || !PyCallable_Check(lost) || !PyCallable_Check(failed)) {
+        PyErr_SetString(PyExc_TypeError, "Pump(fallback, lost, failed): three callables");
         return NULL;
     }
     Pump *p = (Pump *)type->tp_alloc(type, 0);
@@ -649,6 +747,7 @@ static PyObject *pump_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     p->vectorcall = (vectorcallfunc)pump_call;
     p->fallback = Py_NewRef(fallback);
     p->lost = Py_NewRef(lost);
+    p->failed = Py_NewRef(failed);
     llhttp_settings_init(&p->settings);
     p->settings.on_headers_complete = on_headers_complete;
     p->settings.on_message_complete = on_message_complete;
@@ -713,7 +812,7 @@ static int set_armed(Pump *p, PyObject *value, void *Py_UNUSED(closure)) {
         PyErr_SetString(PyExc_ValueError, "a pump is armed only once routed (route())");
         return -1;
     }
-    p->armed = (char)armed;
+    p->armed = (char)(armed && !p->broken);
     return armed ? 0 : hand_over(p); /* the Python side takes the owned call's body */
 }
 

@@ -16,7 +16,13 @@ class Pump:
     @property
     def owns(self) -> bool:
         """Whether the reader's call had its header block read here (its body to come)."""
-    def __init__(self, fallback: Callable[[bytes], None], lost: Callable[[], None]) -> None: ...
+    def __init__(
+        self,
+        fallback: Callable[[bytes], None],
+        lost: Callable[[], None],
+        failed: Callable[[BaseException, bool], None],
+    ) -> None:
+        """`failed(exc, booked)`: an error met reading or booking; forwarding goes on."""
     def __call__(self, data: bytes) -> None: ...
     def route(self, transport: object, reader: object, cache: dict[bytes, Any], call: type) -> None:
         """The backend transport, the `RequestReader`, the relay's route cache, `Call`."""

@@ -281,7 +281,8 @@ class ProxyMetrics(CallPlane):
             "Connections whose observation failed (bytes kept flowing): not HTTP/2 or framing "
             "lost (observation stopped), or a header block could not be decoded (calls counted "
             "by stream from then on, see xsp_unobserved_streams_total); http_response: an "
-            "HTTP backend's response could not be parsed (that connection relayed unobserved).",
+            "HTTP backend's response could not be parsed, http_internal: reading an HTTP "
+            "client's requests raised (either: that connection relayed unobserved).",
             ["reason"],
             registry=registry,
         )

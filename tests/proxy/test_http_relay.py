@@ -256,6 +256,41 @@ def test_connection_close_and_quiet_end(triton: Any) -> None:
     assert recorder.ends == []
 
 
+class BrokenQuick(Recorder):
+    """An observer whose `quick` raises: a bug in the hook."""
+
+    @property
+    def quick(self) -> Any:
+        raise RuntimeError("a bug in the hook")
+
+
+@pytest.mark.parametrize("pump", ["c", "python"])
+def test_a_hook_that_raises_stops_observation_not_forwarding(
+    triton: Any, pump: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sidecar.proxy.http import relay as http_relay
+
+    if pump == "python":
+        monkeypatch.setattr(http_relay, "native_http_pump", None)
+    elif http_relay.native_http_pump is None:
+        pytest.skip("the C HTTP pump is not built here")
+    side = HttpRelayThread(triton.http_address, observer_factory=BrokenQuick())
+    try:
+        request = post("/v2/models/add_sub/infer", json_infer())
+        direct = exchange(triton.http_address, request)
+        with connect(side.address) as sock:
+            for _ in range(3):  # the first meets the fault; all are answered
+                sock.sendall(request)
+                [reply], _ = read_responses(sock, 1)
+                assert (reply.status, reply.body) == (direct[0].status, direct[0].body)
+        failures = metric(side, "xsp_observation_failures_total", reason="http_internal")
+    finally:
+        side.close()
+    assert failures == 1
+    assert "observing its requests failed" in caplog.text
+    assert "a bug in the hook" in caplog.text
+
+
 def test_bytes_unchanged_but_for_extra_headers() -> None:
     backend = RecordingBackend()
     recorder = Recorder(lambda start: HeaderDecision(extra_headers=[("x-added", "1")])

@@ -416,8 +416,8 @@ def test_release_drops_every_reference() -> None:
 def test_pump_arguments_are_checked() -> None:
     assert Pump is not None
     with pytest.raises(TypeError):
-        Pump(1, 2)  # type: ignore[arg-type]
-    pump = Pump(lambda data: None, lambda: None)
+        Pump(1, 2, 3)  # type: ignore[arg-type]
+    pump = Pump(lambda data: None, lambda: None, lambda exc, booked: None)
     with pytest.raises(ValueError):
         pump.armed = True  # not routed
     with pytest.raises(TypeError):

@@ -37,6 +37,11 @@ Timeouts: one sweep per relay (not a timer per request) answers 408 to a header 
 more than `HttpLimits.header_timeout_s` ago and closes a connection with nothing in flight and
 no byte either way for `idle_timeout_s`.
 
+Observation can fail; forwarding must not: an error reading a client's requests (from the
+hook's objects, or a bug; `_httppump.c` likewise) or a backend's response stops observing that
+connection, counted in `xsp_observation_failures_total` (`http_internal`, `http_response`),
+and its bytes go on unobserved, the ones held so far first.
+
 TLS (`ssl_context`, HTTPS): terminated on the client side as the gRPC relay terminates it; the
 backend connection stays plain HTTP (Triton's HTTP endpoint has no TLS). A handshake not done
 within the header timeout closes the connection, as a slow header block is answered 408.
@@ -197,7 +202,7 @@ class _ClientProtocol(asyncio.Protocol):
         # connected and armed by `arm` while RELAYING and observed
         self.pump: Pump | None = None
         if native_http_pump is not None:
-            self.pump = native_http_pump(self.data_received, self.close)
+            self.pump = native_http_pump(self.data_received, self.close, self.native_failed)
             vars(self)["data_received"] = self.pump  # uvloop calls protocol.data_received
 
     def arm(self) -> None:
@@ -244,7 +249,16 @@ class _ClientProtocol(asyncio.Protocol):
                 backend.write(data)
                 return
             requests = self.requests
-            pieces = requests.feed(data)
+            held = requests.head  # bytes held before this chunk: not forwarded yet
+            try:
+                pieces = requests.feed(data)
+            except Exception as exc:  # observation can fail; forwarding must not
+                try:
+                    backend.write(held + data if held else data)
+                except RuntimeError:
+                    self.close()
+                self.observation_failed(exc)
+                return
             try:
                 if pieces is None:
                     backend.write(data)
@@ -390,6 +404,31 @@ class _ClientProtocol(asyncio.Protocol):
             self.finish(answer)
         elif not self.transport.is_closing():
             self.transport.close()
+
+    def observation_failed(self, exc: BaseException) -> None:
+        """Reading this connection's requests raised (the hook's objects, or a bug): it is
+        relayed unobserved from then on, counted in `xsp_observation_failures_total{reason=
+        "http_internal"}` (the bytes not forwarded yet were written as they are)."""
+        if self.responses is None:
+            return
+        self.relay.metrics.observation_failures.labels("http_internal").inc()
+        log.error(
+            "connection %d: observing its requests failed; bytes keep flowing unobserved",
+            self.connection_id, exc_info=exc,
+        )  # fmt: skip
+        self.unobservable("")
+
+    def native_failed(self, exc: BaseException, booked: bool) -> None:
+        """The C pump met `exc` (`_httppump.c`): booked, after forwarding or booking part of a
+        chunk, so observation stops; else Python's reader takes the connection's chunks from
+        this one on (and meets the fault again where it is the hook's)."""
+        if booked:
+            self.observation_failed(exc)
+            return
+        log.warning(
+            "connection %d: the C pump failed (%s: %s); Python's reader goes on with it",
+            self.connection_id, type(exc).__name__, exc,
+        )  # fmt: skip
 
     def unobservable(self, reason: str) -> None:
         """Stop observing this connection (a broken response, or a tunnel): bytes go on."""
