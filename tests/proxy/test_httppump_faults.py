@@ -208,6 +208,9 @@ BOTH: dict[str, tuple[Any, type[BaseException] | None, float]] = {
     "picked, rand raises": (coin(rand=raising_rand), Injected, 1.0),
     "a draw at the rate: unpicked": (coin(rand=lambda: 0.25), None, 0.25),
     "a draw under the rate: picked": (coin(rand=lambda: 0.2499), None, 0.25),
+    # -1.0 is also a float's error return in C: here a number, and no error
+    "a draw of -1.0: picked": (coin(rand=lambda: -1.0), None, 0.25),
+    "a rate of -1.0: unpicked": (hot(pick_rate=-1.0), None, 0.0),
     "no http_route": (routes(http_route=RAISES), Injected, 0.0),
     "route's method unreadable": (routes(method=RAISES), Injected, 0.0),
     "route's model unreadable": (routes(model=RAISES), Injected, 0.0),
