@@ -471,14 +471,10 @@ static int request_done(PyObject *call, Py_ssize_t body) {
 static int hand_over(Pump *p) {
     if (p->owned == NULL)
         return 0;
-    PyObject *reader = p->reader, *block = p->owned_block;
+    /* (owned is set only while routed: a reader is there, and release() drops both) */
+    PyObject *reader = Py_NewRef(p->reader), *block = p->owned_block;
     p->owned_block = NULL;
     Py_CLEAR(p->owned);
-    if (reader == NULL) {
-        Py_XDECREF(block);
-        return 0;
-    }
-    Py_INCREF(reader);
     PyObject *done = PyObject_CallMethodOneArg(reader, s_adopt, block);
     Py_DECREF(reader);
     Py_DECREF(block);

@@ -247,13 +247,13 @@ def spied(side: Side) -> list[type[BaseException]]:
     return told
 
 
-def native_told(monkeypatch: pytest.MonkeyPatch) -> list[tuple[type[BaseException], bool]]:
+def native_told(monkeypatch: pytest.MonkeyPatch) -> list[tuple[BaseException, bool]]:
     """What C pumps made from now on tell `native_failed`: (error, booked)."""
-    told: list[tuple[type[BaseException], bool]] = []
+    told: list[tuple[BaseException, bool]] = []
     native = _ClientProtocol.native_failed
 
     def native_failed(self: _ClientProtocol, exc: BaseException, booked: bool) -> None:
-        told.append((type(exc), booked))
+        told.append((exc, booked))
         native(self, exc, booked)
 
     monkeypatch.setattr(_ClientProtocol, "native_failed", native_failed)
@@ -408,8 +408,9 @@ def failed_by(side: Side, chunk: bytes) -> bool:
 
 
 def shared_by(hook: Hook) -> list[Any]:
-    """What every round's side reads of the hook and must not keep."""
-    found: list[Any] = [Call, hook]
+    """What every round's side reads of the hook and must not keep (and the error's class,
+    which each failure's error refers to)."""
+    found: list[Any] = [Call, hook, Injected, TypeError]
     q = vars(hook).get("quick")
     if isinstance(q, QuickDecisions):
         found += [q, q.started, q.unpicked, q.not_replayable, q.coin]
@@ -563,7 +564,9 @@ def test_a_fault_only_c_meets_leaves_the_connection_to_python(
     with quiet_relay_log():
         for chunk in [last, *AFTER]:
             assert feed(side, chunk) is None and feed(reference, chunk) is None
-    assert told == [(Injected, booked)]
+    assert [(type(exc), was) for exc, was in told] == [(Injected, booked)]
+    # raised in Python code: told with where it was raised, for the log
+    assert told[0][0].__traceback__ is not None
     proto.arm()
     assert proto.pump.armed is False  # (never again)
     if booked:
