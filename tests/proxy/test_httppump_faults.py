@@ -433,6 +433,36 @@ def test_a_failed_count_drops_its_sum() -> None:
         gc.collect()
 
 
+class Stop(BaseException):
+    """Not an Exception (as KeyboardInterrupt is not): raised through, never a fault."""
+
+
+class StopsIn(frozenset):  # type: ignore[type-arg]
+    def __contains__(self, item: object) -> bool:
+        raise Stop
+
+
+class StoppingCounts(list):  # type: ignore[type-arg]
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise Stop
+
+
+@pytest.mark.parametrize("booked", [False, True])
+@pytest.mark.parametrize("pump", [True, False])
+def test_an_error_that_is_no_exception_is_raised_through(booked: bool, pump: bool) -> None:
+    """Raised before the chunk is forwarded (`per_call`'s `in`) or after (`started`'s
+    count, booked in C after the write): both paths let it through."""
+    hook = Hook(5, 0.0)
+    if booked:
+        hook.quick.started = StoppingCounts([0])
+    else:
+        hook.quick.per_call = StopsIn({"ModelInfer"})
+    side = client(pump, hook)
+    with pytest.raises(Stop):
+        side[0].data_received(INFER)
+    assert side[0].responses is not None  # not taken for a fault of observation
+
+
 # -- faults only the C path meets --------------------------------------------------------------
 
 
