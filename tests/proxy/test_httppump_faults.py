@@ -613,6 +613,29 @@ def test_a_fault_only_c_meets_leaves_the_connection_to_python(
         assert asked == [b"/v2/models/m/infer", b"/v2/models/m/infer", b"/v2/health/live"]
 
 
+@pytest.mark.parametrize("name", ["reader.call unreadable", "book.open unreadable"])
+def test_a_pump_that_told_a_fault_takes_no_chunk_again(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unbooked or booked, the pump disarms itself and stays so, whatever `failed` does (here:
+    nothing) and whoever arms it after."""
+    monkeypatch.setattr(_ClientProtocol, "native_failed", lambda self, exc, booked: None)
+    fault, rate, chunks, booked = C_ONLY[name]
+    side = client(True, Hook(5, rate))
+    fault(side)
+    with quiet_relay_log():
+        for chunk in chunks:
+            assert feed(side, chunk) is None
+    pump = side[0].pump
+    assert pump.armed is False
+    pump.armed = True
+    assert pump.armed is False
+    taken = pump.chunks
+    assert feed(side, INFER) is None
+    assert pump.chunks == taken  # (Python's reader took it)
+    assert side[0].responses is not None  # `failed` did nothing: still observed in Python
+
+
 @pytest.mark.parametrize("name", list(C_ONLY))
 def test_a_fault_only_c_meets_leaks_nothing(name: str) -> None:
     """Connection after connection meeting the fault: no block or reference is left by it."""
