@@ -533,8 +533,8 @@ static PyObject *give_up(Pump *p, PyObject *data, Py_ssize_t from) {
     PyObject *exc = taken_error();
     p->armed = 0;
     p->broken = 1;
-    Py_CLEAR(p->owned);
-    Py_CLEAR(p->owned_block);
+    /* (nothing is owned here: take_chunk dropped it before its write, a body that follows is
+     * owned only where booking it succeeded, and hand_over drops it before `adopt`) */
     Py_ssize_t n = PyBytes_GET_SIZE(data);
     int closed = 0;
     if (from < n && p->write != NULL) {

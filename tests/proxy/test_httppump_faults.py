@@ -620,7 +620,7 @@ def test_a_pump_that_told_a_fault_takes_no_chunk_again(
     """Unbooked or booked, the pump disarms itself and stays so, whatever `failed` does (here:
     nothing) and whoever arms it after."""
     monkeypatch.setattr(_ClientProtocol, "native_failed", lambda self, exc, booked: None)
-    fault, rate, chunks, booked = C_ONLY[name]
+    fault, rate, chunks, _ = C_ONLY[name]
     side = client(True, Hook(5, rate))
     fault(side)
     with quiet_relay_log():
@@ -636,9 +636,39 @@ def test_a_pump_that_told_a_fault_takes_no_chunk_again(
     assert side[0].responses is not None  # `failed` did nothing: still observed in Python
 
 
+@pytest.mark.parametrize("name", ["reader.call unreadable", "book.open unreadable"])
+def test_an_error_of_the_failed_callback_is_raised(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def native_failed(self: _ClientProtocol, exc: BaseException, booked: bool) -> None:
+        raise Injected("no telling")
+
+    monkeypatch.setattr(_ClientProtocol, "native_failed", native_failed)
+    fault, rate, chunks, _ = C_ONLY[name]
+    side = client(True, Hook(5, rate))
+    fault(side)
+    *before, last = chunks
+    for chunk in before:
+        assert feed(side, chunk) is None
+    sent = bytes(side[2].out)
+    with pytest.raises(Injected, match="no telling"):
+        side[0].data_received(last)
+    assert bytes(side[2].out) == sent + (last if name == "book.open unreadable" else b"")
+
+
+ANSWER = object()  # what `failed` answers in the rounds below: not to be kept
+
+
 @pytest.mark.parametrize("name", list(C_ONLY))
-def test_a_fault_only_c_meets_leaks_nothing(name: str) -> None:
+def test_a_fault_only_c_meets_leaks_nothing(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Connection after connection meeting the fault: no block or reference is left by it."""
+    native = _ClientProtocol.native_failed
+
+    def native_failed(self: _ClientProtocol, exc: BaseException, booked: bool) -> object:
+        native(self, exc, booked)
+        return ANSWER
+
+    monkeypatch.setattr(_ClientProtocol, "native_failed", native_failed)
     fault, rate, chunks, _ = C_ONLY[name]
     hook = Hook(5, rate)
 
@@ -649,10 +679,10 @@ def test_a_fault_only_c_meets_leaks_nothing(name: str) -> None:
         return side
 
     before = failing_rounds(make, chunks, 50)
-    counts = [sys.getrefcount(x) for x in shared_by(hook)]
+    counts = [sys.getrefcount(x) for x in [*shared_by(hook), ANSWER]]
     after = failing_rounds(make, chunks, 500)
     assert after - before < 250  # (as above)
-    assert [sys.getrefcount(x) for x in shared_by(hook)] == counts
+    assert [sys.getrefcount(x) for x in [*shared_by(hook), ANSWER]] == counts
 
 
 # -- the route cache ---------------------------------------------------------------------------
