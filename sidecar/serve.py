@@ -55,6 +55,13 @@ def tls_context(cert: str, key: str, alpn: str = "h2") -> ssl.SSLContext:
     return context
 
 
+def _client_tls(config: ServeConfig, alpn: str) -> ssl.SSLContext | None:
+    """The client ports' TLS context (--tls-cert, --tls-key), offering `alpn`; None: plain."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    return tls_context(str(config.tls_cert), str(config.tls_key), alpn)
+
+
 @dataclass
 class Sidecar:
     """The running data plane. Use `await start()` then `await shutdown()`."""
@@ -99,9 +106,7 @@ class Sidecar:
             raise ConfigError("--sample-slow needs --model-repository (profiles replay its models)")
         else:
             log.info("sampling is off: give --model-repository to profile live requests")
-        context = None
-        if config.tls_cert is not None and config.tls_key is not None:
-            context = tls_context(str(config.tls_cert), str(config.tls_key))
+        context = _client_tls(config, "h2")
         backend = config.backend_endpoint
         self.relay = Relay(
             backend, metrics, observer_factory=self.observer_factory, ssl_context=context,
@@ -169,9 +174,7 @@ class Sidecar:
         """The HTTP plane's relay: REST calls to --http-backend, counted under the backend's
         routes, and sampled by the pipeline's HTTP observers when sampling is on."""
         backend = config.http_backend_endpoint
-        context = None
-        if config.tls_cert is not None and config.tls_key is not None:
-            context = tls_context(str(config.tls_cert), str(config.tls_key), "http/1.1")
+        context = _client_tls(config, "http/1.1")
         self.http_relay = HttpRelay(
             backend, backend_named(config.backend_protocol), metrics,
             observer_factory=self.http_observer_factory,
