@@ -565,6 +565,13 @@ C_ONLY: dict[str, tuple[Any, float, list[bytes], bool]] = {
     "book.drawn unwritable (picked)": (book_with(drawn=READ_ONLY), 1.0, [INFER], False),
     "a call's request_bytes unreadable": (call_type(UnreadableBytes), 0.0, [INFER], True),
     "a call's quiet unwritable": (call_type(UnwritableQuiet), 0.0, [INFER], True),
+    # the rest of the chunk, handed on by the pump, is written as it is after the fault
+    "book.open unreadable, a request after": (
+        book_with(open=RAISES),
+        0.0,
+        [INFER + b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"],
+        True,
+    ),
 }
 AFTER = [INFER, LIVE]  # the connection goes on
 
@@ -654,6 +661,95 @@ def test_an_error_of_the_failed_callback_is_raised(
     with pytest.raises(Injected, match="no telling"):
         side[0].data_received(last)
     assert bytes(side[2].out) == sent + (last if name == "book.open unreadable" else b"")
+
+
+CHUNKED = (
+    b"POST /v2/models/m/infer HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"2\r\n{}\r\n0\r\n\r\n"
+)  # handed on to Python's reader
+
+
+class WritesThenFails(Transport):
+    """A backend whose first `ok` writes go out and every later one raises `error()`."""
+
+    def __init__(self, ok: int, error: type[Exception]) -> None:
+        super().__init__()
+        self.ok, self.failure = ok, error
+
+    def write(self, data: Any) -> None:
+        if self.ok == 0:
+            raise self.failure("closed" if self.failure is RuntimeError else "no write")
+        self.ok -= 1
+        super().write(data)
+
+
+def rest_side(rest_write: str, taken: int) -> tuple[Side, WritesThenFails, bytes]:
+    """A side whose book cannot be booked in (`open` unreadable), its pump routed to a backend
+    that takes the taken requests, then the rest as `rest_write` says; and the chunk."""
+    side = client(True, Hook(5, 0.0))
+    back = WritesThenFails(
+        10 if rest_write == "goes out" else 1,
+        Injected if rest_write == "raises" else RuntimeError,
+    )
+    side[0].pump.route(back, side[0].requests, side[0].relay.route_cache, Call)
+    side[0].pump.armed = True
+    side[0].requests.book = Faulty(side[0].requests.book, {"open": RAISES})
+    return side, back, INFER * taken + CHUNKED
+
+
+REST_WRITES = ["goes out", "backend closed", "raises"]
+
+
+@pytest.mark.parametrize("rest_write", REST_WRITES)
+@pytest.mark.parametrize("taken", [1, 3])
+def test_a_booking_fault_writes_the_rest_of_its_chunk(
+    rest_write: str, taken: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Taken requests forwarded, then booking them fails, with a request the pump hands on
+    after them in the same chunk: that rest is written as it is and observation stops (told
+    once, booked). A backend closed at that write (uvloop's RuntimeError) closes the client's
+    connection as a lost backend does; any other error of the write is raised, untold."""
+    told = native_told(monkeypatch)
+    side, back, chunk = rest_side(rest_write, taken)
+    with quiet_relay_log():
+        if rest_write == "raises":
+            with pytest.raises(Injected, match="no write"):
+                side[0].data_received(chunk)
+            assert told == [] and bytes(back.out) == INFER * taken
+            return
+        assert feed(side, chunk) is None
+    assert [(type(exc), booked) for exc, booked in told] == [(Injected, True)]
+    assert side[0].pump.armed is False and side[0].responses is None
+    assert internal_failures(side) == 1
+    if rest_write == "goes out":
+        assert bytes(back.out) == chunk and side[1].closing is False
+        assert feed(side, LIVE) is None  # unobserved, forwarded (by the protocol, to its
+        assert bytes(side[2].out) == LIVE  # own backend: the pump was routed to `back`)
+    else:
+        assert bytes(back.out) == INFER * taken  # the rest met the closed backend
+        assert side[1].closing is True  # the client's connection closed with it
+
+
+@pytest.mark.parametrize("rest_write", REST_WRITES)
+def test_writing_the_rest_leaks_nothing(rest_write: str) -> None:
+    """Connection after connection whose chunk's rest is written after a booking fault (or
+    meets a closed or failing backend there): no block or reference is left by it."""
+
+    def rounds(n: int) -> int:
+        with quiet_relay_log():
+            for _ in range(n):
+                side, _, chunk = rest_side(rest_write, 1)
+                with contextlib.suppress(Injected):
+                    side[0].data_received(chunk)
+                del side
+            gc.collect()
+        return sys.getallocatedblocks()
+
+    before = rounds(50)
+    counts = [sys.getrefcount(x) for x in (Injected, RuntimeError, Call)]
+    after = rounds(500)
+    assert after - before < 250  # (a leak here is 500s: one a round)
+    assert [sys.getrefcount(x) for x in (Injected, RuntimeError, Call)] == counts
 
 
 ANSWER = object()  # what `failed` answers in the rounds below: not to be kept
