@@ -669,6 +669,19 @@ CHUNKED = (
 )  # handed on to Python's reader
 
 
+class Receipt:
+    """What a write answers here (uvloop's answers None): every live one is in
+    `Receipt.live`, so an answer the pump did not drop shows there."""
+
+    live = 0
+
+    def __init__(self) -> None:
+        Receipt.live += 1
+
+    def __del__(self) -> None:
+        Receipt.live -= 1
+
+
 class WritesThenFails(Transport):
     """A backend whose first `ok` writes go out and every later one raises `error()`."""
 
@@ -676,11 +689,12 @@ class WritesThenFails(Transport):
         super().__init__()
         self.ok, self.failure = ok, error
 
-    def write(self, data: Any) -> None:
+    def write(self, data: Any) -> Any:
         if self.ok == 0:
             raise self.failure("closed" if self.failure is RuntimeError else "no write")
         self.ok -= 1
         super().write(data)
+        return Receipt()
 
 
 def rest_side(rest_write: str, taken: int) -> tuple[Side, WritesThenFails, bytes]:
@@ -721,6 +735,7 @@ def test_a_booking_fault_writes_the_rest_of_its_chunk(
     assert [(type(exc), booked) for exc, booked in told] == [(Injected, True)]
     assert side[0].pump.armed is False and side[0].responses is None
     assert internal_failures(side) == 1
+    assert Receipt.live == 0  # each write's answer dropped
     if rest_write == "goes out":
         assert bytes(back.out) == chunk and side[1].closing is False
         assert feed(side, LIVE) is None  # unobserved, forwarded (by the protocol, to its
@@ -728,6 +743,20 @@ def test_a_booking_fault_writes_the_rest_of_its_chunk(
     else:
         assert bytes(back.out) == INFER * taken  # the rest met the closed backend
         assert side[1].closing is True  # the client's connection closed with it
+
+
+def test_a_booking_fault_with_no_rest_writes_nothing_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The whole chunk taken, then booking fails: no empty write follows (here one would meet
+    the closed backend and close the client's connection)."""
+    told = native_told(monkeypatch)
+    side, back, _ = rest_side("backend closed", 1)
+    with quiet_relay_log():
+        assert feed(side, INFER) is None
+    assert [(type(exc), booked) for exc, booked in told] == [(Injected, True)]
+    assert bytes(back.out) == INFER and back.ok == 0
+    assert side[1].closing is False and side[0].responses is None
 
 
 @pytest.mark.parametrize("rest_write", REST_WRITES)
