@@ -382,3 +382,44 @@ def test_idle_timeout_and_shutdown_finishes_a_call_in_flight(triton: Any) -> Non
     assert responses[0].status == 200
     assert read_until_close(busy, 2) == b""
     busy.close()
+
+
+@pytest.mark.parametrize("pump", ["c", "python"])
+def test_an_unobserved_connection_is_closed_once_quiet(
+    pump: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection that went unobserved with a request part-way read (a response not
+    understood, its reader frozen there) shows only bytes: the idle timeout and shutdown close
+    it once none flowed for a while, as they close an idle one, not never (idle timeout) or at
+    the grace period's end (shutdown)."""
+    from sidecar.proxy.http import HttpLimits
+    from sidecar.proxy.http import relay as http_relay
+
+    if pump == "python":
+        monkeypatch.setattr(http_relay, "native_http_pump", None)
+    elif http_relay.native_http_pump is None:
+        pytest.skip("the C HTTP pump is not built here")
+    garbage = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokGARBAGE NOT HTTP\r\n\r\n"
+    backend = RecordingBackend(lambda n: garbage)
+    part = b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 100\r\n\r\n{"
+    try:
+        for idle_timeout in (0.4, None):
+            limits = HttpLimits(idle_timeout_s=idle_timeout)
+            side = HttpRelayThread(backend.address, limits=limits)
+            try:
+                with connect(side.address) as sock:
+                    sock.sendall(get("/v2/health/ready") + part)
+                    assert read_until_close(sock, 0.5) == garbage  # (0.5 s: still open)
+                    failures = metric(side, "xsp_observation_failures_total",
+                                      reason="http_response")  # fmt: skip
+                    assert failures == 1
+                    started = time.monotonic()
+                    if idle_timeout is None:  # shutdown
+                        side.close(grace=10.0)
+                    assert read_until_close(sock, 5) == b""
+                    assert time.monotonic() - started < 2.5
+            finally:
+                if idle_timeout is not None:
+                    side.close()
+    finally:
+        backend.close()

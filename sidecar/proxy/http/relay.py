@@ -47,9 +47,11 @@ backend connection stays plain HTTP (Triton's HTTP endpoint has no TLS). A hands
 within the header timeout closes the connection, as a slow header block is answered 408.
 
 Shutdown (`shutdown(grace_period)`): stop accepting; each connection is closed as soon as no
-request is open or part-way read on it; after the grace period the rest are closed (their open
-calls end as UNAVAILABLE). HTTP/1.1 has no way to tell a client to stop before a response, so
-a request sent into that moment sees the connection close, as with any HTTP server.
+request is open or part-way read on it (one gone unobserved, once no byte flowed either way for
+`SHUTDOWN_QUIET_S`, as the idle timeout waits on it); after the grace period the rest are
+closed (their open calls end as UNAVAILABLE). HTTP/1.1 has no way to tell a client to stop
+before a response, so a request sent into that moment sees the connection close, as with any
+HTTP server.
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ HIGH_WATER = 1 << 20
 LOW_WATER = 256 << 10
 CONNECT_TIMEOUT_S = 3.0
 LINGER_S = 1.0  # after our last answer and FIN, wait this long for the client to close
+SHUTDOWN_QUIET_S = 0.5  # at shutdown, an unobserved connection this quiet is closed
 MAX_PENDING = 1 << 20  # client bytes held while the backend connection opens
 
 
@@ -509,8 +512,20 @@ class _ClientProtocol(asyncio.Protocol):
     # -- the sweep ------------------------------------------------------------------------
 
     def idle(self) -> bool:
-        """Nothing open or part-way read on this connection."""
+        """Nothing open or part-way read on this connection. An unobserved one shows nothing
+        but its bytes, so it counts as idle here and is waited on while they flow (`quiet`)."""
+        if self.responses is None:
+            return True
         return not self.book.open and not self.requests.in_message()
+
+    def quiet(self, now: float, seconds: float) -> bool:
+        """Idle, and no chunk either way for `seconds` s (called on a clock: each call marks)."""
+        activity = self.activity + (0 if self.pump is None else self.pump.chunks)
+        if activity != self._idle_mark or not self.idle():
+            self._idle_mark = activity
+            self._idle_since = now
+            return False
+        return now - self._idle_since >= seconds
 
     def sweep(self, now: float, limits: HttpLimits) -> None:
         """Answer a header block trickling in too long with 408; close one idle too long."""
@@ -527,13 +542,7 @@ class _ClientProtocol(asyncio.Protocol):
             else:
                 self.refuse(refused)
             return
-        if limits.idle_timeout_s is None:
-            return
-        activity = self.activity + (0 if self.pump is None else self.pump.chunks)
-        if activity != self._idle_mark or not self.idle():
-            self._idle_mark = activity
-            self._idle_since = now
-        elif now - self._idle_since >= limits.idle_timeout_s:
+        if limits.idle_timeout_s is not None and self.quiet(now, limits.idle_timeout_s):
             self.finish(b"")
 
 
@@ -625,8 +634,11 @@ class HttpRelay:
         loop = self.loop
         deadline = loop.time() + grace_period
         while True:
+            now = time.monotonic()  # (the sweep's clock: `quiet` keeps its marks)
             for conn in list(self.connections):
-                if conn.state is RELAYING and conn.idle():
+                if conn.state is RELAYING and (
+                    conn.quiet(now, SHUTDOWN_QUIET_S) if conn.responses is None else conn.idle()
+                ):
                     conn.finish(b"")
                 elif conn.state is UNAVAILABLE or conn.state is CONNECTING:
                     conn.close()
