@@ -121,12 +121,6 @@ SMOKE: dict[str, Smoke] = {
         ),
         ("resnet50:1", "control", "median after/before"),  # the CUPTI arms need a GPU
     ),
-    "proxy_overhead.py": Smoke(
-        ("--duration", "1", "--warmup", "0.3", "--concurrency", "1"),
-        ("Triton", "relay", "perf_analyzer"),
-        triton=True,
-        timeout=400.0,
-    ),
     "proxy_overhead.py --sampling-ab": Smoke(
         (
             "--sampling-ab",
@@ -155,8 +149,15 @@ SMOKE: dict[str, Smoke] = {
         timeout=300.0,
     ),
     "proxy_overhead.py --streaming": Smoke(
+        # the plain run (unary direct and relayed, perf_analyzer) and the streams beside it
         ("--streaming", "--duration", "1", "--warmup", "0.3", "--concurrency", "1"),
-        ("ModelStreamInfer, one stream per client", "relay CPU per inference, stream / unary"),
+        (
+            "Triton",
+            "relay",
+            "perf_analyzer",
+            "ModelStreamInfer, one stream per client",
+            "relay CPU per inference, stream / unary",
+        ),
         triton=True,
         timeout=400.0,
     ),

@@ -153,37 +153,37 @@ def _relay_bytes() -> int:
 
 
 def test_pending_table_is_bounded() -> None:
-    """100,000 messages on one stream and a million responses to one request: the table
-    never holds more than its bound, memory stays flat, overflow is counted."""
+    """40,000 messages on one stream and 300,000 responses to one request: the table never
+    holds more than its bound, memory stays flat, overflow is counted."""
     bound = 256
     inf, reg = table(bound)
     one = request("m", ask_final=True)
     chunk = one * 1000
     tracemalloc.start()
-    for i in range(100):
+    for i in range(40):
         inf.request_data(chunk)
         assert len(inf.pending) <= bound
         if i == 9:
             after_ten = _relay_bytes()
     grown = _relay_bytes() - after_ten
     assert len(inf.pending) == bound
-    assert value(reg, "xsp_stream_anomalies_total", reason="overflow") == 100_000 - bound
-    assert requests_total(reg, "m", "UNKNOWN") == 100_000 - bound
+    assert value(reg, "xsp_stream_anomalies_total", reason="overflow") == 40_000 - bound
+    assert requests_total(reg, "m", "UNKNOWN") == 40_000 - bound
     inf.close("OK", 1.0)
     assert not inf.pending
 
     tracemalloc.stop()
-    assert grown < 64 * 1024  # 90,000 messages past the first 10,000 left no trace
+    assert grown < 64 * 1024  # 30,000 messages past the first 10,000 left no trace
 
     inf, reg = table(bound)
     inf.request_data(request("tok", ask_final=True))
     token = response("tok", final=False) * 10_000
-    for _ in range(100):
+    for _ in range(30):
         inf.response_data(token)
         assert len(inf.pending) == 1
     inf.response_data(response("tok", final=True, data=False))
-    assert value(reg, "xsp_responses_total", method=METHOD, model="tok") == 1_000_000
-    assert value(reg, "xsp_response_gap_seconds_count", method=METHOD, model="tok") == 999_999
+    assert value(reg, "xsp_responses_total", method=METHOD, model="tok") == 300_000
+    assert value(reg, "xsp_response_gap_seconds_count", method=METHOD, model="tok") == 299_999
     assert requests_total(reg, "tok") == 1
 
 
