@@ -32,6 +32,8 @@ settings.register_profile(
     "mutate", derandomize=True, max_examples=20, phases=_no_shrink, database=None
 )
 settings.register_profile("mutate-all", derandomize=True, phases=_no_shrink, database=None)
+# scripts/sanitize.sh --ci: the property tests under ASan/UBSan with 40 % of the examples
+settings.register_profile("sanitize", derandomize=True, max_examples=40, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 

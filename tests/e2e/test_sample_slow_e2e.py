@@ -236,14 +236,16 @@ def test_forced_requests_sent_while_the_worker_is_busy_are_each_profiled_up_to_t
 def test_slow_requests_met_while_the_worker_is_busy_are_profiled_slowest_first(
     loop_triton: TritonServer, tmp_path: Path
 ) -> None:
-    """Duty cycle 0.1: the first slow request is profiled at once (about half a second), then
-    the worker rests nine times as long; the five slow ones after it come meanwhile: the four
+    """Duty cycle 0.2: the first slow request is profiled at once (about half a second), then
+    the worker rests four times as long; the five slow ones after it come meanwhile: the four
     slowest are held (the fastest is pushed out and counted), then profiled the slowest
     first. (They are sent once the first profile is stored: sent during its replay, a request
     waits behind it on the model's one instance, and its latency, which orders the hold, is
     the replay's more than its own.)"""
-    later = (90000.0, 300000.0, 60000.0, 135000.0, 200000.0)  # 75 to 375 ms, 1.5x apart
-    with sidecar(loop_triton, tmp_path, "50", duty="0.1") as proc:
+    # 30 to 480 ms, 2x apart (1.5x was not enough: on two busy cores, the worker storing the
+    # first profile slowed one live request by that much)
+    later = (48000.0, 384000.0, 24000.0, 96000.0, 192000.0)
+    with sidecar(loop_triton, tmp_path, "20", duty="0.2") as proc:
         client = grpcclient.InferenceServerClient(proc.address)
         infer(client, SLOW_TRIPS[0])
         assert wait_until(lambda: proc.metric("xsp_profiles_total") >= 1, 120), proc.log_tail()

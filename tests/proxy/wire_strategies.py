@@ -21,12 +21,15 @@ from hypothesis import strategies as st
 from sidecar.proxy.stream_messages import ENABLE_FINAL, FINAL, MESSAGE_HEAD
 
 # the profiles (tests/conftest.py) scale the examples of tests that size their own
-_SCALE = {"long": 10.0, "mutate": 0.2}.get(os.environ.get("HYPOTHESIS_PROFILE", "ci"), 1.0)
+_SCALE = {"long": 10.0, "mutate": 0.2, "sanitize": 0.4}.get(
+    os.environ.get("HYPOTHESIS_PROFILE", "ci"), 1.0
+)
 
 
 def examples(n: int) -> int:
     """A test's max_examples: `n`; ten times it under the `long` profile, a fifth under
-    `mutate` (scripts/mutate_c.py's first pass)."""
+    `mutate` (scripts/mutate_c.py's first pass), two fifths under `sanitize` (sanitize.sh
+    --ci)."""
     return max(10, int(n * _SCALE))
 
 
