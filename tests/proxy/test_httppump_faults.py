@@ -278,11 +278,16 @@ def sides(fault: Any, rate: float) -> tuple[Side, Side, Hook]:
 
 
 @pytest.mark.parametrize("name", list(BOTH))
-def test_a_fault_stops_observation_as_it_stops_in_python(name: str) -> None:
+def test_a_fault_stops_observation_as_it_stops_in_python(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The chunk that meets the fault and every later one are forwarded as they are, the
     connection unobserved from then on and counted once, as in Python (the C pump steps back
-    to Python's reader, or writes the rest itself where it had booked part of the chunk)."""
+    to Python's reader, or writes the rest itself where it had booked part of the chunk).
+    What is no fault (`quick` absent or None: the hook's; a draw at the rate) the pump takes
+    as Python does, and never tells as its own failure."""
     fault, error, rate = BOTH[name]
+    native = native_told(monkeypatch)
     c_side, p_side, _ = sides(fault, rate)
     told = spied(c_side), spied(p_side)
     failed_at, sent = None, 0
@@ -299,7 +304,7 @@ def test_a_fault_stops_observation_as_it_stops_in_python(name: str) -> None:
             failed_at, sent = at, len(p_side[2].out)
     assert name not in FORWARDING
     if error is None:
-        assert failed_at is None and told == ([], [])
+        assert failed_at is None and told == ([], []) and native == []
         return
     assert failed_at is not None
     assert bytes(p_side[2].out)[sent:] == b"".join(CHUNKS[failed_at + 1 :])  # as they are
@@ -318,7 +323,7 @@ def held_by(side: Side, hook: Hook) -> list[Any]:
     found += [x for value in proto.relay.route_cache.values() for x in value]
     q = vars(hook).get("quick")  # (a fault may have made the attribute raise)
     if isinstance(q, QuickDecisions):
-        found += [q, q.started, q.unpicked, q.not_replayable, q.coin]
+        found += [q, q.started, q.unpicked, q.not_replayable, q.coin, q.per_call, q.replayable]
     return found
 
 
@@ -413,7 +418,7 @@ def shared_by(hook: Hook) -> list[Any]:
     found: list[Any] = [Call, hook, Injected, TypeError]
     q = vars(hook).get("quick")
     if isinstance(q, QuickDecisions):
-        found += [q, q.started, q.unpicked, q.not_replayable, q.coin]
+        found += [q, q.started, q.unpicked, q.not_replayable, q.coin, q.per_call, q.replayable]
     return found
 
 
