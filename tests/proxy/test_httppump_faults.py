@@ -324,6 +324,7 @@ def held_by(side: Side, hook: Hook) -> list[Any]:
     q = vars(hook).get("quick")  # (a fault may have made the attribute raise)
     if isinstance(q, QuickDecisions):
         found += [q, q.started, q.unpicked, q.not_replayable, q.coin, q.per_call, q.replayable]
+        found += [q.coin.hot, q.coin.hot.force_header]
     return found
 
 
@@ -419,6 +420,7 @@ def shared_by(hook: Hook) -> list[Any]:
     q = vars(hook).get("quick")
     if isinstance(q, QuickDecisions):
         found += [q, q.started, q.unpicked, q.not_replayable, q.coin, q.per_call, q.replayable]
+        found += [q.coin.hot, q.coin.hot.force_header]
     return found
 
 
