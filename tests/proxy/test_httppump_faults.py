@@ -324,7 +324,8 @@ def held_by(side: Side, hook: Hook) -> list[Any]:
     q = vars(hook).get("quick")  # (a fault may have made the attribute raise)
     if isinstance(q, QuickDecisions):
         found += [q, q.started, q.unpicked, q.not_replayable, q.coin, q.per_call, q.replayable]
-        found += [q.coin.hot, q.coin.hot.force_header]
+        with contextlib.suppress(Exception):  # (unless a fault made them unreadable)
+            found += [q.coin.hot, q.coin.hot.force_header]
     return found
 
 
@@ -420,7 +421,8 @@ def shared_by(hook: Hook) -> list[Any]:
     q = vars(hook).get("quick")
     if isinstance(q, QuickDecisions):
         found += [q, q.started, q.unpicked, q.not_replayable, q.coin, q.per_call, q.replayable]
-        found += [q.coin.hot, q.coin.hot.force_header]
+        with contextlib.suppress(Exception):  # (unless a fault made them unreadable)
+            found += [q.coin.hot, q.coin.hot.force_header]
     return found
 
 
