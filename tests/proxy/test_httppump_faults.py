@@ -1197,3 +1197,16 @@ def test_the_armed_flag() -> None:
     with pytest.raises(Injected):
         pump.armed = NoBool()
     assert pump.armed is True
+
+
+def test_a_draw_at_the_rate_is_unpicked_in_the_pump(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A draw equal to the rate is not a pick (`rand() < pick_rate`): the pump answers the
+    request itself, quietly, and hands Python nothing; one under it goes to the hook."""
+    handed = fallback_spy(monkeypatch)
+    for draw, taken in ((0.25, True), (0.2499, False)):
+        handed.clear()
+        hook = Hook(5, 0.25)
+        hook.quick.coin.rand = lambda draw=draw: draw
+        side = client(True, hook)
+        side[0].data_received(INFER)
+        assert handed == ([] if taken else [INFER]), draw
