@@ -131,13 +131,11 @@ tests=(tests/proxy/test_framewalk.py tests/proxy/test_framewalk_streams.py
 [ -z "${SANITIZE_TESTS:-}" ] || tests=($SANITIZE_TESTS)  # a narrower selection, while developing
 start=$(date +%s)
 echo "==> sanitizers: the C-against-Python tests and a real relay exchange"
-if [ "$ci" = 1 ]; then
-    # CI: the `sanitize` profile, two fifths of the examples (the full count ran unsanitized in
-    # the suite just before; the fuzz targets below explore further, guided by coverage)
-    HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-sanitize}" python -m pytest -x -q -p no:cacheprovider "${tests[@]}"
-else
-    python -m pytest -x -q -p no:cacheprovider "${tests[@]}"
-fi
+# CI: the `sanitize` profile, two fifths of the examples (the full count ran unsanitized in the
+# suite just before; the fuzz targets below explore further, guided by coverage)
+profile="${HYPOTHESIS_PROFILE:-ci}"
+[ "$ci" = 0 ] || profile="${HYPOTHESIS_PROFILE:-sanitize}"
+HYPOTHESIS_PROFILE="$profile" python -m pytest -x -q -p no:cacheprovider "${tests[@]}"
 if [ "$ci" = 0 ]; then
     round=1
     while [ $(($(date +%s) - start)) -lt $((budget / 2)) ]; do
