@@ -257,6 +257,7 @@ static int double_of(PyObject *value, double *out) {
 static int quick_answer(PyObject *book, PyObject *observer, const char *block, Py_ssize_t len,
                         Message *m) {
     PyObject *quick = NULL, *set_ = NULL, *coin = NULL, *hot = NULL, *value = NULL;
+    PyObject *drawn = NULL;
     int r = 1;
     if ((quick = PyObject_GetAttr(observer, s_quick)) == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError))
@@ -299,15 +300,11 @@ static int quick_answer(PyObject *book, PyObject *observer, const char *block, P
         Py_CLEAR(value);
         if (double_of(PyObject_GetAttr(hot, s_pick_rate), &rate) < 0 ||
             (value = PyObject_GetAttr(coin, s_rand)) == NULL ||
-            double_of(PyObject_CallNoArgs(value), &draw) < 0)
+            (drawn = PyObject_CallNoArgs(value)) == NULL ||
+            double_of(Py_NewRef(drawn), &draw) < 0)
             goto error;
-        if (draw < rate) { /* picked: the hook goes on from this draw */
-            PyObject *drawn = PyFloat_FromDouble(draw);
-            if (drawn == NULL)
-                goto error;
-            int failed = PyObject_SetAttr(book, s_drawn, drawn);
-            Py_DECREF(drawn);
-            if (failed < 0)
+        if (draw < rate) { /* picked: the hook goes on from the very object drawn */
+            if (PyObject_SetAttr(book, s_drawn, drawn) < 0)
                 goto error;
             goto out;
         }
@@ -323,6 +320,7 @@ out:
     Py_XDECREF(coin);
     Py_XDECREF(hot);
     Py_XDECREF(value);
+    Py_XDECREF(drawn);
     return r;
 error:
     Py_CLEAR(m->quiet);

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import logging
 import sys
 import time
@@ -160,6 +161,20 @@ def quick_absent(side: Side, hook: Hook) -> None:
     type(hook).quick = property(absent)  # type: ignore[assignment]
 
 
+def quick_absent_then_none(side: Side, hook: Hook) -> None:
+    """Reads of `quick` alternate: AttributeError, None. Where the C pump meets the first and
+    hands the chunk on, Python's reader meets the second: an error the pump left set would
+    meet no read that replaces it, and would surface."""
+    reads = itertools.count()
+
+    def flips(_: Any) -> Any:
+        if next(reads) % 2 == 0:
+            raise AttributeError("quick")
+        return None
+
+    type(hook).quick = property(flips)  # type: ignore[assignment]
+
+
 class FaultyRoutes:
     """The reader's routes, but each route has `faults` (or `http_route` itself raises)."""
 
@@ -189,6 +204,7 @@ BOTH: dict[str, tuple[Any, type[BaseException] | None, float]] = {
     "quick unreadable": (quick_unreadable, Injected, 0.0),
     "quick absent (AttributeError): the hook's": (quick_absent, None, 0.0),
     "quick None: the hook's": (lambda side, hook: setattr(hook, "quick", None), None, 0.0),
+    "quick absent, then None: the hook's": (quick_absent_then_none, None, 0.0),
     "per_call unreadable": (quick(per_call=RAISES), Injected, 0.0),
     "per_call's in raises": (on_quick("per_call", RaisingSet({"ModelInfer"})), Injected, 0.0),
     "replayable unreadable": (quick(replayable=RAISES), Injected, 0.0),
