@@ -327,6 +327,8 @@ def test_a_fault_stops_observation_as_it_stops_in_python(
         assert failed_at is None and told == ([], []) and native == []
         return
     assert failed_at is not None
+    # the C pump meets each of these first: it told the fault's own error, once
+    assert [type(exc) for exc, _ in native] == [error], native
     assert bytes(p_side[2].out)[sent:] == b"".join(CHUNKS[failed_at + 1 :])  # as they are
     for side in (c_side, p_side):
         assert side[0].responses is None and internal_failures(side) == 1
