@@ -66,7 +66,16 @@ typedef struct {
     int headers, done, keep_alive, upgrade, encoded;
     uint8_t method;
     uint64_t length; /* the Content-Length (0: none) */
+    const char *target; /* the request target, as llhttp read it (before the headers end) */
+    size_t target_len;
 } Seen;
+
+static int on_url(llhttp_t *h, const char *at, size_t length) {
+    Seen *s = (Seen *)h->data;
+    s->target = at; /* one span: judged gives llhttp the whole header block at once */
+    s->target_len = length;
+    return 0;
+}
 
 static int on_headers_complete(llhttp_t *h) {
     Seen *s = (Seen *)h->data;
@@ -194,10 +203,12 @@ static int judged(Pump *p, const char *data, Py_ssize_t at, Py_ssize_t to, Py_ss
     return err == HPE_OK && to == n; /* else: a part of a body, or an error */
 }
 
-/* The route of a request line: (label, model) into `m`; 0, or -1 with an exception. */
+/* The route of a request line whose target is data[url:url_end): (label, model) into `m`
+ * (cached under the line up to the target's end); 0, or -1 with an exception. */
 static int route_of(Pump *p, PyObject *reader, PyObject *metrics, const char *data,
-                    Py_ssize_t at, Py_ssize_t sp1, Py_ssize_t sp2, uint8_t method, Message *m) {
-    PyObject *key = PyBytes_FromStringAndSize(data + at, sp2 - at);
+                    Py_ssize_t at, Py_ssize_t url, Py_ssize_t url_end, uint8_t method,
+                    Message *m) {
+    PyObject *key = PyBytes_FromStringAndSize(data + at, url_end - at);
     if (key == NULL)
         return -1;
     PyObject *hit = PyDict_GetItemWithError(p->cache, key); /* borrowed */
@@ -217,7 +228,7 @@ static int route_of(Pump *p, PyObject *reader, PyObject *metrics, const char *da
     const char *verb_text = llhttp_method_name((llhttp_method_t)method);
     if ((routes = PyObject_GetAttr(reader, s_routes)) == NULL ||
         (verb = PyBytes_FromString(verb_text)) == NULL ||
-        (target = PyBytes_FromStringAndSize(data + sp1 + 1, sp2 - sp1 - 1)) == NULL)
+        (target = PyBytes_FromStringAndSize(data + url, url_end - url)) == NULL)
         goto out;
     PyObject *args[3] = {routes, verb, target};
     if ((route = PyObject_VectorcallMethod(s_http_route, args, 3, NULL)) == NULL ||
@@ -345,14 +356,12 @@ static int take(Pump *p, PyObject *reader, PyObject *book, PyObject *metrics,
         if (to - at > p->header_bytes || !judged(p, data, at, to, n, &end, &last_follows))
             return 0;
         Py_ssize_t length = (Py_ssize_t)p->seen.length;
-        const char *sp1 = memchr(data + at, ' ', (size_t)(to - at));
-        const char *sp2 = sp1 == NULL ? NULL : memchr(sp1 + 1, ' ', (size_t)(data + to - sp1 - 1));
-        if (sp2 == NULL || data + to - sp2 < 6 || memcmp(sp2, " HTTP/", 6) != 0)
-            return 0;
+        /* the target llhttp read (the reader's `line.split()[1]`) */
+        Py_ssize_t url = p->seen.target - data, url_end = url + (Py_ssize_t)p->seen.target_len;
         Message *m = &msgs[*count];
         memset(m, 0, sizeof(*m));
         uint8_t method = p->seen.method;
-        if (route_of(p, reader, metrics, data, at, sp1 - data, sp2 - data, method, m) < 0) {
+        if (route_of(p, reader, metrics, data, at, url, url_end, method, m) < 0) {
             message_clear(m);
             return -1;
         }
@@ -659,7 +668,7 @@ static PyObject *take_chunk(Pump *p, Chunk *c, PyObject *data) {
     }
     PyObject *taken = NULL;
     if (take(p, c->reader, c->book, c->metrics, c->observer, bytes, n, &pos, msgs, &count,
-             &follows) < 0 ||
+             &follows) != 0 ||
         (pos != 0 &&
          (taken = pos == n ? Py_NewRef(data) : PyBytes_FromStringAndSize(bytes, pos)) == NULL)) {
         for (int i = 0; i < count; i++)
@@ -743,6 +752,7 @@ static PyObject *pump_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     p->lost = Py_NewRef(lost);
     p->failed = Py_NewRef(failed);
     llhttp_settings_init(&p->settings);
+    p->settings.on_url = on_url;
     p->settings.on_headers_complete = on_headers_complete;
     p->settings.on_message_complete = on_message_complete;
     llhttp_init(&p->parser, HTTP_REQUEST, &p->settings);

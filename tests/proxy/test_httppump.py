@@ -181,7 +181,7 @@ def state(proto: _ClientProtocol) -> tuple[Any, ...]:
 
 TARGETS = (
     b"/v2/models/m/infer", b"/v2/models/m/ready", b"/v2/health/live", b"/v2/models/a%20b/infer",
-    b"/v2/models/m/versions/2/infer?x=1", b"/nowhere",
+    b"/v2/models/m/versions/2/infer?x=1", b"/nowhere", b"HTTP/x",
 )  # fmt: skip
 
 
@@ -217,12 +217,15 @@ def request(draw: st.DrawFn) -> bytes:
     ]), max_size=2))  # fmt: skip
     fields += extra
     lead = draw(st.sampled_from([b""] * 8 + [b"\r\n"]))
+    # llhttp takes one space or more around the target: the reader's target then runs from
+    # past the first to the first " HTTP/" (so it may hold spaces)
+    spaces = draw(st.sampled_from([(b" ", b" ")] * 12 + [(b"  ", b" "), (b" ", b"  ")]))
     return (
         lead
         + verb
-        + b" "
+        + spaces[0]
         + target
-        + b" "
+        + spaces[1]
         + version
         + b"\r\n"
         + b"\r\n".join(fields)
@@ -309,6 +312,11 @@ HEADER, BODY = INFER[:-2], INFER[-2:]
         [INFER + b"\r\n" + INFER],
         [INFER + b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + INFER],
         [INFER.replace(b"2\r\n", b"2\r\nContent-Length: 2\r\n") + INFER],
+        # spaces: two before the target, two after it (the reader's target ends in one), a
+        # target that is the first " HTTP/" (the reader's target is empty)
+        [INFER.replace(b"POST ", b"POST  ") + INFER],
+        [INFER.replace(b" HTTP/1.1", b"  HTTP/1.1") + INFER],
+        [b"GET HTTP/x HTTP/1.1\r\nHost: h\r\n\r\n" + INFER],
     ],
 )
 def test_named_streams(chunks: list[bytes]) -> None:

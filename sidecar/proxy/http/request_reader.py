@@ -145,12 +145,11 @@ class RequestReader:
             self.refused = _parser_refusal(exc)
             return []
         verb = parser.get_method()
-        # llhttp checked the line; it also takes one with no version (HTTP/0.9's form), whose
-        # target `fields.framing` reads as the general path does (the fuzzer found the two
-        # paths naming different targets there)
-        line = block[: block.find(_CRLF)]
-        at = line.find(b" HTTP/")
-        target = line[line.find(b" ") + 1 : at] if at > 0 else line.split()[1]
+        # llhttp checked the line: a method, a target and a version (or none: HTTP/0.9's
+        # form), each after one space or more, no other whitespace; the target is llhttp's,
+        # as `fields.framing` reads it on the general path (the fuzzer found the paths naming
+        # different targets where they read it differently)
+        target = block[: block.find(_CRLF)].split()[1]
         route = self.routes.http_route(verb, target)
         book = self.book
         call, extra = book.start(verb, target, route.method, route.model, block, length)
